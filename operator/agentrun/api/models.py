@@ -1,0 +1,738 @@
+"""The AgentRun API (agentrun.dev/v1alpha1): pydantic models of spec and status.
+
+These models are the single source of truth for the API. The CustomResourceDefinition in
+``crds/`` (its OpenAPI schema, the descriptions shown by ``kubectl explain`` and the CEL
+validation rules) is generated from them by ``agentrun crd`` (see :mod:`agentrun.api.crd`).
+
+Every field carries a description; keep them written for the person typing ``kubectl explain``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "agentrun.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "AgentRun"
+PLURAL = "agentruns"
+SINGULAR = "agentrun"
+SHORT_NAMES = ("ar",)
+CATEGORIES = ("agents",)
+
+# Limits that keep objects far below etcd's 1.5 MiB object limit and CEL costs bounded.
+MAX_STEPS = 500
+MAX_DEPENDENCIES = 32
+MAX_INPUTS = 32
+MAX_ENV = 64
+MAX_ARGS = 64
+MAX_APPROVALS = 256
+MAX_HISTORY = 50
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ARGS_HASH_PATTERN = r"^[a-f0-9]{64}$"
+
+
+def _format_time(value: datetime) -> str:
+    """RFC 3339 in UTC with second precision, the way Kubernetes writes metav1.Time."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+Timestamp = Annotated[
+    datetime,
+    PlainSerializer(_format_time, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+"""A point in time, serialized as RFC 3339 UTC with second precision."""
+
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": (
+                r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+            ),
+        }
+    ),
+]
+"""A Kubernetes resource quantity such as ``500m``, ``1`` or ``256Mi``."""
+
+
+class ApiModel(BaseModel):
+    """Base of every API model: camelCase on the wire, snake_case in Python, no unknown fields."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=False,
+        validate_default=False,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-ready dict as it is stored in Kubernetes (camelCase, no unset optionals)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Enums
+# --------------------------------------------------------------------------------------------
+
+
+class Risk(StrEnum):
+    """How much a step can change the world."""
+
+    READ = "read"
+    WRITE = "write"
+    EXTERNAL = "external"
+
+
+class ApprovalMode(StrEnum):
+    """Whether a step waits for a person before it runs."""
+
+    AUTO = "auto"
+    REQUIRED = "required"
+
+
+class Decision(StrEnum):
+    """A person's decision on a gated step."""
+
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class KeepJobs(StrEnum):
+    """Which finished step Jobs the operator keeps."""
+
+    NONE = "none"
+    FAILED = "failed"
+    ALL = "all"
+
+
+class RunPhase(StrEnum):
+    """Where a run is in its life."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    WAITING_FOR_APPROVAL = "WaitingForApproval"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+TERMINAL_RUN_PHASES = frozenset({RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED})
+
+
+class StepPhase(StrEnum):
+    """Where a step is in its life."""
+
+    PENDING = "Pending"
+    WAITING_FOR_APPROVAL = "WaitingForApproval"
+    LAUNCHING = "Launching"
+    RUNNING = "Running"
+    BACKING_OFF = "BackingOff"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"
+    CANCELLED = "Cancelled"
+
+
+TERMINAL_STEP_PHASES = frozenset(
+    {StepPhase.SUCCEEDED, StepPhase.FAILED, StepPhase.SKIPPED, StepPhase.CANCELLED}
+)
+ACTIVE_STEP_PHASES = frozenset({StepPhase.LAUNCHING, StepPhase.RUNNING})
+
+
+# --------------------------------------------------------------------------------------------
+# Spec
+# --------------------------------------------------------------------------------------------
+
+
+class ConfigMapKeySelector(ApiModel):
+    """A key of a ConfigMap in the run's namespace."""
+
+    name: str = Field(description="Name of the ConfigMap.", min_length=1, max_length=253)
+    key: str = Field(description="Key within the ConfigMap.", min_length=1, max_length=253)
+
+
+class SecretKeySelector(ApiModel):
+    """A key of a Secret in the run's namespace. The value never appears in status or events."""
+
+    name: str = Field(description="Name of the Secret.", min_length=1, max_length=253)
+    key: str = Field(description="Key within the Secret.", min_length=1, max_length=253)
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from, instead of a literal value."""
+
+    config_map_key_ref: ConfigMapKeySelector | None = Field(
+        default=None, description="Take the value from a key of a ConfigMap."
+    )
+    secret_key_ref: SecretKeySelector | None = Field(
+        default=None,
+        description=(
+            "Take the value from a key of a Secret. Only the reference is recorded or hashed, "
+            "never the value."
+        ),
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the step's container."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.value) != has(self.valueFrom)",
+                    "message": "an env var sets exactly one of value and valueFrom",
+                },
+                {
+                    "rule": "!has(self.valueFrom) || "
+                    "(has(self.valueFrom.configMapKeyRef) != has(self.valueFrom.secretKeyRef))",
+                    "message": "valueFrom sets exactly one of configMapKeyRef and secretKeyRef",
+                },
+            ]
+        }
+    )
+
+    name: str = Field(
+        description="Variable name (letters, digits and underscores; not starting with a digit).",
+        min_length=1,
+        max_length=128,
+        pattern=ENV_NAME_PATTERN,
+    )
+    value: str | None = Field(default=None, description="Literal value.", max_length=4096)
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Take the value from a ConfigMap or Secret key."
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources of a step's container, as in a Pod's container."""
+
+    requests: dict[str, Quantity] | None = Field(
+        default=None,
+        description="Minimum resources, e.g. {cpu: 100m, memory: 128Mi}.",
+        max_length=8,
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=None,
+        description="Maximum resources, e.g. {cpu: '1', memory: 512Mi}.",
+        max_length=8,
+    )
+
+
+class ContainerAction(ApiModel):
+    """Run a container image as the step. The container's exit code decides the attempt."""
+
+    image: str = Field(
+        description="Container image, e.g. ghcr.io/acme/tools:1.4.",
+        min_length=1,
+        max_length=512,
+    )
+    command: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None,
+        description="Entrypoint array; the image's entrypoint when empty.",
+        max_length=MAX_ARGS,
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None,
+        description="Arguments to the entrypoint.",
+        max_length=MAX_ARGS,
+    )
+    env: list[EnvVar] | None = Field(
+        default=None,
+        description=(
+            "Environment variables. The operator adds AGENTRUN_RUN, AGENTRUN_STEP, "
+            "AGENTRUN_ATTEMPT and AGENTRUN_IDEMPOTENCY_KEY."
+        ),
+        max_length=MAX_ENV,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    working_dir: str | None = Field(
+        default=None, description="Working directory of the container.", max_length=1024
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Compute resources; stepTemplate.resources when unset."
+    )
+
+
+class Backoff(ApiModel):
+    """Exponential backoff between attempts: initialSeconds * factor^(attempt-1), capped."""
+
+    initial_seconds: int = Field(
+        default=10, ge=0, le=86400, description="Delay before the second attempt, in seconds."
+    )
+    factor: float = Field(
+        default=2.0, ge=1.0, le=10.0, description="Multiplier applied to the delay per attempt."
+    )
+    max_seconds: int = Field(
+        default=300, ge=0, le=86400, description="Upper bound of any single delay, in seconds."
+    )
+
+
+class RetryPolicy(ApiModel):
+    """How often a failed step is tried again. Each attempt is its own Job."""
+
+    limit: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="Retries after the first attempt (0 means the step runs at most once).",
+    )
+    backoff: Backoff | None = Field(
+        default=None, description="Delay between attempts; 10s doubling up to 300s when unset."
+    )
+
+
+class StepInput(ApiModel):
+    """A result of an earlier step handed to this step as an environment variable."""
+
+    name: str = Field(
+        description="Environment variable that receives the value.",
+        min_length=1,
+        max_length=128,
+        pattern=ENV_NAME_PATTERN,
+    )
+    from_step: str = Field(
+        description="The step whose result is passed; it must be listed in dependsOn.",
+        min_length=1,
+        max_length=63,
+    )
+    key: str | None = Field(
+        default=None,
+        description=(
+            "A top-level field of the step's JSON result; the whole result (JSON text) when unset."
+        ),
+        max_length=253,
+    )
+
+
+class Step(ApiModel):
+    """One step of the plan: what to run, after what, how risky, how often to retry."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.dependsOn) || !(self.name in self.dependsOn)",
+                    "message": "a step cannot depend on itself",
+                },
+                {
+                    "rule": "!has(self.inputs) || self.inputs.all(i, has(self.dependsOn) && "
+                    "i.fromStep in self.dependsOn)",
+                    "message": "every inputs[].fromStep must be listed in dependsOn",
+                },
+            ]
+        }
+    )
+
+    name: str = Field(
+        description=(
+            "Unique name of the step within the plan: a DNS label (lowercase letters, digits "
+            "and '-', at most 63 characters)."
+        ),
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+    )
+    description: str | None = Field(
+        default=None, description="What the step does, for people.", max_length=1024
+    )
+    depends_on: list[Annotated[str, Field(max_length=63)]] | None = Field(
+        default=None,
+        description="Names of steps that must succeed before this one starts.",
+        max_length=MAX_DEPENDENCIES,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    container: ContainerAction = Field(description="The container that performs the step.")
+    risk: Risk = Field(
+        default=Risk.READ,
+        description=(
+            "read: only observes; write: changes state the run owns; external: acts on the "
+            "outside world. policy.approvalRequiredFor decides which risks need approval."
+        ),
+    )
+    approval: ApprovalMode = Field(
+        default=ApprovalMode.AUTO,
+        description="required: the step waits for a matching approval in spec.approvals.",
+    )
+    retry: RetryPolicy | None = Field(default=None, description="Retries; none when unset.")
+    timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=7 * 86400,
+        description="Deadline of one attempt (the Job's activeDeadlineSeconds).",
+    )
+    inputs: list[StepInput] | None = Field(
+        default=None,
+        description="Results of earlier steps passed to this step as environment variables.",
+        max_length=MAX_INPUTS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+class Plan(ApiModel):
+    """The steps of the run and their dependencies (a directed acyclic graph)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.steps.all(s, !has(s.dependsOn) || "
+                    "s.dependsOn.all(d, self.steps.exists(t, t.name == d)))",
+                    "message": "every dependsOn entry must name a step of this plan",
+                }
+            ]
+        }
+    )
+
+    steps: list[Step] = Field(
+        description="The steps, in any order; dependsOn decides the order they run in.",
+        min_length=1,
+        max_length=MAX_STEPS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
+class Budget(ApiModel):
+    """Limits the run never exceeds; reaching one ends the run with reason BudgetExceeded."""
+
+    max_steps: int | None = Field(
+        default=None, ge=1, le=10000, description="Most distinct steps the run may start."
+    )
+    max_attempts: int | None = Field(
+        default=None,
+        ge=1,
+        le=100000,
+        description="Most step attempts (Jobs) in total, retries included.",
+    )
+    max_wall_time_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=30 * 86400,
+        description=(
+            "Deadline of the whole run, counted from its start; running steps are stopped "
+            "and the run fails with reason DeadlineExceeded."
+        ),
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Most tokens the steps may report in total; once reached no further step starts."
+        ),
+    )
+
+
+class Policy(ApiModel):
+    """Rules the run must follow."""
+
+    approval_required_for: list[Risk] | None = Field(
+        default=None,
+        description="Risks that always need approval, e.g. [write, external].",
+        max_length=3,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    allowed_images: list[Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None,
+        description=(
+            "Image prefixes steps may use (e.g. ghcr.io/acme/); any image when unset. A step "
+            "with another image fails with reason ImageNotAllowed."
+        ),
+        max_length=64,
+    )
+
+
+class Approval(ApiModel):
+    """A person's decision on a gated step, bound to the step's exact arguments."""
+
+    step: str = Field(description="The step decided on.", min_length=1, max_length=63)
+    decision: Decision = Field(description="approve or reject.")
+    args_hash: str = Field(
+        description=(
+            "The step's argsHash as shown in status.steps[].argsHash; a decision on other "
+            "arguments does not count."
+        ),
+        pattern=ARGS_HASH_PATTERN,
+    )
+    by: str = Field(
+        description="Who decided (a Kubernetes user name).", min_length=1, max_length=253
+    )
+    reason: str | None = Field(default=None, description="Why.", max_length=1024)
+    at: Timestamp | None = Field(default=None, description="When the decision was made.")
+
+
+class Retention(ApiModel):
+    """What is kept after steps and the run finish."""
+
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Delete the run this many seconds after it finished; kept forever when unset.",
+    )
+    keep_jobs: KeepJobs = Field(
+        default=KeepJobs.FAILED,
+        description=(
+            "Which finished step Jobs to keep once their result is recorded: none, failed or all."
+        ),
+    )
+
+
+class StepTemplate(ApiModel):
+    """Defaults for every step's pod."""
+
+    service_account_name: str | None = Field(
+        default=None, description="ServiceAccount of step pods.", max_length=253
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Default compute resources of step containers."
+    )
+    security_context: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Pod securityContext of step pods; the restricted Pod Security Standard when unset."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    container_security_context: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "Container securityContext of step containers; the restricted Pod Security "
+            "Standard when unset."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class AgentRunSpec(ApiModel):
+    """What the user wants: a goal and a plan, with limits, policy and decisions."""
+
+    goal: str = Field(
+        description="What the run is for, in plain words.", min_length=1, max_length=4096
+    )
+    actor: str | None = Field(
+        default=None, description="Who or what asked for the run (agent or person).", max_length=253
+    )
+    plan: Plan = Field(description="The steps to run.")
+    budget: Budget | None = Field(default=None, description="Limits of the run.")
+    policy: Policy | None = Field(default=None, description="Approval and image rules.")
+    suspend: bool | None = Field(
+        default=None,
+        description="true: start no new step (running steps finish); false or unset: proceed.",
+    )
+    cancel: bool | None = Field(
+        default=None,
+        description="true: stop running steps and end the run as Cancelled. Cannot be undone.",
+    )
+    approvals: list[Approval] | None = Field(
+        default=None,
+        description="Decisions on gated steps, appended by people (kubectl agentrun approve).",
+        max_length=MAX_APPROVALS,
+    )
+    retention: Retention | None = Field(default=None, description="What is kept afterwards.")
+    step_template: StepTemplate | None = Field(
+        default=None, description="Defaults for every step's pod."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Status
+# --------------------------------------------------------------------------------------------
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition (metav1.Condition)."""
+
+    type: str = Field(description="Condition type, e.g. Succeeded.", max_length=316)
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason for the last transition.", max_length=1024)
+    message: str = Field(default="", description="Human readable details.", max_length=32768)
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the condition was set from."
+    )
+    last_transition_time: Timestamp = Field(description="When status last changed.")
+
+
+class ResultRef(ApiModel):
+    """Where a result too large for status is kept."""
+
+    kind: str = Field(default="ConfigMap", description="Kind of the object holding the result.")
+    name: str = Field(description="Name of the object, in the run's namespace.", max_length=253)
+    key: str = Field(description="Key within the object.", max_length=253)
+
+
+class StepError(ApiModel):
+    """Why the last attempt of a step failed."""
+
+    reason: str = Field(
+        description="CamelCase reason, e.g. Error, DeadlineExceeded.", max_length=128
+    )
+    message: str = Field(default="", description="Details, truncated.", max_length=1024)
+    exit_code: int | None = Field(default=None, description="Exit code of the container.")
+    at: Timestamp | None = Field(default=None, description="When the failure was recorded.")
+
+
+class StepUsage(ApiModel):
+    """What a step consumed, as reported by the step."""
+
+    tokens: int = Field(default=0, ge=0, description="Tokens reported by the step.")
+
+
+class StepStatus(ApiModel):
+    """Observed state of one step."""
+
+    name: str = Field(description="Step name.", max_length=63)
+    phase: StepPhase = Field(description="Where the step is in its life.")
+    attempt: int = Field(
+        default=0, ge=0, description="Number of the current or last attempt (0: not started)."
+    )
+    job_name: str | None = Field(default=None, description="Job of the current or last attempt.")
+    args_hash: str | None = Field(
+        default=None,
+        description="sha256 of the step's resolved arguments; approvals must name it.",
+    )
+    idempotency_key: str | None = Field(
+        default=None,
+        description=(
+            "{run uid}:{step}:{image}:{argsHash}, given to the pod as AGENTRUN_IDEMPOTENCY_KEY."
+        ),
+    )
+    started_at: Timestamp | None = Field(
+        default=None, description="When the first attempt started."
+    )
+    finished_at: Timestamp | None = Field(default=None, description="When the step finished.")
+    attempt_started_at: Timestamp | None = Field(
+        default=None, description="When the current attempt was launched."
+    )
+    next_attempt_at: Timestamp | None = Field(
+        default=None, description="When the next attempt starts (while BackingOff)."
+    )
+    summary: str | None = Field(default=None, description="Short summary of the result.")
+    result: str | None = Field(
+        default=None, description="The result, when small enough to keep inline."
+    )
+    result_ref: ResultRef | None = Field(default=None, description="Where a larger result is kept.")
+    result_digest: str | None = Field(
+        default=None, description="sha256 of the full result, inline or referenced."
+    )
+    error: StepError | None = Field(default=None, description="Why the last attempt failed.")
+    usage: StepUsage | None = Field(default=None, description="What the step consumed.")
+    message: str | None = Field(default=None, description="Human readable state.")
+
+
+class Usage(ApiModel):
+    """What the run consumed so far."""
+
+    steps: int = Field(default=0, ge=0, description="Distinct steps started.")
+    attempts: int = Field(default=0, ge=0, description="Step attempts (Jobs) launched.")
+    tokens: int = Field(default=0, ge=0, description="Tokens reported by steps.")
+    wall_time_seconds: int = Field(default=0, ge=0, description="Seconds since the run started.")
+
+
+class Transition(ApiModel):
+    """One change of phase of the run or of a step."""
+
+    at: Timestamp = Field(description="When it happened.")
+    step: str | None = Field(default=None, description="The step; unset for the run itself.")
+    from_phase: str | None = Field(
+        default=None, alias="from", description="Phase before (unset when new)."
+    )
+    to_phase: str = Field(alias="to", description="Phase after.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str | None = Field(default=None, description="Details.")
+
+
+class AgentRunStatus(ApiModel):
+    """What the operator observed and did. Written only by the operator, via /status."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation this status was derived from."
+    )
+    phase: RunPhase | None = Field(default=None, description="Where the run is in its life.")
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="Succeeded (Unknown, True or False with a reason) and ApprovalPending.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    message: str | None = Field(default=None, description="Human readable state of the run.")
+    progress: str | None = Field(default=None, description="Succeeded steps / all steps, e.g. 2/5.")
+    current_step: str | None = Field(
+        default=None, description="The step(s) running or waiting now, comma separated."
+    )
+    started_at: Timestamp | None = Field(default=None, description="When the run started.")
+    completed_at: Timestamp | None = Field(default=None, description="When the run finished.")
+    steps: list[StepStatus] | None = Field(
+        default=None,
+        description="One entry per step that the operator has looked at.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    usage: Usage | None = Field(default=None, description="What the run consumed.")
+    history: list[Transition] | None = Field(
+        default=None,
+        description=f"The last {MAX_HISTORY} transitions, oldest first.",
+        max_length=MAX_HISTORY,
+    )
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata the operator reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(description="Name of the run.")
+    namespace: str = Field(default="default", description="Namespace of the run.")
+    uid: str = Field(default="", description="UID assigned by the API server.")
+    generation: int = Field(default=0, description="Spec generation.")
+    resource_version: str | None = Field(default=None, description="Version read.")
+    creation_timestamp: Timestamp | None = Field(default=None, description="Creation time.")
+    deletion_timestamp: Timestamp | None = Field(default=None, description="Deletion time.")
+    labels: dict[str, str] | None = Field(default=None, description="Labels.")
+    annotations: dict[str, str] | None = Field(default=None, description="Annotations.")
+
+    @field_validator("labels", "annotations", mode="before")
+    @classmethod
+    def _empty_to_none(cls, value: object) -> object:
+        return value or None
+
+
+class AgentRun(ApiModel):
+    """An AI agent workflow: a goal, a plan of steps, and the durable record of their runs."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: str = Field(default=API_VERSION, description="agentrun.dev/v1alpha1")
+    kind: str = Field(default=KIND, description="AgentRun")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: AgentRunSpec = Field(description="What the user wants.")
+    status: AgentRunStatus | None = Field(default=None, description="What the operator observed.")
+
+    def step(self, name: str) -> Step | None:
+        """The plan's step called ``name``, if any."""
+        return next((s for s in self.spec.plan.steps if s.name == name), None)

@@ -1,0 +1,32 @@
+"""The pure run state machine.
+
+``reconcile(run, observed, now)`` derives the next status of an AgentRun and the actions that
+move it forward. Nothing here performs I/O or imports kopf or the kubernetes client (a unit test
+enforces that), so every decision the operator makes can be tested in milliseconds.
+"""
+
+from agentrun.core.actions import (
+    Action,
+    CreateJob,
+    DeleteJob,
+    DeleteRun,
+    EmitEvent,
+    StoreResult,
+)
+from agentrun.core.machine import CoreConfig, Decision, reconcile
+from agentrun.core.observed import JobState, Observed, ObservedJob
+
+__all__ = [
+    "Action",
+    "CoreConfig",
+    "CreateJob",
+    "Decision",
+    "DeleteJob",
+    "DeleteRun",
+    "EmitEvent",
+    "JobState",
+    "Observed",
+    "ObservedJob",
+    "StoreResult",
+    "reconcile",
+]

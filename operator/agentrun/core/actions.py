@@ -1,0 +1,61 @@
+"""What the core asks the shell to do. Plain data: the shell decides how."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentrun.api.models import EnvVar, Step
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    """Create the Job of a committed launch intent. Safe to repeat: the name is deterministic,
+    so a second create meets AlreadyExists and the existing Job is adopted."""
+
+    step: Step
+    attempt: int
+    job_name: str
+    idempotency_key: str
+    args_hash: str
+    input_env: tuple[EnvVar, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete a step Job (and, by propagation, its pods)."""
+
+    job_name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    """Write a result too large for status into a ConfigMap owned by the run.
+
+    Runs *before* the status that references it is committed, so a committed reference
+    never points at nothing. Idempotent: same name, same content.
+    """
+
+    name: str
+    step: str
+    attempt: int
+    data: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class EmitEvent:
+    """A Kubernetes Event on the run."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DeleteRun:
+    """Delete the run itself (retention: ttlSecondsAfterFinished passed)."""
+
+    reason: str
+
+
+Action = CreateJob | DeleteJob | StoreResult | EmitEvent | DeleteRun

@@ -1,0 +1,79 @@
+"""The result envelope a step pod leaves in its termination message.
+
+A step writes JSON ``{"ok": true, "summary": "...", "result": ..., "usage": {"tokens": N}}``
+(or, for results it stored itself, ``"resultRef": {"name": ..., "key": ...}``) to its
+termination log. Anything that is not such an object is taken as a plain-text result.
+Kubelet keeps at most 4 KiB of it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun.core.naming import canonical_json
+
+SUMMARY_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a step reported about its attempt."""
+
+    ok: bool
+    summary: str | None
+    result: str | None
+    tokens: int
+    result_ref: tuple[str, str] | None  # (ConfigMap name, key) written by the step itself
+    result_digest: str | None
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= SUMMARY_LIMIT else line[: SUMMARY_LIMIT - 1] + "…"
+
+
+def parse(message: str | None) -> Envelope:
+    """Read a termination message; never raises, whatever the step wrote."""
+    text = (message or "").strip()
+    if not text:
+        return Envelope(True, None, None, 0, None, None)
+    try:
+        data: Any = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("ok"), bool):
+        return Envelope(True, _first_line(text), text, 0, None, None)
+
+    summary = data.get("summary")
+    summary = _first_line(summary) if isinstance(summary, str) else None
+    raw_result = data.get("result")
+    if raw_result is None:
+        result = None
+    elif isinstance(raw_result, str):
+        result = raw_result
+    else:
+        result = canonical_json(raw_result)
+    usage = data.get("usage")
+    tokens = usage.get("tokens", 0) if isinstance(usage, dict) else 0
+    tokens = (
+        tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else 0
+    )
+    ref = data.get("resultRef")
+    result_ref = None
+    if (
+        isinstance(ref, dict)
+        and isinstance(ref.get("name"), str)
+        and isinstance(ref.get("key"), str)
+    ):
+        result_ref = (ref["name"], ref["key"])
+    digest = data.get("resultDigest")
+    return Envelope(
+        ok=data["ok"],
+        summary=summary,
+        result=result,
+        tokens=tokens,
+        result_ref=result_ref,
+        result_digest=digest if isinstance(digest, str) else None,
+    )

@@ -1,0 +1,793 @@
+"""The run state machine: ``(run, observed jobs, clock) -> (next status, actions)``.
+
+Level-triggered: every call derives the whole next state from the run as read and the Jobs
+observed now, never from remembering earlier calls. Called twice with the same inputs it returns
+the same status, so duplicated events, conflicts and restarts are harmless.
+
+How the shell must apply a :class:`Decision` (this order is what makes crashes harmless):
+
+1. run ``before_commit`` actions (result objects that the new status will reference);
+2. commit ``status`` with the resourceVersion the run was read at. A 409 Conflict means someone
+   else moved the run: re-read, call :func:`reconcile` again, and drop this decision. When the
+   decision contains a :class:`CreateJob`, this write is mandatory even if the status did not
+   change: it is the fence proving the launch intent is still the latest committed state;
+3. run ``after_commit`` actions (create Jobs of committed intents, delete Jobs, events).
+
+Launching a step is two steps apart: first the intent "step s, attempt k, Job J" is committed
+(phase Launching), then Job J is created. J's name is a function of (run uid, s, k), so a crash
+in between only means the next reconcile creates J again and meets AlreadyExists.
+
+Finished step Jobs are deleted (per retention) only ``job_deletion_grace_seconds`` after their
+result was committed. That grace is the window in which a stalled operator that had already
+passed its fence write could still issue its create; an operator must not stall longer than
+that between its fence write and its Job creation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from agentrun.api import models as m
+from agentrun.api.models import StepPhase as SP
+from agentrun.core import naming
+from agentrun.core.actions import Action, CreateJob, DeleteJob, DeleteRun, EmitEvent, StoreResult
+from agentrun.core.backoff import backoff_seconds
+from agentrun.core.envelope import Envelope, parse
+from agentrun.core.graph import plan_problems
+from agentrun.core.observed import JobState, Observed, ObservedJob
+
+SUCCEEDED = "Succeeded"
+APPROVAL_PENDING = "ApprovalPending"
+MESSAGE_LIMIT = 512
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Tunables of the state machine (operator settings, not user API)."""
+
+    inline_result_limit: int = 256
+    """Results up to this many bytes are kept in status; larger ones in a ConfigMap."""
+    history_limit: int = m.MAX_HISTORY
+    jitter_seed: int = 0
+    job_deletion_grace_seconds: int = 30
+    step_timeout_grace_seconds: int = 30
+    """After a step's timeout plus this, the core stops waiting for the Job's own deadline."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The next status and what to do around committing it."""
+
+    status: m.AgentRunStatus
+    before_commit: tuple[Action, ...] = ()
+    after_commit: tuple[Action, ...] = ()
+    requeue_after: float | None = None
+    """Seconds until a timer (backoff, deadline, retention) needs another reconcile."""
+
+    @property
+    def needs_fence(self) -> bool:
+        """True when the commit must happen even if the status is unchanged."""
+        return any(isinstance(a, CreateJob) for a in self.after_commit)
+
+    def status_changed(self, previous: m.AgentRunStatus | None) -> bool:
+        old = previous.to_wire() if previous is not None else {}
+        return old != self.status.to_wire()
+
+
+def _truncate(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _floor_seconds(t: datetime) -> datetime:
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC).replace(microsecond=0)
+
+
+@dataclass
+class _Halt:
+    reason: str
+    message: str
+
+
+@dataclass
+class _Builder:
+    """Mutable working state of one reconcile."""
+
+    run: m.AgentRun
+    observed: Observed
+    now: datetime
+    config: CoreConfig
+    status: m.AgentRunStatus
+    steps: dict[str, m.StepStatus]
+    transitions: list[m.Transition] = field(default_factory=list)
+    events: list[EmitEvent] = field(default_factory=list)
+    before: list[Action] = field(default_factory=list)
+    after: list[Action] = field(default_factory=list)
+    timers: list[datetime] = field(default_factory=list)
+    halt: _Halt | None = None
+
+    # -- recording -------------------------------------------------------------------------
+
+    def record(self, step: str | None, old: str | None, new: str, reason: str, msg: str) -> None:
+        self.transitions.append(
+            m.Transition(
+                at=self.now,
+                step=step,
+                from_phase=old,
+                to_phase=new,
+                reason=reason,
+                message=_truncate(msg, 256) or None,
+            )
+        )
+        warning = new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith("Exceeded")
+        self.events.append(EmitEvent("Warning" if warning else "Normal", reason, _truncate(msg)))
+
+    def move(self, st: m.StepStatus, phase: SP, reason: str, msg: str) -> None:
+        if st.phase == phase:
+            st.message = _truncate(msg)
+            return
+        old = st.phase
+        st.phase = phase
+        st.message = _truncate(msg)
+        self.record(st.name, old, phase, reason, f"step {st.name}: {msg}")
+
+    def stop(self, reason: str, message: str) -> None:
+        if self.halt is None:
+            self.halt = _Halt(reason, message)
+
+    def timer(self, at: datetime | None) -> None:
+        if at is not None:
+            self.timers.append(at)
+
+
+def reconcile(
+    run: m.AgentRun, observed: Observed, now: datetime, config: CoreConfig | None = None
+) -> Decision:
+    """Derive the next status of ``run`` and the actions that move it forward."""
+    config = config or CoreConfig()
+    now = _floor_seconds(now)
+    status = (run.status or m.AgentRunStatus()).model_copy(deep=True)
+    steps = {s.name: s for s in (status.steps or [])}
+    b = _Builder(run, observed, now, config, status, steps)
+
+    if status.phase is None:
+        status.phase = m.RunPhase.PENDING
+        status.started_at = now
+        b.record(None, None, m.RunPhase.PENDING, "Accepted", f"run accepted: {run.spec.goal}")
+    if status.started_at is None:
+        status.started_at = now
+
+    if status.phase in m.TERMINAL_RUN_PHASES:
+        return _finish(b)
+
+    problems = plan_problems(run.spec.plan.steps)
+    if problems:
+        _end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
+        return _finish(b)
+
+    for step in run.spec.plan.steps:
+        if step.name not in steps:
+            steps[step.name] = m.StepStatus(name=step.name, phase=SP.PENDING)
+    _forget_removed_steps(b)
+
+    for step in run.spec.plan.steps:
+        st = steps[step.name]
+        if st.phase in (SP.LAUNCHING, SP.RUNNING):
+            _observe_attempt(b, step, st)
+
+    budget = run.spec.budget or m.Budget()
+    deadline = (
+        status.started_at + timedelta(seconds=budget.max_wall_time_seconds)
+        if budget.max_wall_time_seconds
+        else None
+    )
+    if run.spec.cancel:
+        _abort(b, m.RunPhase.CANCELLED, "Cancelled", "cancelled: spec.cancel is true")
+        return _finish(b)
+    if deadline is not None and now >= deadline:
+        _abort(
+            b,
+            m.RunPhase.FAILED,
+            "DeadlineExceeded",
+            f"run deadline of {budget.max_wall_time_seconds}s (budget.maxWallTimeSeconds) passed",
+        )
+        return _finish(b)
+    b.timer(deadline)
+
+    usage = status.usage or m.Usage()
+    status.usage = usage
+    if budget.max_tokens is not None and usage.tokens >= budget.max_tokens:
+        b.stop(
+            "BudgetExceeded",
+            f"token budget of {budget.max_tokens} (budget.maxTokens) used up: {usage.tokens}",
+        )
+    failed = [s for s in run.spec.plan.steps if steps[s.name].phase == SP.FAILED]
+    if failed:
+        first = steps[failed[0].name]
+        why = first.message or (first.error.message if first.error else None)
+        b.stop(
+            first.error.reason if first.error else "StepFailed",
+            f"step {first.name} failed: {why or 'no message'}",
+        )
+
+    if b.halt is None and not run.spec.suspend:
+        _launch_ready_steps(b, budget)
+
+    _settle(b)
+    return _finish(b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Observing attempts
+# ---------------------------------------------------------------------------------------------
+
+
+def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
+    job = b.observed.job(st.job_name or "")
+    if job is None:
+        if st.phase == SP.LAUNCHING:
+            b.after.append(_create_job(b, step, st))
+        else:
+            _attempt_failed(
+                b,
+                step,
+                st,
+                "JobLost",
+                f"Job {st.job_name} of attempt {st.attempt} disappeared before it finished",
+                None,
+            )
+        return
+    if job.state == JobState.ACTIVE:
+        if st.phase == SP.LAUNCHING:
+            b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
+        _check_step_timeout(b, step, st, job)
+        return
+    if job.state == JobState.SUCCEEDED:
+        envelope = parse(job.termination_message)
+        if envelope.ok:
+            _attempt_succeeded(b, step, st, job, envelope)
+        else:
+            _attempt_failed(
+                b,
+                step,
+                st,
+                "StepReportedFailure",
+                envelope.summary or "the step reported ok: false",
+                job.exit_code,
+            )
+        return
+    reason, message = _failure_of(job)
+    _attempt_failed(b, step, st, reason, message, job.exit_code)
+
+
+def _failure_of(job: ObservedJob) -> tuple[str, str]:
+    if job.reason == "DeadlineExceeded":
+        return "StepTimeout", "the attempt ran past timeoutSeconds"
+    detail = (job.termination_message or job.message or "").strip()
+    if job.exit_code is not None:
+        text = f"exit code {job.exit_code}" + (f": {detail}" if detail else "")
+        return "Error", text
+    return job.reason or "Error", detail or "the Job failed"
+
+
+def _check_step_timeout(b: _Builder, step: m.Step, st: m.StepStatus, job: ObservedJob) -> None:
+    if not step.timeout_seconds or st.attempt_started_at is None:
+        return
+    limit = st.attempt_started_at + timedelta(
+        seconds=step.timeout_seconds + b.config.step_timeout_grace_seconds
+    )
+    if b.now >= limit:
+        b.after.append(DeleteJob(job.name, "StepTimeout"))
+        _attempt_failed(
+            b,
+            step,
+            st,
+            "StepTimeout",
+            f"the attempt ran past timeoutSeconds ({step.timeout_seconds}s)",
+            None,
+        )
+    else:
+        b.timer(limit)
+
+
+def _attempt_succeeded(
+    b: _Builder, step: m.Step, st: m.StepStatus, job: ObservedJob, env: Envelope
+) -> None:
+    st.summary = env.summary
+    st.result = None
+    st.result_ref = None
+    st.result_digest = None
+    if env.result_ref is not None:
+        st.result_ref = m.ResultRef(name=env.result_ref[0], key=env.result_ref[1])
+        st.result_digest = env.result_digest
+    elif env.result is not None:
+        st.result_digest = naming.sha256_text(env.result)
+        if len(env.result.encode()) <= b.config.inline_result_limit:
+            st.result = env.result
+        else:
+            name = naming.result_object_name(
+                b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt
+            )
+            b.before.append(StoreResult(name, step.name, st.attempt, _result_data(env.result)))
+            st.result_ref = m.ResultRef(name=name, key="result")
+    if env.tokens:
+        st.usage = m.StepUsage(tokens=(st.usage.tokens if st.usage else 0) + env.tokens)
+        usage = b.status.usage or m.Usage()
+        usage.tokens += env.tokens
+        b.status.usage = usage
+    st.error = None
+    st.finished_at = _floor_seconds(job.finished_at) if job.finished_at else b.now
+    st.next_attempt_at = None
+    b.move(st, SP.SUCCEEDED, "StepSucceeded", env.summary or f"attempt {st.attempt} succeeded")
+
+
+def _result_data(result: str) -> tuple[tuple[str, str], ...]:
+    """ConfigMap entries: the whole result, and each top-level scalar field of a JSON object
+    (``field.<name>``) so that later steps can take one field as an input."""
+    data: list[tuple[str, str]] = [("result", result)]
+    try:
+        parsed = json.loads(result)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        for key, value in sorted(parsed.items()):
+            if isinstance(key, str) and _CM_KEY_OK(key):
+                text = value if isinstance(value, str) else naming.canonical_json(value)
+                data.append((f"field.{key}", text))
+    return tuple(data)
+
+
+def _CM_KEY_OK(key: str) -> bool:
+    return 0 < len(key) <= 240 and all(c.isalnum() or c in "-._" for c in key)
+
+
+def _attempt_failed(
+    b: _Builder, step: m.Step, st: m.StepStatus, reason: str, message: str, exit_code: int | None
+) -> None:
+    st.error = m.StepError(
+        reason=reason, message=_truncate(message, 1024), exit_code=exit_code, at=b.now
+    )
+    limit = step.retry.limit if step.retry else 0
+    budget = b.run.spec.budget or m.Budget()
+    usage = b.status.usage or m.Usage()
+    retries_left = st.attempt <= limit
+    attempts_left = budget.max_attempts is None or usage.attempts < budget.max_attempts
+    if retries_left and attempts_left and not b.run.spec.cancel:
+        delay = backoff_seconds(
+            step.retry.backoff if step.retry else None,
+            st.attempt,
+            seed=b.config.jitter_seed,
+            run_uid=b.run.metadata.uid,
+            step=step.name,
+        )
+        st.next_attempt_at = b.now + timedelta(seconds=delay)
+        b.move(
+            st,
+            SP.BACKING_OFF,
+            "RetryScheduled",
+            f"attempt {st.attempt} failed ({reason}: {_truncate(message, 200)}); "
+            f"attempt {st.attempt + 1} in {delay}s",
+        )
+        return
+    st.finished_at = b.now
+    st.next_attempt_at = None
+    why = f"{reason}: {_truncate(message, 300)}"
+    if retries_left and not attempts_left:
+        why += f" (no retry: budget.maxAttempts {budget.max_attempts} reached)"
+        st.error.reason = "BudgetExceeded"
+    elif limit:
+        why += f" (after {st.attempt} attempts)"
+    b.move(st, SP.FAILED, st.error.reason, why)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching
+# ---------------------------------------------------------------------------------------------
+
+
+def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
+    steps = b.steps
+    usage = b.status.usage or m.Usage()
+    b.status.usage = usage
+    for step in b.run.spec.plan.steps:
+        st = steps[step.name]
+        if st.phase not in (SP.PENDING, SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF):
+            continue
+        if any(steps[d].phase != SP.SUCCEEDED for d in step.depends_on or []):
+            continue
+        if st.phase == SP.BACKING_OFF and st.next_attempt_at and b.now < st.next_attempt_at:
+            b.timer(st.next_attempt_at)
+            continue
+        if not _image_allowed(b.run, step):
+            st.finished_at = b.now
+            st.error = m.StepError(
+                reason="ImageNotAllowed",
+                message=f"image {step.container.image} is not allowed by policy.allowedImages",
+                at=b.now,
+            )
+            b.move(st, SP.FAILED, "ImageNotAllowed", st.error.message)
+            b.stop("ImageNotAllowed", f"step {step.name}: {st.error.message}")
+            return
+        resolved = _resolve_inputs(b, step)
+        if isinstance(resolved, str):
+            st.finished_at = b.now
+            st.error = m.StepError(reason="InputMissing", message=resolved, at=b.now)
+            b.move(st, SP.FAILED, "InputMissing", resolved)
+            b.stop("InputMissing", f"step {step.name}: {resolved}")
+            return
+        input_env, input_digests = resolved
+        h = naming.args_hash(
+            step.container.image,
+            step.container.command or [],
+            step.container.args or [],
+            [e.to_wire() for e in step.container.env or []],
+            input_digests,
+        )
+        st.args_hash = h
+        if _needs_approval(b.run, step):
+            decision = _decision_for(b.run, step.name, h)
+            if decision is None:
+                b.move(
+                    st,
+                    SP.WAITING_FOR_APPROVAL,
+                    "ApprovalRequested",
+                    f"waiting for approval of args {h[:12]} (risk {step.risk})",
+                )
+                continue
+            if decision.decision == m.Decision.REJECT:
+                text = f"rejected by {decision.by}" + (
+                    f": {decision.reason}" if decision.reason else ""
+                )
+                st.finished_at = b.now
+                st.error = m.StepError(reason="Rejected", message=_truncate(text, 1024), at=b.now)
+                b.move(st, SP.FAILED, "Rejected", text)
+                b.stop("Rejected", f"step {step.name} {text}")
+                return
+        first = st.attempt == 0
+        if first and budget.max_steps is not None and usage.steps >= budget.max_steps:
+            b.stop(
+                "BudgetExceeded",
+                f"step budget of {budget.max_steps} (budget.maxSteps) reached; "
+                f"step {step.name} not started",
+            )
+            return
+        if budget.max_attempts is not None and usage.attempts >= budget.max_attempts:
+            b.stop(
+                "BudgetExceeded",
+                f"attempt budget of {budget.max_attempts} (budget.maxAttempts) reached; "
+                f"step {step.name} not started",
+            )
+            return
+        _commit_launch_intent(b, step, st, h, input_env, first)
+
+
+def _commit_launch_intent(
+    b: _Builder,
+    step: m.Step,
+    st: m.StepStatus,
+    h: str,
+    input_env: tuple[m.EnvVar, ...],
+    first: bool,
+) -> None:
+    usage = b.status.usage or m.Usage()
+    st.attempt += 1
+    usage.attempts += 1
+    if first:
+        usage.steps += 1
+        st.started_at = b.now
+    st.job_name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt)
+    st.idempotency_key = naming.idempotency_key(
+        b.run.metadata.uid, step.name, step.container.image, h
+    )
+    st.attempt_started_at = b.now
+    st.next_attempt_at = None
+    b.move(st, SP.LAUNCHING, "Launching", f"attempt {st.attempt} launching as Job {st.job_name}")
+    b.after.append(CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env))
+
+
+def _create_job(b: _Builder, step: m.Step, st: m.StepStatus) -> CreateJob:
+    """Re-issue the create of a committed intent whose Job is not observed (yet)."""
+    resolved = _resolve_inputs(b, step)
+    input_env = resolved[0] if not isinstance(resolved, str) else ()
+    return CreateJob(
+        step, st.attempt, st.job_name or "", st.idempotency_key or "", st.args_hash or "", input_env
+    )
+
+
+def _image_allowed(run: m.AgentRun, step: m.Step) -> bool:
+    allowed = run.spec.policy.allowed_images if run.spec.policy else None
+    return allowed is None or any(step.container.image.startswith(p) for p in allowed)
+
+
+def _needs_approval(run: m.AgentRun, step: m.Step) -> bool:
+    if step.approval == m.ApprovalMode.REQUIRED:
+        return True
+    gated = run.spec.policy.approval_required_for if run.spec.policy else None
+    return bool(gated) and step.risk in (gated or [])
+
+
+def _decision_for(run: m.AgentRun, step: str, args_hash: str) -> m.Approval | None:
+    """The decision that counts for (step, args hash): a rejection wins over an approval."""
+    matching = [a for a in run.spec.approvals or [] if a.step == step and a.args_hash == args_hash]
+    rejections = [a for a in matching if a.decision == m.Decision.REJECT]
+    if rejections:
+        return rejections[0]
+    return matching[0] if matching else None
+
+
+def _resolve_inputs(b: _Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], dict[str, str]] | str:
+    """Env vars carrying dependency results, and the digest of each; or why one is missing."""
+    env: list[m.EnvVar] = []
+    digests: dict[str, str] = {}
+    for inp in step.inputs or []:
+        src = b.steps.get(inp.from_step)
+        if src is None or src.phase != SP.SUCCEEDED:
+            return f"input {inp.name}: step {inp.from_step} has not succeeded"
+        if src.result_ref is not None:
+            key = src.result_ref.key if inp.key is None else f"field.{inp.key}"
+            env.append(
+                m.EnvVar(
+                    name=inp.name,
+                    value_from=m.EnvVarSource(
+                        config_map_key_ref=m.ConfigMapKeySelector(name=src.result_ref.name, key=key)
+                    ),
+                )
+            )
+            digests[inp.name] = naming.sha256_text(
+                f"{src.result_ref.name}/{key}/{src.result_digest or ''}"
+            )
+            continue
+        value = src.result or ""
+        if inp.key is not None:
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict) or inp.key not in parsed:
+                return (
+                    f"input {inp.name}: the result of step {inp.from_step} has no field '{inp.key}'"
+                )
+            field_value = parsed[inp.key]
+            value = (
+                field_value if isinstance(field_value, str) else naming.canonical_json(field_value)
+            )
+        env.append(m.EnvVar(name=inp.name, value=value))
+        digests[inp.name] = naming.sha256_text(value)
+    return tuple(env), digests
+
+
+# ---------------------------------------------------------------------------------------------
+# Ending, settling and retention
+# ---------------------------------------------------------------------------------------------
+
+
+def _forget_removed_steps(b: _Builder) -> None:
+    """Steps removed from the plan keep their record; running ones are stopped."""
+    names = {s.name for s in b.run.spec.plan.steps}
+    for name, st in b.steps.items():
+        if name in names or st.phase in m.TERMINAL_STEP_PHASES:
+            continue
+        if st.phase in m.ACTIVE_STEP_PHASES and st.job_name:
+            b.after.append(DeleteJob(st.job_name, "RemovedFromPlan"))
+        st.finished_at = b.now
+        b.move(st, SP.CANCELLED, "RemovedFromPlan", "the step was removed from the plan")
+
+
+def _abort(b: _Builder, phase: m.RunPhase, reason: str, message: str) -> None:
+    """End the run now: stop running attempts, keep every committed result."""
+    for st in b.steps.values():
+        if st.phase in m.ACTIVE_STEP_PHASES:
+            if st.job_name:
+                b.after.append(DeleteJob(st.job_name, reason))
+            st.finished_at = b.now
+            b.move(st, SP.CANCELLED, reason, f"stopped: {message}")
+    _end_run(b, phase, reason, message)
+
+
+def _end_run(b: _Builder, phase: m.RunPhase, reason: str, message: str) -> None:
+    for st in b.steps.values():
+        if st.phase not in m.TERMINAL_STEP_PHASES:
+            st.next_attempt_at = None
+            b.move(st, SP.SKIPPED, "NotRun", f"not run: {message}")
+    status = b.status
+    old = status.phase
+    status.phase = phase
+    status.completed_at = b.now
+    status.message = _truncate(message)
+    if status.started_at is not None:
+        usage = status.usage or m.Usage()
+        usage.wall_time_seconds = int((b.now - status.started_at).total_seconds())
+        status.usage = usage
+    b.record(None, old, phase, reason, message)
+    _set_conditions(b, reason)
+
+
+def _settle(b: _Builder) -> None:
+    """Derive the run's phase, progress and message from its steps."""
+    plan = b.run.spec.plan.steps
+    sts = [b.steps[s.name] for s in plan]
+    active = [s for s in sts if s.phase in m.ACTIVE_STEP_PHASES]
+    backing = [s for s in sts if s.phase == SP.BACKING_OFF]
+    waiting = [s for s in sts if s.phase == SP.WAITING_FOR_APPROVAL]
+    status = b.status
+
+    if b.halt is not None:
+        if not active:
+            _end_run(b, m.RunPhase.FAILED, b.halt.reason, b.halt.message)
+            return
+        phase, reason = m.RunPhase.RUNNING, "Stopping"
+        message = f"stopping ({b.halt.message}); waiting for {_names(active)} to finish"
+    elif all(s.phase == SP.SUCCEEDED for s in sts):
+        _end_run(b, m.RunPhase.SUCCEEDED, "Succeeded", f"all {len(sts)} steps succeeded")
+        return
+    elif b.run.spec.suspend:
+        phase, reason = m.RunPhase.SUSPENDED, "Suspended"
+        message = "suspended: no new step starts until spec.suspend is false"
+        if active:
+            message += f"; {_names(active)} still running"
+    elif waiting and not active and not backing:
+        phase, reason = m.RunPhase.WAITING_FOR_APPROVAL, "WaitingForApproval"
+        message = "waiting for approval of " + ", ".join(
+            f"{s.name} (args {(s.args_hash or '')[:12]})" for s in waiting
+        )
+    elif active or backing or waiting:
+        phase, reason = m.RunPhase.RUNNING, "Running"
+        parts = []
+        if active:
+            parts.append(f"running {_names(active)}")
+        if backing:
+            parts.append(f"retrying {_names(backing)}")
+        if waiting:
+            parts.append(f"waiting for approval of {_names(waiting)}")
+        message = "; ".join(parts)
+    else:  # pragma: no cover - every non-terminal plan has one of the above
+        phase, reason, message = m.RunPhase.PENDING, "Pending", "nothing to run yet"
+
+    if status.phase != phase:
+        b.record(None, status.phase, phase, reason, message)
+        status.phase = phase
+    status.message = _truncate(message)
+    current = active + backing + waiting
+    status.current_step = _truncate(", ".join(s.name for s in current), 200) or None
+    _set_conditions(b, reason)
+
+
+def _names(sts: Sequence[m.StepStatus]) -> str:
+    names = [s.name for s in sts]
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _set_conditions(b: _Builder, reason: str) -> None:
+    status = b.status
+    phase = status.phase
+    if phase == m.RunPhase.SUCCEEDED:
+        value = m.ConditionStatus.TRUE
+    elif phase in (m.RunPhase.FAILED, m.RunPhase.CANCELLED):
+        value = m.ConditionStatus.FALSE
+    else:
+        value = m.ConditionStatus.UNKNOWN
+    _condition(b, SUCCEEDED, value, reason, status.message or "")
+    waiting = [s for s in b.steps.values() if s.phase == SP.WAITING_FOR_APPROVAL]
+    if waiting:
+        _condition(
+            b,
+            APPROVAL_PENDING,
+            m.ConditionStatus.TRUE,
+            "ApprovalRequested",
+            "; ".join(f"step {s.name} needs approval of argsHash {s.args_hash}" for s in waiting),
+        )
+    elif any(c.type == APPROVAL_PENDING for c in status.conditions or []):
+        _condition(b, APPROVAL_PENDING, m.ConditionStatus.FALSE, "NoApprovalPending", "")
+
+
+def _condition(b: _Builder, ctype: str, value: m.ConditionStatus, reason: str, msg: str) -> None:
+    conditions = b.status.conditions or []
+    generation = b.run.metadata.generation or None
+    existing = next((c for c in conditions if c.type == ctype), None)
+    if existing is None:
+        conditions.append(
+            m.Condition(
+                type=ctype,
+                status=value,
+                reason=reason,
+                message=_truncate(msg),
+                observed_generation=generation,
+                last_transition_time=b.now,
+            )
+        )
+    else:
+        if existing.status != value:
+            existing.last_transition_time = b.now
+        existing.status = value
+        existing.reason = reason
+        existing.message = _truncate(msg)
+        existing.observed_generation = generation
+    b.status.conditions = conditions
+
+
+def _outcome_committed(committed: m.StepStatus | None, job: ObservedJob) -> bool:
+    """Whether the status as read (not the one being derived) already records this attempt's
+    outcome: only then may its Job, the last evidence of that outcome, go away."""
+    if committed is None:
+        return False
+    if committed.attempt > job.attempt:
+        return True
+    return committed.attempt == job.attempt and (
+        committed.phase in m.TERMINAL_STEP_PHASES or committed.phase == SP.BACKING_OFF
+    )
+
+
+def _retention(b: _Builder) -> None:
+    """Delete finished step Jobs (after a grace) and, past its TTL, the finished run."""
+    retention = b.run.spec.retention or m.Retention()
+    grace = timedelta(seconds=b.config.job_deletion_grace_seconds)
+    current = {st.job_name: st for st in b.steps.values() if st.job_name}
+    committed = {st.name: st for st in (b.run.status.steps if b.run.status else None) or []}
+    for job in b.observed.jobs:
+        st = current.get(job.name)
+        if job.state == JobState.ACTIVE:
+            if st is None or st.phase not in m.ACTIVE_STEP_PHASES:
+                b.after.append(DeleteJob(job.name, "NotCurrentAttempt"))
+            continue
+        failed = job.state == JobState.FAILED or (st is not None and st.phase == SP.FAILED)
+        keep = retention.keep_jobs == m.KeepJobs.ALL or (
+            retention.keep_jobs == m.KeepJobs.FAILED and failed
+        )
+        if keep:
+            continue
+        if not _outcome_committed(committed.get(job.step), job):
+            continue
+        since = (st.finished_at if st and st.finished_at else None) or job.finished_at or b.now
+        due = _floor_seconds(since) + grace
+        if b.now >= due:
+            b.after.append(DeleteJob(job.name, "Retention"))
+        else:
+            b.timer(due)
+    status = b.status
+    ttl = retention.ttl_seconds_after_finished
+    if status.phase in m.TERMINAL_RUN_PHASES and ttl is not None and status.completed_at:
+        due = status.completed_at + timedelta(seconds=ttl)
+        if b.now >= due:
+            b.after.append(DeleteRun(f"ttlSecondsAfterFinished ({ttl}s) passed"))
+        else:
+            b.timer(due)
+
+
+def _dedupe(actions: Sequence[Action]) -> tuple[Action, ...]:
+    seen: list[Action] = []
+    for action in actions:
+        if action not in seen:
+            seen.append(action)
+    return tuple(seen)
+
+
+def _finish(b: _Builder) -> Decision:
+    _retention(b)
+    status = b.status
+    status.observed_generation = b.run.metadata.generation or None
+    plan_names = [s.name for s in b.run.spec.plan.steps]
+    ordered = [b.steps[n] for n in plan_names if n in b.steps]
+    ordered += [st for n, st in b.steps.items() if n not in plan_names]
+    status.steps = ordered or None
+    done = sum(1 for n in plan_names if n in b.steps and b.steps[n].phase == SP.SUCCEEDED)
+    status.progress = f"{done}/{len(plan_names)}"
+    if status.phase in m.TERMINAL_RUN_PHASES:
+        status.current_step = None
+    if b.transitions:
+        history = [*(status.history or []), *b.transitions]
+        status.history = history[-b.config.history_limit :]
+    requeue = None
+    if b.timers:
+        soonest = min(b.timers)
+        requeue = max(math.ceil((soonest - b.now).total_seconds()), 1)
+    return Decision(
+        status=status,
+        before_commit=tuple(b.before),
+        after_commit=_dedupe([*b.after, *b.events]),
+        requeue_after=float(requeue) if requeue is not None else None,
+    )

@@ -1,0 +1,80 @@
+"""Deterministic names and keys: the same inputs always give the same name.
+
+Determinism is what makes a repeated create after a crash meet AlreadyExists instead of making
+a second Job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+MAX_NAME = 63
+_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def _dns_label(prefix: str, suffix: str) -> str:
+    """``prefix-suffix`` shortened to a DNS-1123 label of at most 63 characters."""
+    prefix = _INVALID.sub("-", prefix.lower()).strip("-")
+    room = MAX_NAME - len(suffix) - 1
+    prefix = prefix[:room].rstrip("-")
+    return f"{prefix}-{suffix}" if prefix else suffix
+
+
+def job_name(run_name: str, run_uid: str, step: str, attempt: int) -> str:
+    """Name of the Job of one step attempt: readable prefix, unique hash, attempt number.
+
+    Unique per (run uid, step, attempt): two runs of the same name (deleted and recreated) get
+    different Jobs, and so do two attempts of one step.
+    """
+    suffix = f"{_digest(run_uid, step, str(attempt))[:10]}-{attempt}"
+    return _dns_label(f"{run_name}-{step}", suffix)
+
+
+def result_object_name(run_name: str, run_uid: str, step: str, attempt: int) -> str:
+    """Name of the ConfigMap that keeps a step attempt's result when it is too big for status."""
+    suffix = f"r{_digest(run_uid, step, str(attempt), 'result')[:9]}-{attempt}"
+    return _dns_label(f"{run_name}-{step}", suffix)
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: equal values give equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def args_hash(
+    image: str,
+    command: Sequence[str],
+    args: Sequence[str],
+    env: Sequence[Mapping[str, Any]],
+    inputs: Mapping[str, str],
+) -> str:
+    """sha256 of everything that decides what a step attempt does.
+
+    ``env`` holds literal values and the *references* of valueFrom entries (never secret
+    values); ``inputs`` maps input names to what they resolve to (a value's digest).
+    """
+    payload = {
+        "image": image,
+        "command": list(command),
+        "args": list(args),
+        "env": sorted(canonical_json(e) for e in env),
+        "inputs": dict(sorted(inputs.items())),
+    }
+    return sha256_text(canonical_json(payload))
+
+
+def idempotency_key(run_uid: str, step: str, image: str, step_args_hash: str) -> str:
+    """``{run uid}:{step}:{image}:{args hash}``: the same for every retry of an unchanged step."""
+    return f"{run_uid}:{step}:{image}:{step_args_hash}"

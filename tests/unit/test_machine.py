@@ -1,0 +1,486 @@
+"""Behaviour of the pure run state machine, one behaviour per test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrun.api import models as m
+from agentrun.core import CreateJob, DeleteJob, DeleteRun, StoreResult, reconcile
+from agentrun.core.backoff import backoff_seconds
+from agentrun.core.observed import Observed
+from tests.unit.sim import T0, Sim, make_run, step
+
+SP = m.StepPhase
+
+
+def test_first_reconcile_commits_intent_before_any_job_exists() -> None:
+    run = make_run([step("a"), step("b", "a")])
+    decision = reconcile(run, Observed(), T0)
+    a = next(s for s in decision.status.steps or [] if s.name == "a")
+    assert a.phase == SP.LAUNCHING and a.attempt == 1 and a.job_name
+    creates = [x for x in decision.after_commit if isinstance(x, CreateJob)]
+    assert [c.job_name for c in creates] == [a.job_name]
+    assert not decision.before_commit, "creating a Job must wait for the intent commit"
+    assert decision.needs_fence
+
+
+def test_sequential_plan_runs_in_dependency_order_and_succeeds() -> None:
+    sim = Sim(make_run([step("c", "b"), step("a"), step("b", "a")]))
+    order: list[str] = []
+    sim.run_to_end(lambda job: (order.append(job.step) is None, f"{job.step} ok"))
+    assert order == ["a", "b", "c"]
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    assert sim.status.progress == "3/3"
+    cond = sim.condition("Succeeded")
+    assert cond is not None and cond.status == m.ConditionStatus.TRUE
+    assert cond.reason == "Succeeded"
+    assert sim.status.completed_at is not None
+    assert all(n == 1 for n in sim.creations.values())
+
+
+def test_parallel_branches_launch_together_and_join_waits_for_both() -> None:
+    sim = Sim(make_run([step("fetch"), step("x", "fetch"), step("y", "fetch"),
+                        step("join", "x", "y")]))
+    sim.tick()
+    sim.finish(sim.job_of("fetch").name)
+    sim.tick()
+    assert {j.step for j in sim.active()} == {"x", "y"}
+    assert sim.status.current_step == "x, y"
+    sim.finish(sim.job_of("x").name)
+    sim.tick()
+    assert sim.step_status("join").phase == SP.PENDING
+    sim.finish(sim.job_of("y").name)
+    sim.tick()
+    assert sim.step_status("join").phase == SP.LAUNCHING
+
+
+def test_reconcile_is_a_fixed_point_when_nothing_changes() -> None:
+    sim = Sim(make_run([step("a"), step("b", "a")]))
+    sim.tick()
+    sim.tick()  # observes the Job: Running
+    before = sim.status.to_wire()
+    decision, _ = sim.decide()
+    assert not decision.status_changed(sim.run.status)
+    assert decision.status.to_wire() == before
+    assert not [a for a in decision.after_commit if isinstance(a, CreateJob)]
+
+
+def test_committed_intent_without_job_is_created_again_with_the_same_name() -> None:
+    sim = Sim(make_run([step("a")]))
+    decision, version = sim.decide()
+    assert sim.commit(decision, version)  # crash: the after-commit create never happens
+    name = sim.step_status("a").job_name
+    assert not sim.jobs
+    sim.tick()
+    assert list(sim.creations) == [name] and sim.creations[name] == 1
+
+
+def test_a_repeated_create_is_adopted_not_duplicated() -> None:
+    sim = Sim(make_run([step("a")]))
+    decision = sim.tick()
+    for action in decision.after_commit:  # the shell retries the same actions
+        sim.apply(action)
+    assert sum(sim.creations.values()) == 1
+
+
+def test_stale_writer_cannot_commit_and_creates_nothing() -> None:
+    sim = Sim(make_run([step("a"), step("b", "a")]))
+    stale = sim.snapshot()
+    sim.tick()
+    sim.tick()
+    sim.finish(sim.job_of("a").name, message="result of a")
+    sim.tick()
+    committed = sim.step_status("a").model_copy()
+    decision, version = sim.decide(stale)
+    assert not sim.commit(decision, version)
+    assert sim.step_status("a") == committed
+
+
+def test_failed_attempt_is_retried_with_backoff_then_succeeds() -> None:
+    retry = {"limit": 2, "backoff": {"initialSeconds": 10, "factor": 2, "maxSeconds": 60}}
+    sim = Sim(make_run([step("a", retry=retry)]))
+    sim.tick()
+    first = sim.job_of("a").name
+    sim.finish(first, ok=False, message="connection refused", exit_code=7)
+    decision = sim.tick()
+    st = sim.step_status("a")
+    assert st.phase == SP.BACKING_OFF
+    assert st.error is not None and st.error.exit_code == 7
+    assert "connection refused" in st.error.message
+    expected = backoff_seconds(m.Backoff(initial_seconds=10, factor=2, max_seconds=60), 1,
+                               seed=0, run_uid=sim.run.metadata.uid, step="a")
+    assert st.next_attempt_at == T0 + __import__("datetime").timedelta(seconds=expected)
+    assert decision.requeue_after == expected
+    sim.advance(expected - 1)
+    sim.tick()
+    assert sim.step_status("a").phase == SP.BACKING_OFF, "no attempt before nextAttemptAt"
+    sim.advance(1)
+    sim.tick()
+    st = sim.step_status("a")
+    assert st.phase == SP.LAUNCHING and st.attempt == 2 and st.job_name != first
+    sim.finish(st.job_name or "")
+    sim.tick()
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    assert sim.step_status("a").error is None
+
+
+def test_retries_keep_the_idempotency_key() -> None:
+    sim = Sim(make_run([step("a", retry={"limit": 1, "backoff": {"initialSeconds": 0}})]))
+    sim.tick()
+    key1 = sim.step_status("a").idempotency_key
+    sim.finish(sim.job_of("a").name, ok=False)
+    sim.tick()
+    sim.tick()
+    assert sim.step_status("a").attempt == 2
+    assert sim.step_status("a").idempotency_key == key1
+    assert key1 and key1.startswith(f"{sim.run.metadata.uid}:a:busybox:1.36:")
+
+
+def test_exhausted_retries_fail_the_run_with_the_step_reason() -> None:
+    sim = Sim(make_run([step("a", retry={"limit": 1, "backoff": {"initialSeconds": 0}}),
+                        step("b", "a")]))
+    sim.run_to_end(lambda job: (False, "disk full"))
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert sim.step_status("a").phase == SP.FAILED and sim.step_status("a").attempt == 2
+    assert sim.step_status("b").phase == SP.SKIPPED
+    cond = sim.condition("Succeeded")
+    assert cond is not None and cond.status == m.ConditionStatus.FALSE
+    assert cond.reason == "Error" and "disk full" in cond.message
+    assert "after 2 attempts" in (sim.status.message or "")
+
+
+def test_independent_running_step_finishes_before_the_run_fails() -> None:
+    sim = Sim(make_run([step("a"), step("b")]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, ok=False, message="boom")
+    sim.tick()
+    assert sim.status.phase == m.RunPhase.RUNNING and "stopping" in (sim.status.message or "")
+    sim.finish(sim.job_of("b").name, message="b result")
+    sim.tick()
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert sim.step_status("b").phase == SP.SUCCEEDED
+    assert sim.step_status("b").result == "b result"
+
+
+def test_step_reporting_ok_false_fails_even_with_exit_code_zero() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, message=json.dumps({"ok": False, "summary": "no data"}))
+    sim.tick()
+    st = sim.step_status("a")
+    assert st.phase == SP.FAILED and st.error is not None
+    assert st.error.reason == "StepReportedFailure" and st.error.message == "no data"
+
+
+def test_job_deadline_becomes_step_timeout() -> None:
+    sim = Sim(make_run([step("a", timeoutSeconds=5)]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, ok=False, reason="DeadlineExceeded")
+    sim.tick()
+    st = sim.step_status("a")
+    assert st.error is not None and st.error.reason == "StepTimeout"
+    assert sim.status.phase == m.RunPhase.FAILED
+
+
+def test_core_stops_waiting_when_the_job_deadline_never_fires() -> None:
+    sim = Sim(make_run([step("a", timeoutSeconds=5)]))
+    sim.tick()
+    sim.tick()
+    sim.advance(5 + sim.config.step_timeout_grace_seconds)
+    decision = sim.tick()
+    assert DeleteJob(sim.step_status("a").job_name or "", "StepTimeout") in decision.after_commit
+    assert sim.step_status("a").error is not None
+    assert sim.status.phase == m.RunPhase.FAILED
+
+
+def test_run_deadline_stops_running_steps_and_fails_the_run() -> None:
+    sim = Sim(make_run([step("a"), step("b", "a")], budget={"maxWallTimeSeconds": 60}))
+    decision = sim.tick()
+    assert decision.requeue_after == 60
+    sim.advance(60)
+    decision = sim.tick()
+    assert sim.status.phase == m.RunPhase.FAILED
+    cond = sim.condition("Succeeded")
+    assert cond is not None and cond.reason == "DeadlineExceeded"
+    assert any(isinstance(a, DeleteJob) for a in decision.after_commit)
+    assert sim.step_status("a").phase == SP.CANCELLED
+    assert sim.step_status("b").phase == SP.SKIPPED
+    assert sim.status.usage is not None and sim.status.usage.wall_time_seconds == 60
+
+
+def test_max_steps_budget_stops_before_the_extra_step() -> None:
+    sim = Sim(make_run([step("a"), step("b", "a"), step("c", "b")], budget={"maxSteps": 2}))
+    sim.run_to_end()
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert sim.step_status("c").phase == SP.SKIPPED
+    cond = sim.condition("Succeeded")
+    assert cond is not None and cond.reason == "BudgetExceeded"
+    assert "maxSteps" in cond.message
+    assert len(sim.creations) == 2
+
+
+def test_max_attempts_budget_counts_retries() -> None:
+    retry = {"limit": 5, "backoff": {"initialSeconds": 0}}
+    sim = Sim(make_run([step("a", retry=retry)], budget={"maxAttempts": 3}))
+    sim.run_to_end(lambda job: (False, "nope"))
+    assert sum(sim.creations.values()) == 3
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert sim.step_status("a").error is not None
+    assert sim.step_status("a").error.reason == "BudgetExceeded"
+
+
+def test_token_budget_stops_launching_more_steps() -> None:
+    envelope = json.dumps({"ok": True, "summary": "s", "usage": {"tokens": 700}})
+    sim = Sim(make_run([step("a"), step("b", "a"), step("c", "b")], budget={"maxTokens": 1000}))
+    sim.run_to_end(lambda job: (True, envelope))
+    assert sim.status.usage is not None and sim.status.usage.tokens == 1400
+    assert sim.step_status("c").phase == SP.SKIPPED
+    assert sim.status.phase == m.RunPhase.FAILED
+
+
+def test_approval_gate_waits_then_launches_on_a_matching_approval() -> None:
+    sim = Sim(make_run([step("deploy", risk="external")],
+                       policy={"approvalRequiredFor": ["external"]}))
+    sim.tick()
+    st = sim.step_status("deploy")
+    assert st.phase == SP.WAITING_FOR_APPROVAL and st.args_hash
+    assert sim.status.phase == m.RunPhase.WAITING_FOR_APPROVAL
+    cond = sim.condition("ApprovalPending")
+    assert cond is not None and cond.status == m.ConditionStatus.TRUE
+    assert st.args_hash in cond.message and not sim.jobs
+    wrong = m.Approval(step="deploy", decision=m.Decision.APPROVE, args_hash="0" * 64, by="alice")
+    sim.spec_update(approvals=[wrong])
+    sim.tick()
+    assert not sim.jobs, "an approval of other arguments does not count"
+    right = wrong.model_copy(update={"args_hash": st.args_hash})
+    sim.spec_update(approvals=[wrong, right])
+    sim.tick()
+    assert sim.step_status("deploy").phase == SP.LAUNCHING and len(sim.jobs) == 1
+    cond = sim.condition("ApprovalPending")
+    assert cond is not None and cond.status == m.ConditionStatus.FALSE
+
+
+def test_rejection_ends_the_step_and_the_run_with_the_reason() -> None:
+    sim = Sim(make_run([step("deploy", approval="required")]))
+    sim.tick()
+    h = sim.step_status("deploy").args_hash or ""
+    sim.spec_update(approvals=[m.Approval(step="deploy", decision=m.Decision.REJECT,
+                                          args_hash=h, by="bob", reason="not during the freeze")])
+    sim.tick()
+    assert sim.status.phase == m.RunPhase.FAILED
+    cond = sim.condition("Succeeded")
+    assert cond is not None and cond.reason == "Rejected"
+    assert "bob" in cond.message and "not during the freeze" in cond.message
+    assert not sim.creations
+
+
+def test_changing_a_gated_step_needs_a_new_approval() -> None:
+    steps = [step("deploy", approval="required")]
+    sim = Sim(make_run(steps))
+    sim.tick()
+    h = sim.step_status("deploy").args_hash or ""
+    changed = step("deploy", approval="required")
+    changed["container"]["args"] = ["--force"]
+    sim.spec_update(
+        plan=m.Plan.model_validate({"steps": [changed]}),
+        approvals=[m.Approval(step="deploy", decision=m.Decision.APPROVE, args_hash=h, by="a")],
+    )
+    sim.tick()
+    st = sim.step_status("deploy")
+    assert st.phase == SP.WAITING_FOR_APPROVAL and st.args_hash != h and not sim.jobs
+
+
+def test_suspend_starts_nothing_and_resume_continues() -> None:
+    sim = Sim(make_run([step("a"), step("b", "a")]))
+    sim.tick()
+    sim.spec_update(suspend=True)
+    sim.finish(sim.job_of("a").name)
+    sim.tick()
+    assert sim.status.phase == m.RunPhase.SUSPENDED
+    assert sim.step_status("a").phase == SP.SUCCEEDED, "a running step finishes while suspended"
+    assert sim.step_status("b").phase == SP.PENDING and len(sim.jobs) == 1
+    sim.spec_update(suspend=False)
+    sim.tick()
+    assert sim.step_status("b").phase == SP.LAUNCHING
+    assert sim.status.phase == m.RunPhase.RUNNING
+
+
+def test_cancel_stops_running_steps_and_keeps_finished_results() -> None:
+    sim = Sim(make_run([step("a"), step("b"), step("c", "a", "b")]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, message="a result")
+    sim.spec_update(cancel=True)
+    decision = sim.tick()
+    assert sim.status.phase == m.RunPhase.CANCELLED
+    assert sim.step_status("a").phase == SP.SUCCEEDED and sim.step_status("a").result == "a result"
+    assert sim.step_status("b").phase == SP.CANCELLED
+    assert sim.step_status("c").phase == SP.SKIPPED
+    assert DeleteJob(sim.step_status("b").job_name or "", "Cancelled") in decision.after_commit
+    cond = sim.condition("Succeeded")
+    assert cond is not None and cond.status == m.ConditionStatus.FALSE
+    assert cond.reason == "Cancelled"
+
+
+def test_dependency_cycle_ends_the_run_naming_the_cycle() -> None:
+    sim = Sim(make_run([step("a", "c"), step("b", "a"), step("c", "b"), step("d")]))
+    sim.tick()
+    assert sim.status.phase == m.RunPhase.FAILED
+    cond = sim.condition("Succeeded")
+    assert cond is not None and cond.reason == "InvalidPlan"
+    assert "dependency cycle: a -> b -> c -> a" in cond.message
+    assert not sim.creations
+
+
+def test_missing_dependency_is_reported_like_admission_would() -> None:
+    sim = Sim(make_run([step("deploy", "build")]))
+    sim.tick()
+    assert "step 'deploy' dependsOn 'build' which is not a step of this plan" in (
+        sim.status.message or ""
+    )
+
+
+def test_large_results_are_kept_by_reference_and_stored_before_commit() -> None:
+    big = json.dumps({"ok": True, "summary": "big", "result": {"rows": "x" * 2000, "n": 3}})
+    sim = Sim(make_run([step("a"), step("b", "a", inputs=[{"name": "N", "fromStep": "a",
+                                                             "key": "n"}])]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, message=big)
+    decision, version = sim.decide()
+    stores = [x for x in decision.before_commit if isinstance(x, StoreResult)]
+    assert len(stores) == 1
+    st = next(s for s in decision.status.steps or [] if s.name == "a")
+    assert st.result is None and st.result_ref is not None
+    assert st.result_ref.name == stores[0].name and st.result_digest
+    assert dict(stores[0].data)["field.n"] == "3"
+    assert sim.commit(decision, version)
+    for action in decision.after_commit:
+        sim.apply(action)
+    sim.tick()
+    create = sim.created_specs[sim.step_status("b").job_name or ""]
+    (env,) = create.input_env
+    assert env.value_from is not None and env.value_from.config_map_key_ref is not None
+    assert env.value_from.config_map_key_ref.key == "field.n"
+
+
+def test_small_results_stay_inline_and_feed_inputs_by_value() -> None:
+    envelope = json.dumps({"ok": True, "summary": "found", "result": {"suspect": "v2.14"}})
+    sim = Sim(make_run([step("a"), step("b", "a", inputs=[{"name": "S", "fromStep": "a",
+                                                             "key": "suspect"}])]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, message=envelope)
+    sim.tick()
+    assert sim.step_status("a").result == '{"suspect":"v2.14"}'
+    assert sim.step_status("a").summary == "found"
+    assert sim.job_of("b").env == {"S": "v2.14"}
+
+
+def test_missing_input_field_fails_the_step_clearly() -> None:
+    sim = Sim(make_run([step("a"), step("b", "a", inputs=[{"name": "S", "fromStep": "a",
+                                                             "key": "nope"}])]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, message='{"ok": true, "result": {"x": 1}}')
+    sim.tick()
+    st = sim.step_status("b")
+    assert st.phase == SP.FAILED and st.error is not None and st.error.reason == "InputMissing"
+    assert "has no field 'nope'" in st.error.message
+
+
+def test_image_policy_rejects_other_images() -> None:
+    sim = Sim(make_run([step("a")], policy={"allowedImages": ["ghcr.io/acme/"]}))
+    sim.tick()
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert sim.step_status("a").error is not None
+    assert sim.step_status("a").error.reason == "ImageNotAllowed"
+    assert not sim.creations
+
+
+def test_lost_job_counts_as_a_failed_attempt() -> None:
+    sim = Sim(make_run([step("a", retry={"limit": 1, "backoff": {"initialSeconds": 0}})]))
+    sim.tick()
+    sim.tick()
+    first = sim.step_status("a").job_name or ""
+    del sim.jobs[first]
+    sim.tick()
+    st = sim.step_status("a")
+    assert st.error is not None and st.error.reason == "JobLost"
+    sim.tick()
+    assert sim.step_status("a").attempt == 2 and sim.creations[first] == 1
+
+
+def test_finished_jobs_are_deleted_only_after_commit_and_grace() -> None:
+    sim = Sim(make_run([step("a"), step("b", "a")]))
+    sim.tick()
+    name = sim.job_of("a").name
+    sim.finish(name)
+    decision = sim.tick()
+    assert not [a for a in decision.after_commit if isinstance(a, DeleteJob)]
+    sim.advance(sim.config.job_deletion_grace_seconds)
+    decision = sim.tick()
+    assert DeleteJob(name, "Retention") in decision.after_commit
+
+
+def test_failed_jobs_are_kept_by_default_and_all_deleted_with_keep_none() -> None:
+    for keep, kept in (("failed", True), ("none", False)):
+        sim = Sim(make_run([step("a")], retention={"keepJobs": keep}))
+        sim.tick()
+        name = sim.job_of("a").name
+        sim.finish(name, ok=False)
+        sim.tick()
+        sim.advance(60)
+        sim.tick()
+        assert (name in sim.jobs) is kept
+
+
+def test_ttl_after_finished_deletes_the_run() -> None:
+    sim = Sim(make_run([step("a")], retention={"ttlSecondsAfterFinished": 120}))
+    sim.run_to_end()
+    decision = sim.tick()
+    assert decision.requeue_after is not None
+    assert not any(isinstance(a, DeleteRun) for a in decision.after_commit)
+    sim.advance(120)
+    sim.tick()
+    assert sim.deleted
+
+
+def test_history_records_transitions_and_stays_bounded() -> None:
+    steps = [step(f"s{i}", *( [f"s{i-1}"] if i else [])) for i in range(40)]
+    sim = Sim(make_run(steps))
+    sim.run_to_end()
+    history = sim.status.history or []
+    assert len(history) == m.MAX_HISTORY
+    assert history[-1].to_phase == m.RunPhase.SUCCEEDED and history[-1].step is None
+    assert history[0].at <= history[-1].at
+
+
+def test_observed_generation_follows_the_spec() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    assert sim.status.observed_generation == 1
+    sim.spec_update(suspend=True)
+    sim.tick()
+    assert sim.status.observed_generation == 2
+    cond = sim.condition("Succeeded")
+    assert cond is not None and cond.observed_generation == 2
+
+
+def test_events_accompany_every_transition() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.run_to_end()
+    reasons = [r for r, _ in sim.events]
+    for expected in ("Accepted", "Launching", "StepSucceeded", "Succeeded"):
+        assert expected in reasons
+
+
+@pytest.mark.parametrize("phase", [m.RunPhase.SUCCEEDED, m.RunPhase.FAILED])
+def test_finished_runs_never_launch_again(phase: m.RunPhase) -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.run_to_end(lambda job: (phase == m.RunPhase.SUCCEEDED, "x"))
+    assert sim.status.phase == phase
+    created = sum(sim.creations.values())
+    sim.jobs.clear()
+    for _ in range(3):
+        sim.advance(3600)
+        sim.tick()
+    assert sum(sim.creations.values()) == created
