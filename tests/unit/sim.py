@@ -64,6 +64,7 @@ class SimJob:
     reason: str | None = None
     finished_at: datetime | None = None
     env: dict[str, str] = field(default_factory=dict)
+    deleting: bool = False
 
 
 class Conflict(Exception):
@@ -90,16 +91,28 @@ class Sim:
         return Observed(
             tuple(
                 ObservedJob(
-                    name=j.name, step=j.step, attempt=j.attempt, state=j.state,
-                    termination_message=j.message, exit_code=j.exit_code, reason=j.reason,
+                    name=j.name,
+                    step=j.step,
+                    attempt=j.attempt,
+                    state=j.state,
+                    termination_message=j.message,
+                    exit_code=j.exit_code,
+                    reason=j.reason,
                     finished_at=j.finished_at,
+                    deleting=j.deleting,
                 )
                 for j in self.jobs.values()
             )
         )
 
-    def finish(self, name: str, ok: bool = True, message: str | None = None,
-               exit_code: int | None = None, reason: str | None = None) -> None:
+    def finish(
+        self,
+        name: str,
+        ok: bool = True,
+        message: str | None = None,
+        exit_code: int | None = None,
+        reason: str | None = None,
+    ) -> None:
         job = self.jobs[name]
         job.state = JobState.SUCCEEDED if ok else JobState.FAILED
         job.message = message
@@ -108,7 +121,11 @@ class Sim:
         job.finished_at = self.now
 
     def active(self) -> list[SimJob]:
-        return [j for j in self.jobs.values() if j.state == JobState.ACTIVE]
+        return [j for j in self.jobs.values() if j.state == JobState.ACTIVE and not j.deleting]
+
+    def lose(self, name: str) -> None:
+        """Someone deletes the Job: the operator's finalizer keeps it, marked deleting."""
+        self.jobs[name].deleting = True
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
@@ -144,7 +161,9 @@ class Sim:
             self.creations[action.job_name] += 1
             self.created_specs[action.job_name] = action
             self.jobs[action.job_name] = SimJob(
-                action.job_name, action.step.name, action.attempt,
+                action.job_name,
+                action.step.name,
+                action.attempt,
                 env={e.name: e.value or "" for e in action.input_env},
             )
         elif isinstance(action, DeleteJob):
@@ -192,8 +211,9 @@ class Sim:
         self.run = self.run.model_copy(update={"spec": spec, "metadata": meta})
         self.version += 1
 
-    def run_to_end(self, outcome: Callable[[SimJob], tuple[bool, str | None]] | None = None,
-                   limit: int = 200) -> None:
+    def run_to_end(
+        self, outcome: Callable[[SimJob], tuple[bool, str | None]] | None = None, limit: int = 200
+    ) -> None:
         """Tick, finishing every active Job with ``outcome`` (default: success), until the run
         ends or nothing moves."""
         for _ in range(limit):

@@ -41,8 +41,9 @@ def test_sequential_plan_runs_in_dependency_order_and_succeeds() -> None:
 
 
 def test_parallel_branches_launch_together_and_join_waits_for_both() -> None:
-    sim = Sim(make_run([step("fetch"), step("x", "fetch"), step("y", "fetch"),
-                        step("join", "x", "y")]))
+    sim = Sim(
+        make_run([step("fetch"), step("x", "fetch"), step("y", "fetch"), step("join", "x", "y")])
+    )
     sim.tick()
     sim.finish(sim.job_of("fetch").name)
     sim.tick()
@@ -109,8 +110,13 @@ def test_failed_attempt_is_retried_with_backoff_then_succeeds() -> None:
     assert st.phase == SP.BACKING_OFF
     assert st.error is not None and st.error.exit_code == 7
     assert "connection refused" in st.error.message
-    expected = backoff_seconds(m.Backoff(initial_seconds=10, factor=2, max_seconds=60), 1,
-                               seed=0, run_uid=sim.run.metadata.uid, step="a")
+    expected = backoff_seconds(
+        m.Backoff(initial_seconds=10, factor=2, max_seconds=60),
+        1,
+        seed=0,
+        run_uid=sim.run.metadata.uid,
+        step="a",
+    )
     assert st.next_attempt_at == T0 + __import__("datetime").timedelta(seconds=expected)
     assert decision.requeue_after == expected
     sim.advance(expected - 1)
@@ -139,8 +145,9 @@ def test_retries_keep_the_idempotency_key() -> None:
 
 
 def test_exhausted_retries_fail_the_run_with_the_step_reason() -> None:
-    sim = Sim(make_run([step("a", retry={"limit": 1, "backoff": {"initialSeconds": 0}}),
-                        step("b", "a")]))
+    sim = Sim(
+        make_run([step("a", retry={"limit": 1, "backoff": {"initialSeconds": 0}}), step("b", "a")])
+    )
     sim.run_to_end(lambda job: (False, "disk full"))
     assert sim.status.phase == m.RunPhase.FAILED
     assert sim.step_status("a").phase == SP.FAILED and sim.step_status("a").attempt == 2
@@ -241,8 +248,9 @@ def test_token_budget_stops_launching_more_steps() -> None:
 
 
 def test_approval_gate_waits_then_launches_on_a_matching_approval() -> None:
-    sim = Sim(make_run([step("deploy", risk="external")],
-                       policy={"approvalRequiredFor": ["external"]}))
+    sim = Sim(
+        make_run([step("deploy", risk="external")], policy={"approvalRequiredFor": ["external"]})
+    )
     sim.tick()
     st = sim.step_status("deploy")
     assert st.phase == SP.WAITING_FOR_APPROVAL and st.args_hash
@@ -266,8 +274,17 @@ def test_rejection_ends_the_step_and_the_run_with_the_reason() -> None:
     sim = Sim(make_run([step("deploy", approval="required")]))
     sim.tick()
     h = sim.step_status("deploy").args_hash or ""
-    sim.spec_update(approvals=[m.Approval(step="deploy", decision=m.Decision.REJECT,
-                                          args_hash=h, by="bob", reason="not during the freeze")])
+    sim.spec_update(
+        approvals=[
+            m.Approval(
+                step="deploy",
+                decision=m.Decision.REJECT,
+                args_hash=h,
+                by="bob",
+                reason="not during the freeze",
+            )
+        ]
+    )
     sim.tick()
     assert sim.status.phase == m.RunPhase.FAILED
     cond = sim.condition("Succeeded")
@@ -343,8 +360,9 @@ def test_missing_dependency_is_reported_like_admission_would() -> None:
 
 def test_large_results_are_kept_by_reference_and_stored_before_commit() -> None:
     big = json.dumps({"ok": True, "summary": "big", "result": {"rows": "x" * 2000, "n": 3}})
-    sim = Sim(make_run([step("a"), step("b", "a", inputs=[{"name": "N", "fromStep": "a",
-                                                             "key": "n"}])]))
+    sim = Sim(
+        make_run([step("a"), step("b", "a", inputs=[{"name": "N", "fromStep": "a", "key": "n"}])])
+    )
     sim.tick()
     sim.finish(sim.job_of("a").name, message=big)
     decision, version = sim.decide()
@@ -366,8 +384,11 @@ def test_large_results_are_kept_by_reference_and_stored_before_commit() -> None:
 
 def test_small_results_stay_inline_and_feed_inputs_by_value() -> None:
     envelope = json.dumps({"ok": True, "summary": "found", "result": {"suspect": "v2.14"}})
-    sim = Sim(make_run([step("a"), step("b", "a", inputs=[{"name": "S", "fromStep": "a",
-                                                             "key": "suspect"}])]))
+    sim = Sim(
+        make_run(
+            [step("a"), step("b", "a", inputs=[{"name": "S", "fromStep": "a", "key": "suspect"}])]
+        )
+    )
     sim.tick()
     sim.finish(sim.job_of("a").name, message=envelope)
     sim.tick()
@@ -377,8 +398,11 @@ def test_small_results_stay_inline_and_feed_inputs_by_value() -> None:
 
 
 def test_missing_input_field_fails_the_step_clearly() -> None:
-    sim = Sim(make_run([step("a"), step("b", "a", inputs=[{"name": "S", "fromStep": "a",
-                                                             "key": "nope"}])]))
+    sim = Sim(
+        make_run(
+            [step("a"), step("b", "a", inputs=[{"name": "S", "fromStep": "a", "key": "nope"}])]
+        )
+    )
     sim.tick()
     sim.finish(sim.job_of("a").name, message='{"ok": true, "result": {"x": 1}}')
     sim.tick()
@@ -401,12 +425,26 @@ def test_lost_job_counts_as_a_failed_attempt() -> None:
     sim.tick()
     sim.tick()
     first = sim.step_status("a").job_name or ""
-    del sim.jobs[first]
+    del sim.jobs[first]  # gone without trace (finalizer removed by hand)
     sim.tick()
     st = sim.step_status("a")
     assert st.error is not None and st.error.reason == "JobLost"
     sim.tick()
     assert sim.step_status("a").attempt == 2 and sim.creations[first] == 1
+
+
+def test_job_deleted_before_it_was_observed_is_not_created_again() -> None:
+    sim = Sim(make_run([step("a", retry={"limit": 1, "backoff": {"initialSeconds": 0}})]))
+    sim.tick()
+    first = sim.step_status("a").job_name or ""
+    sim.lose(first)  # deleted while Launching: the finalizer keeps it visible
+    decision = sim.tick()
+    assert sim.step_status("a").error is not None
+    assert sim.step_status("a").error.reason == "JobLost"
+    assert sim.creations[first] == 1
+    decision = sim.tick()
+    assert DeleteJob(first, "Deleted") in decision.after_commit
+    assert first not in sim.jobs and sim.step_status("a").attempt == 2
 
 
 def test_finished_jobs_are_deleted_only_after_commit_and_grace() -> None:
@@ -445,7 +483,7 @@ def test_ttl_after_finished_deletes_the_run() -> None:
 
 
 def test_history_records_transitions_and_stays_bounded() -> None:
-    steps = [step(f"s{i}", *( [f"s{i-1}"] if i else [])) for i in range(40)]
+    steps = [step(f"s{i}", *([f"s{i - 1}"] if i else [])) for i in range(40)]
     sim = Sim(make_run(steps))
     sim.run_to_end()
     history = sim.status.history or []

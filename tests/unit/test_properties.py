@@ -10,6 +10,7 @@ deadlines hold, and the status stays bounded.
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +22,8 @@ from agentrun.core import CreateJob
 from tests.unit.sim import Sim, make_run, step
 
 SP = m.StepPhase
+EXAMPLES = int(os.environ.get("AGENTRUN_HYPOTHESIS_EXAMPLES", "300"))
+"""Examples per property; raise it (e.g. 5000) for a thorough local run."""
 STATUS_BOUND = 256 * 1024  # bytes of status JSON for plans of up to 8 steps; far below 1.5 MiB
 
 
@@ -33,8 +36,14 @@ def plans(draw: st.DrawFn) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         limit = draw(st.integers(0, 2))
         if limit:
-            extra["retry"] = {"limit": limit, "backoff": {"initialSeconds": draw(
-                st.sampled_from([0, 1, 5, 30])), "factor": 2, "maxSeconds": 60}}
+            extra["retry"] = {
+                "limit": limit,
+                "backoff": {
+                    "initialSeconds": draw(st.sampled_from([0, 1, 5, 30])),
+                    "factor": 2,
+                    "maxSeconds": 60,
+                },
+            }
         if draw(st.integers(0, 4)) == 0:
             extra["approval"] = "required"
         if draw(st.booleans()):
@@ -58,9 +67,25 @@ def plans(draw: st.DrawFn) -> dict[str, Any]:
 EVENTS = st.lists(
     st.tuples(
         st.sampled_from(
-            ["tick", "tick", "tick", "finish", "finish", "finish", "advance", "stale",
-             "crash_after_commit", "crash_before_commit", "duplicate", "pause", "resume",
-             "approve", "lose_job", "suspend", "resume_run"]
+            [
+                "tick",
+                "tick",
+                "tick",
+                "finish",
+                "finish",
+                "finish",
+                "advance",
+                "stale",
+                "crash_after_commit",
+                "crash_before_commit",
+                "duplicate",
+                "pause",
+                "resume",
+                "approve",
+                "lose_job",
+                "suspend",
+                "resume_run",
+            ]
         ),
         st.integers(0, 10_000),
     ),
@@ -88,7 +113,8 @@ class Checker:
         assert name not in self.finished, f"finished step {name} launched again"
         if action.step.approval == m.ApprovalMode.REQUIRED:
             assert any(
-                a.step == name and a.args_hash == action.args_hash
+                a.step == name
+                and a.args_hash == action.args_hash
                 and a.decision == m.Decision.APPROVE
                 for a in sim.run.spec.approvals or []
             ), f"gated step {name} launched without a matching approval"
@@ -116,11 +142,18 @@ class Checker:
             if st_.name in self.results:
                 assert st_.phase == SP.SUCCEEDED, f"committed success of {st_.name} lost"
                 assert self.results[st_.name] == (
-                    st_.result, st_.result_ref, st_.result_digest, st_.attempt
+                    st_.result,
+                    st_.result_ref,
+                    st_.result_digest,
+                    st_.attempt,
                 ), f"committed result of {st_.name} changed"
             elif st_.phase == SP.SUCCEEDED:
-                self.results[st_.name] = (st_.result, st_.result_ref, st_.result_digest,
-                                          st_.attempt)
+                self.results[st_.name] = (
+                    st_.result,
+                    st_.result_ref,
+                    st_.result_digest,
+                    st_.attempt,
+                )
             if st_.phase in m.TERMINAL_STEP_PHASES:
                 self.finished.add(st_.name)
         assert len(status.history or []) <= m.MAX_HISTORY
@@ -144,8 +177,14 @@ def _run_events(sim: Sim, checker: Checker, events: list[tuple[str, int]]) -> No
     snapshots = [sim.snapshot()]
     paused: list[Any] = []
     for kind, seed in events:
-        if kind in ("tick", "duplicate", "stale", "crash_after_commit", "crash_before_commit",
-                    "pause"):
+        if kind in (
+            "tick",
+            "duplicate",
+            "stale",
+            "crash_after_commit",
+            "crash_before_commit",
+            "pause",
+        ):
             snap = snapshots[seed % len(snapshots)] if kind == "stale" else sim.snapshot()
             decision, version = sim.decide(snap)
             if kind == "crash_before_commit":
@@ -176,17 +215,27 @@ def _run_events(sim: Sim, checker: Checker, events: list[tuple[str, int]]) -> No
             paused.clear()
             sim.advance(seed % 90)
         elif kind == "approve":
-            waiting = [s for s in (sim.run.status.steps if sim.run.status else None) or []
-                       if s.phase == SP.WAITING_FOR_APPROVAL and s.args_hash]
+            waiting = [
+                s
+                for s in (sim.run.status.steps if sim.run.status else None) or []
+                if s.phase == SP.WAITING_FOR_APPROVAL and s.args_hash
+            ]
             if waiting:
                 target = waiting[seed % len(waiting)]
                 decision_kind = m.Decision.REJECT if seed % 5 == 0 else m.Decision.APPROVE
-                approvals = [*(sim.run.spec.approvals or []), m.Approval(
-                    step=target.name, decision=decision_kind, args_hash=target.args_hash or "",
-                    by="alice", reason="checked")]
+                approvals = [
+                    *(sim.run.spec.approvals or []),
+                    m.Approval(
+                        step=target.name,
+                        decision=decision_kind,
+                        args_hash=target.args_hash or "",
+                        by="alice",
+                        reason="checked",
+                    ),
+                ]
                 sim.spec_update(approvals=approvals)
         elif kind == "lose_job" and sim.active() and seed % 4 == 0:
-            del sim.jobs[sim.active()[seed % len(sim.active())].name]
+            sim.lose(sim.active()[seed % len(sim.active())].name)
         elif kind == "suspend":
             sim.spec_update(suspend=True)
         elif kind == "resume_run":
@@ -206,9 +255,20 @@ def _drive_to_end(sim: Sim, checker: Checker) -> None:
             return
         waiting = [s for s in sim.status.steps or [] if s.phase == SP.WAITING_FOR_APPROVAL]
         if waiting:
-            sim.spec_update(approvals=[*(sim.run.spec.approvals or []), *[
-                m.Approval(step=s.name, decision=m.Decision.APPROVE, args_hash=s.args_hash or "",
-                           by="alice") for s in waiting]])
+            sim.spec_update(
+                approvals=[
+                    *(sim.run.spec.approvals or []),
+                    *[
+                        m.Approval(
+                            step=s.name,
+                            decision=m.Decision.APPROVE,
+                            args_hash=s.args_hash or "",
+                            by="alice",
+                        )
+                        for s in waiting
+                    ],
+                ]
+            )
         for job in sim.active():
             sim.finish(job.name, *_outcome(sim, i))
         if decision.requeue_after and not sim.active():
@@ -216,10 +276,11 @@ def _drive_to_end(sim: Sim, checker: Checker) -> None:
     raise AssertionError(f"run never ended: {sim.status.phase}: {sim.status.message}")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=plans(), events=EVENTS)
-def test_invariants_hold_under_any_order_of_events(plan: dict[str, Any],
-                                                    events: list[tuple[str, int]]) -> None:
+def test_invariants_hold_under_any_order_of_events(
+    plan: dict[str, Any], events: list[tuple[str, int]]
+) -> None:
     sim = Sim(make_run(plan["steps"], **plan["spec"]))
     checker = Checker(sim)
     _run_events(sim, checker, events)
@@ -234,7 +295,7 @@ def test_invariants_hold_under_any_order_of_events(plan: dict[str, Any],
         assert s.phase in m.TERMINAL_STEP_PHASES, f"{s.name} left in {s.phase}"
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=max(EXAMPLES // 3, 1), deadline=None)
 @given(plan=plans(), cut=st.integers(0, 60), seed=st.integers(0, 10_000))
 def test_restart_from_any_committed_status_resumes_without_rerunning(
     plan: dict[str, Any], cut: int, seed: int
@@ -252,8 +313,14 @@ def test_restart_from_any_committed_status_resumes_without_rerunning(
             job = sim.active()[0]
             sim.finish(job.name, *_outcome(sim, seed + i))
         sim.advance((seed + i) % 40)
-    restarted = Sim(sim.run.model_copy(deep=True), now=sim.now, jobs=sim.jobs,
-                    creations=sim.creations, created_specs=sim.created_specs,
-                    results=sim.results, version=sim.version)
+    restarted = Sim(
+        sim.run.model_copy(deep=True),
+        now=sim.now,
+        jobs=sim.jobs,
+        creations=sim.creations,
+        created_specs=sim.created_specs,
+        results=sim.results,
+        version=sim.version,
+    )
     checker.sim = restarted
     _drive_to_end(restarted, checker)

@@ -33,8 +33,11 @@ SHORT_NAMES = ("ar",)
 CATEGORIES = ("agents",)
 
 # Limits that keep objects far below etcd's 1.5 MiB object limit and CEL costs bounded.
-MAX_STEPS = 500
-MAX_DEPENDENCIES = 32
+# MAX_STEPS and MAX_DEPENDENCIES are set by the API server's cost budget for the CEL rule that
+# checks every dependsOn entry names a step (its estimated cost grows as steps^2 * deps):
+# 128 x 16 fits, 500 x 32 is refused as 26x over budget.
+MAX_STEPS = 128
+MAX_DEPENDENCIES = 16
 MAX_INPUTS = 32
 MAX_ENV = 64
 MAX_ARGS = 64
@@ -640,7 +643,7 @@ class StepStatus(ApiModel):
     )
     result_ref: ResultRef | None = Field(default=None, description="Where a larger result is kept.")
     result_digest: str | None = Field(
-        default=None, description="sha256 of the full result, inline or referenced."
+        default=None, description="sha256 of the full result, when it is kept by reference."
     )
     error: StepError | None = Field(default=None, description="Why the last attempt failed.")
     usage: StepUsage | None = Field(default=None, description="What the step consumed.")

@@ -22,7 +22,8 @@ class CreateJob:
 
 @dataclass(frozen=True)
 class DeleteJob:
-    """Delete a step Job (and, by propagation, its pods)."""
+    """Delete a step Job (and, by propagation, its pods), and remove the operator's finalizer
+    from it: the Job's outcome is recorded (or no longer matters)."""
 
     job_name: str
     reason: str

@@ -242,6 +242,16 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
                 None,
             )
         return
+    if job.state == JobState.ACTIVE and job.deleting:
+        _attempt_failed(
+            b,
+            step,
+            st,
+            "JobLost",
+            f"Job {job.name} of attempt {st.attempt} was deleted before it finished",
+            None,
+        )
+        return
     if job.state == JobState.ACTIVE:
         if st.phase == SP.LAUNCHING:
             b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
@@ -306,10 +316,10 @@ def _attempt_succeeded(
         st.result_ref = m.ResultRef(name=env.result_ref[0], key=env.result_ref[1])
         st.result_digest = env.result_digest
     elif env.result is not None:
-        st.result_digest = naming.sha256_text(env.result)
         if len(env.result.encode()) <= b.config.inline_result_limit:
-            st.result = env.result
+            st.result = env.result  # its digest is implied; status stays small
         else:
+            st.result_digest = naming.sha256_text(env.result)
             name = naming.result_object_name(
                 b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt
             )
@@ -323,7 +333,8 @@ def _attempt_succeeded(
     st.error = None
     st.finished_at = _floor_seconds(job.finished_at) if job.finished_at else b.now
     st.next_attempt_at = None
-    b.move(st, SP.SUCCEEDED, "StepSucceeded", env.summary or f"attempt {st.attempt} succeeded")
+    st.attempt_started_at = None
+    b.move(st, SP.SUCCEEDED, "StepSucceeded", f"attempt {st.attempt} succeeded")
 
 
 def _result_data(result: str) -> tuple[tuple[str, str], ...]:
@@ -376,6 +387,7 @@ def _attempt_failed(
         return
     st.finished_at = b.now
     st.next_attempt_at = None
+    st.attempt_started_at = None
     why = f"{reason}: {_truncate(message, 300)}"
     if retries_left and not attempts_left:
         why += f" (no retry: budget.maxAttempts {budget.max_attempts} reached)"
@@ -730,17 +742,20 @@ def _retention(b: _Builder) -> None:
     committed = {st.name: st for st in (b.run.status.steps if b.run.status else None) or []}
     for job in b.observed.jobs:
         st = current.get(job.name)
-        if job.state == JobState.ACTIVE:
+        if job.state == JobState.ACTIVE and not job.deleting:
             if st is None or st.phase not in m.ACTIVE_STEP_PHASES:
                 b.after.append(DeleteJob(job.name, "NotCurrentAttempt"))
+            continue
+        if not _outcome_committed(committed.get(job.step), job):
+            continue
+        if job.deleting:  # deleted by someone else: release it now that its outcome is recorded
+            b.after.append(DeleteJob(job.name, "Deleted"))
             continue
         failed = job.state == JobState.FAILED or (st is not None and st.phase == SP.FAILED)
         keep = retention.keep_jobs == m.KeepJobs.ALL or (
             retention.keep_jobs == m.KeepJobs.FAILED and failed
         )
         if keep:
-            continue
-        if not _outcome_committed(committed.get(job.step), job):
             continue
         since = (st.finished_at if st and st.finished_at else None) or job.finished_at or b.now
         due = _floor_seconds(since) + grace

@@ -28,6 +28,10 @@ class ObservedJob:
     message: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    deleting: bool = False
+    """Someone deleted the Job; the operator's Job finalizer keeps it visible until the
+    attempt's outcome is committed, so a deleted attempt is never mistaken for one that was
+    never created (which would be created again)."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,250 @@
+"""The AgentRun CRD against a real kube-apiserver: admission, printer columns, explain,
+the status subresource and optimistic concurrency."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from agentrun.api import models as m
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+pytestmark = pytest.mark.usefixtures("crd_installed")
+
+
+def _run(name: str = "r", steps: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": m.API_VERSION,
+        "kind": m.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "goal": "check admission",
+            "plan": {
+                "steps": steps
+                if steps is not None
+                else [{"name": "a", "container": {"image": "busybox:1.36"}}]
+            },
+            **spec,
+        },
+    }
+
+
+def _step(name: str, *deps: str, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "container": {"image": "busybox:1.36"}}
+    if deps:
+        body["dependsOn"] = list(deps)
+    body.update(extra)
+    return body
+
+
+def _create(kube: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = kube.custom.create_namespaced_custom_object(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, body
+    )
+    return result
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_is_accepted_by_kubectl_apply(
+    path: Path, kubectl: Any, namespace: str
+) -> None:
+    out = kubectl("apply", "-n", namespace, "-f", str(path))
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    assert f"agentrun.agentrun.dev/{name} created" in out.stdout
+    got = json.loads(kubectl("get", "agentrun", name, "-n", namespace, "-o", "json").stdout)
+    # Structural defaulting filled in what the user left out.
+    assert all(s["risk"] in ("read", "write", "external") for s in got["spec"]["plan"]["steps"])
+
+
+INVALID = [
+    ("duplicate-step-names", [_step("a"), _step("a")], {}, "Duplicate value"),
+    (
+        "missing-dependency",
+        [_step("deploy", "build")],
+        {},
+        "every dependsOn entry must name a step of this plan",
+    ),
+    ("self-dependency", [_step("a", "a")], {}, "a step cannot depend on itself"),
+    ("bad-step-name", [_step("Build_Image")], {}, "should match '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'"),
+    (
+        "negative-retry-limit",
+        [_step("a", retry={"limit": -1})],
+        {},
+        "should be greater than or equal to 0",
+    ),
+    (
+        "unknown-risk",
+        [_step("a", risk="dangerous")],
+        {},
+        'supported values: "read", "write", "external"',
+    ),
+    (
+        "input-not-a-dependency",
+        [_step("a"), _step("b", inputs=[{"name": "X", "fromStep": "a"}])],
+        {},
+        "every inputs[].fromStep must be listed in dependsOn",
+    ),
+    (
+        "env-value-and-valueFrom",
+        [
+            _step(
+                "a",
+                container={
+                    "image": "i",
+                    "env": [
+                        {
+                            "name": "A",
+                            "value": "1",
+                            "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}},
+                        }
+                    ],
+                },
+            )
+        ],
+        {},
+        "an env var sets exactly one of value and valueFrom",
+    ),
+    ("no-steps", [], {}, "should have at least 1 items"),
+    ("zero-timeout", [_step("a", timeoutSeconds=0)], {}, "should be greater than or equal to 1"),
+    (
+        "bad-args-hash",
+        None,
+        {"approvals": [{"step": "a", "decision": "approve", "argsHash": "abc", "by": "alice"}]},
+        "should match '^[a-f0-9]{64}$'",
+    ),
+    ("bad-budget", None, {"budget": {"maxSteps": 0}}, "should be greater than or equal to 1"),
+]
+
+
+@pytest.mark.parametrize(("case", "steps", "spec", "message"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_runs_are_rejected_at_admission_with_a_clear_message(
+    kube: Any,
+    namespace: str,
+    case: str,
+    steps: list[dict[str, Any]] | None,
+    spec: dict[str, Any],
+    message: str,
+) -> None:
+    with pytest.raises(ApiException) as info:
+        _create(kube, namespace, _run(case, steps, **spec))
+    assert info.value.status == 422, info.value.body
+    said = json.loads(info.value.body)["message"]
+    assert message in said, said
+
+
+def test_missing_goal_is_rejected_by_kubectl_with_the_field_named(
+    kubectl: Any, namespace: str
+) -> None:
+    body = _run("no-goal")
+    del body["spec"]["goal"]
+    out = kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=False)
+    assert out.returncode != 0
+    assert "spec.goal: Required value" in out.stderr
+
+
+def test_unknown_fields_are_refused_by_kubectl(kubectl: Any, namespace: str) -> None:
+    body = _run("typo")
+    body["spec"]["plan"]["steps"][0]["dependson"] = ["x"]
+    out = kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=False)
+    assert out.returncode != 0
+    assert 'unknown field "spec.plan.steps[0].dependson"' in out.stderr
+
+
+def test_get_shows_the_printer_columns_and_short_names(
+    kube: Any, kubectl: Any, namespace: str
+) -> None:
+    body = _create(kube, namespace, _run("columns"))
+    status = {
+        "phase": "Running",
+        "progress": "1/3",
+        "currentStep": "collect",
+        "message": "running collect",
+    }
+    kube.custom.patch_namespaced_custom_object_status(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "columns", {"status": status}
+    )
+    for resource in ("agentruns", "agentrun", "ar", "agents"):
+        out = kubectl("get", resource, "-n", namespace).stdout
+        header, row = out.splitlines()[:2]
+        assert header.split() == ["NAME", "PHASE", "PROGRESS", "STEP", "AGE", "MESSAGE"], resource
+        assert row.split()[:4] == ["columns", "Running", "1/3", "collect"]
+        assert row.endswith("running collect")
+    assert body["metadata"]["generation"] == 1
+
+
+def test_explain_teaches_the_api(kubectl: Any) -> None:
+    out = kubectl("explain", "agentrun.spec.plan.steps").stdout
+    assert "One step of the plan" in out
+    assert "dependsOn" in out and "Names of steps that must succeed before this one starts" in out
+    assert "risk" in out and "approval" in out
+    status = kubectl("explain", "agentrun.status.conditions").stdout
+    assert "Succeeded (Unknown, True or False with a reason)" in status
+
+
+def test_status_writes_cannot_change_spec_and_spec_writes_cannot_change_status(
+    kube: Any, namespace: str
+) -> None:
+    created = _create(kube, namespace, _run("split"))
+    body = copy.deepcopy(created)
+    body["spec"]["goal"] = "changed through /status"
+    body["status"] = {"phase": "Running", "message": "from status"}
+    after_status = kube.custom.replace_namespaced_custom_object_status(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "split", body
+    )
+    assert after_status["spec"]["goal"] == "check admission"
+    assert after_status["status"]["phase"] == "Running"
+    assert after_status["metadata"]["generation"] == 1
+
+    body = copy.deepcopy(after_status)
+    body["spec"]["goal"] = "changed through the main resource"
+    body["status"] = {"phase": "Succeeded", "message": "forged"}
+    after_spec = kube.custom.replace_namespaced_custom_object(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "split", body
+    )
+    assert after_spec["spec"]["goal"] == "changed through the main resource"
+    assert after_spec["status"]["phase"] == "Running"
+    assert after_spec["metadata"]["generation"] == 2
+
+
+def test_status_update_with_a_stale_resource_version_gets_409(kube: Any, namespace: str) -> None:
+    created = _create(kube, namespace, _run("occ"))
+    stale = copy.deepcopy(created)
+    fresh = copy.deepcopy(created)
+    fresh["status"] = {"phase": "Running", "message": "first writer"}
+    kube.custom.replace_namespaced_custom_object_status(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "occ", fresh
+    )
+    stale["status"] = {"phase": "Failed", "message": "stale writer"}
+    with pytest.raises(ApiException) as info:
+        kube.custom.replace_namespaced_custom_object_status(
+            m.GROUP, m.VERSION, namespace, m.PLURAL, "occ", stale
+        )
+    assert info.value.status == 409
+    current = kube.custom.get_namespaced_custom_object(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "occ"
+    )
+    assert current["status"]["message"] == "first writer"
+
+
+def test_status_written_by_the_core_is_accepted_by_the_schema(kube: Any, namespace: str) -> None:
+    """A status derived by the state machine round-trips through the API server unchanged."""
+    from datetime import UTC, datetime
+
+    from agentrun.core import Observed, reconcile
+
+    created = _create(kube, namespace, _run("core", [_step("a"), _step("b", "a")]))
+    run = m.AgentRun.model_validate(created)
+    decision = reconcile(run, Observed(), datetime.now(UTC))
+    body = copy.deepcopy(created)
+    body["status"] = decision.status.to_wire()
+    stored = kube.custom.replace_namespaced_custom_object_status(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "core", body
+    )
+    assert stored["status"] == decision.status.to_wire()

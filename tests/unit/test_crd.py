@@ -1,0 +1,68 @@
+"""The checked-in CRD is exactly what the generator produces, and it is structural."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrun.api import crd, models
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
+
+
+def test_checked_in_crd_is_up_to_date() -> None:
+    assert CRD_FILE.read_text() == crd.render(), (
+        "crds/agentrun.dev_agentruns.yaml is stale: run `make crds` and commit the result"
+    )
+
+
+def _walk(node: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, node)]
+    for name, sub in (node.get("properties") or {}).items():
+        found += _walk(sub, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        found += _walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        found += _walk(node["additionalProperties"], f"{path}{{}}")
+    return found
+
+
+def test_schema_is_structural_and_every_field_is_described() -> None:
+    schema = crd.openapi_schema()
+    for path, node in _walk(schema, "agentrun"):
+        assert "$ref" not in node, path
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        if "anyOf" in node:
+            assert node.get("x-kubernetes-int-or-string"), f"{path} uses anyOf"
+        assert node.get("additionalProperties") not in (True, False), path
+        assert "null" not in str(node.get("type")), path
+        is_list_item = path.endswith("[]") or path.endswith("}")
+        if path.count(".") >= 2 and not is_list_item:
+            assert node.get("description"), f"{path} has no description"
+
+
+def test_names_columns_and_subresources() -> None:
+    body = crd.custom_resource_definition()
+    spec = body["spec"]
+    assert spec["names"]["shortNames"] == ["ar"]
+    assert spec["names"]["categories"] == ["agents"]
+    (version,) = spec["versions"]
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Progress", "Step", "Age", "Message"]
+
+
+def test_list_keys_and_cel_rules_are_present() -> None:
+    text = CRD_FILE.read_text()
+    steps = yaml.safe_load(text)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"
+    ]["properties"]["plan"]["properties"]["steps"]
+    assert steps["x-kubernetes-list-type"] == "map"
+    assert steps["x-kubernetes-list-map-keys"] == ["name"]
+    assert steps["maxItems"] == models.MAX_STEPS
+    rules = [r["message"] for r in steps["items"]["x-kubernetes-validations"]]
+    assert "a step cannot depend on itself" in rules
+    assert "every dependsOn entry must name a step of this plan" in text
