@@ -30,12 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     crd_parser.add_argument("-o", "--output", help="write to this file instead of stdout")
     crd_parser.set_defaults(func=_crd)
-    try:
-        from agentrun.devcluster import cli as devcluster_cli
-    except ImportError:  # pragma: no cover - the dev cluster is part of the distribution
-        pass
-    else:
-        devcluster_cli.register(sub)
+    from agentrun.devcluster import cli as devcluster_cli
+
+    devcluster_cli.register(sub)
     return parser
 
 

@@ -1,0 +1,41 @@
+# Developer entry points. `make test` is what CI runs (.ci/run).
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+UV = $(shell hack/ensure-uv.sh)
+RUN = $(UV) run --locked
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+.PHONY: sync
+sync: ## create .venv from the lockfile
+	$(UV) sync --locked
+
+.PHONY: crds
+crds: sync ## regenerate crds/ from the API models
+	$(RUN) agentrun crd -o crds/agentrun.dev_agentruns.yaml
+
+.PHONY: lint
+lint: sync ## ruff and mypy --strict
+	$(RUN) ruff check operator tests hack
+	$(RUN) ruff format --check operator tests hack
+	$(RUN) mypy
+
+.PHONY: controlplane
+controlplane: ## build (or reuse) etcd, kube-apiserver, kube-controller-manager, kubectl
+	hack/build-controlplane.sh >/dev/null
+
+.PHONY: unit
+unit: sync ## unit and property tests only (no cluster), seconds
+	$(RUN) pytest tests/unit
+
+.PHONY: test
+test: lint controlplane ## everything: lint, types, unit, property and integration tests
+	$(RUN) pytest
+
+.PHONY: cluster
+cluster: sync controlplane ## start a local control plane and node in the foreground
+	$(RUN) agentrun devcluster up

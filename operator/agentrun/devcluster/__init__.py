@@ -1,0 +1,26 @@
+"""A local Kubernetes for tests and development, without Docker.
+
+* :class:`ControlPlane`: etcd + kube-apiserver + kube-controller-manager as local processes
+  (binaries built by ``hack/build-controlplane.sh``).
+* :class:`LocalNode` / :class:`NodeProcess`: a kubelet stand-in that binds pods to itself
+  and runs their commands as local processes (a test stand-in: no images, no isolation,
+  no volumes; see :mod:`agentrun.devcluster.node`).
+* ``agentrun devcluster up|node|kubeconfig``: :mod:`agentrun.devcluster.cli`.
+"""
+
+from .binaries import BIN_DIR_ENV, BinariesError, resolve_bin_dir
+from .controlplane import ControlPlane, ControlPlaneError
+from .node import DEFAULT_NODE_NAME, LocalNode, NodeProcess
+from .pki import PKI
+
+__all__ = [
+    "BIN_DIR_ENV",
+    "DEFAULT_NODE_NAME",
+    "PKI",
+    "BinariesError",
+    "ControlPlane",
+    "ControlPlaneError",
+    "LocalNode",
+    "NodeProcess",
+    "resolve_bin_dir",
+]

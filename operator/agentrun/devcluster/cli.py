@@ -1,0 +1,224 @@
+"""``agentrun devcluster ...``: run the local test control plane and node from a shell.
+
+``register(subparsers)`` adds the command group to the main ``agentrun`` argparse CLI;
+each leaf sets ``func=callable(args) -> int``. ``python -m agentrun.devcluster.cli`` runs
+the group on its own.
+
+Commands:
+
+* ``up [--state-dir DIR] [--bin-dir DIR] [--no-node] [--node-name N]``: start etcd,
+  kube-apiserver, kube-controller-manager and (unless ``--no-node``) the local node; print
+  the admin kubeconfig; stay in the foreground until SIGINT/SIGTERM, then shut down.
+* ``node --kubeconfig PATH [--name N] [--state-dir DIR]``: run only the local node.
+* ``kubeconfig --state-dir DIR --user U [--group G ...]``: mint a client-certificate
+  kubeconfig for a cluster started with ``up --state-dir DIR``;
+  ``--serviceaccount NS/NAME`` mints a token kubeconfig instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from .binaries import BIN_DIR_ENV, BinariesError, resolve_bin_dir
+from .controlplane import ControlPlane, ControlPlaneError
+from .kubeconfig import read_server, request_serviceaccount_kubeconfig, write_kubeconfig
+from .node import DEFAULT_NODE_NAME, NodeProcess, run_node
+from .pki import PKI
+
+__all__ = ["main", "register"]
+
+_DESCRIPTION = """\
+A local Kubernetes for tests and development, without Docker: etcd, kube-apiserver and
+kube-controller-manager run as local processes on 127.0.0.1, and a stand-in node runs
+pods' commands as local processes (no images, no isolation, no volumes).
+
+  up          start it all in the foreground (Ctrl-C stops it)
+  node        run only the stand-in node against a cluster
+  kubeconfig  mint a kubeconfig for a user (client cert) or a ServiceAccount (token)
+  info        show a running cluster's server, pids and start timings
+"""
+
+
+def _setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    _setup_logging(args.verbose)
+    try:
+        bin_dir = resolve_bin_dir(args.bin_dir)
+    except BinariesError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    cp = ControlPlane(bin_dir, state_dir=args.state_dir)
+    node: NodeProcess | None = None
+    try:
+        try:
+            cp.start()
+            if not args.no_node:
+                node = NodeProcess(
+                    cp.kubeconfig,
+                    name=args.node_name,
+                    state_dir=cp.state_dir / "node",
+                    log_path=cp.logs_dir / "node.log",
+                )
+                node.start()
+        except (ControlPlaneError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        kept = "kept" if args.state_dir else "removed on exit; pass --state-dir to keep it"
+        print(f"control plane ready at {cp.server} in {cp.time_to_ready:.1f}s")
+        print(f"state dir: {cp.state_dir} ({kept}); logs in {cp.logs_dir}")
+        if node is not None:
+            print(f"local node: {node.name} (log {node.log_path})")
+        print(f"kubeconfig: {cp.kubeconfig}")
+        print(f"export KUBECONFIG={cp.kubeconfig} PATH={bin_dir}:$PATH")
+        print("press Ctrl-C to stop", flush=True)
+        while not stop.wait(1.0):
+            try:
+                cp.check_alive()
+            except ControlPlaneError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            if node is not None and not node.alive():
+                print(f"error: the local node exited\n{node.describe()}", file=sys.stderr)
+                return 1
+        print("shutting down", file=sys.stderr)
+        return 0
+    finally:
+        if node is not None:
+            node.stop()
+        cp.stop()
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    _setup_logging(args.verbose)
+    run_node(args.kubeconfig, name=args.name, state_dir=args.state_dir)
+    return 0
+
+
+def _cmd_kubeconfig(args: argparse.Namespace) -> int:
+    state_dir = Path(args.state_dir)
+    admin = state_dir / "admin.kubeconfig"
+    if not admin.exists() or not (state_dir / "pki" / "ca.key").exists():
+        print(f"error: {state_dir} holds no dev cluster (no admin.kubeconfig)", file=sys.stderr)
+        return 1
+    if args.serviceaccount:
+        namespace, _, name = args.serviceaccount.partition("/")
+        if not name:
+            print("error: --serviceaccount wants NAMESPACE/NAME", file=sys.stderr)
+            return 2
+        out = Path(args.output or state_dir / "kubeconfigs" / f"sa-{namespace}-{name}.kubeconfig")
+        request_serviceaccount_kubeconfig(admin, namespace, name, out)
+    else:
+        if not args.user:
+            print("error: --user or --serviceaccount is required", file=sys.stderr)
+            return 2
+        pki = PKI(state_dir / "pki")
+        pair = pki.client_cert(args.user, args.group or [])
+        out = Path(args.output or state_dir / "kubeconfigs" / f"{pair.cert.stem}.kubeconfig")
+        write_kubeconfig(
+            out,
+            server=read_server(admin),
+            ca_pem=pki.ca_pem,
+            user=args.user,
+            client_cert_pem=pair.cert.read_bytes(),
+            client_key_pem=pair.key.read_bytes(),
+        )
+    print(out)
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    info = Path(args.state_dir) / "cluster.json"
+    if not info.exists():
+        print(f"error: {info} not found", file=sys.stderr)
+        return 1
+    print(json.dumps(json.loads(info.read_text()), indent=2))
+    return 0
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``devcluster`` command group to an ``argparse`` subparsers object."""
+    group: argparse.ArgumentParser = subparsers.add_parser(
+        "devcluster",
+        help="local test control plane (etcd, kube-apiserver, controller-manager) and node",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = group.add_subparsers(dest="devcluster_command", metavar="COMMAND")
+    sub.required = True
+
+    up = sub.add_parser("up", help="start the control plane and the local node (foreground)")
+    up.add_argument(
+        "--state-dir",
+        type=Path,
+        help="certificates, etcd data, logs and kubeconfigs (kept; reused next time). "
+        "Default: a temporary directory removed on exit",
+    )
+    up.add_argument(
+        "--bin-dir",
+        type=Path,
+        help=f"dir with etcd, kube-apiserver, kube-controller-manager, kubectl "
+        f"(default: ${BIN_DIR_ENV}, else built by hack/build-controlplane.sh)",
+    )
+    up.add_argument("--no-node", action="store_true", help="do not start the local node")
+    up.add_argument("--node-name", default=DEFAULT_NODE_NAME)
+    up.add_argument("-v", "--verbose", action="store_true")
+    up.set_defaults(func=_cmd_up)
+
+    node = sub.add_parser("node", help="run the local node (kubelet stand-in) in the foreground")
+    node.add_argument("--kubeconfig", type=Path, required=True, help="a cluster-admin kubeconfig")
+    node.add_argument("--name", default=DEFAULT_NODE_NAME, help="Node name")
+    node.add_argument(
+        "--state-dir",
+        type=Path,
+        help="pod logs and termination-message files "
+        "(default: ${AGENTRUN_CACHE_DIR:-~/.cache/agentrun}/node/NAME)",
+    )
+    node.add_argument("-v", "--verbose", action="store_true")
+    node.set_defaults(func=_cmd_node)
+
+    kc = sub.add_parser("kubeconfig", help="mint a kubeconfig for a user or a ServiceAccount")
+    kc.add_argument("--state-dir", type=Path, required=True, help="as given to `up`")
+    kc.add_argument("--user", help="user name (client certificate CN)")
+    kc.add_argument(
+        "--group", action="append", default=[], help="group (certificate O); repeatable"
+    )
+    kc.add_argument("--serviceaccount", metavar="NS/NAME", help="a ServiceAccount token instead")
+    kc.add_argument("-o", "--output", type=Path, help="where to write it")
+    kc.set_defaults(func=_cmd_kubeconfig)
+
+    info = sub.add_parser("info", help="print the cluster.json of a running `up`")
+    info.add_argument("--state-dir", type=Path, required=True)
+    info.set_defaults(func=_cmd_info)
+    return group
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``python -m agentrun.devcluster.cli COMMAND ...``."""
+    parser = argparse.ArgumentParser(prog="agentrun")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["devcluster", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

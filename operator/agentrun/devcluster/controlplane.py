@@ -1,0 +1,500 @@
+"""A real, node-less Kubernetes control plane run as local processes, for tests.
+
+:class:`ControlPlane` starts etcd, kube-apiserver and kube-controller-manager (binaries
+built by ``hack/build-controlplane.sh``) on 127.0.0.1 with free ports and a private state
+directory, waits until they are healthy and writes an admin kubeconfig. There is no
+kube-scheduler and no kubelet: :mod:`agentrun.devcluster.node` provides a stand-in node
+that binds and runs pods as local processes.
+
+Typical use::
+
+    with ControlPlane(bin_dir) as cp:
+        print(cp.kubeconfig)                    # admin (CN=admin, O=system:masters)
+        alice = cp.mint_user_kubeconfig("alice", ["dev"])
+        sa = cp.mint_serviceaccount_kubeconfig("default", "default")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from .kubeconfig import request_serviceaccount_kubeconfig, write_kubeconfig
+from .pki import PKI
+
+__all__ = [
+    "DEFAULT_CONTROLLERS",
+    "SERVICE_ACCOUNT_ISSUER",
+    "SERVICE_CLUSTER_IP_RANGE",
+    "ControlPlane",
+    "ControlPlaneError",
+]
+
+log = logging.getLogger(__name__)
+
+#: kube-controller-manager controllers we run (1.37 names; see ``--controllers`` in --help).
+#: No node-lifecycle controller: it would taint and evict the stand-in node's pods.
+DEFAULT_CONTROLLERS: tuple[str, ...] = (
+    "job-controller",
+    "cronjob-controller",
+    "garbage-collector-controller",
+    "ttl-after-finished-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "validatingadmissionpolicy-status-controller",
+    "replicaset-controller",
+    "deployment-controller",
+    "resourcequota-controller",
+    "pod-garbage-collector-controller",
+)
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+LOG_TAIL_LINES = 60
+
+_BodyCheck = Callable[[bytes], bool]
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or become healthy; the message carries the log tails."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
+    """The last ``lines`` lines of a text file (empty if it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+@dataclass
+class _Component:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    _log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self, env: Mapping[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = self.log_path.open("ab")
+        self._log_file.write(f"--- {time.strftime('%FT%T')} {' '.join(self.argv)}\n".encode())
+        self._log_file.flush()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,  # own process group: stop() signals the whole group
+        )
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, timeout: float) -> None:
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop in %.0fs; killing it", self.name, timeout)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc is not None:
+            # Leftover children in the group (none expected) must not outlive us.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def describe(self) -> str:
+        code = self.exited()
+        state = (
+            "not started"
+            if self.proc is None
+            else ("running" if code is None else f"exited with code {code}")
+        )
+        return f"--- {self.name} ({state}); last lines of {self.log_path}:\n{tail(self.log_path)}"
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, as a context manager.
+
+    ``bin_dir`` holds ``etcd``, ``kube-apiserver``, ``kube-controller-manager`` and
+    ``kubectl``. ``state_dir``: where certificates, etcd data, logs and kubeconfigs go; if
+    omitted a temporary directory is used and removed by :meth:`stop` unless
+    ``keep_state`` or the start failed (its logs tell why). A given ``state_dir`` is never
+    removed, and its PKI and etcd data are reused by the next start (so a cluster survives
+    ``up``/``down`` cycles).
+
+    After :meth:`start`: :attr:`kubeconfig` (admin), :attr:`server`, :attr:`timings`
+    (seconds until each component was healthy) and :attr:`time_to_ready` (total).
+    """
+
+    def __init__(
+        self,
+        bin_dir: Path | str,
+        *,
+        state_dir: Path | str | None = None,
+        keep_state: bool = False,
+        start_timeout: float = 180.0,
+        stop_timeout: float = 15.0,
+        controllers: Sequence[str] = DEFAULT_CONTROLLERS,
+        extra_apiserver_args: Sequence[str] = (),
+        extra_controller_manager_args: Sequence[str] = (),
+    ) -> None:
+        self.bin_dir = Path(bin_dir).resolve()
+        for tool in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
+            if not os.access(self.bin_dir / tool, os.X_OK):
+                raise ControlPlaneError(f"{self.bin_dir / tool} is missing or not executable")
+        self._own_state_dir = state_dir is None
+        self.state_dir = (
+            Path(tempfile.mkdtemp(prefix="agentrun-cp-")) if state_dir is None else Path(state_dir)
+        ).resolve()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.keep_state = keep_state
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.controllers = tuple(controllers)
+        self.extra_apiserver_args = tuple(extra_apiserver_args)
+        self.extra_controller_manager_args = tuple(extra_controller_manager_args)
+
+        self.pki = PKI(self.state_dir / "pki")
+        self.logs_dir = self.state_dir / "logs"
+        self.kubeconfig = self.state_dir / "admin.kubeconfig"
+        self.server = ""
+        self.timings: dict[str, float] = {}
+        self.time_to_ready = 0.0
+        self._components: list[_Component] = []
+        self._started = False
+        self._failed = False
+
+    # -- public API ------------------------------------------------------------------------
+
+    @property
+    def kubectl(self) -> Path:
+        """Path of the kubectl binary built with the control plane."""
+        return self.bin_dir / "kubectl"
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """An environment for subprocesses: KUBECONFIG=admin, the bin dir first on PATH."""
+        env = dict(os.environ if base is None else base)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = os.pathsep.join([str(self.bin_dir), env.get("PATH", os.defpath)])
+        return env
+
+    def start(self) -> Self:
+        """Start all components and wait until healthy; raise :class:`ControlPlaneError`."""
+        if self._started:
+            return self
+        attempts = 3
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once()
+                self._started = True
+                return self
+            except ControlPlaneError as e:
+                port_clash = "address already in use" in str(e).lower()
+                self._stop_components()
+                if not port_clash or attempt == attempts:
+                    self._failed = True  # keep the state dir: its logs explain the failure
+                    raise ControlPlaneError(f"{e}\n(state dir kept: {self.state_dir})") from None
+                log.warning("port clash starting the control plane; retrying with new ports")
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        """Stop all components (SIGTERM, then SIGKILL) and remove a temporary state dir."""
+        self._stop_components()
+        self._started = False
+        if self._own_state_dir and not self.keep_state and not self._failed:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def logs(self) -> str:
+        """The tail of every component's log, for error messages."""
+        return "\n".join(c.describe() for c in self._components)
+
+    def check_alive(self) -> None:
+        """Raise :class:`ControlPlaneError` if a component has exited."""
+        dead = [c for c in self._components if c.exited() is not None]
+        if dead:
+            raise ControlPlaneError(
+                f"control plane component(s) exited: {', '.join(c.name for c in dead)}\n"
+                + self.logs()
+            )
+
+    def mint_user_kubeconfig(self, user: str, groups: Sequence[str] = ()) -> Path:
+        """A kubeconfig authenticating as ``user`` in ``groups`` by client certificate."""
+        self._require_started()
+        pair = self.pki.client_cert(user, list(groups))
+        path = self.state_dir / "kubeconfigs" / f"{pair.cert.stem}.kubeconfig"
+        return write_kubeconfig(
+            path,
+            server=self.server,
+            ca_pem=self.pki.ca_pem,
+            user=user,
+            client_cert_pem=pair.cert.read_bytes(),
+            client_key_pem=pair.key.read_bytes(),
+        )
+
+    def mint_serviceaccount_kubeconfig(
+        self, namespace: str, name: str, *, expiration_seconds: int = 24 * 3600
+    ) -> Path:
+        """A kubeconfig with a bound token for ServiceAccount ``namespace/name``.
+
+        The token comes from the TokenRequest API (``serviceaccounts/token`` subresource),
+        so it authenticates as ``system:serviceaccount:<namespace>:<name>``.
+        """
+        self._require_started()
+        return request_serviceaccount_kubeconfig(
+            self.kubeconfig,
+            namespace,
+            name,
+            self.state_dir / "kubeconfigs" / f"sa-{namespace}-{name}.kubeconfig",
+            expiration_seconds=expiration_seconds,
+        )
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise ControlPlaneError("the control plane is not running")
+
+    def _stop_components(self) -> None:
+        for comp in reversed(self._components):
+            comp.stop(self.stop_timeout)
+
+    def _start_once(self) -> None:
+        self._components = []
+        self.timings = {}
+        t0 = time.monotonic()
+        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+
+        # -- PKI ---------------------------------------------------------------------------
+        serving = self.pki.apiserver_cert()
+        sa = self.pki.service_account_keys()
+        admin = self.pki.client_cert("admin", ["system:masters"])
+        # With --use-service-account-credentials=false all controllers share this identity,
+        # which then needs every controller's rights: simplest is system:masters.
+        kcm_cert = self.pki.client_cert("system:kube-controller-manager", ["system:masters"])
+        # Front-proxy (request-header) client, as kubeadm sets up: enables aggregated APIs,
+        # and delegated authentication in the controller-manager finds a CA bundle.
+        front_proxy = self.pki.client_cert("front-proxy-client")
+
+        # -- etcd --------------------------------------------------------------------------
+        etcd_port, peer_port = free_port(), free_port()
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        etcd = _Component(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                "--name=agentrun",
+                f"--data-dir={self.state_dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=agentrun={peer_url}",
+                "--unsafe-no-fsync=true",  # test data: speed over durability
+                "--log-level=warn",
+            ],
+            self.logs_dir / "etcd.log",
+        )
+        self._components.append(etcd)
+        etcd.start(env)
+        self._wait_http(etcd, f"{etcd_url}/health", None, lambda body: b'"true"' in body)
+        self.timings["etcd"] = time.monotonic() - t0
+
+        # -- kube-apiserver ----------------------------------------------------------------
+        api_port = free_port()
+        self.server = f"https://127.0.0.1:{api_port}"
+        apiserver = _Component(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={self.pki.ca.cert}",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={sa.cert}",
+                f"--service-account-signing-key-file={sa.key}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                f"--requestheader-client-ca-file={self.pki.ca.cert}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={front_proxy.cert}",
+                f"--proxy-client-key-file={front_proxy.key}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                # Endpoints may not hold loopback addresses; nothing needs them here.
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                *self.extra_apiserver_args,
+            ],
+            self.logs_dir / "kube-apiserver.log",
+        )
+        self._components.append(apiserver)
+        apiserver.start(env)
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca.cert))
+        ctx.load_cert_chain(str(admin.cert), str(admin.key))
+        self._wait_http(apiserver, f"{self.server}/readyz", ctx, lambda body: body.strip() == b"ok")
+        self.timings["kube-apiserver"] = time.monotonic() - t0
+
+        write_kubeconfig(
+            self.kubeconfig,
+            server=self.server,
+            ca_pem=self.pki.ca_pem,
+            user="admin",
+            client_cert_pem=admin.cert.read_bytes(),
+            client_key_pem=admin.key.read_bytes(),
+        )
+        kcm_kubeconfig = write_kubeconfig(
+            self.state_dir / "controller-manager.kubeconfig",
+            server=self.server,
+            ca_pem=self.pki.ca_pem,
+            user="system:kube-controller-manager",
+            client_cert_pem=kcm_cert.cert.read_bytes(),
+            client_key_pem=kcm_cert.key.read_bytes(),
+        )
+
+        # -- kube-controller-manager -------------------------------------------------------
+        kcm_port = free_port()
+        kcm = _Component(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={kcm_kubeconfig}",
+                f"--authentication-kubeconfig={kcm_kubeconfig}",
+                f"--authorization-kubeconfig={kcm_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={kcm_port}",
+                f"--cert-dir={self.state_dir / 'controller-manager-certs'}",
+                "--leader-elect=false",
+                f"--controllers={','.join(self.controllers)}",
+                f"--service-account-private-key-file={sa.key}",
+                f"--root-ca-file={self.pki.ca.cert}",
+                "--use-service-account-credentials=false",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                *self.extra_controller_manager_args,
+            ],
+            self.logs_dir / "kube-controller-manager.log",
+        )
+        self._components.append(kcm)
+        kcm.start(env)
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        self._wait_http(
+            kcm, f"https://127.0.0.1:{kcm_port}/healthz", insecure, lambda b: b.strip() == b"ok"
+        )
+        self.timings["kube-controller-manager"] = time.monotonic() - t0
+        self.time_to_ready = time.monotonic() - t0
+
+        (self.state_dir / "cluster.json").write_text(
+            json.dumps(
+                {
+                    "server": self.server,
+                    "kubeconfig": str(self.kubeconfig),
+                    "bin_dir": str(self.bin_dir),
+                    "pids": {c.name: c.proc.pid for c in self._components if c.proc},
+                    "timings": self.timings,
+                },
+                indent=2,
+            )
+        )
+        log.info(
+            "control plane ready at %s in %.1fs (%s)",
+            self.server,
+            self.time_to_ready,
+            ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()),
+        )
+
+    def _wait_http(
+        self,
+        comp: _Component,
+        url: str,
+        ctx: ssl.SSLContext | None,
+        ok: _BodyCheck,
+    ) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        last = "no response yet"
+        while True:
+            code = comp.exited()
+            if code is not None:
+                raise ControlPlaneError(
+                    f"{comp.name} exited with code {code} while starting\n" + self.logs()
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+                    body = resp.read()
+                if ok(body):
+                    return
+                last = f"HTTP {resp.status}: {body[:300]!r}"
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read()[:300]!r}"
+            except (OSError, ssl.SSLError) as e:
+                last = repr(e)
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"{comp.name} not healthy at {url} after {self.start_timeout:.0f}s "
+                    f"(last: {last})\n" + self.logs()
+                )
+            time.sleep(0.2)
