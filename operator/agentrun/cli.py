@@ -19,6 +19,34 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import os
+
+    from agentrun import logs, settings
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    base = settings.Settings()
+    overrides: dict[str, object] = {}
+    if args.all_namespaces:
+        overrides["namespaces"] = ()
+    elif args.namespace:
+        overrides["namespaces"] = tuple(args.namespace)
+    if args.liveness_port is not None:
+        overrides["liveness_port"] = args.liveness_port
+    if args.standalone:
+        overrides["peering"] = None
+    elif args.peering:
+        overrides["peering"] = args.peering
+    chosen = dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+    logs.configure()
+    from agentrun import handlers
+
+    handlers.run_operator(chosen, liveness_host=args.liveness_host)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrun",
@@ -30,6 +58,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     crd_parser.add_argument("-o", "--output", help="write to this file instead of stdout")
     crd_parser.set_defaults(func=_crd)
+
+    run_parser = sub.add_parser(
+        "run",
+        help="run the operator in the foreground (until SIGINT or SIGTERM)",
+        description=(
+            "Run the AgentRun operator. Settings also come from AGENTRUN_* environment "
+            "variables (see agentrun/settings.py); flags win."
+        ),
+    )
+    scope = run_parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        metavar="NS",
+        help="watch this namespace (repeatable); default: $AGENTRUN_NAMESPACES or all namespaces",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
+    run_parser.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, "
+        "~/.kube/config, then the in-cluster ServiceAccount)",
+    )
+    run_parser.add_argument(
+        "--liveness-port",
+        type=int,
+        metavar="PORT",
+        help="serve /healthz on this port (0: off; default 8080)",
+    )
+    run_parser.add_argument(
+        "--liveness-host",
+        default="0.0.0.0",
+        help="address of the liveness endpoint (default 0.0.0.0)",
+    )
+    peering = run_parser.add_mutually_exclusive_group()
+    peering.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="coordinate with other operator replicas through this kopf peering object",
+    )
+    peering.add_argument("--standalone", action="store_true", help="no peering (the default)")
+    run_parser.set_defaults(func=_run)
     from agentrun.devcluster import cli as devcluster_cli
 
     devcluster_cli.register(sub)

@@ -1,0 +1,222 @@
+"""Step Jobs: build them from the core's CreateJob, and read their outcome back.
+
+Pure functions over plain dicts (the JSON the API server speaks), so they are tested without a
+cluster; the reconciler does the I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.core import CreateJob, JobState, Observed, ObservedJob
+
+CONTAINER_NAME = "step"
+DEFAULT_USER = 65532
+"""Step pods run as this non-root user unless stepTemplate says otherwise."""
+
+RESTRICTED_POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": DEFAULT_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The restricted Pod Security Standard, pod level."""
+RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The restricted Pod Security Standard, container level."""
+
+
+def run_labels(run: m.AgentRun) -> dict[str, str]:
+    return {
+        s.LABEL_RUN: run.metadata.name,
+        s.LABEL_RUN_UID: run.metadata.uid,
+        s.LABEL_MANAGED_BY: s.MANAGED_BY,
+    }
+
+
+def owner_reference(run: m.AgentRun) -> dict[str, Any]:
+    return {
+        "apiVersion": m.API_VERSION,
+        "kind": m.KIND,
+        "name": run.metadata.name,
+        "uid": run.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _env(run: m.AgentRun, action: CreateJob) -> list[dict[str, Any]]:
+    identity = {
+        s.ENV_RUN: run.metadata.name,
+        s.ENV_NAMESPACE: run.metadata.namespace,
+        s.ENV_RUN_UID: run.metadata.uid,
+        s.ENV_STEP: action.step.name,
+        s.ENV_ATTEMPT: str(action.attempt),
+        s.ENV_IDEMPOTENCY_KEY: action.idempotency_key,
+    }
+    env = [{"name": k, "value": v} for k, v in identity.items()]
+    env += [e.to_wire() for e in action.step.container.env or []]
+    env += [e.to_wire() for e in action.input_env]
+    return env
+
+
+def build_job(run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
+    """The Job of one step attempt."""
+    step = action.step
+    template = run.spec.step_template or m.StepTemplate()
+    resources = step.container.resources or template.resources
+    labels = {
+        **run_labels(run),
+        s.LABEL_STEP: step.name,
+        s.LABEL_ATTEMPT: str(action.attempt),
+        s.LABEL_KIND: "step-job",
+    }
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": step.container.image,
+        "env": _env(run, action),
+        "securityContext": template.container_security_context or RESTRICTED_CONTAINER_SECURITY,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if step.container.command:
+        container["command"] = list(step.container.command)
+    if step.container.args:
+        container["args"] = list(step.container.args)
+    if step.container.working_dir:
+        container["workingDir"] = step.container.working_dir
+    if resources is not None:
+        container["resources"] = resources.to_wire()
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [container],
+        "securityContext": template.security_context or RESTRICTED_POD_SECURITY,
+        "automountServiceAccountToken": template.service_account_name is not None,
+    }
+    if template.service_account_name:
+        pod_spec["serviceAccountName"] = template.service_account_name
+    job_spec: dict[str, Any] = {
+        "backoffLimit": 0,  # retries are the operator's: each attempt is its own Job
+        "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+    }
+    if step.timeout_seconds:
+        job_spec["activeDeadlineSeconds"] = step.timeout_seconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": action.job_name,
+            "namespace": run.metadata.namespace,
+            "labels": labels,
+            "annotations": {
+                f"{s.ANNOTATION_PREFIX}/idempotency-key": action.idempotency_key,
+                f"{s.ANNOTATION_PREFIX}/args-hash": action.args_hash,
+            },
+            "finalizers": [s.JOB_FINALIZER],
+            "ownerReferences": [owner_reference(run)],
+        },
+        "spec": job_spec,
+    }
+
+
+def build_result_config_map(
+    run: m.AgentRun, name: str, step: str, attempt: int, data: Iterable[tuple[str, str]]
+) -> dict[str, Any]:
+    """The ConfigMap holding a result too large for status."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": run.metadata.namespace,
+            "labels": {
+                **run_labels(run),
+                s.LABEL_STEP: step,
+                s.LABEL_ATTEMPT: str(attempt),
+                s.LABEL_KIND: "result",
+            },
+            "ownerReferences": [owner_reference(run)],
+        },
+        "data": dict(data),
+    }
+
+
+def _time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
+
+
+def _terminal_condition(job: Mapping[str, Any]) -> tuple[JobState, str | None, str | None]:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            return JobState.SUCCEEDED, cond.get("reason"), cond.get("message")
+        if cond.get("type") == "Failed":
+            return JobState.FAILED, cond.get("reason"), cond.get("message")
+    return JobState.ACTIVE, None, None
+
+
+def _terminated(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The terminated state of the step container of the newest finished pod."""
+    best: tuple[str, Mapping[str, Any]] | None = None
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") != CONTAINER_NAME:
+                continue
+            terminated = (cs.get("state") or {}).get("terminated")
+            if terminated:
+                stamp = str(terminated.get("finishedAt") or "")
+                if best is None or stamp > best[0]:
+                    best = (stamp, terminated)
+    return best[1] if best else None
+
+
+def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> ObservedJob | None:
+    """What the core needs to know of a step Job; None for a Job that is not a step Job."""
+    meta = job.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    try:
+        step = labels[s.LABEL_STEP]
+        attempt = int(labels[s.LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return None
+    state, reason, message = _terminal_condition(job)
+    status = job.get("status") or {}
+    terminated = _terminated(pods) if state != JobState.ACTIVE else None
+    return ObservedJob(
+        name=meta.get("name", ""),
+        step=step,
+        attempt=attempt,
+        state=state,
+        termination_message=(terminated or {}).get("message"),
+        exit_code=(terminated or {}).get("exitCode"),
+        reason=reason,
+        message=message,
+        started_at=_time(status.get("startTime")),
+        finished_at=_time(status.get("completionTime"))
+        or _time((terminated or {}).get("finishedAt")),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def observe(
+    jobs: Iterable[Mapping[str, Any]], pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> Observed:
+    """Observed state of a run from its Jobs and their pods (keyed by Job name)."""
+    found = []
+    for job in jobs:
+        name = (job.get("metadata") or {}).get("name", "")
+        observed = observe_job(job, pods_by_job.get(name, []))
+        if observed is not None:
+            found.append(observed)
+    return Observed(tuple(found))

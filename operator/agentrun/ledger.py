@@ -1,0 +1,89 @@
+"""The status ledger: every status write carries the resourceVersion it was derived from.
+
+A write that meets 409 Conflict means someone else moved the run since it was read: the caller
+re-reads the run, re-derives the next status from the core and tries again. Conflicts are
+counted. The ledger owns ``.status`` of AgentRuns; nothing else in the operator writes it
+(kopf keeps its own bookkeeping in annotations).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from agentrun.api import models as m
+
+log = logging.getLogger("agentrun.ledger")
+
+
+class Conflict(Exception):
+    """The run changed since it was read."""
+
+
+@dataclass
+class LedgerStats:
+    """Counters, for logs, metrics and the concurrency tests."""
+
+    commits: int = 0
+    conflicts: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, *, commits: int = 0, conflicts: int = 0) -> None:
+        with self._lock:
+            self.commits += commits
+            self.conflicts += conflicts
+
+
+class Ledger:
+    """Reads and writes AgentRuns through one API client."""
+
+    def __init__(self, custom_api: Any) -> None:
+        self.custom = custom_api
+        self.stats = LedgerStats()
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The run as stored now (a quorum read, never a cache), or None when it is gone."""
+        try:
+            body: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                m.GROUP, m.VERSION, namespace, m.PLURAL, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return body
+
+    def commit(self, body: dict[str, Any], status: m.AgentRunStatus) -> dict[str, Any]:
+        """Write ``status`` onto the run read as ``body``, guarded by its resourceVersion.
+
+        Raises :class:`Conflict` when the run moved on since ``body`` was read. Also the fence
+        before creating a Job: a PUT carrying the old resourceVersion fails even when it
+        changes nothing.
+        """
+        meta = body["metadata"]
+        update = {
+            "apiVersion": body["apiVersion"],
+            "kind": body["kind"],
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "spec": body["spec"],
+            "status": status.to_wire(),
+        }
+        try:
+            stored: dict[str, Any] = self.custom.replace_namespaced_custom_object_status(
+                m.GROUP, m.VERSION, meta["namespace"], m.PLURAL, meta["name"], update
+            )
+        except ApiException as error:
+            if error.status == 409:
+                self.stats.add(conflicts=1)
+                raise Conflict(f"{meta['namespace']}/{meta['name']}") from error
+            raise
+        self.stats.add(commits=1)
+        return stored

@@ -1,0 +1,325 @@
+"""The shell around the core: observe a run's Jobs, ask the core, commit, act.
+
+One :meth:`Reconciler.reconcile` call is one level-triggered pass over one run:
+
+1. read the run (quorum read) and list its Jobs and their pods;
+2. ``decision = core.reconcile(run, observed, now)``;
+3. run ``decision.before_commit`` (result ConfigMaps);
+4. commit ``decision.status`` with the resourceVersion read (409: go back to 1);
+5. run ``decision.after_commit`` (create Jobs of committed intents, delete Jobs, Events).
+
+Everything here is synchronous (the official kubernetes client); kopf runs it in a thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from agentrun import crashpoints, jobs
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.core import (
+    Action,
+    CoreConfig,
+    CreateJob,
+    Decision,
+    DeleteJob,
+    DeleteRun,
+    EmitEvent,
+    StoreResult,
+    reconcile,
+)
+from agentrun.ledger import Conflict, Ledger
+
+log = logging.getLogger("agentrun.reconciler")
+
+
+@dataclass(frozen=True)
+class Apis:
+    """The API groups the operator talks to."""
+
+    core: Any  # CoreV1Api
+    batch: Any  # BatchV1Api
+    custom: Any  # CustomObjectsApi
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one reconcile pass did."""
+
+    requeue_after: float | None
+    phase: str | None
+    conflicts: int
+
+
+def _ctx(run: m.AgentRun, step: str | None = None, attempt: int | None = None) -> dict[str, Any]:
+    """Structured log fields naming the run, step and attempt."""
+    fields: dict[str, Any] = {"run": f"{run.metadata.namespace}/{run.metadata.name}"}
+    if step is not None:
+        fields["step"] = step
+    if attempt is not None:
+        fields["attempt"] = attempt
+    return {"agentrun": fields}
+
+
+class Reconciler:
+    """Moves runs forward. Safe to call concurrently for different runs."""
+
+    def __init__(
+        self,
+        apis: Apis,
+        settings: s.Settings,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.apis = apis
+        self.settings = settings
+        self.ledger = Ledger(apis.custom)
+        self.clock = clock
+        self.config = CoreConfig(
+            jitter_seed=settings.jitter_seed,
+            job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
+        )
+
+    # -- observing ------------------------------------------------------------------------
+
+    def _observe(self, run: m.AgentRun) -> tuple[Any, list[dict[str, Any]]]:
+        selector = f"{s.LABEL_RUN_UID}={run.metadata.uid}"
+        job_dicts = _items(
+            self.apis.batch.list_namespaced_job(
+                run.metadata.namespace, label_selector=selector, _preload_content=False
+            )
+        )
+        pods_by_job: dict[str, list[dict[str, Any]]] = {}
+        finished = [j for j in job_dicts if _is_finished(j)]
+        if finished:
+            pods = _items(
+                self.apis.core.list_namespaced_pod(
+                    run.metadata.namespace, label_selector=selector, _preload_content=False
+                )
+            )
+            for body in pods:
+                owner = (body.get("metadata") or {}).get("labels", {}).get(
+                    "batch.kubernetes.io/job-name"
+                ) or (body.get("metadata") or {}).get("labels", {}).get("job-name")
+                if owner:
+                    pods_by_job.setdefault(owner, []).append(body)
+        return jobs.observe(job_dicts, pods_by_job), job_dicts
+
+    # -- one pass -------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str) -> Outcome:
+        """Read, derive, commit, act; re-derive on conflict, up to the configured tries."""
+        conflicts = 0
+        for _ in range(self.settings.max_conflict_retries):
+            body = self.ledger.read(namespace, name)
+            if body is None:
+                return Outcome(None, None, conflicts)
+            if (body.get("metadata") or {}).get("deletionTimestamp"):
+                return Outcome(None, None, conflicts)  # the deletion handler cleans up
+            run = m.AgentRun.model_validate(body)
+            observed, _ = self._observe(run)
+            decision = reconcile(run, observed, self.clock(), self.config)
+            try:
+                self._commit(body, run, decision)
+            except Conflict:
+                conflicts += 1
+                log.info("status conflict: re-reading and re-deriving", extra=_ctx(run))
+                continue
+            self._act(run, decision.after_commit)
+            phase = decision.status.phase
+            return Outcome(decision.requeue_after, str(phase) if phase else None, conflicts)
+        log.warning(
+            "gave up after %d conflicts in a row; will retry",
+            conflicts,
+            extra={"agentrun": {"run": f"{namespace}/{name}"}},
+        )
+        return Outcome(1.0, None, conflicts)
+
+    def _commit(self, body: dict[str, Any], run: m.AgentRun, decision: Decision) -> None:
+        stores = [a for a in decision.before_commit if isinstance(a, StoreResult)]
+        self._act(run, decision.before_commit)
+        if stores:
+            crashpoints.reach("after-result-store")
+        changed = decision.status_changed(run.status)
+        if not changed and not decision.needs_fence:
+            return
+        newly_done = _newly_finished(run.status, decision.status)
+        if newly_done:
+            crashpoints.reach("before-result-commit")
+        self.ledger.commit(body, decision.status)
+        if newly_done:
+            crashpoints.reach("after-result-commit")
+        if any(isinstance(a, CreateJob) for a in decision.after_commit):
+            crashpoints.reach("after-intent-commit")
+
+    # -- acting ---------------------------------------------------------------------------
+
+    def _act(self, run: m.AgentRun, actions: tuple[Action, ...]) -> None:
+        for action in actions:
+            try:
+                self._apply(run, action)
+            except ApiException as error:
+                if isinstance(action, EmitEvent):  # events are best effort
+                    log.warning(
+                        "could not post event %s: %s", action.reason, error.reason, extra=_ctx(run)
+                    )
+                    continue
+                raise
+
+    def _apply(self, run: m.AgentRun, action: Action) -> None:
+        ns = run.metadata.namespace
+        if isinstance(action, CreateJob):
+            self._create_job(run, action)
+        elif isinstance(action, DeleteJob):
+            crashpoints.reach("before-job-delete")
+            self.delete_job(ns, action.job_name)
+            log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=_ctx(run))
+        elif isinstance(action, StoreResult):
+            self._store_result(run, action)
+        elif isinstance(action, EmitEvent):
+            self._event(run, action)
+        elif isinstance(action, DeleteRun):
+            log.info("deleting the run: %s", action.reason, extra=_ctx(run))
+            try:
+                self.apis.custom.delete_namespaced_custom_object(
+                    m.GROUP, m.VERSION, ns, m.PLURAL, run.metadata.name
+                )
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+
+    def _create_job(self, run: m.AgentRun, action: CreateJob) -> None:
+        manifest = jobs.build_job(run, action)
+        ctx = _ctx(run, action.step.name, action.attempt)
+        try:
+            self.apis.batch.create_namespaced_job(run.metadata.namespace, manifest)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            log.info("Job %s already exists: adopted", action.job_name, extra=ctx)
+            return
+        log.info("created Job %s", action.job_name, extra=ctx)
+        crashpoints.reach("after-job-create")
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a step Job and release the operator's finalizer on it."""
+        try:
+            self.apis.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return
+        self.release_job(namespace, name)
+
+    def release_job(self, namespace: str, name: str) -> None:
+        """Remove the operator's finalizer from a Job (a JSON patch guarded by a test op)."""
+        try:
+            job = self.apis.batch.read_namespaced_job(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        finalizers = list(job.metadata.finalizers or [])
+        if s.JOB_FINALIZER not in finalizers:
+            return
+        index = finalizers.index(s.JOB_FINALIZER)
+        patch = [
+            {"op": "test", "path": f"/metadata/finalizers/{index}", "value": s.JOB_FINALIZER},
+            {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+        ]
+        try:
+            self.apis.batch.patch_namespaced_job(name, namespace, patch)
+        except ApiException as error:
+            if error.status not in (404, 409, 422):
+                raise
+
+    def _store_result(self, run: m.AgentRun, action: StoreResult) -> None:
+        body = jobs.build_result_config_map(
+            run, action.name, action.step, action.attempt, action.data
+        )
+        try:
+            self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
+        except ApiException as error:
+            if error.status != 409:
+                raise  # 409: written by an earlier pass from the same Job: same content
+
+    def _event(self, run: m.AgentRun, action: EmitEvent) -> None:
+        self.post_event(run.metadata.namespace, run.metadata.name, run.metadata.uid, action)
+
+    def post_event(self, namespace: str, name: str, uid: str, action: EmitEvent) -> None:
+        """A core/v1 Event on the run."""
+        now = self.clock()
+        digest = hashlib.sha256(
+            f"{uid}/{action.reason}/{action.message}/{now.isoformat()}".encode()
+        ).hexdigest()[:12]
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{digest}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": m.API_VERSION,
+                "kind": m.KIND,
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "reason": action.reason,
+            "message": action.message,
+            "type": action.type,
+            "source": {"component": s.MANAGED_BY},
+            "reportingComponent": s.MANAGED_BY,
+            "reportingInstance": s.MANAGED_BY,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            self.apis.core.create_namespaced_event(namespace, body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+
+    # -- deletion -------------------------------------------------------------------------
+
+    def cleanup(self, namespace: str, uid: str) -> list[str]:
+        """Delete everything a run owns; return what is still there."""
+        selector = f"{s.LABEL_RUN_UID}={uid}"
+        left: list[str] = []
+        for job in self.apis.batch.list_namespaced_job(namespace, label_selector=selector).items:
+            self.delete_job(namespace, job.metadata.name)
+        self.apis.core.delete_collection_namespaced_config_map(namespace, label_selector=selector)
+        self.apis.core.delete_collection_namespaced_pod(namespace, label_selector=selector)
+        for job in self.apis.batch.list_namespaced_job(namespace, label_selector=selector).items:
+            if s.JOB_FINALIZER in (job.metadata.finalizers or []):
+                left.append(f"Job {job.metadata.name}")
+        return left
+
+
+def _items(response: Any) -> list[dict[str, Any]]:
+    """Items of a list call made with ``_preload_content=False``: the API server's own JSON."""
+    items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+    return items
+
+
+def _is_finished(job: dict[str, Any]) -> bool:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return True
+    return False
+
+
+def _newly_finished(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -> bool:
+    before = {st.name: st.phase for st in (old.steps if old else None) or []}
+    return any(
+        st.phase in m.TERMINAL_STEP_PHASES and before.get(st.name) != st.phase
+        for st in new.steps or []
+    )

@@ -1,0 +1,80 @@
+"""Operator settings and the names the operator puts on objects, in one place.
+
+Settings come from the environment (``AGENTRUN_*``) and from ``agentrun run`` flags, which win.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from agentrun.api.models import GROUP
+
+# Names on objects -----------------------------------------------------------------------------
+
+RUN_FINALIZER = f"{GROUP}/cleanup"
+"""On every AgentRun: released once the run's Jobs, pods and result objects are gone."""
+JOB_FINALIZER = f"{GROUP}/outcome"
+"""On every step Job: keeps a deleted Job visible until its attempt's outcome is committed."""
+ANNOTATION_PREFIX = GROUP
+"""Prefix of kopf's own bookkeeping annotations (instead of kopf.zalando.org)."""
+
+LABEL_RUN = f"{GROUP}/run"
+LABEL_RUN_UID = f"{GROUP}/run-uid"
+LABEL_STEP = f"{GROUP}/step"
+LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_KIND = f"{GROUP}/object"  # "step-job" or "result"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "agentrun-operator"
+
+# Environment of step pods.
+ENV_RUN = "AGENTRUN_RUN"
+ENV_NAMESPACE = "AGENTRUN_NAMESPACE"
+ENV_RUN_UID = "AGENTRUN_RUN_UID"
+ENV_STEP = "AGENTRUN_STEP"
+ENV_ATTEMPT = "AGENTRUN_ATTEMPT"
+ENV_IDEMPOTENCY_KEY = "AGENTRUN_IDEMPOTENCY_KEY"
+
+CRASH_ENV = "AGENTRUN_CRASH_AT"
+"""Fault injection for the crash tests: ``point:n[,point:n...]`` makes the operator SIGKILL
+itself the n-th time it reaches ``point`` (see :mod:`agentrun.crashpoints`)."""
+
+
+def _env_list(name: str) -> tuple[str, ...]:
+    raw = os.environ.get(name, "")
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as error:
+        raise ValueError(f"{name}={raw!r} is not a whole number") from error
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What an operator process is configured with."""
+
+    namespaces: tuple[str, ...] = field(default_factory=lambda: _env_list("AGENTRUN_NAMESPACES"))
+    """Namespaces to watch; all namespaces when empty."""
+    liveness_port: int = field(default_factory=lambda: _env_int("AGENTRUN_LIVENESS_PORT", 8080))
+    """Port of the /healthz endpoint (0: none)."""
+    peering: str | None = field(default_factory=lambda: os.environ.get("AGENTRUN_PEERING"))
+    """kopf peering object name; None runs standalone (no peering)."""
+    resync_seconds: int = field(default_factory=lambda: _env_int("AGENTRUN_RESYNC_SECONDS", 30))
+    """Every run is reconciled at least this often, events or not."""
+    max_conflict_retries: int = field(
+        default_factory=lambda: _env_int("AGENTRUN_MAX_CONFLICT_RETRIES", 8)
+    )
+    cleanup_timeout_seconds: int = field(
+        default_factory=lambda: _env_int("AGENTRUN_CLEANUP_TIMEOUT_SECONDS", 60)
+    )
+    """How long deletion cleanup may keep failing before the run's finalizer is released."""
+    jitter_seed: int = field(default_factory=lambda: _env_int("AGENTRUN_JITTER_SEED", 0))
+    job_deletion_grace_seconds: int = field(
+        default_factory=lambda: _env_int("AGENTRUN_JOB_DELETION_GRACE_SECONDS", 30)
+    )
