@@ -36,6 +36,10 @@ unit: sync ## unit and property tests only (no cluster), seconds
 test: lint controlplane ## everything: lint, types, unit, property and integration tests
 	$(RUN) pytest
 
+.PHONY: demo
+demo: sync controlplane ## control plane, node, operator and an example run carried to Succeeded
+	$(RUN) python -m agentrun.devcluster.demo
+
 .PHONY: cluster
 cluster: sync controlplane ## start a local control plane and node in the foreground
 	$(RUN) agentrun devcluster up
