@@ -47,6 +47,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _step(args: argparse.Namespace) -> int:
+    from agentrun import runner
+
+    return runner.main(args.command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrun",
@@ -100,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     peering.add_argument("--standalone", action="store_true", help="no peering (the default)")
     run_parser.set_defaults(func=_run)
+
+    step_parser = sub.add_parser(
+        "step",
+        help="run a step's command inside its pod and report its result to the operator",
+        description=(
+            "Run COMMAND as the step of an AgentRun: its result (what it writes to "
+            "$AGENTRUN_RESULT_FILE, else its stdout) becomes the step's result envelope."
+        ),
+    )
+    step_parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    step_parser.set_defaults(func=_step)
     from agentrun.devcluster import cli as devcluster_cli
 
     devcluster_cli.register(sub)

@@ -77,3 +77,23 @@ def parse(message: str | None) -> Envelope:
         result_ref=result_ref,
         result_digest=digest if isinstance(digest, str) else None,
     )
+
+
+def _config_map_key_ok(key: str) -> bool:
+    return 0 < len(key) <= 240 and all(c.isalnum() or c in "-._" for c in key)
+
+
+def result_object_data(result: str) -> tuple[tuple[str, str], ...]:
+    """Entries of a result ConfigMap: the whole result as ``result``, and each top-level field
+    of a JSON object as ``field.<name>``, so a later step can take one field as an input."""
+    data: list[tuple[str, str]] = [("result", result)]
+    try:
+        parsed = json.loads(result)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        for key, value in sorted(parsed.items()):
+            if isinstance(key, str) and _config_map_key_ok(key):
+                text = value if isinstance(value, str) else canonical_json(value)
+                data.append((f"field.{key}", text))
+    return tuple(data)

@@ -36,7 +36,7 @@ from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming
 from agentrun.core.actions import Action, CreateJob, DeleteJob, DeleteRun, EmitEvent, StoreResult
 from agentrun.core.backoff import backoff_seconds
-from agentrun.core.envelope import Envelope, parse
+from agentrun.core.envelope import Envelope, parse, result_object_data
 from agentrun.core.graph import plan_problems
 from agentrun.core.observed import JobState, Observed, ObservedJob
 
@@ -323,7 +323,9 @@ def _attempt_succeeded(
             name = naming.result_object_name(
                 b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt
             )
-            b.before.append(StoreResult(name, step.name, st.attempt, _result_data(env.result)))
+            b.before.append(
+                StoreResult(name, step.name, st.attempt, result_object_data(env.result))
+            )
             st.result_ref = m.ResultRef(name=name, key="result")
     if env.tokens:
         st.usage = m.StepUsage(tokens=(st.usage.tokens if st.usage else 0) + env.tokens)
@@ -335,26 +337,6 @@ def _attempt_succeeded(
     st.next_attempt_at = None
     st.attempt_started_at = None
     b.move(st, SP.SUCCEEDED, "StepSucceeded", f"attempt {st.attempt} succeeded")
-
-
-def _result_data(result: str) -> tuple[tuple[str, str], ...]:
-    """ConfigMap entries: the whole result, and each top-level scalar field of a JSON object
-    (``field.<name>``) so that later steps can take one field as an input."""
-    data: list[tuple[str, str]] = [("result", result)]
-    try:
-        parsed = json.loads(result)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict):
-        for key, value in sorted(parsed.items()):
-            if isinstance(key, str) and _CM_KEY_OK(key):
-                text = value if isinstance(value, str) else naming.canonical_json(value)
-                data.append((f"field.{key}", text))
-    return tuple(data)
-
-
-def _CM_KEY_OK(key: str) -> bool:
-    return 0 < len(key) <= 240 and all(c.isalnum() or c in "-._" for c in key)
 
 
 def _attempt_failed(

@@ -1,0 +1,229 @@
+"""``agentrun step -- COMMAND [ARGS...]``: the program that runs inside a step's pod.
+
+It runs the step's command, collects its result and leaves the result envelope where the
+operator reads it (the termination message, at most 4 KiB by kubelet's rule):
+
+* the result is what the command wrote to ``$AGENTRUN_RESULT_FILE`` or, if it wrote nothing
+  there, its standard output (also passed through to the pod's log);
+* a result that fits is sent inline: ``{"ok": ..., "summary": ..., "result": ...}``;
+* a larger one is written to a ConfigMap owned by the run (``result`` and ``field.<name>``
+  entries, like the operator's own result objects) and the envelope carries ``resultRef`` and
+  ``resultDigest``. That needs API access: the pod's ServiceAccount (``stepTemplate.
+  serviceAccountName``) must be allowed to create ConfigMaps in the run's namespace.
+
+Idempotency: the result object is labelled with a hash of ``AGENTRUN_IDEMPOTENCY_KEY``. When a
+retry of the same step (same key) finds the object a previous attempt completed, it reports
+that result again instead of running the command a second time, so a side effect that finished
+but whose attempt was lost (a node crash after the work, before the exit) is not repeated.
+
+The exit code is the command's; ``ok`` is true when it is 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.core import naming
+from agentrun.core.envelope import SUMMARY_LIMIT, result_object_data
+
+TERMINATION_LIMIT = 4096
+INLINE_LIMIT = 3072
+"""Envelopes up to this many bytes go inline; kubelet keeps 4096 of the termination message."""
+TERMINATION_PATH_ENV = "AGENTRUN_TERMINATION_MESSAGE_PATH"
+RESULT_FILE_ENV = "AGENTRUN_RESULT_FILE"
+SERVICEACCOUNT_DIR_ENV = "AGENTRUN_SERVICEACCOUNT_DIR"
+DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+LABEL_KEY_HASH = f"{m.GROUP}/idempotency-key-hash"
+ANNOTATION_COMPLETE = f"{m.GROUP}/complete"
+
+
+class StepIdentity:
+    """Who this step attempt is, from the environment the operator gave the pod."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.run = env.get(s.ENV_RUN, "")
+        self.namespace = env.get(s.ENV_NAMESPACE, "")
+        self.run_uid = env.get(s.ENV_RUN_UID, "")
+        self.step = env.get(s.ENV_STEP, "")
+        self.attempt = int(env.get(s.ENV_ATTEMPT, "0") or 0)
+        self.idempotency_key = env.get(s.ENV_IDEMPOTENCY_KEY, "")
+
+    @property
+    def key_hash(self) -> str:
+        return hashlib.sha256(self.idempotency_key.encode()).hexdigest()[:40]
+
+    def complete(self) -> bool:
+        return bool(self.run and self.namespace and self.run_uid and self.step)
+
+
+def _summary(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= SUMMARY_LIMIT else line[: SUMMARY_LIMIT - 1] + "…"
+
+
+def build_envelope(ok: bool, result: str) -> dict[str, Any]:
+    """The inline envelope; a result that already is an envelope is passed through."""
+    try:
+        parsed = json.loads(result) if result.strip().startswith("{") else None
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("ok"), bool):
+        if not ok:
+            parsed["ok"] = False
+        return parsed
+    envelope: dict[str, Any] = {"ok": ok, "summary": _summary(result)}
+    if result:
+        envelope["result"] = result
+    return envelope
+
+
+class ResultStore:
+    """Result ConfigMaps through the Kubernetes API, with the pod's ServiceAccount."""
+
+    def __init__(self, core_api: Any, identity: StepIdentity) -> None:
+        self.core = core_api
+        self.identity = identity
+
+    def previous(self) -> dict[str, Any] | None:
+        """An envelope a completed earlier attempt with the same idempotency key left."""
+        found = self.core.list_namespaced_config_map(
+            self.identity.namespace,
+            label_selector=f"{LABEL_KEY_HASH}={self.identity.key_hash}",
+        )
+        for item in found.items:
+            annotations = item.metadata.annotations or {}
+            if annotations.get(ANNOTATION_COMPLETE) == "true" and item.data:
+                result = item.data.get("result", "")
+                return {
+                    "ok": True,
+                    "summary": annotations.get(f"{m.GROUP}/summary", _summary(result)),
+                    "resultRef": {"name": item.metadata.name, "key": "result"},
+                    "resultDigest": naming.sha256_text(result),
+                    "replayed": True,
+                }
+        return None
+
+    def store(self, result: str, summary: str) -> dict[str, Any]:
+        ident = self.identity
+        name = naming.result_object_name(ident.run, ident.run_uid, ident.step, ident.attempt)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": ident.namespace,
+                "labels": {
+                    s.LABEL_RUN: ident.run,
+                    s.LABEL_RUN_UID: ident.run_uid,
+                    s.LABEL_STEP: ident.step,
+                    s.LABEL_ATTEMPT: str(ident.attempt),
+                    s.LABEL_KIND: "result",
+                    LABEL_KEY_HASH: ident.key_hash,
+                },
+                "annotations": {ANNOTATION_COMPLETE: "true", f"{m.GROUP}/summary": summary},
+                "ownerReferences": [{
+                    "apiVersion": m.API_VERSION, "kind": m.KIND, "name": ident.run,
+                    "uid": ident.run_uid,
+                }],
+            },
+            "data": dict(result_object_data(result)),
+        }  # fmt: skip
+        try:
+            self.core.create_namespaced_config_map(ident.namespace, body)
+        except Exception as error:  # AlreadyExists: the same attempt stored it before
+            if getattr(error, "status", None) != 409:
+                raise
+        return {"name": name, "key": "result"}
+
+
+def default_store(identity: StepIdentity, env: dict[str, str]) -> ResultStore | None:
+    """A store using the pod's ServiceAccount token, or None without API access."""
+    sa_dir = Path(env.get(SERVICEACCOUNT_DIR_ENV, DEFAULT_SERVICEACCOUNT_DIR))
+    if not (sa_dir / "token").is_file() or not env.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    from kubernetes import client as kube_client
+    from kubernetes.config import incluster_config
+
+    loader_class: Any = incluster_config.InClusterConfigLoader
+    loader = loader_class(
+        token_filename=str(sa_dir / "token"), cert_filename=str(sa_dir / "ca.crt"),
+        environ=env,
+    )  # fmt: skip
+    loader.load_and_set()
+    return ResultStore(kube_client.CoreV1Api(), identity)
+
+
+def run_step(
+    command: Sequence[str],
+    env: dict[str, str] | None = None,
+    store_factory: Callable[[StepIdentity, dict[str, str]], ResultStore | None] = default_store,
+) -> int:
+    """Run one step attempt; return its exit code."""
+    env = dict(os.environ if env is None else env)
+    identity = StepIdentity(env)
+    termination = Path(env.get(TERMINATION_PATH_ENV, "/dev/termination-log"))
+    store = store_factory(identity, env) if identity.complete() else None
+
+    if store is not None and identity.idempotency_key:
+        replay = store.previous()
+        if replay is not None:
+            print(f"agentrun step: result of {identity.idempotency_key} already recorded; "
+                  "not running the command again", file=sys.stderr)  # fmt: skip
+            termination.write_text(json.dumps(replay))
+            return 0
+
+    with tempfile.TemporaryDirectory(prefix="agentrun-step-") as tmp:
+        result_file = Path(tmp) / "result"
+        proc = subprocess.run(
+            list(command), env={**env, RESULT_FILE_ENV: str(result_file)},
+            stdout=subprocess.PIPE, text=True, check=False,
+        )  # fmt: skip
+        sys.stdout.write(proc.stdout)
+        sys.stdout.flush()
+        written = result_file.read_text() if result_file.is_file() else ""
+    result = (written or proc.stdout).strip()
+    ok = proc.returncode == 0
+    original = build_envelope(ok, result)
+    envelope = original
+    text = json.dumps(envelope, separators=(",", ":"))
+    if len(text.encode()) > INLINE_LIMIT:
+        body = original.get("result", result)
+        full = body if isinstance(body, str) else naming.canonical_json(body)
+        summary = str(original.get("summary") or _summary(full))
+        if store is None:
+            envelope = {"ok": False, "summary": (
+                f"the result is {len(full.encode())} bytes, more than the termination message "
+                "holds, and the pod has no API access to store it: give the step a "
+                "ServiceAccount (stepTemplate.serviceAccountName) allowed to create ConfigMaps"
+            )}  # fmt: skip
+        else:
+            ref = store.store(full, summary)
+            envelope = {"ok": ok, "summary": summary, "resultRef": ref,
+                        "resultDigest": naming.sha256_text(full)}  # fmt: skip
+            if "usage" in original:
+                envelope["usage"] = original["usage"]
+        text = json.dumps(envelope, separators=(",", ":"))
+    termination.write_text(text[:TERMINATION_LIMIT])
+    if ok and envelope.get("ok") is False:
+        return 1
+    return proc.returncode
+
+
+def main(argv: Sequence[str]) -> int:
+    command = list(argv)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("usage: agentrun step -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    return run_step(command)

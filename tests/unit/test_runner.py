@@ -1,0 +1,105 @@
+"""The step runner: envelopes, large results by reference, idempotent replays."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun import runner
+from agentrun import settings as s
+from agentrun.core import envelope
+
+
+class FakeStore(runner.ResultStore):
+    """In memory; the real one is exercised against the API server in tests/e2e."""
+
+    def __init__(self, identity: runner.StepIdentity) -> None:
+        super().__init__(None, identity)
+        self.objects: dict[str, dict[str, Any]] = {}
+
+    def previous(self) -> dict[str, Any] | None:
+        for name, obj in self.objects.items():
+            if obj["key"] == self.identity.key_hash:
+                return {
+                    "ok": True,
+                    "summary": obj["summary"],
+                    "resultRef": {"name": name, "key": "result"},
+                    "replayed": True,
+                }
+        return None
+
+    def store(self, result: str, summary: str) -> dict[str, Any]:
+        name = f"{self.identity.step}-{self.identity.attempt}"
+        self.objects[name] = {"result": result, "summary": summary, "key": self.identity.key_hash}
+        return {"name": name, "key": "result"}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {
+        "PATH": "/usr/bin:/bin",
+        s.ENV_RUN: "r", s.ENV_NAMESPACE: "ns", s.ENV_RUN_UID: "uid", s.ENV_STEP: "collect",
+        s.ENV_ATTEMPT: "1", s.ENV_IDEMPOTENCY_KEY: "uid:collect:img:abc",
+        runner.TERMINATION_PATH_ENV: str(tmp_path / "termination-log"),
+    }  # fmt: skip
+
+
+def _message(env: dict[str, str]) -> Any:
+    return json.loads(Path(env[runner.TERMINATION_PATH_ENV]).read_text())
+
+
+def test_stdout_becomes_an_inline_result(env: dict[str, str]) -> None:
+    code = runner.run_step(["sh", "-c", "echo found it"], env, lambda i, e: None)
+    assert code == 0
+    assert _message(env) == {"ok": True, "summary": "found it", "result": "found it"}
+
+
+def test_failure_keeps_the_exit_code_and_ok_false(env: dict[str, str]) -> None:
+    code = runner.run_step(["sh", "-c", "echo nope; exit 3"], env, lambda i, e: None)
+    assert code == 3 and _message(env)["ok"] is False
+
+
+def test_result_file_wins_over_stdout(env: dict[str, str]) -> None:
+    script = (
+        'echo noise; printf \'{"ok": true, "summary": "s", "result": 1}\' > "$AGENTRUN_RESULT_FILE"'
+    )
+    runner.run_step(["sh", "-c", script], env, lambda i, e: None)
+    assert _message(env) == {"ok": True, "summary": "s", "result": 1}
+
+
+def test_large_result_goes_by_reference_and_the_operator_reads_it(env: dict[str, str]) -> None:
+    stores: list[FakeStore] = []
+
+    def factory(identity: runner.StepIdentity, _: dict[str, str]) -> FakeStore:
+        stores.append(FakeStore(identity))
+        return stores[-1]
+
+    code = runner.run_step([sys.executable, "-c", "print('x' * 10000)"], env, factory)
+    assert code == 0
+    message = Path(env[runner.TERMINATION_PATH_ENV]).read_text()
+    assert len(message) < runner.TERMINATION_LIMIT
+    parsed = envelope.parse(message)
+    assert parsed.ok and parsed.result_ref == ("collect-1", "result")
+    assert stores[0].objects["collect-1"]["result"] == "x" * 10000
+    assert parsed.result_digest is not None
+
+
+def test_large_result_without_api_access_fails_clearly(env: dict[str, str]) -> None:
+    code = runner.run_step([sys.executable, "-c", "print('x' * 10000)"], env, lambda i, e: None)
+    assert code == 1
+    assert "stepTemplate.serviceAccountName" in _message(env)["summary"]
+
+
+def test_a_completed_result_with_the_same_key_is_replayed_not_rerun(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "side-effect"
+    store = FakeStore(runner.StepIdentity(env))
+    store.store("done before", "done before")
+    code = runner.run_step(["sh", "-c", f"touch {marker}"], env, lambda i, e: store)
+    assert code == 0 and not marker.exists()
+    assert _message(env)["replayed"] is True
