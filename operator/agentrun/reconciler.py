@@ -291,16 +291,17 @@ class Reconciler:
     # -- deletion -------------------------------------------------------------------------
 
     def cleanup(self, namespace: str, uid: str) -> list[str]:
-        """Delete everything a run owns; return what is still there."""
+        """Delete everything a run owns; return what is still there (e.g. a Job held by
+        someone else's finalizer)."""
         selector = f"{s.LABEL_RUN_UID}={uid}"
-        left: list[str] = []
         for job in self.apis.batch.list_namespaced_job(namespace, label_selector=selector).items:
             self.delete_job(namespace, job.metadata.name)
         self.apis.core.delete_collection_namespaced_config_map(namespace, label_selector=selector)
         self.apis.core.delete_collection_namespaced_pod(namespace, label_selector=selector)
+        left: list[str] = []
         for job in self.apis.batch.list_namespaced_job(namespace, label_selector=selector).items:
-            if s.JOB_FINALIZER in (job.metadata.finalizers or []):
-                left.append(f"Job {job.metadata.name}")
+            holders = ", ".join(job.metadata.finalizers or []) or "no finalizers"
+            left.append(f"Job {job.metadata.name} (finalizers: {holders})")
         return left
 
 
