@@ -105,7 +105,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return info
 
 
-@kopf.daemon(m.GROUP, m.VERSION, m.PLURAL, cancellation_timeout=30.0)
+@kopf.daemon(m.GROUP, m.VERSION, m.PLURAL, cancellation_backoff=5.0, cancellation_timeout=30.0)
 async def drive_run(
     name: str, namespace: str | None, stopped: kopf.DaemonStopped, memo: Any, **_: Any
 ) -> None:
@@ -160,12 +160,13 @@ def cleanup(
     assert namespace is not None, "AgentRuns are namespaced"
     state = _state(memo)
     try:
-        left = state.reconciler.cleanup(namespace, uid)
+        left = state.reconciler.cleanup(namespace, name, uid)
         error = None
     except Exception as exc:  # cleanup must never hang the deletion forever
         left, error = [f"cleanup failed: {exc}"], exc
     if not left:
         log.info("cleaned up", extra={"agentrun": {"run": f"{namespace}/{name}"}})
+        state.reconciler.forget(namespace, name)
         return
     if runtime.total_seconds() < state.settings.cleanup_timeout_seconds:
         raise kopf.TemporaryError(f"still there: {', '.join(left)}", delay=2.0) from error
@@ -174,6 +175,7 @@ def cleanup(
         f"cleanup; left behind: {', '.join(left)}"
     )
     log.warning(message, extra={"agentrun": {"run": f"{namespace}/{name}"}})
+    state.reconciler.forget(namespace, name)
     try:
         state.reconciler.post_event(
             namespace, name, uid, EmitEvent("Warning", "CleanupIncomplete", message)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -87,6 +88,18 @@ class Reconciler:
             jitter_seed=settings.jitter_seed,
             job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
         )
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def lock_for(self, namespace: str, name: str) -> threading.Lock:
+        """One pass at a time per run: deletion cleanup waits for a pass in flight, so a Job
+        that pass creates is seen and removed."""
+        with self._locks_guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._locks_guard:
+            self._locks.pop((namespace, name), None)
 
     # -- observing ------------------------------------------------------------------------
 
@@ -117,6 +130,10 @@ class Reconciler:
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         """Read, derive, commit, act; re-derive on conflict, up to the configured tries."""
+        with self.lock_for(namespace, name):
+            return self._reconcile(namespace, name)
+
+    def _reconcile(self, namespace: str, name: str) -> Outcome:
         conflicts = 0
         for _ in range(self.settings.max_conflict_retries):
             body = self.ledger.read(namespace, name)
@@ -290,9 +307,13 @@ class Reconciler:
 
     # -- deletion -------------------------------------------------------------------------
 
-    def cleanup(self, namespace: str, uid: str) -> list[str]:
+    def cleanup(self, namespace: str, name: str, uid: str) -> list[str]:
         """Delete everything a run owns; return what is still there (e.g. a Job held by
-        someone else's finalizer)."""
+        someone else's finalizer). Waits for a reconcile pass of the run still in flight."""
+        with self.lock_for(namespace, name):
+            return self._cleanup(namespace, uid)
+
+    def _cleanup(self, namespace: str, uid: str) -> list[str]:
         selector = f"{s.LABEL_RUN_UID}={uid}"
         for job in self.apis.batch.list_namespaced_job(namespace, label_selector=selector).items:
             self.delete_job(namespace, job.metadata.name)

@@ -756,8 +756,14 @@ def _retention(b: _Builder) -> None:
 
 
 def _dedupe(actions: Sequence[Action]) -> tuple[Action, ...]:
+    """Each action once; a Job is deleted once, for the first reason found."""
     seen: list[Action] = []
+    deleted: set[str] = set()
     for action in actions:
+        if isinstance(action, DeleteJob):
+            if action.job_name in deleted:
+                continue
+            deleted.add(action.job_name)
         if action not in seen:
             seen.append(action)
     return tuple(seen)

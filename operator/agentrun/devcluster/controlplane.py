@@ -39,6 +39,7 @@ from .kubeconfig import request_serviceaccount_kubeconfig, write_kubeconfig
 from .pki import PKI
 
 __all__ = [
+    "AUDIT_POLICY",
     "DEFAULT_CONTROLLERS",
     "SERVICE_ACCOUNT_ISSUER",
     "SERVICE_CLUSTER_IP_RANGE",
@@ -66,6 +67,21 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "resourcequota-controller",
     "pod-garbage-collector-controller",
 )
+#: Audit policy of the local API server (always on): only creates and deletes of batch/v1 Jobs,
+#: at Metadata level (who, what, when, response code; no bodies), and nothing else. Enough
+#: for tests to count how often each Job was created (invariant 1: at most once per attempt).
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, delete]
+    resources:
+      - group: batch
+        resources: [jobs]
+  - level: None
+"""
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 LOG_TAIL_LINES = 60
@@ -164,6 +180,10 @@ class ControlPlane:
 
     After :meth:`start`: :attr:`kubeconfig` (admin), :attr:`server`, :attr:`timings`
     (seconds until each component was healthy) and :attr:`time_to_ready` (total).
+
+    Audit logging is always on: :data:`AUDIT_POLICY` (creates and deletes of batch/v1 Jobs at
+    Metadata level, nothing else) written as JSON lines to :attr:`audit_log`
+    (``<state_dir>/audit.log``, appended across restarts, never rotated).
     """
 
     def __init__(
@@ -197,6 +217,8 @@ class ControlPlane:
         self.pki = PKI(self.state_dir / "pki")
         self.logs_dir = self.state_dir / "logs"
         self.kubeconfig = self.state_dir / "admin.kubeconfig"
+        self.audit_log = self.state_dir / "audit.log"
+        self.audit_policy = self.state_dir / "audit-policy.yaml"
         self.server = ""
         self.timings: dict[str, float] = {}
         self.time_to_ready = 0.0
@@ -356,6 +378,7 @@ class ControlPlane:
         self.timings["etcd"] = time.monotonic() - t0
 
         # -- kube-apiserver ----------------------------------------------------------------
+        self.audit_policy.write_text(AUDIT_POLICY)
         api_port = free_port()
         self.server = f"https://127.0.0.1:{api_port}"
         apiserver = _Component(
@@ -387,6 +410,11 @@ class ControlPlane:
                 # Endpoints may not hold loopback addresses; nothing needs them here.
                 "--endpoint-reconciler-type=none",
                 "--profiling=false",
+                f"--audit-policy-file={self.audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",  # written synchronously by the request handler
+                "--audit-log-maxsize=0",  # never rotated: tests read the whole file
                 *self.extra_apiserver_args,
             ],
             self.logs_dir / "kube-apiserver.log",
@@ -453,6 +481,7 @@ class ControlPlane:
                 {
                     "server": self.server,
                     "kubeconfig": str(self.kubeconfig),
+                    "audit_log": str(self.audit_log),
                     "bin_dir": str(self.bin_dir),
                     "pids": {c.name: c.proc.pid for c in self._components if c.proc},
                     "timings": self.timings,

@@ -9,11 +9,13 @@ kubelet) actually run and report status the way a kubelet would. It provides:
   container without ``command`` fails with reason ``NoCommand``.
 * **No isolation.** Processes run as the node's user, on the host's filesystem, network and
   PID namespace, without resource limits (``resources`` only feeds ``resourceFieldRef``).
-* **No volumes.** ``volumes`` and ``volumeMounts`` are ignored entirely, whatever their type:
-  emptyDir, configMap, secret, projected (including the automounted service-account token),
-  downwardAPI, hostPath, persistentVolumeClaim, ephemeral, csi, image and all others.
-  Probes, lifecycle hooks, security contexts, ports, ``hostNetwork`` and the like are
-  ignored too.
+* **One volume only: the service-account token.** The projected volume the ServiceAccount
+  admission plugin adds (``kube-api-access-*``, with a ``serviceAccountToken`` source) is
+  materialized as a per-pod directory (see "API access" below). Every other volume and
+  mount is ignored entirely, whatever its type: emptyDir, configMap, secret, other projected
+  volumes, downwardAPI, hostPath, persistentVolumeClaim, ephemeral, csi, image and all
+  others. Probes, lifecycle hooks, security contexts, ports, ``hostNetwork`` and the like
+  are ignored too.
 * **Scheduling** is binding every unscheduled pod (without ``schedulingGates``) to this
   node through the ``pods/binding`` subresource; node selectors, affinity, taints and
   tolerations are not evaluated.
@@ -39,22 +41,42 @@ as ``state.terminated.message``; with ``terminationMessagePolicy: FallbackToLogs
 an empty file on failure falls back to the tail of the container's output (80 lines,
 2048 bytes), like a kubelet.
 
+API access (the service-account token volume): a pod whose
+``spec.automountServiceAccountToken`` is not false and that has the ``kube-api-access-*``
+projected volume gets ``<pod dir>/serviceaccount/`` holding ``token`` (from the TokenRequest
+API for ``spec.serviceAccountName``, bound to the pod, with the source's
+``expirationSeconds`` (default 3600) and ``audience`` (default: the API server's)),
+``ca.crt`` (the cluster CA of the node's kubeconfig, else the namespace's
+``kube-root-ca.crt`` ConfigMap) and ``namespace``. Every container of the pod gets
+``AGENTRUN_SERVICEACCOUNT_DIR`` (that directory), ``KUBERNETES_SERVICE_HOST`` and
+``KUBERNETES_SERVICE_PORT`` (host and port of the node's kubeconfig server URL, e.g.
+127.0.0.1), and literal occurrences of the volume's ``mountPath`` (normally
+``/var/run/secrets/kubernetes.io/serviceaccount``) in its ``command`` and ``args`` are
+replaced with the directory. The token is requested once per pod and never refreshed (pods
+here are short); the directory is removed when the pod's processes are gone. A failed token
+request (e.g. the ServiceAccount does not exist) is retried like a configuration error (see
+below). Pods without that volume (``automountServiceAccountToken: false`` on the pod or its
+ServiceAccount) get none of this: no token and, unlike with a kubelet, no
+``KUBERNETES_SERVICE_*`` variables.
+
 Environment of a container process: only ``PATH`` (and ``HOME``, ``LANG``, ``TZ``,
-``TMPDIR`` when set) from the node process, plus ``HOSTNAME`` (the pod name), the
-container's own env and ``AGENTRUN_TERMINATION_MESSAGE_PATH``. No service-account token
-file and no ``KUBERNETES_SERVICE_*`` variables: in-cluster API access does not work. The
-working directory is ``workingDir`` if that exists here, else the pod's state directory.
-Output (stdout and stderr merged) goes to
-``<state_dir>/pods/<namespace>_<name>_<uid>/<container>.log``; it is not served through
-the ``pods/log`` API.
+``TMPDIR`` when set) from the node process, plus ``HOSTNAME`` (the pod name),
+``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT`` (only with the token volume; the
+container's own env wins over them), the container's own env,
+``AGENTRUN_TERMINATION_MESSAGE_PATH`` and ``AGENTRUN_SERVICEACCOUNT_DIR`` (only with the
+token volume). ``$(VAR)`` references in env values, command and args also see the
+``KUBERNETES_SERVICE_*`` variables, as with a kubelet. The working directory is
+``workingDir`` if that exists here, else the pod's state directory. Output (stdout and
+stderr merged) goes to ``<state_dir>/pods/<namespace>_<name>_<uid>/<container>.log``; it is
+not served through the ``pods/log`` API.
 
 Differences from a kubelet worth knowing: a configuration error (missing ConfigMap, Secret
-or key) is reported as ``waiting: CreateContainerConfigError`` and retried for
-``config_error_timeout`` (10 s), then the container fails with that reason instead of
-waiting forever. A pod found ``Running`` on this node that this process did not start (the
-node was restarted) is marked Failed with reason ``NodeRestarted``. On shutdown
-(SIGTERM/SIGINT) the node kills its pods' processes and marks those pods Failed with
-reason ``NodeShutdown``.
+or key, or a failed service-account token request) is reported as
+``waiting: CreateContainerConfigError`` and retried for ``config_error_timeout`` (10 s),
+then the container fails with that reason instead of waiting forever. A pod found
+``Running`` on this node that this process did not start (the node was restarted) is marked
+Failed with reason ``NodeRestarted``. On shutdown (SIGTERM/SIGINT) the node kills its pods'
+processes and marks those pods Failed with reason ``NodeShutdown``.
 """
 
 from __future__ import annotations
@@ -62,24 +84,31 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
+import json
 import logging
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
+
+import yaml
 
 from .kubeapi import JSON, ApiException, KubeApi
 
 __all__ = [
     "DEFAULT_NODE_NAME",
+    "SERVICEACCOUNT_DIR_ENV",
+    "SERVICEACCOUNT_MOUNT_PATH",
     "TERMINATION_MESSAGE_ENV",
     "ConfigError",
     "LocalNode",
@@ -88,12 +117,18 @@ __all__ = [
     "expand_vars",
     "read_termination_message",
     "run_node",
+    "service_account_volume",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_NODE_NAME = "agentrun-local-node"
 TERMINATION_MESSAGE_ENV = "AGENTRUN_TERMINATION_MESSAGE_PATH"
+SERVICEACCOUNT_DIR_ENV = "AGENTRUN_SERVICEACCOUNT_DIR"
+SERVICEACCOUNT_MOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+SERVICEACCOUNT_VOLUME_PREFIX = "kube-api-access-"
+DEFAULT_TOKEN_EXPIRATION_SECONDS = 3600
+ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
 NODE_IP = "127.0.0.1"
 MAX_TERMINATION_MESSAGE = 4096
 FALLBACK_LOG_LINES = 80
@@ -157,6 +192,70 @@ def read_termination_message(
         lines = _tail_bytes(log_file, 64 * 1024).splitlines(keepends=True)
         data = b"".join(lines[-FALLBACK_LOG_LINES:])[-FALLBACK_LOG_BYTES:]
     return data.decode("utf-8", "replace")
+
+
+def service_account_volume(pod: JSON) -> tuple[JSON, JSON] | None:
+    """``(volume, serviceAccountToken source)`` of the service-account token volume the
+    ServiceAccount admission plugin adds (``kube-api-access-*``, projected, with a
+    ``serviceAccountToken`` source); None if the pod has none or opts out of automounting."""
+    spec = pod.get("spec") or {}
+    if spec.get("automountServiceAccountToken") is False:
+        return None
+    for volume in spec.get("volumes") or []:
+        if not str(volume.get("name", "")).startswith(SERVICEACCOUNT_VOLUME_PREFIX):
+            continue
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            token = source.get("serviceAccountToken")
+            if token is not None:
+                return volume, token
+    return None
+
+
+def _kubeconfig_ca(kubeconfig: Path) -> bytes | None:
+    """The CA bundle of the current cluster of ``kubeconfig`` (data or file), if any."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    if not isinstance(doc, dict):
+        return None
+    contexts = {c["name"]: c.get("context") or {} for c in doc.get("contexts") or []}
+    clusters = {c["name"]: c.get("cluster") or {} for c in doc.get("clusters") or []}
+    if not clusters:
+        return None
+    context = contexts.get(doc.get("current-context") or "", {})
+    cluster = cast(JSON, clusters.get(context.get("cluster"), next(iter(clusters.values()))))
+    if cluster.get("certificate-authority-data"):
+        return base64.b64decode(cluster["certificate-authority-data"])
+    if cluster.get("certificate-authority"):
+        path = Path(cluster["certificate-authority"])
+        return (path if path.is_absolute() else kubeconfig.parent / path).read_bytes()
+    return None
+
+
+def _service_endpoint(server: str) -> tuple[str, str]:
+    """``(KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT)`` for an API server URL."""
+    url = urllib.parse.urlsplit(server)
+    port = url.port or (80 if url.scheme == "http" else 443)
+    return url.hostname or NODE_IP, str(port)
+
+
+def _write_file(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` atomically, with permissions ``mode``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _status_message(error: ApiException) -> str:
+    """The ``message`` of an API error's Status body, else its reason."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return str(error.reason or "")
 
 
 class ConfigError(Exception):
@@ -328,6 +427,8 @@ class _PodRunner(threading.Thread):
         self.uid: str = meta["uid"]
         self.path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}"
         self.pod_dir = node.state_dir / "pods" / f"{self.namespace}_{self.pod_name}_{self.uid}"
+        self.sa_dir = self.pod_dir / "serviceaccount"
+        self._sa_env: dict[str, str] | None = None  # see _service_account_env
         spec = pod["spec"]
         self.init = [_Container(c, "init", self.pod_dir) for c in spec.get("initContainers") or []]
         self.regular = [
@@ -386,6 +487,8 @@ class _PodRunner(threading.Thread):
             for c in self.init + self.regular:
                 c.signal(signal.SIGKILL)
                 c._close_log()
+            # Unmount the token volume: the token must not outlive the pod's processes.
+            shutil.rmtree(self.sa_dir, ignore_errors=True)
             self.done.set()
             self._finalize_deletion()
 
@@ -441,7 +544,9 @@ class _PodRunner(threading.Thread):
         config_deadline = time.monotonic() + self.node.config_error_timeout
         while True:
             try:
-                env = self._resolve_env(spec)
+                sa_env = self._service_account_env()
+                service_env = {k: v for k, v in sa_env.items() if k != SERVICEACCOUNT_DIR_ENV}
+                env = self._resolve_env(spec, service_env)
                 break
             except _Transient as e:
                 message = str(e)
@@ -461,17 +566,23 @@ class _PodRunner(threading.Thread):
                 return False
 
         args = [str(x) for x in spec.get("args") or []]
-        argv = [expand_vars(x, env) for x in command + args]
+        argv = [expand_vars(x, {**service_env, **env}) for x in command + args]
         tm_path = str(spec.get("terminationMessagePath") or "/dev/termination-log")
         c.pod_dir.mkdir(parents=True, exist_ok=True)
         c.message_path.write_bytes(b"")
         argv = [x.replace(tm_path, str(c.message_path)) for x in argv]
+        mount_path = self._service_account_mount_path(spec)
+        if SERVICEACCOUNT_DIR_ENV in sa_env and mount_path.strip("/"):
+            argv = [x.replace(mount_path, sa_env[SERVICEACCOUNT_DIR_ENV]) for x in argv]
 
         proc_env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         proc_env.update(self.node.extra_env)
         proc_env["HOSTNAME"] = self.pod_name
+        proc_env.update(service_env)  # the container's own env wins, as with a kubelet
         proc_env.update(env)
         proc_env[TERMINATION_MESSAGE_ENV] = str(c.message_path)
+        if SERVICEACCOUNT_DIR_ENV in sa_env:
+            proc_env[SERVICEACCOUNT_DIR_ENV] = sa_env[SERVICEACCOUNT_DIR_ENV]
         working_dir = spec.get("workingDir")
         cwd = Path(working_dir) if working_dir and Path(working_dir).is_dir() else self.pod_dir
         log.info("pod %s/%s: starting %s: %s", self.namespace, self.pod_name, c.name, argv)
@@ -653,6 +764,92 @@ class _PodRunner(threading.Thread):
             time.sleep(min(5.0, 0.2 * 2**attempt))
         log.error("pod %s/%s: giving up on a status update", self.namespace, self.pod_name)
 
+    # -- the service-account token volume ---------------------------------------------------
+
+    def _service_account_mount_path(self, spec: JSON) -> str:
+        """Where container ``spec`` mounts the token volume (the usual path if it does not)."""
+        found = service_account_volume(self.pod)
+        if found is not None:
+            for mount in spec.get("volumeMounts") or []:
+                if mount.get("name") == found[0].get("name") and mount.get("mountPath"):
+                    return str(mount["mountPath"])
+        return SERVICEACCOUNT_MOUNT_PATH
+
+    def _cluster_ca(self, volume: JSON) -> bytes:
+        """The node's cluster CA, else the projected volume's root-CA ConfigMap."""
+        if self.node.cluster_ca:
+            return self.node.cluster_ca
+        name = ROOT_CA_CONFIGMAP
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            if (source.get("configMap") or {}).get("name"):
+                name = str(source["configMap"]["name"])
+        data = self._source_data("ConfigMap", name)
+        if not data or not data.get("ca.crt"):
+            raise _Transient(
+                f"volume {volume.get('name')}: no cluster CA in the node's kubeconfig and "
+                f'no key ca.crt in ConfigMap "{name}"'
+            )
+        return data["ca.crt"].encode()
+
+    def _service_account_env(self) -> dict[str, str]:
+        """Materialize the pod's service-account token volume (once per pod) and return the
+        variables its containers get; empty for a pod without that volume.
+
+        Raises :class:`_Transient` or :class:`ConfigError` when the token cannot be had yet.
+        """
+        if self._sa_env is not None:
+            return self._sa_env
+        found = service_account_volume(self.pod)
+        if found is None:
+            self._sa_env = {}
+            return self._sa_env
+        volume, source = found
+        spec = self.pod["spec"]
+        account = str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
+        what = f"volume {volume.get('name')}: token for ServiceAccount {self.namespace}/{account}"
+        ca = self._cluster_ca(volume)
+        request: JSON = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [str(source["audience"])] if source.get("audience") else [],
+                "expirationSeconds": int(
+                    source.get("expirationSeconds") or DEFAULT_TOKEN_EXPIRATION_SECONDS
+                ),
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": self.pod_name,
+                    "uid": self.uid,
+                },
+            },
+        }
+        try:
+            answer = self.api.post(
+                f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{account}/token", request
+            )
+        except ApiException as e:
+            message = f"{what}: HTTP {e.status}: {_status_message(e)}"
+            if e.status == 429 or e.status >= 500:
+                raise _Transient(message) from e
+            raise ConfigError(message) from e
+        except Exception as e:
+            raise _Transient(f"{what}: {e!r}") from e
+        token = str((answer.get("status") or {}).get("token") or "")
+        if not token:
+            raise _Transient(f"{what}: the TokenRequest answer holds no token")
+        self.sa_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _write_file(self.sa_dir / "token", token.encode(), 0o600)
+        _write_file(self.sa_dir / "ca.crt", ca, 0o644)
+        _write_file(self.sa_dir / "namespace", self.namespace.encode(), 0o644)
+        log.info("pod %s/%s: %s in %s", self.namespace, self.pod_name, what, self.sa_dir)
+        self._sa_env = {
+            SERVICEACCOUNT_DIR_ENV: str(self.sa_dir),
+            "KUBERNETES_SERVICE_HOST": self.node.service_host,
+            "KUBERNETES_SERVICE_PORT": self.node.service_port,
+        }
+        return self._sa_env
+
     # -- env --------------------------------------------------------------------------------
 
     def _get(self, kind: str, name: str) -> JSON | None:
@@ -723,9 +920,13 @@ class _PodRunner(threading.Thread):
             value = self.node.capacity.get(name, "0")
         return str(value)
 
-    def _resolve_env(self, spec: JSON) -> dict[str, str]:
-        """``envFrom`` then ``env`` (later wins), with ``$(VAR)`` expansion, like a kubelet."""
+    def _resolve_env(
+        self, spec: JSON, service_env: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """``envFrom`` then ``env`` (later wins), with ``$(VAR)`` expansion, like a kubelet
+        (``service_env``, e.g. ``KUBERNETES_SERVICE_HOST``, is seen by the expansion too)."""
         env: dict[str, str] = {}
+        service_env = service_env or {}
         for src in spec.get("envFrom") or []:
             prefix = str(src.get("prefix") or "")
             for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
@@ -743,7 +944,7 @@ class _PodRunner(threading.Thread):
         for var in spec.get("env") or []:
             name = str(var["name"])
             if "valueFrom" not in var:
-                env[name] = expand_vars(str(var.get("value") or ""), env)
+                env[name] = expand_vars(str(var.get("value") or ""), {**service_env, **env})
                 continue
             vf = var["valueFrom"]
             if "fieldRef" in vf:
@@ -818,6 +1019,13 @@ class LocalNode:
         self.config_error_timeout = config_error_timeout
         self.max_grace_seconds = max_grace_seconds
         self.extra_env = dict(extra_env or {})
+        # For the service-account token volume: where pods reach the API, and its CA.
+        self.service_host, self.service_port = _service_endpoint(self.api.host)
+        self.cluster_ca: bytes | None = None
+        try:
+            self.cluster_ca = _kubeconfig_ca(self.api.kubeconfig)
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
+            log.warning("no cluster CA from %s (%r); using kube-root-ca.crt", kubeconfig, e)
         self._runners: dict[str, _PodRunner] = {}
         self._finished: dict[str, float] = {}  # uid -> when it was handled, for pods not ours
         self._lock = threading.RLock()

@@ -1,20 +1,28 @@
 """Test-suite glue: a cluster to test against, API clients and a kubectl runner.
 
-The pytest fixtures in ``tests/integration/conftest.py`` are thin wrappers around this
-module, so other suites (e2e) can reuse it.
+The pytest fixtures in ``tests/conftest.py`` (shared by tests/integration and tests/e2e) are
+thin wrappers around this module; :mod:`agentrun.devcluster.operator` runs the operator.
 
 :func:`start_test_cluster` starts a :class:`~agentrun.devcluster.controlplane.ControlPlane`
 plus a :class:`~agentrun.devcluster.node.NodeProcess`, or, when ``AGENTRUN_TEST_KUBECONFIG``
 names a kubeconfig, uses that existing cluster and starts nothing.
+
+Audit: the local control plane records creates and deletes of Jobs
+(:data:`~agentrun.devcluster.controlplane.AUDIT_POLICY`). :func:`job_creations` counts the
+successful creates per Job name, :func:`audit_events` returns the raw events. Both raise
+:class:`AuditLogUnavailable` for an external cluster; tests that need them skip with
+:data:`AUDIT_LOG_REQUIRED` as the reason (``cluster.require_audit_log()`` does that).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +37,16 @@ from .kubeconfig import request_serviceaccount_kubeconfig
 from .node import NodeProcess
 
 __all__ = [
+    "AUDIT_LOG_REQUIRED",
     "KEEP_STATE_ENV",
     "TEST_KUBECONFIG_ENV",
+    "AuditLogUnavailable",
     "KubeClients",
     "KubectlError",
     "TestCluster",
+    "audit_events",
+    "job_creations",
+    "job_deletions",
     "start_test_cluster",
     "wait_for",
 ]
@@ -43,7 +56,14 @@ TEST_KUBECONFIG_ENV = "AGENTRUN_TEST_KUBECONFIG"
 #: Set to 1 to keep the local cluster's state dir (logs, certs, etcd) after the run.
 KEEP_STATE_ENV = "AGENTRUN_TEST_KEEP_STATE"
 
+#: Skip reason of tests that count API requests in the audit log.
+AUDIT_LOG_REQUIRED = "needs the local control plane's audit log"
+
 _T = TypeVar("_T")
+
+
+class AuditLogUnavailable(RuntimeError):
+    """The cluster under test has no audit log we can read (an external cluster)."""
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -143,6 +163,20 @@ class TestCluster:
         out = Path(os.environ.get("TMPDIR", "/tmp")) / f"agentrun-sa-{namespace}-{name}.kubeconfig"
         return request_serviceaccount_kubeconfig(self.kubeconfig, namespace, name, out)
 
+    @property
+    def audit_log(self) -> Path | None:
+        """The API server's audit log (local control plane only)."""
+        return None if self.control_plane is None else self.control_plane.audit_log
+
+    def require_audit_log(self) -> Path:
+        """The audit log; in a test, skip it (reason :data:`AUDIT_LOG_REQUIRED`) when the
+        cluster is external."""
+        if self.control_plane is None:
+            import pytest  # only tests call this; keep pytest out of the package's imports
+
+            pytest.skip(AUDIT_LOG_REQUIRED)
+        return self.control_plane.audit_log
+
     def logs(self) -> str:
         """Tails of the component and node logs (empty for an external cluster)."""
         parts = []
@@ -200,7 +234,84 @@ def start_test_cluster(*, keep_state: bool | None = None) -> TestCluster:
     )
 
 
-def wait_for(what: str, fn: Callable[[], _T], timeout: float = 60.0, interval: float = 0.25) -> _T:
+def audit_events(
+    cluster: TestCluster,
+    *,
+    verb: str | None = None,
+    resource: str | None = None,
+    namespace: str | None = None,
+) -> list[dict[str, Any]]:
+    """Completed requests (stage ResponseComplete) in the API server's audit log, oldest
+    first, optionally only those with this ``verb``, ``objectRef.resource`` and namespace.
+
+    Only what :data:`~agentrun.devcluster.controlplane.AUDIT_POLICY` records is there
+    (creates and deletes of batch/v1 Jobs). Raises :class:`AuditLogUnavailable` for an
+    external cluster. An event is written when its request completes: poll (with
+    :func:`wait_for`) rather than read once right after the request.
+    """
+    path = cluster.audit_log
+    if path is None:
+        raise AuditLogUnavailable(
+            f"{AUDIT_LOG_REQUIRED}: the cluster under test is external "
+            f"(${TEST_KUBECONFIG_ENV}); its API server's audit log is not readable here"
+        )
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return []  # nothing audited yet
+    events: list[dict[str, Any]] = []
+    for line in raw.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line being written right now
+        if not isinstance(event, dict) or event.get("stage") != "ResponseComplete":
+            continue
+        ref = event.get("objectRef") or {}
+        if verb is not None and event.get("verb") != verb:
+            continue
+        if resource is not None and (ref.get("resource") != resource or ref.get("subresource")):
+            continue
+        if namespace is not None and ref.get("namespace") != namespace:
+            continue
+        events.append(event)
+    return events
+
+
+def _count_by_name(events: list[dict[str, Any]], code: int, api_group: str) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for event in events:
+        ref = event.get("objectRef") or {}
+        status = event.get("responseStatus") or {}
+        if ref.get("apiGroup") == api_group and status.get("code") == code and ref.get("name"):
+            counts[str(ref["name"])] += 1
+    return counts
+
+
+def job_creations(cluster: TestCluster, namespace: str | None = None) -> Counter[str]:
+    """How often each Job (by name) was created successfully (HTTP 201), per the audit log.
+
+    Every successful create counts, also of a Job deleted and created again under the same
+    name; a create refused with AlreadyExists (409) does not. Raises
+    :class:`AuditLogUnavailable` for an external cluster.
+    """
+    events = audit_events(cluster, verb="create", resource="jobs", namespace=namespace)
+    return _count_by_name(events, 201, "batch")
+
+
+def job_deletions(cluster: TestCluster, namespace: str | None = None) -> Counter[str]:
+    """How often each Job (by name) was deleted successfully (HTTP 200/202: the delete was
+    accepted, even if finalizers keep the Job a while), per the audit log."""
+    events = audit_events(cluster, verb="delete", resource="jobs", namespace=namespace)
+    return _count_by_name(events, 200, "batch") + _count_by_name(events, 202, "batch")
+
+
+def wait_for(
+    what: str, fn: Callable[[], _T | None], timeout: float = 60.0, interval: float = 0.25
+) -> _T:
     """Poll ``fn`` until it returns something truthy and return that; API errors count as
     not yet. Raise ``TimeoutError`` (naming ``what`` and the last error) after ``timeout``."""
     deadline = time.monotonic() + timeout

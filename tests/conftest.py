@@ -1,0 +1,120 @@
+"""Session fixtures shared by the suites that need a real cluster (tests/integration and
+tests/e2e share ONE session cluster). Fixtures are lazy: tests/unit never starts a cluster.
+
+* ``cluster`` (session): a :class:`agentrun.devcluster.testing.TestCluster`. Starts the local
+  control plane + local node, or uses the cluster of ``$AGENTRUN_TEST_KUBECONFIG`` and
+  starts nothing. Sets ``KUBECONFIG`` and puts the kubectl bin dir first on ``PATH`` for
+  subprocesses. If the cluster cannot start, every test using it ERRORs with the logs.
+* ``kube`` (session): ``KubeClients`` (``.core``, ``.batch``, ``.custom``, ``.apiext``,
+  ``.rbac``, ``.api_client``) built from the cluster's kubeconfig.
+* ``kubectl`` (session): ``kubectl(*args, input=None, check=True) -> CompletedProcess[str]``.
+* ``namespace`` (function): a fresh namespace (its ``default`` ServiceAccount exists),
+  deleted afterwards.
+* ``crd_installed`` (session): every YAML in ``crds/`` applied, CRDs Established; returns
+  the CRD names.
+
+A failing test that used ``cluster`` gets the tails of the control-plane and node logs
+attached to its report.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from subprocess import CompletedProcess
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from agentrun.devcluster.testing import KubeClients, TestCluster, start_test_cluster, wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CRDS_DIR = REPO_ROOT / "crds"
+
+Kubectl = Callable[..., CompletedProcess[str]]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """On failure, attach the tails of the control-plane and local-node logs."""
+    report = yield
+    tc = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and call.when == "call" and isinstance(tc, TestCluster):
+        logs = tc.logs()
+        if logs:
+            report.sections.append(("cluster logs", logs))
+    return report
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[TestCluster]:
+    tc = start_test_cluster()  # raises with component logs: tests ERROR, never skip
+    mp = pytest.MonkeyPatch()
+    env = tc.env()
+    mp.setenv("KUBECONFIG", env["KUBECONFIG"])
+    mp.setenv("PATH", env["PATH"])
+    try:
+        yield tc
+    finally:
+        mp.undo()
+        tc.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: TestCluster) -> Iterator[KubeClients]:
+    clients = KubeClients.from_kubeconfig(cluster.kubeconfig)
+    yield clients
+    clients.close()
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: TestCluster) -> Kubectl:
+    return cluster.kubectl
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube: KubeClients) -> Iterator[str]:
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{base or 't'}-{secrets.token_hex(3)}"
+    kube.core.create_namespace(
+        body={"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}}
+    )
+
+    def default_sa() -> bool:
+        try:
+            kube.core.read_namespaced_service_account("default", name)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    wait_for(f"ServiceAccount {name}/default", default_sa)
+    yield name
+    try:
+        kube.core.delete_namespace(name, propagation_policy="Background")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+@pytest.fixture(scope="session")
+def crd_installed(cluster: TestCluster) -> list[str]:
+    files = sorted(p for p in CRDS_DIR.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+    names: list[str] = []
+    for path in files:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                names.append(doc["metadata"]["name"])
+    if files:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", *(f"-f={p}" for p in files))
+    for name in names:
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s", timeout=90
+        )
+    return names
