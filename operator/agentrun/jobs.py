@@ -147,6 +147,21 @@ def build_result_config_map(
     }
 
 
+def build_audit_config_map(run: m.AgentRun, name: str, data: Mapping[str, str]) -> dict[str, Any]:
+    """One chunk of the run's audit record."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": run.metadata.namespace,
+            "labels": {**run_labels(run), s.LABEL_KIND: "audit"},
+            "ownerReferences": [owner_reference(run)],
+        },
+        "data": dict(data),
+    }
+
+
 def _time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value

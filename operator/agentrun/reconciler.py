@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import crashpoints, jobs
+from agentrun import audit, crashpoints, jobs
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import (
@@ -35,7 +35,9 @@ from agentrun.core import (
     DeleteJob,
     DeleteRun,
     EmitEvent,
+    Observed,
     StoreResult,
+    naming,
     reconcile,
 )
 from agentrun.ledger import Conflict, Ledger
@@ -103,7 +105,7 @@ class Reconciler:
 
     # -- observing ------------------------------------------------------------------------
 
-    def _observe(self, run: m.AgentRun) -> tuple[Any, list[dict[str, Any]]]:
+    def _observe(self, run: m.AgentRun) -> tuple[Observed, _Record]:
         selector = f"{s.LABEL_RUN_UID}={run.metadata.uid}"
         job_dicts = _items(
             self.apis.batch.list_namespaced_job(
@@ -124,7 +126,60 @@ class Reconciler:
                 ) or (body.get("metadata") or {}).get("labels", {}).get("job-name")
                 if owner:
                     pods_by_job.setdefault(owner, []).append(body)
-        return jobs.observe(job_dicts, pods_by_job), job_dicts
+        record = self._read_record(run)
+        observed = jobs.observe(job_dicts, pods_by_job)
+        last = record.entries[-1]["seq"] if record.entries else 0
+        observed = Observed(observed.jobs, recorded_seq=int(last), record_name=record.prefix)
+        return observed, record
+
+    # -- the audit record -------------------------------------------------------------------
+
+    def _read_record(self, run: m.AgentRun) -> _Record:
+        selector = f"{s.LABEL_RUN_UID}={run.metadata.uid},{s.LABEL_KIND}=audit"
+        items = _items(
+            self.apis.core.list_namespaced_config_map(
+                run.metadata.namespace, label_selector=selector, _preload_content=False
+            )
+        )
+        return _Record(
+            prefix=audit.record_prefix(run.metadata.name, run.metadata.uid),
+            maps={i["metadata"]["name"]: i for i in items},
+            entries=audit.parse(i.get("data") or {} for i in items),
+        )
+
+    def _sync_record(self, run: m.AgentRun, status: m.AgentRunStatus, record: _Record) -> None:
+        """Append the committed transitions the record lacks (after the status commit)."""
+        last_seq = int(record.entries[-1]["seq"]) if record.entries else 0
+        last_hash = (
+            str(record.entries[-1]["hash"]) if record.entries else audit.genesis(run.metadata.uid)
+        )
+        history = status.history or []
+        if history and history[0].seq > last_seq + 1:
+            log.warning("audit record misses transitions %d to %d", last_seq + 1,
+                        history[0].seq - 1, extra=_ctx(run))  # fmt: skip
+        new = audit.extend(history, last_seq, last_hash)
+        by_chunk: dict[str, dict[str, str]] = {}
+        for made in new:
+            chunk = audit.chunk_name(record.prefix, int(made["seq"]))
+            by_chunk.setdefault(chunk, {})[audit.key(int(made["seq"]))] = naming.canonical_json(
+                made
+            )
+        for chunk, data in by_chunk.items():
+            existing = record.maps.get(chunk)
+            try:
+                if existing is None:
+                    body = jobs.build_audit_config_map(run, chunk, data)
+                    self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
+                else:
+                    existing["data"] = {**(existing.get("data") or {}), **data}
+                    self.apis.core.replace_namespaced_config_map(
+                        chunk, run.metadata.namespace, existing
+                    )
+            except ApiException as error:
+                if error.status != 409:
+                    raise
+                log.info("audit record moved on meanwhile; next pass appends", extra=_ctx(run))
+                return
 
     # -- one pass -------------------------------------------------------------------------
 
@@ -142,7 +197,7 @@ class Reconciler:
             if (body.get("metadata") or {}).get("deletionTimestamp"):
                 return Outcome(None, None, conflicts)  # the deletion handler cleans up
             run = m.AgentRun.model_validate(body)
-            observed, _ = self._observe(run)
+            observed, record = self._observe(run)
             decision = reconcile(run, observed, self.clock(), self.config)
             try:
                 self._commit(body, run, decision)
@@ -151,6 +206,7 @@ class Reconciler:
                 log.info("status conflict: re-reading and re-deriving", extra=_ctx(run))
                 continue
             self._act(run, decision.after_commit)
+            self._sync_record(run, decision.status, record)
             phase = decision.status.phase
             return Outcome(decision.requeue_after, str(phase) if phase else None, conflicts)
         log.warning(
@@ -324,6 +380,13 @@ class Reconciler:
             holders = ", ".join(job.metadata.finalizers or []) or "no finalizers"
             left.append(f"Job {job.metadata.name} (finalizers: {holders})")
         return left
+
+
+@dataclass(frozen=True)
+class _Record:
+    prefix: str
+    maps: dict[str, dict[str, Any]]
+    entries: list[dict[str, Any]]
 
 
 def _items(response: Any) -> list[dict[str, Any]]:

@@ -522,3 +522,119 @@ def test_finished_runs_never_launch_again(phase: m.RunPhase) -> None:
         sim.advance(3600)
         sim.tick()
     assert sum(sim.creations.values()) == created
+
+
+def test_pending_approval_expires_with_a_clear_reason() -> None:
+    sim = Sim(
+        make_run([step("deploy", approval="required")], policy={"approvalTimeoutSeconds": 600})
+    )
+    decision = sim.tick()
+    assert sim.step_status("deploy").approval_requested_at == T0
+    assert decision.requeue_after == 600
+    sim.advance(600)
+    sim.tick()
+    st = sim.step_status("deploy")
+    assert st.phase == SP.FAILED and st.error is not None
+    assert st.error.reason == "ApprovalExpired" and "600s" in st.error.message
+    assert sim.status.phase == m.RunPhase.FAILED and not sim.creations
+
+
+def test_rejection_can_skip_the_step_and_let_the_rest_run() -> None:
+    sim = Sim(
+        make_run(
+            [
+                step("check"),
+                step("deploy", "check", approval="required", onRejection="skipStep"),
+                step("notify", "deploy"),
+                step("report", "check"),
+            ]
+        )
+    )
+    sim.tick()
+    sim.finish(sim.job_of("check").name)
+    sim.tick()
+    h = sim.step_status("deploy").args_hash or ""
+    sim.spec_update(
+        approvals=[
+            m.Approval(
+                step="deploy", decision=m.Decision.REJECT, args_hash=h, by="bob", reason="not today"
+            )
+        ]
+    )
+    sim.run_to_end()
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    assert sim.step_status("deploy").phase == SP.SKIPPED
+    assert sim.step_status("deploy").decided_by == "bob"
+    assert sim.step_status("notify").phase == SP.SKIPPED
+    assert sim.step_status("report").phase == SP.SUCCEEDED
+    assert "skipped after a rejection" in (sim.status.message or "")
+    rejected = [t for t in sim.status.history or [] if t.reason == "Rejected"]
+    assert rejected and rejected[0].by == "bob"
+
+
+def test_approver_is_recorded_on_the_launch() -> None:
+    sim = Sim(make_run([step("deploy", approval="required")]))
+    sim.tick()
+    h = sim.step_status("deploy").args_hash or ""
+    sim.spec_update(
+        approvals=[m.Approval(step="deploy", decision=m.Decision.APPROVE, args_hash=h, by="alice")]
+    )
+    sim.tick()
+    assert sim.step_status("deploy").decided_by == "alice"
+    launch = [t for t in sim.status.history or [] if t.to_phase == SP.LAUNCHING]
+    assert launch[-1].by == "alice" and "approved by alice" in (launch[-1].message or "")
+
+
+def test_carried_results_count_as_succeeded_and_do_not_run() -> None:
+    sim = Sim(
+        make_run(
+            [step("a"), step("b", "a", inputs=[{"name": "A", "fromStep": "a"}])],
+            carriedResults=[
+                {"step": "a", "result": "earlier", "summary": "s", "fromRun": "default/old"}
+            ],
+        )
+    )
+    sim.run_to_end()
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    a = sim.step_status("a")
+    assert a.result == "earlier" and a.attempt == 0
+    assert [spec.step.name for spec in sim.created_specs.values()] == ["b"]
+    assert sim.created_specs[sim.step_status("b").job_name or ""].input_env[0].value == "earlier"
+
+
+def test_transitions_are_numbered_and_cancel_names_who() -> None:
+    run = make_run([step("a")])
+    run.metadata.annotations = {m.ANNOTATION_MODIFIED_BY: "carol"}
+    sim = Sim(run)
+    sim.tick()
+    sim.spec_update(cancel=True)
+    sim.tick()
+    history = sim.status.history or []
+    assert [t.seq for t in history] == list(range(1, len(history) + 1))
+    assert sim.status.history_seq == len(history)
+    assert history[-1].to_phase == m.RunPhase.CANCELLED and history[-1].by == "carol"
+
+
+def test_history_keeps_what_the_audit_record_has_not_stored() -> None:
+    from agentrun.core import Observed, reconcile
+
+    steps = [step(f"s{i}", *([f"s{i - 1}"] if i else [])) for i in range(40)]
+    sim = Sim(make_run(steps))
+    sim.run_to_end()
+    total = sim.status.history_seq or 0
+    assert total > m.MAX_HISTORY
+    run = sim.run
+    # Nothing recorded yet: the ring keeps everything (up to the hard cap).
+    decision = reconcile(run, Observed((), recorded_seq=0, record_name="r"), sim.now)
+    assert [t.seq for t in decision.status.history or []][:1] == [(sim.status.history or [])[0].seq]
+    # A status whose history was never trimmed, once all is recorded, trims to the ring.
+    long = run.model_copy(deep=True)
+    assert long.status is not None
+    long.status.history = [
+        m.Transition(at=T0, to_phase="X", reason="R", seq=i) for i in range(1, 200)
+    ]
+    keep = reconcile(long, Observed((), recorded_seq=10, record_name="r"), sim.now)
+    assert (keep.status.history or [])[0].seq == 11
+    done = reconcile(long, Observed((), recorded_seq=199, record_name="r"), sim.now)
+    assert len(done.status.history or []) == m.MAX_HISTORY
+    assert done.status.audit is not None and done.status.audit.recorded_seq == 199

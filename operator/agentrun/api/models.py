@@ -41,8 +41,14 @@ MAX_DEPENDENCIES = 16
 MAX_INPUTS = 32
 MAX_ENV = 64
 MAX_ARGS = 64
-MAX_APPROVALS = 256
+MAX_APPROVALS = 64
 MAX_HISTORY = 50
+MAX_HISTORY_HARD = 1000
+"""History keeps entries the audit record has not stored yet, up to this many."""
+ANNOTATION_CREATED_BY = f"{GROUP}/created-by"
+"""Set at admission (MutatingAdmissionPolicy) to the user who created the run."""
+ANNOTATION_MODIFIED_BY = f"{GROUP}/last-modified-by"
+"""Set at admission to the user who last changed the run's spec."""
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -120,6 +126,13 @@ class Decision(StrEnum):
 
     APPROVE = "approve"
     REJECT = "reject"
+
+
+class OnRejection(StrEnum):
+    """What a rejection of a gated step does to the run."""
+
+    FAIL_RUN = "failRun"
+    SKIP_STEP = "skipStep"
 
 
 class KeepJobs(StrEnum):
@@ -380,6 +393,13 @@ class Step(ApiModel):
         default=ApprovalMode.AUTO,
         description="required: the step waits for a matching approval in spec.approvals.",
     )
+    on_rejection: OnRejection = Field(
+        default=OnRejection.FAIL_RUN,
+        description=(
+            "failRun: a rejection of this step fails the run; skipStep: the step and the steps "
+            "that depend on it are skipped and the rest of the plan goes on."
+        ),
+    )
     retry: RetryPolicy | None = Field(default=None, description="Retries; none when unset.")
     timeout_seconds: int | None = Field(
         default=None,
@@ -465,6 +485,31 @@ class Policy(ApiModel):
         ),
         max_length=64,
     )
+    approver_groups: list[Annotated[str, Field(max_length=253)]] | None = Field(
+        default=None,
+        description=(
+            "Only members of one of these groups may add approvals (enforced at admission by "
+            "the agentrun-approvals ValidatingAdmissionPolicy); anyone allowed to update the "
+            "run when unset."
+        ),
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    require_second_person: bool | None = Field(
+        default=None,
+        description=(
+            "true: the user who created the run may not approve or reject its steps "
+            "(enforced at admission)."
+        ),
+    )
+    approval_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=30 * 86400,
+        description=(
+            "A step waiting for approval longer than this fails with reason ApprovalExpired."
+        ),
+    )
 
 
 class Approval(ApiModel):
@@ -484,6 +529,38 @@ class Approval(ApiModel):
     )
     reason: str | None = Field(default=None, description="Why.", max_length=1024)
     at: Timestamp | None = Field(default=None, description="When the decision was made.")
+
+
+class ResultRef(ApiModel):
+    """Where a result too large for status is kept."""
+
+    kind: str = Field(default="ConfigMap", description="Kind of the object holding the result.")
+    name: str = Field(description="Name of the object, in the run's namespace.", max_length=253)
+    key: str = Field(description="Key within the object.", max_length=253)
+
+
+class CarriedResult(ApiModel):
+    """A step result committed by an earlier run, carried into this one (kubectl agentrun
+    fork): the step counts as Succeeded and does not run again."""
+
+    step: str = Field(description="The step of this plan the result belongs to.", max_length=63)
+    from_run: str | None = Field(
+        default=None,
+        description="namespace/name of the run it was committed in.",
+        max_length=317,
+    )
+    summary: str | None = Field(default=None, description="Short summary.", max_length=1024)
+    result: str | None = Field(
+        default=None,
+        description="The result, when small enough to keep inline.",
+        max_length=4096,
+    )
+    result_ref: ResultRef | None = Field(
+        default=None, description="Where a larger result is kept (a ConfigMap of this run)."
+    )
+    result_digest: str | None = Field(
+        default=None, description="sha256 of the full result.", max_length=64
+    )
 
 
 class Retention(ApiModel):
@@ -531,6 +608,22 @@ class StepTemplate(ApiModel):
 class AgentRunSpec(ApiModel):
     """What the user wants: a goal and a plan, with limits, policy and decisions."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.carriedResults) == has(oldSelf.carriedResults)",
+                    "message": "carriedResults can only be set when the run is created",
+                },
+                {
+                    "rule": "!has(self.carriedResults) || self.carriedResults.all(c, "
+                    "self.plan.steps.exists(s, s.name == c.step))",
+                    "message": "every carriedResults entry must name a step of this plan",
+                },
+            ]
+        }
+    )
+
     goal: str = Field(
         description="What the run is for, in plain words.", min_length=1, max_length=4096
     )
@@ -554,6 +647,21 @@ class AgentRunSpec(ApiModel):
         max_length=MAX_APPROVALS,
     )
     retention: Retention | None = Field(default=None, description="What is kept afterwards.")
+    carried_results: list[CarriedResult] | None = Field(
+        default=None,
+        description=(
+            "Results committed by an earlier run for some steps of this plan (kubectl agentrun "
+            "fork); those steps are not run. Fixed at creation."
+        ),
+        max_length=MAX_STEPS,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["step"],
+            "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "carriedResults cannot change"}
+            ],
+        },
+    )
     step_template: StepTemplate | None = Field(
         default=None, description="Defaults for every step's pod."
     )
@@ -581,14 +689,6 @@ class Condition(ApiModel):
         default=None, description="metadata.generation the condition was set from."
     )
     last_transition_time: Timestamp = Field(description="When status last changed.")
-
-
-class ResultRef(ApiModel):
-    """Where a result too large for status is kept."""
-
-    kind: str = Field(default="ConfigMap", description="Kind of the object holding the result.")
-    name: str = Field(description="Name of the object, in the run's namespace.", max_length=253)
-    key: str = Field(description="Key within the object.", max_length=253)
 
 
 class StepError(ApiModel):
@@ -646,6 +746,12 @@ class StepStatus(ApiModel):
         default=None, description="sha256 of the full result, when it is kept by reference."
     )
     error: StepError | None = Field(default=None, description="Why the last attempt failed.")
+    approval_requested_at: Timestamp | None = Field(
+        default=None, description="Since when the step waits for approval."
+    )
+    decided_by: str | None = Field(
+        default=None, description="Who approved or rejected the step's current arguments."
+    )
     usage: StepUsage | None = Field(default=None, description="What the step consumed.")
     message: str | None = Field(default=None, description="Human readable state.")
 
@@ -670,6 +776,19 @@ class Transition(ApiModel):
     to_phase: str = Field(alias="to", description="Phase after.")
     reason: str = Field(description="CamelCase reason.")
     message: str | None = Field(default=None, description="Details.")
+    by: str | None = Field(default=None, description="Who caused it, when a person did.")
+    seq: int = Field(default=0, ge=0, description="Sequence number of the transition in the run.")
+
+
+class AuditStatus(ApiModel):
+    """Where the full, hash-chained audit record of the run is kept."""
+
+    record: str | None = Field(
+        default=None, description="Name prefix of the run's audit record ConfigMaps."
+    )
+    recorded_seq: int = Field(
+        default=0, ge=0, description="Transitions up to this seq are in the audit record."
+    )
 
 
 class AgentRunStatus(ApiModel):
@@ -699,9 +818,14 @@ class AgentRunStatus(ApiModel):
     usage: Usage | None = Field(default=None, description="What the run consumed.")
     history: list[Transition] | None = Field(
         default=None,
-        description=f"The last {MAX_HISTORY} transitions, oldest first.",
-        max_length=MAX_HISTORY,
+        description=(
+            f"The last {MAX_HISTORY} transitions, oldest first (more while the audit record "
+            "lags behind); the full trail is in the audit record."
+        ),
+        max_length=MAX_HISTORY_HARD,
     )
+    history_seq: int | None = Field(default=None, description="seq of the latest transition.")
+    audit: AuditStatus | None = Field(default=None, description="The full audit record.")
 
 
 class ObjectMeta(ApiModel):

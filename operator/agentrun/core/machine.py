@@ -113,7 +113,17 @@ class _Builder:
 
     # -- recording -------------------------------------------------------------------------
 
-    def record(self, step: str | None, old: str | None, new: str, reason: str, msg: str) -> None:
+    def record(
+        self,
+        step: str | None,
+        old: str | None,
+        new: str,
+        reason: str,
+        msg: str,
+        by: str | None = None,
+    ) -> None:
+        seq = (self.status.history_seq or 0) + 1
+        self.status.history_seq = seq
         self.transitions.append(
             m.Transition(
                 at=self.now,
@@ -122,19 +132,23 @@ class _Builder:
                 to_phase=new,
                 reason=reason,
                 message=_truncate(msg, 256) or None,
+                by=by,
+                seq=seq,
             )
         )
         warning = new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith("Exceeded")
         self.events.append(EmitEvent("Warning" if warning else "Normal", reason, _truncate(msg)))
 
-    def move(self, st: m.StepStatus, phase: SP, reason: str, msg: str) -> None:
+    def move(
+        self, st: m.StepStatus, phase: SP, reason: str, msg: str, by: str | None = None
+    ) -> None:
         if st.phase == phase:
             st.message = _truncate(msg)
             return
         old = st.phase
         st.phase = phase
         st.message = _truncate(msg)
-        self.record(st.name, old, phase, reason, f"step {st.name}: {msg}")
+        self.record(st.name, old, phase, reason, f"step {st.name}: {msg}", by)
 
     def stop(self, reason: str, message: str) -> None:
         if self.halt is None:
@@ -170,9 +184,12 @@ def reconcile(
         _end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
         return _finish(b)
 
+    carried = {c.step: c for c in run.spec.carried_results or []}
     for step in run.spec.plan.steps:
         if step.name not in steps:
             steps[step.name] = m.StepStatus(name=step.name, phase=SP.PENDING)
+            if step.name in carried:
+                _carry(b, steps[step.name], carried[step.name])
     _forget_removed_steps(b)
 
     for step in run.spec.plan.steps:
@@ -187,7 +204,13 @@ def reconcile(
         else None
     )
     if run.spec.cancel:
-        _abort(b, m.RunPhase.CANCELLED, "Cancelled", "cancelled: spec.cancel is true")
+        _abort(
+            b,
+            m.RunPhase.CANCELLED,
+            "Cancelled",
+            "cancelled: spec.cancel is true",
+            _modified_by(run),
+        )
         return _finish(b)
     if deadline is not None and now >= deadline:
         _abort(
@@ -225,6 +248,17 @@ def reconcile(
 # ---------------------------------------------------------------------------------------------
 # Observing attempts
 # ---------------------------------------------------------------------------------------------
+
+
+def _carry(b: _Builder, st: m.StepStatus, carried: m.CarriedResult) -> None:
+    """A result committed by an earlier run: the step counts as Succeeded, runs no Job."""
+    st.summary = carried.summary
+    st.result = carried.result
+    st.result_ref = carried.result_ref
+    st.result_digest = carried.result_digest
+    st.finished_at = b.now
+    origin = f" of {carried.from_run}" if carried.from_run else ""
+    b.move(st, SP.SUCCEEDED, "Carried", f"result carried over from the run{origin}")
 
 
 def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
@@ -392,6 +426,11 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         st = steps[step.name]
         if st.phase not in (SP.PENDING, SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF):
             continue
+        skipped = [d for d in step.depends_on or [] if steps[d].phase == SP.SKIPPED]
+        if skipped:
+            st.finished_at = b.now
+            b.move(st, SP.SKIPPED, "DependencySkipped", f"{', '.join(skipped)} was skipped")
+            continue
         if any(steps[d].phase != SP.SUCCEEDED for d in step.depends_on or []):
             continue
         if st.phase == SP.BACKING_OFF and st.next_attempt_at and b.now < st.next_attempt_at:
@@ -426,21 +465,16 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         if _needs_approval(b.run, step):
             decision = _decision_for(b.run, step.name, h)
             if decision is None:
-                b.move(
-                    st,
-                    SP.WAITING_FOR_APPROVAL,
-                    "ApprovalRequested",
-                    f"waiting for approval of args {h[:12]} (risk {step.risk})",
-                )
-                continue
+                if _wait_for_approval(b, step, st, h):
+                    continue
+                return
+            st.decided_by = decision.by
             if decision.decision == m.Decision.REJECT:
                 text = f"rejected by {decision.by}" + (
                     f": {decision.reason}" if decision.reason else ""
                 )
-                st.finished_at = b.now
-                st.error = m.StepError(reason="Rejected", message=_truncate(text, 1024), at=b.now)
-                b.move(st, SP.FAILED, "Rejected", text)
-                b.stop("Rejected", f"step {step.name} {text}")
+                if _refuse(b, step, st, "Rejected", text, decision.by):
+                    continue
                 return
         first = st.attempt == 0
         if first and budget.max_steps is not None and usage.steps >= budget.max_steps:
@@ -458,6 +492,49 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
             )
             return
         _commit_launch_intent(b, step, st, h, input_env, first)
+
+
+def _wait_for_approval(b: _Builder, step: m.Step, st: m.StepStatus, h: str) -> bool:
+    """Wait (or expire). Returns whether the launch loop may go on with other steps."""
+    if st.phase != SP.WAITING_FOR_APPROVAL or st.approval_requested_at is None:
+        st.approval_requested_at = b.now
+    st.decided_by = None
+    timeout = b.run.spec.policy.approval_timeout_seconds if b.run.spec.policy else None
+    if timeout is not None:
+        expires = st.approval_requested_at + timedelta(seconds=timeout)
+        if b.now >= expires:
+            return _refuse(
+                b,
+                step,
+                st,
+                "ApprovalExpired",
+                f"no decision on args {h[:12]} within {timeout}s (policy.approvalTimeoutSeconds)",
+                None,
+            )
+        b.timer(expires)
+    b.move(
+        st,
+        SP.WAITING_FOR_APPROVAL,
+        "ApprovalRequested",
+        f"waiting for approval of args {h[:12]} (risk {step.risk})",
+    )
+    return True
+
+
+def _refuse(
+    b: _Builder, step: m.Step, st: m.StepStatus, reason: str, text: str, by: str | None
+) -> bool:
+    """A gated step is refused (rejected or expired): skip it or fail the run, as the step
+    says. Returns whether the launch loop may go on with other steps."""
+    st.finished_at = b.now
+    st.approval_requested_at = None
+    st.error = m.StepError(reason=reason, message=_truncate(text, 1024), at=b.now)
+    if step.on_rejection == m.OnRejection.SKIP_STEP:
+        b.move(st, SP.SKIPPED, reason, f"{text}; skipped (onRejection: skipStep)", by)
+        return True
+    b.move(st, SP.FAILED, reason, text, by)
+    b.stop(reason, f"step {step.name} {text}")
+    return False
 
 
 def _commit_launch_intent(
@@ -480,7 +557,15 @@ def _commit_launch_intent(
     )
     st.attempt_started_at = b.now
     st.next_attempt_at = None
-    b.move(st, SP.LAUNCHING, "Launching", f"attempt {st.attempt} launching as Job {st.job_name}")
+    st.approval_requested_at = None
+    approved = f" (approved by {st.decided_by})" if st.decided_by and first else ""
+    b.move(
+        st,
+        SP.LAUNCHING,
+        "Launching",
+        f"attempt {st.attempt} launching as Job {st.job_name}{approved}",
+        st.decided_by if first else None,
+    )
     b.after.append(CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env))
 
 
@@ -572,18 +657,27 @@ def _forget_removed_steps(b: _Builder) -> None:
         b.move(st, SP.CANCELLED, "RemovedFromPlan", "the step was removed from the plan")
 
 
-def _abort(b: _Builder, phase: m.RunPhase, reason: str, message: str) -> None:
+def _modified_by(run: m.AgentRun) -> str | None:
+    """The user who last changed the spec, as recorded at admission."""
+    return (run.metadata.annotations or {}).get(m.ANNOTATION_MODIFIED_BY)
+
+
+def _abort(
+    b: _Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None
+) -> None:
     """End the run now: stop running attempts, keep every committed result."""
     for st in b.steps.values():
         if st.phase in m.ACTIVE_STEP_PHASES:
             if st.job_name:
                 b.after.append(DeleteJob(st.job_name, reason))
             st.finished_at = b.now
-            b.move(st, SP.CANCELLED, reason, f"stopped: {message}")
-    _end_run(b, phase, reason, message)
+            b.move(st, SP.CANCELLED, reason, f"stopped: {message}", by)
+    _end_run(b, phase, reason, message, by)
 
 
-def _end_run(b: _Builder, phase: m.RunPhase, reason: str, message: str) -> None:
+def _end_run(
+    b: _Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None
+) -> None:
     for st in b.steps.values():
         if st.phase not in m.TERMINAL_STEP_PHASES:
             st.next_attempt_at = None
@@ -597,7 +691,7 @@ def _end_run(b: _Builder, phase: m.RunPhase, reason: str, message: str) -> None:
         usage = status.usage or m.Usage()
         usage.wall_time_seconds = int((b.now - status.started_at).total_seconds())
         status.usage = usage
-    b.record(None, old, phase, reason, message)
+    b.record(None, old, phase, reason, message, by)
     _set_conditions(b, reason)
 
 
@@ -616,8 +710,12 @@ def _settle(b: _Builder) -> None:
             return
         phase, reason = m.RunPhase.RUNNING, "Stopping"
         message = f"stopping ({b.halt.message}); waiting for {_names(active)} to finish"
-    elif all(s.phase == SP.SUCCEEDED for s in sts):
-        _end_run(b, m.RunPhase.SUCCEEDED, "Succeeded", f"all {len(sts)} steps succeeded")
+    elif all(s.phase in (SP.SUCCEEDED, SP.SKIPPED) for s in sts):
+        skipped = sum(1 for s in sts if s.phase == SP.SKIPPED)
+        message = f"all {len(sts)} steps succeeded"
+        if skipped:
+            message = f"{len(sts) - skipped} steps succeeded, {skipped} skipped after a rejection"
+        _end_run(b, m.RunPhase.SUCCEEDED, "Succeeded", message)
         return
     elif b.run.spec.suspend:
         phase, reason = m.RunPhase.SUSPENDED, "Suspended"
@@ -755,6 +853,21 @@ def _retention(b: _Builder) -> None:
             b.timer(due)
 
 
+def _trim_history(
+    history: list[m.Transition], audit: m.AuditStatus | None, limit: int
+) -> list[m.Transition]:
+    """The last ``limit`` transitions, plus older ones the audit record has not stored yet
+    (so the ring never drops what is not recorded elsewhere), never more than the hard cap."""
+    recorded = audit.recorded_seq if audit is not None else None
+    keep_from = max(len(history) - limit, 0)
+    if recorded is not None:
+        unrecorded = [i for i, t in enumerate(history) if t.seq > recorded]
+        if unrecorded:
+            keep_from = min(keep_from, unrecorded[0])
+    keep_from = max(keep_from, len(history) - m.MAX_HISTORY_HARD)
+    return history[keep_from:]
+
+
 def _dedupe(actions: Sequence[Action]) -> tuple[Action, ...]:
     """Each action once; a Job is deleted once, for the first reason found."""
     seen: list[Action] = []
@@ -781,9 +894,14 @@ def _finish(b: _Builder) -> Decision:
     status.progress = f"{done}/{len(plan_names)}"
     if status.phase in m.TERMINAL_RUN_PHASES:
         status.current_step = None
-    if b.transitions:
-        history = [*(status.history or []), *b.transitions]
-        status.history = history[-b.config.history_limit :]
+    if b.observed.recorded_seq is not None:
+        audit = status.audit or m.AuditStatus()
+        audit.recorded_seq = max(audit.recorded_seq, b.observed.recorded_seq)
+        audit.record = b.observed.record_name
+        status.audit = audit
+    history = [*(status.history or []), *b.transitions]
+    if history:
+        status.history = _trim_history(history, status.audit, b.config.history_limit)
     requeue = None
     if b.timers:
         soonest = min(b.timers)

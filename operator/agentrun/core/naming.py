@@ -20,7 +20,7 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
-def _dns_label(prefix: str, suffix: str) -> str:
+def dns_label(prefix: str, suffix: str) -> str:
     """``prefix-suffix`` shortened to a DNS-1123 label of at most 63 characters."""
     prefix = _INVALID.sub("-", prefix.lower()).strip("-")
     room = MAX_NAME - len(suffix) - 1
@@ -35,13 +35,13 @@ def job_name(run_name: str, run_uid: str, step: str, attempt: int) -> str:
     different Jobs, and so do two attempts of one step.
     """
     suffix = f"{_digest(run_uid, step, str(attempt))[:10]}-{attempt}"
-    return _dns_label(f"{run_name}-{step}", suffix)
+    return dns_label(f"{run_name}-{step}", suffix)
 
 
 def result_object_name(run_name: str, run_uid: str, step: str, attempt: int) -> str:
     """Name of the ConfigMap that keeps a step attempt's result when it is too big for status."""
     suffix = f"r{_digest(run_uid, step, str(attempt), 'result')[:9]}-{attempt}"
-    return _dns_label(f"{run_name}-{step}", suffix)
+    return dns_label(f"{run_name}-{step}", suffix)
 
 
 def canonical_json(value: Any) -> str:

@@ -39,6 +39,10 @@ class Observed:
     """Everything observed for one run."""
 
     jobs: Sequence[ObservedJob] = field(default_factory=tuple)
+    recorded_seq: int | None = None
+    """The highest transition seq stored in the run's audit record; None when the shell
+    keeps no record (then the history is a plain ring)."""
+    record_name: str | None = None
 
     def job(self, name: str) -> ObservedJob | None:
         return next((j for j in self.jobs if j.name == name), None)
