@@ -1,0 +1,636 @@
+"""The product's promise under faults: operators that die at every dangerous moment, and two
+operators racing on the same runs, never launch a step attempt twice, never lose a committed
+result and still carry every run to the end.
+
+* :func:`test_runs_survive_an_operator_killed_at_every_crash_point`: one operator, restarted
+  again and again; each life is started with ``AGENTRUN_CRASH_AT=point:n`` chosen from a fixed
+  seed (or SIGKILLed from outside at a seeded moment if it does not get there), then a last
+  life without crash points finishes the runs.
+* :func:`test_two_operators_at_once_create_every_job_once_and_resolve_conflicts`: two
+  standalone operators drive the same runs at once; their status writes collide (409) and are
+  re-derived.
+
+Both check invariant 1 twice over, so they need the local control plane:
+
+* Job creations in the API server's audit log (a Job deleted and created again under the same
+  name counts twice). A create whose client was SIGKILLed mid-request may be stored and still
+  be audited as 504 (context canceled) instead of 201; such a Job is counted as created once,
+  and the ledger below must show that it ran exactly once.
+* Executions: every step appends ``run/step/attempt`` to a ledger file in the test's tmp dir
+  before doing anything else (the stand-in node runs step pods as local processes), so a step
+  attempt that ran twice shows up even if its Jobs did not.
+
+No timing assertions: the timeouts only make a stuck run fail instead of hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shlex
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun.api.models import GROUP, PLURAL, VERSION
+from agentrun.core.naming import job_name
+from agentrun.crashpoints import POINTS
+from agentrun.devcluster.operator import OperatorError, OperatorProcess
+from agentrun.devcluster.testing import (
+    KubeClients,
+    TestCluster,
+    audit_events,
+    job_creations,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+SEED = int(os.environ.get("AGENTRUN_CRASH_SEED") or 20260611)
+"""Seed of every random choice of the crash test, printed in its assertion messages; set
+``AGENTRUN_CRASH_SEED`` to replay a failure or to explore other schedules."""
+
+IMAGE = "busybox:1.36"
+TERMINAL = ("Succeeded", "Failed", "Cancelled")
+PAD = "x" * 1000
+"""Makes a step's result ~1 KiB: over the 256 B inline limit, so it is kept in a ConfigMap."""
+RETRY = {"limit": 2, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 2}}
+CONFLICT_LINE = "status conflict: re-reading and re-deriving"
+CRASH_LINE = re.compile(r"crash point (?P<point>[a-z-]+) reached \(pass (?P<n>\d+)\)")
+
+MIN_KILLS = 20
+MIN_HITS_PER_POINT = 2
+MAX_CRASH_LIVES = 45
+CRASH_PHASE_BUDGET = 150.0
+"""Seconds of crash lives at most; then the last life finishes the runs."""
+READY_TIMEOUT = 60.0
+FINISH_TIMEOUT = 150.0
+SETTLE_SECONDS = 5.0
+"""After the runs ended: two resyncs and the Job-deletion grace, for a late duplicate to show."""
+
+OPERATOR_ENV = {"AGENTRUN_RESYNC_SECONDS": "2", "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "1"}
+
+StartOperator = Callable[..., OperatorProcess]
+Run = dict[str, Any]
+
+
+# -- plans: every step reports its own run, step and attempt ---------------------------------
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step of a test plan and what the test expects of it."""
+
+    name: str
+    after: tuple[str, ...] = ()
+    sleep: float = 0.5
+    big: bool = False
+    """Result ~1 KiB (kept by reference) instead of a few bytes (inline)."""
+    fail_first: bool = False
+    """Fails attempt 1 (exit 3) and succeeds on attempt 2; gets a retry policy."""
+    blob_from: str | None = None
+    """Takes the ``pad`` field of this (big) step's result as input ``BLOB``."""
+
+    @property
+    def attempts(self) -> int:
+        return 2 if self.fail_first else 1
+
+    def script(self, ledger: Path) -> str:
+        """Appends ``run/step/attempt`` to ``ledger`` (the side effect that must never happen
+        twice), sleeps, then reports a result naming its run, step and attempt."""
+        fields = '"run":"%s","step":"%s","attempt":%s'
+        values = '"$AGENTRUN_RUN" "$AGENTRUN_STEP" "$AGENTRUN_ATTEMPT"'
+        if self.big:
+            fields += f',"pad":"{PAD}"'
+        if self.blob_from:
+            fields += ',"blobLength":%s'
+            values += ' "${#BLOB}"'
+        report = (
+            f'printf \'{{"ok":true,"summary":"%s attempt %s","result":{{{fields}}}}}\' '
+            f'"$AGENTRUN_STEP" "$AGENTRUN_ATTEMPT" {values} > /dev/termination-log'
+        )
+        fail = (
+            'if [ "$AGENTRUN_ATTEMPT" = 1 ]; then '
+            "echo 'flaky: attempt 1 fails' > /dev/termination-log; exit 3; fi; "
+            if self.fail_first
+            else ""
+        )
+        record = (
+            f'echo "$AGENTRUN_RUN/$AGENTRUN_STEP/$AGENTRUN_ATTEMPT" >> {shlex.quote(str(ledger))}'
+        )
+        return f"{record}; sleep {self.sleep}; {fail}{report}"
+
+    def expected_result(self, run: str, attempt: int) -> dict[str, Any]:
+        want: dict[str, Any] = {"run": run, "step": self.name, "attempt": attempt}
+        if self.big:
+            want["pad"] = PAD
+        if self.blob_from:
+            want["blobLength"] = len(PAD)
+        return want
+
+    def manifest(self, ledger: Path) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "name": self.name,
+            "container": {"image": IMAGE, "command": ["sh", "-c", self.script(ledger)]},
+        }
+        if self.after:
+            spec["dependsOn"] = list(self.after)
+        if self.fail_first:
+            spec["retry"] = RETRY
+        if self.blob_from:
+            spec["inputs"] = [{"name": "BLOB", "fromStep": self.blob_from, "key": "pad"}]
+        return spec
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    name: str
+    steps: tuple[StepSpec, ...]
+
+    def manifest(self, ledger: Path) -> Run:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentRun",
+            "metadata": {"name": self.name},
+            "spec": {
+                "goal": f"crash test {self.name}",
+                "plan": {"steps": [st.manifest(ledger) for st in self.steps]},
+            },
+        }
+
+
+def sequential(name: str, n: int = 4) -> PlanSpec:
+    steps = [StepSpec(f"s{i}", after=(f"s{i - 1}",) if i > 1 else ()) for i in range(1, n + 1)]
+    return PlanSpec(name, tuple(steps))
+
+
+def dag(name: str, branches: int = 3) -> PlanSpec:
+    mid = tuple(StepSpec(f"branch-{i}", after=("start",), sleep=1) for i in range(branches))
+    join = StepSpec("join", after=tuple(b.name for b in mid))
+    return PlanSpec(name, (StepSpec("start"), *mid, join))
+
+
+def retried(name: str) -> PlanSpec:
+    return PlanSpec(
+        name,
+        (
+            StepSpec("prepare"),
+            StepSpec("flaky", after=("prepare",), fail_first=True),
+            StepSpec("finish", after=("flaky",)),
+        ),
+    )
+
+
+def big_results(name: str, branches: int = 4) -> PlanSpec:
+    mid = tuple(
+        StepSpec(f"big-{i}", after=("big-1",), big=True, sleep=1) for i in range(2, branches + 2)
+    )
+    last = StepSpec(
+        f"big-{branches + 2}",
+        after=("big-1", *(st.name for st in mid)),
+        big=True,
+        blob_from="big-1",
+    )
+    return PlanSpec(name, (StepSpec("big-1", big=True, sleep=1), *mid, last))
+
+
+def mixed(name: str) -> PlanSpec:
+    """Parallel branches of every kind: inline, by reference, retried."""
+    return PlanSpec(
+        name,
+        (
+            StepSpec("start"),
+            StepSpec("inline", after=("start",), sleep=1),
+            StepSpec("big", after=("start",), big=True, sleep=1),
+            StepSpec("flaky", after=("start",), fail_first=True),
+            StepSpec("join", after=("inline", "big", "flaky")),
+        ),
+    )
+
+
+# -- the cluster side ------------------------------------------------------------------------
+
+
+def create_runs(
+    kube: KubeClients, namespace: str, plans: Iterable[PlanSpec], ledger: Path
+) -> dict[str, str]:
+    """Create the runs; their uids by name."""
+    uids: dict[str, str] = {}
+    for plan in plans:
+        created = kube.custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, plan.manifest(ledger)
+        )
+        uids[plan.name] = created["metadata"]["uid"]
+    return uids
+
+
+def get_run(kube: KubeClients, namespace: str, name: str) -> Run:
+    run: Run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    return run
+
+
+def phases(kube: KubeClients, namespace: str, names: Iterable[str]) -> dict[str, str | None]:
+    return {n: (get_run(kube, namespace, n).get("status") or {}).get("phase") for n in names}
+
+
+def all_terminal(kube: KubeClients, namespace: str, names: Iterable[str]) -> bool:
+    return all(p in TERMINAL for p in phases(kube, namespace, names).values())
+
+
+def wait_all_terminal(
+    kube: KubeClients, namespace: str, names: Iterable[str], timeout: float, context: str
+) -> None:
+    names = list(names)
+    try:
+        wait_for(
+            "every run to end",
+            lambda: all_terminal(kube, namespace, names),
+            timeout=timeout,
+            interval=0.5,
+        )
+    except TimeoutError as e:
+        raise AssertionError(
+            f"{context}: runs stuck: {phases(kube, namespace, names)} ({e})"
+        ) from None
+
+
+def expected_jobs(plans: Iterable[PlanSpec], uids: Mapping[str, str]) -> dict[str, str]:
+    """Every Job the runs must have created (once each): name -> 'run/step attempt k'."""
+    want: dict[str, str] = {}
+    for plan in plans:
+        for st in plan.steps:
+            for attempt in range(1, st.attempts + 1):
+                name = job_name(plan.name, uids[plan.name], st.name, attempt)
+                want[name] = f"{plan.name}/{st.name} attempt {attempt}"
+    return want
+
+
+@dataclass(frozen=True)
+class Creations:
+    """What the audit log says about the Jobs of the runs."""
+
+    duplicates: int
+    """Jobs created (201) more than once: must be 0."""
+    response_lost: dict[str, list[int]]
+    """Expected Jobs without a 201 whose create got another answer (the operator was killed
+    while its create was in flight: the Job was stored, the answer never delivered)."""
+
+
+def create_answers(cluster: TestCluster, namespace: str) -> dict[str, list[int]]:
+    """HTTP codes of every Job create in the namespace, per Job name, oldest first."""
+    answers: dict[str, list[int]] = {}
+    for event in audit_events(cluster, verb="create", resource="jobs", namespace=namespace):
+        name = (event.get("objectRef") or {}).get("name")
+        if name:  # a request cut off before its body was read (500, no name) created nothing
+            answers.setdefault(str(name), []).append(_code(event))
+    return answers
+
+
+def creates_after_deletion(cluster: TestCluster, namespace: str) -> dict[str, list[int]]:
+    """Per Job name, the answers to creates received after a delete of that Job had been
+    accepted, other than AlreadyExists (the Job still there, held by its finalizer). Any such
+    create tried to launch an attempt again whose Job was already cleaned up: a 201 is a
+    duplicate, a 504 may be one."""
+    deleted_at: dict[str, str] = {}
+    late: dict[str, list[int]] = {}
+    events = audit_events(cluster, resource="jobs", namespace=namespace)
+    for event in sorted(events, key=lambda e: str(e.get("requestReceivedTimestamp"))):
+        name = str((event.get("objectRef") or {}).get("name") or "")
+        code = _code(event)
+        if not name:
+            continue
+        if event.get("verb") == "delete" and code in (200, 202):
+            done = str(event.get("stageTimestamp"))
+            deleted_at[name] = min(deleted_at.get(name, done), done)
+        elif (
+            event.get("verb") == "create"
+            and code != 409
+            and name in deleted_at
+            and str(event.get("requestReceivedTimestamp")) > deleted_at[name]
+        ):
+            late.setdefault(name, []).append(code)
+    return late
+
+
+def _code(event: Mapping[str, Any]) -> int:
+    return int((event.get("responseStatus") or {}).get("code") or 0)
+
+
+def check_job_creations(
+    cluster: TestCluster,
+    namespace: str,
+    plans: Iterable[PlanSpec],
+    uids: Mapping[str, str],
+    context: str,
+) -> Creations:
+    """Invariant 1 by the audit log (:func:`job_creations`: successful creates per name):
+    every expected Job created exactly once, no other Job created at all (an extra attempt
+    would show as an unexpected name), no create of a Job after its deletion. An expected Job
+    with no 201 but a create answered otherwise (not 409) was created by a request whose
+    client died before the answer; it passes here, and :func:`check_executions` proves it ran
+    exactly once."""
+    want = expected_jobs(plans, uids)
+
+    def recorded() -> dict[str, list[int]] | None:
+        answers = create_answers(cluster, namespace)
+        tried = {n for n, codes in answers.items() if any(c != 409 for c in codes)}
+        return answers if tried >= set(want) else None
+
+    try:
+        answers = wait_for("audit records of every expected Job", recorded, timeout=30)
+    except TimeoutError:
+        answers = create_answers(cluster, namespace)
+        missing = {
+            f"{want[n]} ({n})": answers.get(n, [])
+            for n in want
+            if not any(c != 409 for c in answers.get(n, []))
+        }
+        raise AssertionError(f"{context}: Jobs never created (create answers): {missing}") from None
+    counts = job_creations(cluster, namespace)
+    duplicates = {f"{want.get(n, '?')} ({n})": c for n, c in counts.items() if c > 1}
+    unexpected = {n: codes for n, codes in answers.items() if n not in want}
+    assert not duplicates, f"{context}: Jobs created more than once: {duplicates}"
+    assert not unexpected, f"{context}: Jobs of unexpected (step, attempt)s created: {unexpected}"
+    late = {
+        f"{want.get(n, '?')} ({n})": c
+        for n, c in creates_after_deletion(cluster, namespace).items()
+    }
+    assert not late, f"{context}: Jobs created again after their deletion (answers): {late}"
+    lost = {f"{want[n]} ({n})": answers[n] for n in want if counts[n] == 0}
+    return Creations(duplicates=len(duplicates), response_lost=lost)
+
+
+def check_executions(ledger: Path, plans: Iterable[PlanSpec], context: str) -> int:
+    """Every step attempt ran exactly once, by the steps' own ledger; returns the number of
+    executions."""
+    text = ledger.read_text() if ledger.exists() else ""
+    ran = Counter(text.split())
+    want = {
+        f"{plan.name}/{st.name}/{attempt}"
+        for plan in plans
+        for st in plan.steps
+        for attempt in range(1, st.attempts + 1)
+    }
+    twice = {k: c for k, c in ran.items() if c > 1}
+    assert not twice, f"{context}: step attempts executed more than once: {twice}"
+    assert set(ran) == want, (
+        f"{context}: executions differ from the plan: never ran {sorted(want - set(ran))}, "
+        f"ran unexpectedly {sorted(set(ran) - want)}"
+    )
+    return sum(ran.values())
+
+
+def check_results(
+    kube: KubeClients, namespace: str, plans: Iterable[PlanSpec], context: str
+) -> None:
+    """Every run Succeeded, every step once (twice for the retried one), its committed result
+    the one the step printed (inline, or in the ConfigMap named by resultRef), history kept."""
+    for plan in plans:
+        run = get_run(kube, namespace, plan.name)
+        status: dict[str, Any] = run.get("status") or {}
+        where = f"{context}: run {plan.name}"
+        assert status.get("phase") == "Succeeded", f"{where}: {status.get('phase')}: {status}"
+        assert status.get("history"), f"{where}: status.history is empty"
+        total = sum(st.attempts for st in plan.steps)
+        assert (status.get("usage") or {}).get("attempts") == total, f"{where}: {status['usage']}"
+        by_name = {st["name"]: st for st in status.get("steps") or []}
+        for spec in plan.steps:
+            st = by_name.get(spec.name)
+            assert st is not None, f"{where}: step {spec.name} missing from status"
+            assert st["phase"] == "Succeeded", f"{where}/{spec.name}: {st}"
+            assert st["attempt"] == spec.attempts, (
+                f"{where}/{spec.name}: attempt {st['attempt']}, expected {spec.attempts}: {st}"
+            )
+            want = spec.expected_result(plan.name, spec.attempts)
+            assert st.get("summary") == f"{spec.name} attempt {spec.attempts}", f"{where}: {st}"
+            if spec.big:
+                assert "result" not in st, f"{where}/{spec.name}: a 1 KiB result kept inline"
+                ref = st.get("resultRef")
+                assert ref, f"{where}/{spec.name}: result lost (no result, no resultRef): {st}"
+                cm = kube.core.read_namespaced_config_map(ref["name"], namespace)
+                got = json.loads(cm.data[ref["key"]])
+            else:
+                assert "result" in st, f"{where}/{spec.name}: result lost: {st}"
+                got = json.loads(st["result"])
+            assert got == want, f"{where}/{spec.name}: result {got!r}, step printed {want!r}"
+
+
+def count_lines(text: str, needle: str) -> int:
+    return sum(1 for line in text.splitlines() if needle in line)
+
+
+# -- the crash test --------------------------------------------------------------------------
+
+
+@dataclass
+class Life:
+    """One life of the operator under test."""
+
+    number: int
+    crash_at: str
+    kill_after: float
+    ended_by: str = "?"  # "crash point <point>", "external SIGKILL" or "exit <code>"
+    returncode: int | None = None
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"life {self.number}: AGENTRUN_CRASH_AT={self.crash_at} "
+            f"(outside SIGKILL {self.kill_after:.1f}s after ready) -> {self.ended_by} "
+            f"after {self.seconds:.1f}s, exit {self.returncode}"
+        )
+
+
+def choose(rng: random.Random, hits: Counter[str]) -> tuple[str, float]:
+    """The next life's ``point:n`` and the moment it is killed from outside if it is still
+    alive (seconds after it is ready); points not yet hit often enough are six times as
+    likely and fire sooner."""
+    weights = [6 if hits[p] < MIN_HITS_PER_POINT else 1 for p in POINTS]
+    point = rng.choices(POINTS, weights=weights)[0]
+    n = rng.randint(1, 2) if hits[point] < MIN_HITS_PER_POINT else rng.randint(1, 3)
+    return f"{point}:{n}", rng.uniform(0.5, 3.0)
+
+
+@dataclass
+class CrashDriver:
+    """Chooses crash points from the seed and lives through them."""
+
+    op: OperatorProcess
+    rng: random.Random
+    lives: list[Life] = field(default_factory=list)
+    hits: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def kills(self) -> int:
+        return sum(1 for life in self.lives if life.returncode == -9)
+
+    def satisfied(self) -> bool:
+        return self.kills >= MIN_KILLS and all(self.hits[p] >= MIN_HITS_PER_POINT for p in POINTS)
+
+    def next_life(self) -> Life:
+        """Choose the next crash point from the seed, start the operator with it, live."""
+        crash_at, kill_after = choose(self.rng, self.hits)
+        offset = self.op.log_path.stat().st_size if self.op.log_path.exists() else 0
+        self.op.env["AGENTRUN_CRASH_AT"] = crash_at
+        self.op.start(wait_ready=False)  # a crash point may fire before it is ready
+        return self.live(crash_at, kill_after, offset)
+
+    def live(self, crash_at: str, kill_after: float, offset: int) -> Life:
+        """The rest of a life whose log starts at ``offset``: wait for its crash point to kill
+        it, or SIGKILL it from outside ``kill_after`` seconds after it became ready."""
+        life = Life(len(self.lives) + 1, crash_at, kill_after)
+        begin = time.monotonic()
+        with contextlib.suppress(OperatorError):  # it may die before it is ready
+            self.op.wait_ready(READY_TIMEOUT)
+        if self.op.alive():
+            try:
+                self.op.wait_exit(kill_after)
+            except OperatorError:  # still alive: the bounded life is over
+                self.op.kill()
+                life.ended_by = "external SIGKILL"
+        life.returncode = self.op.returncode
+        life.seconds = time.monotonic() - begin
+        with self.op.log_path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+        fired = [m["point"] for m in CRASH_LINE.finditer(text)]
+        if fired:  # also when the outside SIGKILL came just too late
+            self.hits[fired[-1]] += 1
+            life.ended_by = f"crash point {fired[-1]}"
+        elif life.ended_by == "?":
+            life.ended_by = f"exit {life.returncode}"
+        self.lives.append(life)
+        assert life.returncode == -9, (
+            f"SEED={SEED}: the operator ended otherwise than by SIGKILL in {life}\n{self.op.logs()}"
+        )
+        return life
+
+    @property
+    def external_kills(self) -> int:
+        return sum(1 for life in self.lives if life.ended_by == "external SIGKILL")
+
+    def summary(self) -> str:
+        points = ", ".join(f"{p}={self.hits[p]}" for p in POINTS)
+        return (
+            f"{self.kills} kills in {len(self.lives)} lives "
+            f"({sum(self.hits.values())} at crash points: {points}; "
+            f"{self.external_kills} from outside)"
+        )
+
+
+def test_runs_survive_an_operator_killed_at_every_crash_point(
+    start_operator: StartOperator,
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    cluster.require_audit_log()
+    began = time.monotonic()
+    rng = random.Random(SEED)
+    ledger = tmp_path / "executions.log"
+    plans: list[PlanSpec] = []
+    uids: dict[str, str] = {}
+
+    def next_wave() -> None:
+        """Four more runs: the crash lives need steps in flight until they are done."""
+        wave = len(plans) // 4 + 1
+        new = [
+            sequential(f"seq-{wave}"),
+            dag(f"dag-{wave}"),
+            retried(f"retry-{wave}"),
+            big_results(f"big-{wave}"),
+        ]
+        uids.update(create_runs(kube, namespace, new, ledger))
+        plans.extend(new)
+
+    # Life 1 starts before the runs exist, so it is ready before any crash point can fire.
+    hits: Counter[str] = Counter()
+    crash_at, kill_after = choose(rng, hits)
+    op = start_operator(env={**OPERATOR_ENV, "AGENTRUN_CRASH_AT": crash_at})
+    driver = CrashDriver(op=op, rng=rng, hits=hits)
+    next_wave()
+    driver.live(crash_at, kill_after, offset=0)
+
+    while (
+        not driver.satisfied()
+        and len(driver.lives) < MAX_CRASH_LIVES
+        and time.monotonic() - began < CRASH_PHASE_BUDGET
+    ):
+        if all_terminal(kube, namespace, uids):
+            next_wave()
+        driver.next_life()
+    crash_phase = time.monotonic() - began
+    lives = "\n".join(map(str, driver.lives))
+    context = f"SEED={SEED}, {driver.summary()}"
+
+    # The last life: no crash points, until every run has ended.
+    driver.op.env.pop("AGENTRUN_CRASH_AT", None)
+    driver.op.start()
+    wait_all_terminal(kube, namespace, uids, FINISH_TIMEOUT, f"{context}\n{lives}")
+    time.sleep(SETTLE_SECONDS)
+    assert driver.op.alive(), f"{context}: the last life died\n{driver.op.logs()}"
+
+    creations = check_job_creations(cluster, namespace, plans, uids, f"{context}\n{lives}")
+    executions = check_executions(ledger, plans, f"{context}\n{lives}")
+    check_results(kube, namespace, plans, f"{context}\n{lives}")
+    conflicts = count_lines(driver.op.log_text(), CONFLICT_LINE)
+    duration = time.monotonic() - began
+    print(
+        f"\ncrash test summary: SEED={SEED}; {len(plans)} runs in {len(plans) // 4} wave(s), "
+        f"{executions} step executions; {driver.summary()}; "
+        f"kill points exercised: {sum(1 for p in POINTS if driver.hits[p])}/{len(POINTS)}; "
+        f"duplicates found: {creations.duplicates}; "
+        f"creates answered otherwise (operator killed mid-request): {creations.response_lost}; "
+        f"conflicts: {conflicts}; crash phase {crash_phase:.0f}s, total {duration:.0f}s\n{lives}"
+    )
+    assert driver.kills >= MIN_KILLS, f"{context}: too few kills\n{lives}"
+    missed = {p: driver.hits[p] for p in POINTS if driver.hits[p] < MIN_HITS_PER_POINT}
+    assert not missed, f"{context}: crash points hit fewer than {MIN_HITS_PER_POINT}x: {missed}"
+
+
+# -- two operators at once -------------------------------------------------------------------
+
+
+def test_two_operators_at_once_create_every_job_once_and_resolve_conflicts(
+    start_operator: StartOperator,
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    cluster.require_audit_log()
+    began = time.monotonic()
+    first = start_operator(env=OPERATOR_ENV)
+    second = start_operator(env=OPERATOR_ENV)
+    plans = [dag("dag-1", 4), dag("dag-2", 4), mixed("mixed-1"), mixed("mixed-2")]
+    names = [p.name for p in plans]
+    ledger = tmp_path / "executions.log"
+    uids = create_runs(kube, namespace, plans, ledger)
+
+    wait_all_terminal(kube, namespace, names, FINISH_TIMEOUT, "two operators")
+    time.sleep(SETTLE_SECONDS)
+    for op in (first, second):
+        assert op.alive(), f"an operator died\n{op.logs()}"
+
+    conflicts = [count_lines(op.log_text(), CONFLICT_LINE) for op in (first, second)]
+    context = f"two operators (conflicts seen: {conflicts})"
+    creations = check_job_creations(cluster, namespace, plans, uids, context)
+    executions = check_executions(ledger, plans, context)
+    check_results(kube, namespace, plans, context)
+    assert not creations.response_lost, f"{context}: creates without 201: {creations}"
+    print(
+        f"\ntwo-operator summary: {len(plans)} runs, {sum(len(p.steps) for p in plans)} steps, "
+        f"{executions} step executions; duplicates found: {creations.duplicates}; "
+        f"conflicts: {conflicts[0]} + {conflicts[1]} = {sum(conflicts)}; "
+        f"total {time.monotonic() - began:.0f}s"
+    )
+    assert sum(conflicts) > 0, f"{context}: the two operators never collided"
