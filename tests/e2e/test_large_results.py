@@ -189,8 +189,9 @@ def test_large_result_without_a_serviceaccount_fails_naming_the_fix(
     error = produce.get("error") or {}
     assert "stepTemplate.serviceAccountName" in error.get("message", ""), produce
     assert step_status(run, "consume")["phase"] == "Skipped"
-    # Nothing was stored: the pod had no API access.
+    # No result was stored: the pod had no API access (the run's audit record is there).
     left = kube.core.list_namespaced_config_map(
-        namespace, label_selector=f"{LABEL_RUN_UID}={run['metadata']['uid']}"
+        namespace,
+        label_selector=f"{LABEL_RUN_UID}={run['metadata']['uid']},agentrun.dev/object=result",
     ).items
     assert not left, [c.metadata.name for c in left]
