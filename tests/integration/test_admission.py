@@ -1,0 +1,481 @@
+"""The admission policies of manifests/admission against the real API server: who created a
+run and who last changed it is recorded from the authenticated identity, and approvals are
+append-only, signed by the requesting user, limited to policy.approverGroups and, with
+requireSecondPerson, never by the creator.
+
+Other tests of the session create runs as the admin user and sign approvals with any name, so
+the shipped policies are never bound cluster-wide here: each test installs copies under names
+of its own, bound only to its namespace (by a label), and deletes them afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun.api import models as m
+from agentrun.devcluster.testing import TestCluster, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMISSION_DIR = ROOT / "manifests" / "admission"
+SCOPE_LABEL = "agentrun.dev/admission-test"
+APPROVERS = "agentrun-approvers"
+HASH = "a" * 64
+pytestmark = pytest.mark.usefixtures("crd_installed")
+
+
+def _docs() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(ADMISSION_DIR.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
+    return docs
+
+
+def _scoped_copies(namespace: str) -> list[dict[str, Any]]:
+    """The shipped policies and bindings, renamed ``<name>-<namespace>``, the bindings
+    restricted to the namespace labelled ``SCOPE_LABEL=namespace``."""
+    out = []
+    for doc in _docs():
+        doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
+        if doc["kind"].endswith("Binding"):
+            doc["spec"]["policyName"] = f"{doc['spec']['policyName']}-{namespace}"
+            doc["spec"]["matchResources"] = {
+                "namespaceSelector": {"matchLabels": {SCOPE_LABEL: namespace}}
+            }
+        out.append(doc)
+    return out
+
+
+def _run(name: str, **spec: Any) -> dict[str, Any]:
+    annotations = spec.pop("annotations", None)
+    body: dict[str, Any] = {
+        "apiVersion": m.API_VERSION,
+        "kind": m.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "goal": "check approvals at admission",
+            "plan": {"steps": [{"name": "deploy", "container": {"image": "busybox:1.36"}}]},
+            **spec,
+        },
+    }
+    if annotations:
+        body["metadata"]["annotations"] = annotations
+    return body
+
+
+def _approval(by: str, decision: str = "approve", reason: str = "looks right") -> dict[str, Any]:
+    return {"step": "deploy", "decision": decision, "argsHash": HASH, "by": by, "reason": reason}
+
+
+def _denial(proc: CompletedProcess[str]) -> str:
+    """The message of a request denied by the agentrun-approvals policy."""
+    assert proc.returncode != 0, f"expected a denial, got: {proc.stdout}"
+    assert "ValidatingAdmissionPolicy 'agentrun-approvals-" in proc.stderr, proc.stderr
+    return proc.stderr.split("denied request: ", 1)[1].strip()
+
+
+@dataclass
+class Admission:
+    """The policies bound to one namespace, and kubectl as alice, bob and carol there."""
+
+    cluster: TestCluster
+    namespace: str
+    users: dict[str, Path]
+
+    def kubectl(self, user: str, *args: str, input: str | None = None) -> CompletedProcess[str]:
+        kubeconfig = None if user == "admin" else self.users[user]
+        return self.cluster.kubectl(
+            *args, "-n", self.namespace, input=input, check=False, kubeconfig=kubeconfig
+        )
+
+    def create(
+        self, user: str, body: dict[str, Any], *extra: str
+    ) -> tuple[CompletedProcess[str], dict[str, Any]]:
+        proc = self.kubectl(user, "create", "-f", "-", "-o", "json", *extra, input=json.dumps(body))
+        return proc, json.loads(proc.stdout) if proc.returncode == 0 else {}
+
+    def created(self, user: str, body: dict[str, Any]) -> dict[str, Any]:
+        proc, obj = self.create(user, body)
+        assert proc.returncode == 0, proc.stderr
+        return obj
+
+    def patch(self, user: str, name: str, ops: list[dict[str, Any]]) -> CompletedProcess[str]:
+        return self.kubectl(
+            user, "patch", f"agentrun/{name}", "--type=json", "-p", json.dumps(ops), "-o", "json"
+        )
+
+    def patched(self, user: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        proc = self.patch(user, name, ops)
+        assert proc.returncode == 0, proc.stderr
+        result: dict[str, Any] = json.loads(proc.stdout)
+        return result
+
+    def append(self, user: str, name: str, approval: dict[str, Any]) -> CompletedProcess[str]:
+        return self.patch(
+            user, name, [{"op": "add", "path": "/spec/approvals/-", "value": approval}]
+        )
+
+    def get(self, name: str) -> dict[str, Any]:
+        proc = self.kubectl("admin", "get", f"agentrun/{name}", "-o", "json")
+        assert proc.returncode == 0, proc.stderr
+        result: dict[str, Any] = json.loads(proc.stdout)
+        return result
+
+    def dry_run_create(self, user: str, body: dict[str, Any]) -> CompletedProcess[str]:
+        return self.kubectl(
+            user, "create", "--dry-run=server", "-f", "-", "-o", "json", input=json.dumps(body)
+        )
+
+    def enforced(self) -> bool:
+        """Both policies act on this namespace: a dry-run create by alice gets her name
+        recorded, and one with an approval signed by someone else is denied."""
+        ok = self.dry_run_create("alice", _run("probe"))
+        if ok.returncode != 0:
+            return False
+        annotations = json.loads(ok.stdout)["metadata"].get("annotations") or {}
+        bad = self.dry_run_create("alice", _run("probe", approvals=[_approval("nobody")]))
+        return (
+            annotations.get(m.ANNOTATION_CREATED_BY) == "alice"
+            and bad.returncode != 0
+            and "must be signed by the requesting user alice" in bad.stderr
+        )
+
+    def not_enforced(self) -> bool:
+        bad = self.dry_run_create("alice", _run("probe", approvals=[_approval("nobody")]))
+        return bad.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def users(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Client-certificate kubeconfigs: alice and bob are approvers, carol is not. Copied away
+    at once: minting the same user name again (another test) overwrites the minted file."""
+    if cluster.external:
+        pytest.skip("minting user certificates needs the local control plane")
+    groups = {"alice": [APPROVERS], "bob": [APPROVERS, "sre"], "carol": ["dev"]}
+    out = tmp_path_factory.mktemp("users")
+    paths = {}
+    for user, user_groups in groups.items():
+        path = out / f"{user}.kubeconfig"
+        path.write_bytes(cluster.mint_user_kubeconfig(user, user_groups).read_bytes())
+        paths[user] = path
+    return paths
+
+
+@pytest.fixture
+def admission(cluster: TestCluster, namespace: str, users: dict[str, Path]) -> Iterator[Admission]:
+    kubectl = cluster.kubectl
+    kubectl("label", "namespace", namespace, f"{SCOPE_LABEL}={namespace}")
+    kubectl(
+        "create",
+        "role",
+        "agentrun-editor",
+        "-n",
+        namespace,
+        "--verb=get,list,watch,create,update,patch",
+        "--resource=agentruns.agentrun.dev",
+    )
+    kubectl(
+        "create",
+        "rolebinding",
+        "agentrun-editor",
+        "-n",
+        namespace,
+        "--role=agentrun-editor",
+        *(f"--user={u}" for u in users),
+    )
+    docs = _scoped_copies(namespace)
+    manifest = yaml.safe_dump_all(docs)
+    kubectl("apply", "-f", "-", input=manifest)
+    adm = Admission(cluster, namespace, users)
+    try:
+        wait_for(f"the admission policies to act on {namespace}", adm.enforced, timeout=60)
+        yield adm
+    finally:
+        for doc in reversed(docs):
+            kind = doc["kind"].lower()
+            kubectl(
+                "delete",
+                f"{kind}.admissionregistration.k8s.io",
+                doc["metadata"]["name"],
+                "--ignore-not-found",
+                "--wait=false",
+                check=False,
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# The shipped files
+# ---------------------------------------------------------------------------------------------
+
+
+def test_shipped_manifests_are_accepted_by_the_api_server(cluster: TestCluster) -> None:
+    out = cluster.kubectl("apply", "--dry-run=server", "-f", str(ADMISSION_DIR)).stdout
+    for doc in _docs():
+        assert doc["metadata"]["name"] in ("agentrun-identity", "agentrun-approvals")
+        if doc["kind"].endswith("Binding"):
+            assert "matchResources" not in doc["spec"], "the shipped bindings are cluster-wide"
+        ref = f"{doc['kind'].lower()}.admissionregistration.k8s.io/{doc['metadata']['name']}"
+        assert re.search(
+            rf"^{re.escape(ref)} (created|configured|unchanged) \(server dry run\)$", out, re.M
+        ), out
+    kinds = sorted(d["kind"] for d in _docs())
+    assert kinds == [
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+
+
+def test_validating_policy_type_checks_against_the_crd(admission: Admission) -> None:
+    name = f"agentrun-approvals-{admission.namespace}"
+
+    def checked() -> dict[str, Any] | None:
+        vap = json.loads(
+            admission.cluster.kubectl("get", "validatingadmissionpolicy", name, "-o", "json").stdout
+        )
+        status = vap.get("status") or {}
+        done = status.get("observedGeneration") == vap["metadata"]["generation"]
+        return status if done and "typeChecking" in status else None
+
+    status = wait_for(f"type checking of {name}", checked, timeout=60)
+    assert status["typeChecking"].get("expressionWarnings") is None, status
+
+
+# ---------------------------------------------------------------------------------------------
+# created-by and last-modified-by
+# ---------------------------------------------------------------------------------------------
+
+
+def test_creator_is_recorded_and_a_forged_creator_is_overwritten(admission: Admission) -> None:
+    run = admission.created("alice", _run("plain"))
+    assert run["metadata"]["annotations"][m.ANNOTATION_CREATED_BY] == "alice"
+    assert m.ANNOTATION_MODIFIED_BY not in run["metadata"]["annotations"]
+
+    # A forged creator on CREATE is not denied: the mutating policy overwrites it with the
+    # authenticated user before validation.
+    forged = admission.created(
+        "bob", _run("forged", annotations={m.ANNOTATION_CREATED_BY: "alice"})
+    )
+    assert forged["metadata"]["annotations"][m.ANNOTATION_CREATED_BY] == "bob"
+
+    # Afterwards nobody, not even the creator or a cluster admin, can change or remove it.
+    key = "/metadata/annotations/" + m.ANNOTATION_CREATED_BY.replace("/", "~1")
+    expected = (
+        "metadata.annotations[agentrun.dev/created-by] cannot change: "
+        "it records who created the run (alice)"
+    )
+    for user in ("carol", "alice", "admin"):
+        op = {"op": "replace", "path": key, "value": "mallory"}
+        proc = admission.patch(user, "plain", [op])
+        assert _denial(proc) == expected
+    assert _denial(admission.patch("bob", "plain", [{"op": "remove", "path": key}])) == expected
+    assert admission.get("plain")["metadata"]["annotations"][m.ANNOTATION_CREATED_BY] == "alice"
+
+
+def test_last_modified_by_records_who_changed_the_spec(admission: Admission) -> None:
+    admission.created("alice", _run("r"))
+    run = admission.patched("bob", "r", [{"op": "add", "path": "/spec/cancel", "value": True}])
+    annotations = run["metadata"]["annotations"]
+    assert annotations[m.ANNOTATION_MODIFIED_BY] == "bob"
+    assert annotations[m.ANNOTATION_CREATED_BY] == "alice"
+
+    # A metadata-only change (a label, kopf's bookkeeping) does not move it.
+    admission.patched(
+        "carol", "r", [{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}]
+    )
+    assert admission.get("r")["metadata"]["annotations"][m.ANNOTATION_MODIFIED_BY] == "bob"
+
+    # A spec change by carol does.
+    run = admission.patched("carol", "r", [{"op": "add", "path": "/spec/suspend", "value": True}])
+    assert run["metadata"]["annotations"][m.ANNOTATION_MODIFIED_BY] == "carol"
+
+    # It cannot be written by hand, neither on its own nor when creating a run.
+    key = "/metadata/annotations/" + m.ANNOTATION_MODIFIED_BY.replace("/", "~1")
+    proc = admission.patch("bob", "r", [{"op": "replace", "path": key, "value": "alice"}])
+    assert _denial(proc) == (
+        "metadata.annotations[agentrun.dev/last-modified-by] is written by the API server when "
+        "the spec changes and cannot be set by hand (to 'alice')"
+    )
+    proc, _ = admission.create("bob", _run("f", annotations={m.ANNOTATION_MODIFIED_BY: "alice"}))
+    assert _denial(proc) == (
+        "metadata.annotations[agentrun.dev/last-modified-by] is written by the API server when "
+        "the spec changes and cannot be set by hand (to 'alice')"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Approvals
+# ---------------------------------------------------------------------------------------------
+
+
+def test_approval_must_be_signed_by_the_requesting_user(admission: Admission) -> None:
+    admission.created("alice", _run("r", approvals=[]))
+
+    proc = admission.append("bob", "r", _approval("alice"))
+    assert _denial(proc) == (
+        "approval for step deploy must be signed by the requesting user bob, not alice"
+    )
+
+    run = json.loads(admission.append("alice", "r", _approval("alice")).stdout)
+    assert run["spec"]["approvals"] == [_approval("alice")]
+    run = json.loads(admission.append("bob", "r", _approval("bob", "reject")).stdout)
+    assert [a["by"] for a in run["spec"]["approvals"]] == ["alice", "bob"]
+
+    # Also on CREATE: every entry is new there.
+    proc, _ = admission.create("carol", _run("pre-approved", approvals=[_approval("alice")]))
+    assert _denial(proc) == (
+        "approval for step deploy must be signed by the requesting user carol, not alice"
+    )
+
+
+def test_only_members_of_approver_groups_can_approve(admission: Admission) -> None:
+    admission.created("carol", _run("r", policy={"approverGroups": ["sre", APPROVERS]}))
+
+    proc = admission.patch(
+        "carol", "r", [{"op": "add", "path": "/spec/approvals", "value": [_approval("carol")]}]
+    )
+    assert _denial(proc) == (
+        "carol may not approve or reject steps of this run: "
+        "policy.approverGroups allows only members of sre, agentrun-approvers"
+    )
+    run = admission.patched(
+        "bob", "r", [{"op": "add", "path": "/spec/approvals", "value": [_approval("bob")]}]
+    )
+    assert run["spec"]["approvals"] == [_approval("bob")]
+
+    # Users outside the groups can still change the rest of the spec.
+    run = admission.patched("carol", "r", [{"op": "add", "path": "/spec/suspend", "value": True}])
+    assert run["spec"]["suspend"] is True
+
+
+def test_require_second_person_keeps_the_creator_from_approving(admission: Admission) -> None:
+    policy = {"approverGroups": [APPROVERS], "requireSecondPerson": True}
+    admission.created("alice", _run("r", policy=policy, approvals=[]))
+    expected = (
+        "policy.requireSecondPerson: alice created this run and cannot approve or reject its "
+        "steps; another person must"
+    )
+    assert _denial(admission.append("alice", "r", _approval("alice"))) == expected
+    assert _denial(admission.append("alice", "r", _approval("alice", "reject"))) == expected
+
+    run = json.loads(admission.append("bob", "r", _approval("bob")).stdout)
+    assert run["spec"]["approvals"] == [_approval("bob")]
+
+    # Nor can the creator approve up front, in the create itself.
+    proc, _ = admission.create("alice", _run("r2", policy=policy, approvals=[_approval("alice")]))
+    assert _denial(proc) == expected
+
+
+def test_require_second_person_fails_closed_without_a_recorded_creator(
+    admission: Admission,
+) -> None:
+    """A run created before the policies were in force has no created-by: with
+    requireSecondPerson nobody can approve it, and the annotation cannot be added later."""
+    kubectl = admission.cluster.kubectl
+    ns = admission.namespace
+    kubectl("label", "namespace", ns, f"{SCOPE_LABEL}-")
+    try:
+        wait_for("the policies to stop acting on the namespace", admission.not_enforced)
+        admission.created("alice", _run("old", policy={"requireSecondPerson": True}, approvals=[]))
+    finally:
+        kubectl("label", "namespace", ns, f"{SCOPE_LABEL}={ns}")
+    wait_for("the policies to act on the namespace again", admission.enforced)
+    assert m.ANNOTATION_CREATED_BY not in (
+        admission.get("old")["metadata"].get("annotations") or {}
+    )
+
+    assert _denial(admission.append("bob", "old", _approval("bob"))) == (
+        "policy.requireSecondPerson: the run has no agentrun.dev/created-by annotation (it was "
+        "created before the agentrun-identity policy), so a second person cannot be verified"
+    )
+    key = "/metadata/annotations"
+    proc = admission.patch(
+        "alice", "old", [{"op": "add", "path": key, "value": {m.ANNOTATION_CREATED_BY: "alice"}}]
+    )
+    assert _denial(proc) == (
+        "metadata.annotations[agentrun.dev/created-by] cannot change: "
+        "it records who created the run (nobody recorded)"
+    )
+    # Changes that add no decision still go through.
+    admission.patched("bob", "old", [{"op": "add", "path": "/spec/suspend", "value": True}])
+
+
+def test_existing_approvals_cannot_be_edited_or_removed(admission: Admission) -> None:
+    admission.created("alice", _run("r", approvals=[]))
+    assert admission.append("bob", "r", _approval("bob")).returncode == 0
+
+    changed = (
+        "spec.approvals is append-only: existing entries cannot be changed or reordered "
+        "(the entry for step deploy by bob was changed)"
+    )
+    for field, value in (("reason", "changed my mind"), ("decision", "reject")):
+        op = {"op": "replace", "path": f"/spec/approvals/0/{field}", "value": value}
+        assert _denial(admission.patch("bob", "r", [op])) == changed
+
+    removed = "spec.approvals is append-only: entries cannot be removed (it had 1, now 0)"
+    for user in ("bob", "admin"):
+        proc = admission.patch(user, "r", [{"op": "remove", "path": "/spec/approvals/0"}])
+        assert _denial(proc) == removed
+    proc = admission.patch("alice", "r", [{"op": "remove", "path": "/spec/approvals"}])
+    assert _denial(proc) == removed
+
+    # Swapping an entry for a new one of one's own is a change, not an append.
+    proc = admission.patch(
+        "alice", "r", [{"op": "replace", "path": "/spec/approvals/0", "value": _approval("alice")}]
+    )
+    assert _denial(proc) == changed
+
+    # New entries go at the end; inserting before an existing one reorders the list.
+    proc = admission.patch(
+        "alice", "r", [{"op": "add", "path": "/spec/approvals/0", "value": _approval("alice")}]
+    )
+    assert (
+        _denial(proc)
+        == "spec.approvals is append-only: existing entries cannot be changed or reordered"
+    )
+    assert admission.append("alice", "r", _approval("alice", "reject")).returncode == 0
+    assert admission.get("r")["spec"]["approvals"] == [
+        _approval("bob"),
+        _approval("alice", "reject"),
+    ]
+
+
+def test_policy_cannot_change_after_creation(admission: Admission) -> None:
+    admission.created("alice", _run("r", policy={"approverGroups": [APPROVERS]}))
+
+    # Dropping approverGroups in the same update that adds carol's approval does not help:
+    # the groups of the stored run decide.
+    proc = admission.patch(
+        "carol",
+        "r",
+        [
+            {"op": "remove", "path": "/spec/policy"},
+            {"op": "add", "path": "/spec/approvals", "value": [_approval("carol")]},
+        ],
+    )
+    assert _denial(proc) == (
+        "carol may not approve or reject steps of this run: "
+        "policy.approverGroups allows only members of agentrun-approvers"
+    )
+    expected = "spec.policy cannot change after the run is created"
+    proc = admission.patch("carol", "r", [{"op": "remove", "path": "/spec/policy"}])
+    assert _denial(proc) == expected
+    for user in ("alice", "admin"):
+        op = {"op": "add", "path": "/spec/policy/requireSecondPerson", "value": True}
+        assert _denial(admission.patch(user, "r", [op])) == expected
+
+    # A run created without a policy cannot get one either.
+    admission.created("alice", _run("open"))
+    proc = admission.patch(
+        "alice", "open", [{"op": "add", "path": "/spec/policy", "value": {"approverGroups": ["x"]}}]
+    )
+    assert _denial(proc) == expected
