@@ -148,8 +148,15 @@ def run_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={s.LABEL_RUN: kopf.PRESENT})
-def job_changed(labels: kopf.Labels, namespace: str | None, memo: Any, **_: Any) -> None:
-    _state(memo).wake(namespace or "", labels[s.LABEL_RUN])
+def job_changed(
+    labels: kopf.Labels,
+    annotations: kopf.Annotations,
+    namespace: str | None,
+    memo: Any,
+    **_: Any,
+) -> None:
+    name = annotations.get(s.ANNOTATION_RUN_NAME) or labels[s.LABEL_RUN]
+    _state(memo).wake(namespace or "", name)
 
 
 @kopf.on.delete(m.GROUP, m.VERSION, m.PLURAL, backoff=2.0)

@@ -6,6 +6,7 @@ cluster; the reconciler does the I/O.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -33,9 +34,18 @@ RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
 """The restricted Pod Security Standard, container level."""
 
 
+def label_value(text: str) -> str:
+    """``text`` as a label value (at most 63 characters): longer ones are shortened and made
+    unique with a hash; selectors use the run uid label, this one is for people."""
+    if len(text) <= 63:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{text[:54].rstrip('-._')}-{digest}"
+
+
 def run_labels(run: m.AgentRun) -> dict[str, str]:
     return {
-        s.LABEL_RUN: run.metadata.name,
+        s.LABEL_RUN: label_value(run.metadata.name),
         s.LABEL_RUN_UID: run.metadata.uid,
         s.LABEL_MANAGED_BY: s.MANAGED_BY,
     }
@@ -115,6 +125,7 @@ def build_job(run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
             "namespace": run.metadata.namespace,
             "labels": labels,
             "annotations": {
+                s.ANNOTATION_RUN_NAME: run.metadata.name,
                 f"{s.ANNOTATION_PREFIX}/idempotency-key": action.idempotency_key,
                 f"{s.ANNOTATION_PREFIX}/args-hash": action.args_hash,
             },

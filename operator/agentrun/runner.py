@@ -35,6 +35,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.envelope import SUMMARY_LIMIT, result_object_data
+from agentrun.jobs import label_value
 
 TERMINATION_LIMIT = 4096
 INLINE_LIMIT = 3072
@@ -123,7 +124,7 @@ class ResultStore:
                 "name": name,
                 "namespace": ident.namespace,
                 "labels": {
-                    s.LABEL_RUN: ident.run,
+                    s.LABEL_RUN: label_value(ident.run),
                     s.LABEL_RUN_UID: ident.run_uid,
                     s.LABEL_STEP: ident.step,
                     s.LABEL_ATTEMPT: str(ident.attempt),

@@ -20,6 +20,9 @@ ANNOTATION_PREFIX = GROUP
 """Prefix of kopf's own bookkeeping annotations (instead of kopf.zalando.org)."""
 
 LABEL_RUN = f"{GROUP}/run"
+"""The run's name, shortened with a hash past 63 characters (see jobs.label_value)."""
+ANNOTATION_RUN_NAME = f"{GROUP}/run-name"
+"""The run's full name, on step Jobs."""
 LABEL_RUN_UID = f"{GROUP}/run-uid"
 LABEL_STEP = f"{GROUP}/step"
 LABEL_ATTEMPT = f"{GROUP}/attempt"

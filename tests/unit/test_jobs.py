@@ -131,3 +131,13 @@ def test_running_and_deleting_jobs() -> None:
 
 def test_jobs_without_step_labels_are_ignored() -> None:
     assert jobs.observe_job({"metadata": {"name": "x", "labels": {}}}, []) is None
+
+
+def test_long_run_names_fit_in_labels_and_stay_in_an_annotation() -> None:
+    run = make_run([step("a")], name="r" * 80)
+    job = jobs.build_job(run, _create(run))
+    label = job["metadata"]["labels"][s.LABEL_RUN]
+    assert len(label) <= 63 and label.startswith("r" * 50)
+    assert label != jobs.label_value("r" * 81)
+    assert job["metadata"]["annotations"][s.ANNOTATION_RUN_NAME] == "r" * 80
+    assert jobs.label_value("short") == "short"

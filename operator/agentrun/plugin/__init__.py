@@ -1,0 +1,13 @@
+"""``kubectl agentrun``: the kubectl plugin for AgentRuns.
+
+Installed as the ``kubectl-agentrun`` console script, so ``kubectl agentrun ...`` finds it
+on PATH. Commands: approve, reject, suspend, resume, cancel, status, history, result, fork,
+wait. ``kubectl`` hands the plugin only what follows its name, so cluster flags
+(``-n``, ``--context``, ``--kubeconfig``) go after ``agentrun``.
+"""
+
+from __future__ import annotations
+
+from agentrun.plugin.cli import build_parser, main
+
+__all__ = ["build_parser", "main"]

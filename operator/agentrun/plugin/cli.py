@@ -1,0 +1,598 @@
+"""``kubectl agentrun``: the commands and their argument parsing.
+
+Exit codes: 0 done, 1 failed (the message on stderr says why), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from agentrun import audit
+from agentrun.api import models as m
+from agentrun.core import naming
+from agentrun.plugin import fork as forking
+from agentrun.plugin import render
+from agentrun.plugin.kube import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    PluginError,
+    Session,
+    api_message,
+    strip_kind,
+)
+
+CONFLICT_RETRIES = 5
+WAIT_INTERVAL_SECONDS = 1.0
+
+Command = Callable[[Session, argparse.Namespace], int]
+
+
+def _out(*lines: str) -> None:
+    for line in lines:
+        print(line)
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ref(run: m.AgentRun) -> str:
+    return f"agentrun/{run.metadata.name}"
+
+
+def _phase(run: m.AgentRun) -> m.RunPhase | None:
+    return run.status.phase if run.status else None
+
+
+def _plan_step(run: m.AgentRun, step: str) -> m.Step:
+    found = run.step(step)
+    if found is None:
+        names = ", ".join(s.name for s in run.spec.plan.steps)
+        raise PluginError(
+            f"step '{step}' is not a step of {_ref(run)} in namespace "
+            f"'{run.metadata.namespace}' (its steps: {names})"
+        )
+    return found
+
+
+def _step_status(run: m.AgentRun, step: str) -> m.StepStatus | None:
+    steps = run.status.steps if run.status else None
+    return next((st for st in steps or [] if st.name == step), None)
+
+
+# -- approve / reject -----------------------------------------------------------------------
+
+
+def decidable(run: m.AgentRun, step: str, force: bool) -> m.StepStatus:
+    """The status of ``step`` if a decision on it can be recorded now; else why not."""
+    _plan_step(run, step)
+    st = _step_status(run, step)
+    phase = st.phase if st else "not evaluated yet"
+    if st is None or not st.args_hash:
+        raise PluginError(
+            f"step '{step}' of {_ref(run)} has no argsHash yet (phase {phase}): the operator "
+            "computes it once the step's dependencies have succeeded; a decision must name it"
+        )
+    if force:
+        return st
+    if _phase(run) in m.TERMINAL_RUN_PHASES:
+        raise PluginError(
+            f"{_ref(run)} has already finished ({_phase(run)}); its argsHash is "
+            f"{st.args_hash}; use --force to record a decision anyway"
+        )
+    if st.phase != m.StepPhase.WAITING_FOR_APPROVAL:
+        raise PluginError(
+            f"step '{step}' is not waiting for approval (phase {st.phase}); its argsHash is "
+            f"{st.args_hash}; use --force to record a decision on these arguments anyway"
+        )
+    return st
+
+
+def approval_entry(
+    step: str, decision: m.Decision, args_hash: str, by: str, reason: str | None, at: datetime
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "step": step,
+        "decision": decision.value,
+        "argsHash": args_hash,
+        "by": by,
+    }
+    if reason:
+        entry["reason"] = reason
+    entry["at"] = render.rfc3339(at)
+    return entry
+
+
+def append_approval_patch(body: dict[str, Any], entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch appending ``entry`` to spec.approvals, only if the run is unchanged."""
+    version = (body.get("metadata") or {}).get("resourceVersion")
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": version}
+    ]
+    if (body.get("spec") or {}).get("approvals") is None:
+        ops.append({"op": "add", "path": "/spec/approvals", "value": [entry]})
+    else:
+        ops.append({"op": "add", "path": "/spec/approvals/-", "value": entry})
+    return ops
+
+
+def _decide(session: Session, args: argparse.Namespace, decision: m.Decision) -> int:
+    name, step = strip_kind(args.run), args.step
+    reason: str | None = args.reason
+    user = session.username()
+    for attempt in range(CONFLICT_RETRIES):
+        if attempt:
+            time.sleep(0.2 * attempt)
+        body, run = session.get_run(name)
+        st = decidable(run, step, args.force)
+        h = str(st.args_hash)
+        approvals = run.spec.approvals or []
+        same = [
+            a
+            for a in approvals
+            if a.step == step and a.args_hash == h and a.decision == decision and a.by == user
+        ]
+        done = "approved" if decision == m.Decision.APPROVE else "rejected"
+        if same:
+            _out(
+                f"step {step} of {_ref(run)} (args {render.short_hash(h)}) was already {done} "
+                f"by {user}; nothing to do"
+            )
+            return 0
+        if len(approvals) >= m.MAX_APPROVALS:
+            raise PluginError(
+                f"{_ref(run)} already holds {m.MAX_APPROVALS} decisions (spec.approvals is "
+                "full); fork the run to start over"
+            )
+        entry = approval_entry(step, decision, h, user, reason, _now())
+        try:
+            session.patch_run(name, append_approval_patch(body, entry), JSON_PATCH)
+        except ApiException as error:
+            if error.status == 404:
+                raise PluginError(
+                    f"agentrun '{name}' not found in namespace '{session.namespace}'"
+                ) from None
+            if error.status == 409 or (error.status == 422 and _changed_since(session, name, body)):
+                continue  # someone else changed the run meanwhile: read it again
+            raise PluginError(
+                f"the API server refused to record the decision: {api_message(error)}"
+            ) from None
+        why = f": {reason}" if reason and decision == m.Decision.REJECT else ""
+        _out(f"{done} step {step} of {_ref(run)} (args {render.short_hash(h)}) as {user}{why}")
+        return 0
+    raise PluginError(
+        f"agentrun '{name}' kept changing while the decision was being recorded "
+        f"({CONFLICT_RETRIES} tries); run the command again"
+    )
+
+
+def _changed_since(session: Session, name: str, body: dict[str, Any]) -> bool:
+    """Whether a refused patch failed its resourceVersion test (the run moved on), rather
+    than being refused by validation or admission."""
+    try:
+        now = session.get_run_body(name)
+    except PluginError:
+        return False
+    old = (body.get("metadata") or {}).get("resourceVersion")
+    return bool((now.get("metadata") or {}).get("resourceVersion") != old)
+
+
+def cmd_approve(session: Session, args: argparse.Namespace) -> int:
+    return _decide(session, args, m.Decision.APPROVE)
+
+
+def cmd_reject(session: Session, args: argparse.Namespace) -> int:
+    return _decide(session, args, m.Decision.REJECT)
+
+
+# -- suspend / resume / cancel ----------------------------------------------------------------
+
+
+def _active_steps(run: m.AgentRun) -> list[str]:
+    steps = run.status.steps if run.status else None
+    return [st.name for st in steps or [] if st.phase in m.ACTIVE_STEP_PHASES]
+
+
+def _switch(
+    session: Session, args: argparse.Namespace, verb: str, field: str, value: bool, already: str
+) -> m.AgentRun | None:
+    """Merge-patch spec.<field> to ``value``; None (and a note) when there is nothing to do."""
+    name = strip_kind(args.run)
+    _, run = session.get_run(name)
+    phase = _phase(run)
+    if phase in m.TERMINAL_RUN_PHASES:
+        _out(f"{_ref(run)} has already finished ({phase}); nothing to {verb}")
+        return None
+    if bool(getattr(run.spec, field)) == value:
+        _out(f"{_ref(run)} {already}; nothing to do")
+        return None
+    with session.reporting(f"cannot {verb} {_ref(run)}"):
+        session.patch_run(name, {"spec": {field: value}}, MERGE_PATCH)
+    return run
+
+
+def cmd_suspend(session: Session, args: argparse.Namespace) -> int:
+    run = _switch(session, args, "suspend", "suspend", True, "is already suspended")
+    if run is not None:
+        active = _active_steps(run)
+        finishing = f"; {', '.join(active)} will finish" if active else ""
+        _out(f"suspended {_ref(run)} (spec.suspend: true): no new step starts{finishing}")
+    return 0
+
+
+def cmd_resume(session: Session, args: argparse.Namespace) -> int:
+    run = _switch(session, args, "resume", "suspend", False, "is not suspended")
+    if run is not None:
+        _out(f"resumed {_ref(run)} (spec.suspend: false)")
+    return 0
+
+
+def cmd_cancel(session: Session, args: argparse.Namespace) -> int:
+    run = _switch(session, args, "cancel", "cancel", True, "is already being cancelled")
+    if run is not None:
+        active = _active_steps(run)
+        stopping = f"stops {', '.join(active)} and " if active else ""
+        _out(
+            f"cancelled {_ref(run)} (spec.cancel: true): the operator {stopping}ends the run "
+            "as Cancelled; committed results are kept"
+        )
+    return 0
+
+
+# -- status / history / result -----------------------------------------------------------------
+
+
+def cmd_status(session: Session, args: argparse.Namespace) -> int:
+    _, run = session.get_run(strip_kind(args.run))
+    _out(*render.status_lines(run, _now()))
+    return 0
+
+
+def cmd_history(session: Session, args: argparse.Namespace) -> int:
+    _, run = session.get_run(strip_kind(args.run))
+    status = run.status or m.AgentRunStatus()
+    history = [t.to_wire() for t in status.history or []]
+    with session.reporting(f"cannot read the audit record of {_ref(run)}"):
+        record = audit.parse(session.audit_record(run))
+    if record:
+        timeline = render.merge_timeline(record, history)
+    else:
+        timeline = list(history)
+        if history:
+            _note(
+                f"note: {_ref(run)} has no audit record (yet); showing status.history, "
+                f"the last {len(history)} transitions"
+            )
+    if timeline:
+        _out(*render.history_lines(timeline))
+    else:
+        _out(f"{_ref(run)} has no transitions yet")
+    if not args.verify:
+        return 0
+    if not record:
+        raise PluginError(
+            f"{_ref(run)} has no audit record to verify (no ConfigMaps labelled "
+            f"agentrun.dev/run-uid={run.metadata.uid},agentrun.dev/object=audit)"
+        )
+    problems = verify_record(record, history, run)
+    if problems:
+        _note(f"audit record of {_ref(run)} is NOT intact ({len(problems)} problems):")
+        for problem in problems:
+            _note(f"  - {problem}")
+        return 1
+    _out(f"audit record intact: {len(record)} entries")
+    return 0
+
+
+def verify_record(
+    record: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], run: m.AgentRun
+) -> list[str]:
+    """The hash chain's problems, plus what status says the record should hold and does not."""
+    problems = audit.verify(record, run.metadata.uid)
+    problems.extend(render.record_disagreements(record, history))
+    recorded = run.status.audit.recorded_seq if run.status and run.status.audit else 0
+    last = max((int(e.get("seq") or 0) for e in record if isinstance(e.get("seq"), int)), default=0)
+    if recorded > last:
+        problems.append(
+            f"status.audit.recordedSeq is {recorded} but the record ends at entry {last}: "
+            "entries were removed"
+        )
+    return problems
+
+
+def cmd_result(session: Session, args: argparse.Namespace) -> int:
+    name, step = strip_kind(args.run), args.step
+    _, run = session.get_run(name)
+    _plan_step(run, step)
+    st = _step_status(run, step)
+    if st is None or (st.result is None and st.result_ref is None):
+        phase = st.phase if st else "not evaluated yet"
+        summary = f"; its summary: {st.summary}" if st and st.summary else ""
+        raise PluginError(f"step '{step}' of {_ref(run)} has no result (phase {phase}){summary}")
+    if st.result is not None:
+        content = st.result
+    else:
+        assert st.result_ref is not None
+        content = _read_ref(session, run, step, st.result_ref)
+    if st.result_digest and naming.sha256_text(content) != st.result_digest:
+        sys.stdout.write(content)
+        sys.stdout.flush()
+        raise PluginError(
+            f"the result of step '{step}' does not match its recorded digest "
+            f"{st.result_digest}: it was changed after the step committed it"
+        )
+    sys.stdout.write(content)
+    if sys.stdout.isatty() and not content.endswith("\n"):
+        sys.stdout.write("\n")
+    return 0
+
+
+def _read_ref(session: Session, run: m.AgentRun, step: str, ref: m.ResultRef) -> str:
+    where = f"{ref.kind} '{ref.name}' (key {ref.key})"
+    if ref.kind != "ConfigMap":
+        raise PluginError(
+            f"the result of step '{step}' is kept in a {where}; only ConfigMaps can be read"
+        )
+    with session.reporting(f"cannot read the result of step '{step}' from {where}"):
+        cm = session.get_config_map(ref.name)
+    if cm is None:
+        raise PluginError(
+            f"the result of step '{step}' of {_ref(run)} is kept in {where}, which does not exist "
+            f"in namespace '{session.namespace}'"
+        )
+    data = cm.get("data") or {}
+    if ref.key not in data:
+        raise PluginError(f"{where} has no key '{ref.key}' (keys: {', '.join(sorted(data))})")
+    return str(data[ref.key])
+
+
+# -- fork -----------------------------------------------------------------------------------
+
+
+def cmd_fork(session: Session, args: argparse.Namespace) -> int:
+    old_name = strip_kind(args.run)
+    body, run = session.get_run(old_name)
+    new_name = args.name or forking.default_name(old_name, forking.random_suffix())
+    try:
+        plan = forking.plan(run, args.from_step, new_name)
+    except ValueError as error:
+        raise PluginError(str(error)) from None
+
+    sources: dict[str, dict[str, Any]] = {}
+    contents: dict[str, str] = {}
+    for carry in plan.carry:
+        ref = carry.status.result_ref
+        if carry.copy_name is None or ref is None:
+            continue
+        cm = session.get_config_map(ref.name) if ref.kind == "ConfigMap" else None
+        data = (cm or {}).get("data") or {}
+        if cm is None or ref.key not in data:
+            raise PluginError(
+                f"cannot carry the result of step '{carry.step}': {ref.kind} '{ref.name}' "
+                f"(key {ref.key}) is gone; fork from '{carry.step}' or an earlier step instead"
+            )
+        content = str(data[ref.key])
+        digest = carry.status.result_digest
+        if digest and naming.sha256_text(content) != digest:
+            raise PluginError(
+                f"cannot carry the result of step '{carry.step}': ConfigMap '{ref.name}' no "
+                f"longer matches the digest {digest} the step committed"
+            )
+        sources[carry.step], contents[carry.step] = cm, content
+    entries = [forking.carried_result(plan, c, contents.get(c.step)) for c in plan.carry]
+
+    try:
+        created = session.create_run(forking.new_run(body, plan, entries))
+    except ApiException as error:
+        if error.status == 409:
+            raise PluginError(
+                f"agentrun '{new_name}' already exists in namespace '{session.namespace}'; "
+                "choose another --name"
+            ) from None
+        raise PluginError(f"cannot create agentrun '{new_name}': {api_message(error)}") from None
+    uid = str((created.get("metadata") or {}).get("uid", ""))
+    for carry in plan.carry:
+        if carry.step not in sources or carry.copy_name is None:
+            continue
+        copy = forking.result_copy(sources[carry.step], carry.copy_name, new_name, uid, carry.step)
+        try:
+            session.create_config_map(copy)
+        except (ApiException, PluginError) as error:
+            why = api_message(error) if isinstance(error, ApiException) else str(error)
+            _delete_quietly(session, new_name)
+            raise PluginError(
+                f"cannot copy the result of step '{carry.step}' into ConfigMap "
+                f"'{carry.copy_name}': {why}; agentrun '{new_name}' was deleted again"
+            ) from None
+    with session.reporting(
+        f"created agentrun '{new_name}' (suspended) but cannot resume it; "
+        f"run `kubectl agentrun resume {new_name}`"
+    ):
+        session.patch_run(new_name, {"spec": {"suspend": False}}, MERGE_PATCH)
+    carried = ", ".join(c.step for c in plan.carry) or "nothing"
+    _note(
+        f"forked {_ref(run)} at step {args.from_step}: carried {carried}; "
+        f"runs {', '.join(plan.rerun)}"
+    )
+    _out(new_name)
+    return 0
+
+
+def _delete_quietly(session: Session, name: str) -> None:
+    try:
+        session.delete_run(name)
+    except (ApiException, PluginError) as error:
+        _note(f"warning: could not delete agentrun '{name}' again: {error}")
+
+
+# -- wait -----------------------------------------------------------------------------------
+
+
+def cmd_wait(session: Session, args: argparse.Namespace) -> int:
+    name = strip_kind(args.run)
+    deadline = time.monotonic() + args.timeout
+    while True:
+        _, run = session.get_run(name)
+        status = run.status or m.AgentRunStatus()
+        if status.phase in m.TERMINAL_RUN_PHASES:
+            _out(f"{_ref(run)} {status.phase}" + (f": {status.message}" if status.message else ""))
+            return 0 if status.phase == m.RunPhase.SUCCEEDED else 1
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise PluginError(
+                f"timed out after {render.duration(args.timeout)} waiting for {_ref(run)} to "
+                f"finish (phase {status.phase or 'Pending'}"
+                + (f": {status.message})" if status.message else ")")
+            )
+        time.sleep(min(WAIT_INTERVAL_SECONDS, left))
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+
+
+def timeout_seconds(text: str) -> float:
+    """``300``, ``300s``, ``5m``, ``1h``: seconds, for --timeout."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a duration such as 300, 90s, 5m or 1h")
+    value = float(match.group(1))
+    factor = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+    return value * factor
+
+
+def _reason(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the reason must not be empty")
+    if len(text) > 1024:
+        raise argparse.ArgumentTypeError(f"the reason is {len(text)} characters; at most 1024")
+    return text
+
+
+def _add_connection_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """-n/--context/--kubeconfig, accepted before and after the command name."""
+    default = None if top else argparse.SUPPRESS
+    group = parser.add_argument_group("cluster")
+    group.add_argument(
+        "-n",
+        "--namespace",
+        default=default,
+        help="namespace of the run (default: the kubeconfig context's namespace, else default)",
+    )
+    group.add_argument("--context", default=default, help="kubeconfig context to use")
+    group.add_argument(
+        "--kubeconfig",
+        default=default,
+        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubectl agentrun",
+        description="Approve, inspect and steer AgentRuns (agentrun.dev/v1alpha1).",
+        epilog="Exit codes: 0 done, 1 failed (the reason is on stderr), 2 usage error.",
+    )
+    _add_connection_flags(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(
+        name: str, func: Command, help_text: str, more: str = ""
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=f"{help_text} {more}".strip())
+        _add_connection_flags(p, top=False)
+        p.set_defaults(func=func)
+        p.add_argument("run", metavar="RUN", help="name of the AgentRun")
+        return p
+
+    for name, func, verb in (
+        ("approve", cmd_approve, "Approve"),
+        ("reject", cmd_reject, "Reject"),
+    ):
+        p = command(
+            name,
+            func,
+            f"{verb} a step waiting for approval.",
+            "The decision is appended to spec.approvals, bound to the step's current argsHash, "
+            "in the name of the user the API server knows you as (a SelfSubjectReview).",
+        )
+        p.add_argument("step", metavar="STEP", help="the gated step")
+        p.add_argument(
+            "--reason",
+            type=_reason,
+            required=name == "reject",
+            help="why" + (" (required)" if name == "reject" else ""),
+        )
+        p.add_argument(
+            "--force",
+            action="store_true",
+            help="record the decision even if the step is not waiting for approval",
+        )
+    command("suspend", cmd_suspend, "Start no new step (running steps finish).")
+    command("resume", cmd_resume, "Let a suspended run go on.")
+    command("cancel", cmd_cancel, "Stop running steps and end the run as Cancelled (no undo).")
+    command("status", cmd_status, "Show the run and its steps as a tree.")
+    p = command("history", cmd_history, "Show the run's timeline from its audit record.")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check the audit record's hash chain (exit 1 if broken)",
+    )
+    p = command("result", cmd_result, "Print a step's full result, raw.")
+    p.add_argument("step", metavar="STEP")
+    p = command(
+        "fork",
+        cmd_fork,
+        "Run STEP and what follows it again, in a new run.",
+        "The new run has the same spec (without approvals, suspend and cancel) and carries "
+        "the results of every other step that succeeded; results kept in ConfigMaps are "
+        "copied, so they outlive the old run. Prints the new run's name.",
+    )
+    p.add_argument(
+        "--from", dest="from_step", metavar="STEP", required=True, help="run again from here"
+    )
+    p.add_argument("--name", help="name of the new run (default: RUN-fork-<4 letters>)")
+    p = command("wait", cmd_wait, "Wait until the run ends; exit 0 only if it Succeeded.")
+    p.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=300.0,
+        help="give up after this long (300, 90s, 5m, 1h; default 300s)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # usage errors exit 2
+    try:
+        session = Session.connect(
+            kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace
+        )
+        try:
+            func: Command = args.func
+            return func(session, args)
+        finally:
+            session.close()
+    except PluginError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.code
+    except ApiException as error:
+        print(f"error: {api_message(error)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1

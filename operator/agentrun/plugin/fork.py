@@ -1,0 +1,184 @@
+"""Planning a fork (``kubectl agentrun fork RUN --from STEP``): pure functions, no API calls.
+
+A fork is a new run with the same spec that starts again at one step. Every step of the old
+run that Succeeded and is neither that step nor downstream of it keeps its result: the new
+run gets it in ``spec.carriedResults`` and the operator marks it Succeeded without a Job.
+A result kept in a ConfigMap is copied into a ConfigMap owned by the new run, so deleting the
+old run loses nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+import secrets
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.core import naming
+from agentrun.plugin.render import downstream
+
+_DNS_LABEL = re.compile(m.DNS_LABEL_PATTERN)
+ANNOTATION_FORKED_FROM = f"{m.GROUP}/forked-from"
+"""On a forked run: ``namespace/name`` of the run it was forked from, and the step."""
+
+
+@dataclass(frozen=True)
+class Carry:
+    """One step whose result the fork keeps."""
+
+    step: str
+    status: m.StepStatus
+    copy_name: str | None = None
+    """The ConfigMap of the new run the result is copied into (results kept by reference)."""
+
+
+@dataclass(frozen=True)
+class ForkPlan:
+    """What a fork of ``source`` at ``from_step`` keeps and what it runs again."""
+
+    source: str
+    """``namespace/name`` of the run forked."""
+    name: str
+    from_step: str
+    carry: list[Carry] = field(default_factory=list)
+    rerun: list[str] = field(default_factory=list)
+    """Steps the new run runs, in plan order."""
+
+
+def random_suffix(length: int = 4) -> str:
+    return "".join(secrets.choice(string.ascii_lowercase) for _ in range(length))
+
+
+def default_name(run: str, suffix: str) -> str:
+    """``RUN-fork-xxxx``, with RUN shortened so that the whole stays within 63 characters
+    (the operator puts the run's name in label values, which allow no more)."""
+    tail = f"-fork-{suffix}"
+    return run[: naming.MAX_NAME - len(tail)].rstrip("-.") + tail
+
+
+def copy_name(new_run: str, step: str) -> str:
+    """``<NEW>-carried-<step>``, or a shortened, hashed form of it to stay a DNS label."""
+    plain = f"{new_run}-carried-{step}"
+    if len(plain) <= naming.MAX_NAME and _DNS_LABEL.match(plain):
+        return plain
+    digest = hashlib.sha256(f"{new_run}\x00{step}".encode()).hexdigest()[:8]
+    return naming.dns_label(f"{new_run}-carried-{step}", digest)
+
+
+def plan(run: m.AgentRun, from_step: str, name: str) -> ForkPlan:
+    """Which steps the fork carries and which it runs. ``ValueError`` (a message for people)
+    when ``from_step`` is not a step of the plan."""
+    steps = run.spec.plan.steps
+    names = [st.name for st in steps]
+    if from_step not in names:
+        raise ValueError(
+            f"step '{from_step}' is not a step of agentrun/{run.metadata.name} "
+            f"(its steps: {', '.join(names)})"
+        )
+    again = downstream(steps, from_step)
+    statuses = {st.name: st for st in (run.status.steps if run.status else None) or []}
+    carry: list[Carry] = []
+    rerun: list[str] = []
+    for step_name in names:
+        st = statuses.get(step_name)
+        if step_name in again or st is None or st.phase != m.StepPhase.SUCCEEDED:
+            rerun.append(step_name)
+            continue
+        target = copy_name(name, step_name) if st.result_ref is not None else None
+        carry.append(Carry(step_name, st, target))
+    return ForkPlan(
+        source=f"{run.metadata.namespace}/{run.metadata.name}",
+        name=name,
+        from_step=from_step,
+        carry=carry,
+        rerun=rerun,
+    )
+
+
+def carried_result(fork: ForkPlan, carry: Carry, content: str | None) -> dict[str, Any]:
+    """The ``spec.carriedResults`` entry of one carried step. ``content`` is the full result
+    (read from the old run's ConfigMap for results kept by reference)."""
+    st = carry.status
+    entry: dict[str, Any] = {"step": carry.step, "fromRun": fork.source}
+    if st.summary:
+        entry["summary"] = st.summary[:1024]
+    if carry.copy_name is not None and st.result_ref is not None:
+        entry["resultRef"] = {
+            "kind": "ConfigMap",
+            "name": carry.copy_name,
+            "key": st.result_ref.key,
+        }
+    elif st.result is not None:
+        entry["result"] = st.result
+        content = st.result
+    digest = st.result_digest or (naming.sha256_text(content) if content is not None else None)
+    if digest:
+        entry["resultDigest"] = digest
+    return entry
+
+
+def new_run(
+    old: Mapping[str, Any], fork: ForkPlan, carried: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The new AgentRun: the old spec without decisions and switches, suspended until the
+    carried results are copied, with the carried results (fixed at creation)."""
+    spec = copy.deepcopy(dict(old.get("spec") or {}))
+    for key in ("approvals", "suspend", "cancel", "carriedResults"):
+        spec.pop(key, None)
+    spec["suspend"] = True
+    if carried:
+        spec["carriedResults"] = carried
+    meta = old.get("metadata") or {}
+    labels = {
+        k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(f"{m.GROUP}/")
+    }
+    metadata: dict[str, Any] = {
+        "name": fork.name,
+        "annotations": {ANNOTATION_FORKED_FROM: f"{fork.source} at step {fork.from_step}"},
+    }
+    if labels:
+        metadata["labels"] = labels
+    return {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": metadata, "spec": spec}
+
+
+def result_copy(
+    source: Mapping[str, Any], name: str, run_name: str, run_uid: str, step: str
+) -> dict[str, Any]:
+    """A copy of a result ConfigMap, owned by the new run (not as its controller)."""
+    meta = source.get("metadata") or {}
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "labels": {
+                s.LABEL_RUN: run_name[:63].rstrip("-."),
+                s.LABEL_RUN_UID: run_uid,
+                s.LABEL_STEP: step,
+                s.LABEL_KIND: "result",
+            },
+            "annotations": {
+                f"{m.GROUP}/carried-from": f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": m.API_VERSION,
+                    "kind": m.KIND,
+                    "name": run_name,
+                    "uid": run_uid,
+                    "controller": False,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "data": dict(source.get("data") or {}),
+    }
+    if source.get("binaryData"):
+        body["binaryData"] = dict(source["binaryData"])
+    return body
