@@ -136,41 +136,33 @@ def build_job(run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
     }
 
 
+def _owned_config_map(
+    run: m.AgentRun, name: str, labels: Mapping[str, str], data: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": run.metadata.namespace,
+            "labels": {**run_labels(run), **labels},
+            "ownerReferences": [owner_reference(run)],
+        },
+        "data": dict(data),
+    }
+
+
 def build_result_config_map(
     run: m.AgentRun, name: str, step: str, attempt: int, data: Iterable[tuple[str, str]]
 ) -> dict[str, Any]:
     """The ConfigMap holding a result too large for status."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": run.metadata.namespace,
-            "labels": {
-                **run_labels(run),
-                s.LABEL_STEP: step,
-                s.LABEL_ATTEMPT: str(attempt),
-                s.LABEL_KIND: "result",
-            },
-            "ownerReferences": [owner_reference(run)],
-        },
-        "data": dict(data),
-    }
+    labels = {s.LABEL_STEP: step, s.LABEL_ATTEMPT: str(attempt), s.LABEL_KIND: "result"}
+    return _owned_config_map(run, name, labels, dict(data))
 
 
 def build_audit_config_map(run: m.AgentRun, name: str, data: Mapping[str, str]) -> dict[str, Any]:
     """One chunk of the run's audit record."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": run.metadata.namespace,
-            "labels": {**run_labels(run), s.LABEL_KIND: "audit"},
-            "ownerReferences": [owner_reference(run)],
-        },
-        "data": dict(data),
-    }
+    return _owned_config_map(run, name, {s.LABEL_KIND: "audit"}, data)
 
 
 def _time(value: Any) -> datetime | None:
