@@ -462,6 +462,7 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
             input_digests,
         )
         st.args_hash = h
+        decision = None
         if _needs_approval(b.run, step):
             decision = _decision_for(b.run, step.name, h)
             if decision is None:
@@ -491,7 +492,7 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
                 f"step {step.name} not started",
             )
             return
-        _commit_launch_intent(b, step, st, h, input_env, first)
+        _commit_launch_intent(b, step, st, h, input_env, first, decision)
 
 
 def _wait_for_approval(b: _Builder, step: m.Step, st: m.StepStatus, h: str) -> bool:
@@ -544,6 +545,7 @@ def _commit_launch_intent(
     h: str,
     input_env: tuple[m.EnvVar, ...],
     first: bool,
+    approval: m.Approval | None,
 ) -> None:
     usage = b.status.usage or m.Usage()
     st.attempt += 1
@@ -558,13 +560,17 @@ def _commit_launch_intent(
     st.attempt_started_at = b.now
     st.next_attempt_at = None
     st.approval_requested_at = None
-    approved = f" (approved by {st.decided_by})" if st.decided_by and first else ""
+    approved = ""
+    if approval is not None and first:
+        approved = f" (approved by {approval.by}" + (
+            f": {approval.reason})" if approval.reason else ")"
+        )
     b.move(
         st,
         SP.LAUNCHING,
         "Launching",
         f"attempt {st.attempt} launching as Job {st.job_name}{approved}",
-        st.decided_by if first else None,
+        approval.by if approval is not None and first else None,
     )
     b.after.append(CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env))
 
