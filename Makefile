@@ -15,8 +15,9 @@ sync: ## create .venv from the lockfile
 	$(UV) sync --locked
 
 .PHONY: crds
-crds: sync ## regenerate crds/ from the API models
+crds: sync ## regenerate crds/ from the API models (and its copies for kustomize and Helm)
 	$(RUN) agentrun crd -o crds/agentrun.dev_agentruns.yaml
+	hack/helm/sync-crds.sh
 
 .PHONY: lint
 lint: sync ## ruff and mypy --strict

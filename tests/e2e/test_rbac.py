@@ -1,0 +1,504 @@
+"""The operator runs with exactly the RBAC the Helm chart grants, and with nothing more.
+
+The chart's ServiceAccount, (Cluster)Role and binding are rendered with ``helm template`` and
+applied; the operator process gets a token kubeconfig of that ServiceAccount (never the admin's)
+and must carry examples/incident-investigation.yaml to Succeeded, a run with a short retention
+to its deletion, and a deleted run through cleanup, without a single 403 in its log. Then the
+same identity is shown to be refused what it must not do: read Secrets, create pods, delete
+namespaces, create or edit runs' specs and, in namespaced mode, touch anything outside the
+namespaces it watches.
+
+One more test runs on a control plane of its own with the OwnerReferencesPermissionEnforcement
+admission plugin (on in OpenShift and some hardened clusters): step Jobs and result ConfigMaps
+name their run as owner with blockOwnerDeletion, which that plugin only allows with ``update``
+on ``agentruns/finalizers``; it shows the chart's rules pass, and fail without that one rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from agentrun.api.models import GROUP, PLURAL, VERSION
+from agentrun.devcluster.controlplane import ControlPlane
+from agentrun.devcluster.node import NodeProcess
+from agentrun.devcluster.operator import OperatorProcess
+from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
+from agentrun.settings import LABEL_RUN_UID, RUN_FINALIZER
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "agentrun-operator"
+CRDS = ROOT / "crds"
+EXAMPLE = ROOT / "examples" / "incident-investigation.yaml"
+EXAMPLE_RUN = "investigate-latency"
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+OPERATOR_ENV = {"AGENTRUN_RESYNC_SECONDS": "5", "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "2"}
+
+Docs = list[dict[str, Any]]
+
+
+# -- the chart's RBAC -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def helm_binary() -> Path:
+    proc = subprocess.run(
+        ["bash", str(ROOT / "hack" / "build-helm.sh")],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"hack/build-helm.sh failed with exit code {proc.returncode}")
+    return Path(proc.stdout.strip().splitlines()[-1]) / "helm"
+
+
+def render_rbac(
+    helm_binary: Path, tmp_path: Path, release: str, namespace: str, *values: str
+) -> Docs:
+    """The chart's ServiceAccount and RBAC objects for release ``release`` in ``namespace``."""
+    home = tmp_path / "helm-home"
+    env = {
+        **os.environ,
+        **{f"HELM_{d}_HOME": str(home / d.lower()) for d in ("CONFIG", "CACHE", "DATA")},
+    }
+    args = ["template", release, str(CHART), "-n", namespace]
+    args += ["--set", f"fullnameOverride={release}", "--set", "admissionPolicies.enabled=false"]
+    proc = subprocess.run(
+        [str(helm_binary), *args, *values], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if isinstance(d, dict)]
+    return [
+        d
+        for d in docs
+        if d["kind"] in RBAC_KINDS
+        and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
+    ]
+
+
+@dataclass
+class Identity:
+    """The operator's ServiceAccount, with a token kubeconfig of its own."""
+
+    namespace: str
+    name: str
+    kubeconfig: Path
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.name}"
+
+
+InstallRbac = Callable[..., Identity]
+
+
+@pytest.fixture
+def install_chart_rbac(
+    cluster: TestCluster, helm_binary: Path, tmp_path: Path
+) -> Iterator[InstallRbac]:
+    """``install_chart_rbac(release_namespace, *helm_values, edit=None, on=cluster)``: apply the
+    chart's RBAC objects (``edit`` may change them first) and return the identity. Cluster-scoped
+    objects are deleted afterwards (the namespaced ones go with their namespaces)."""
+    applied: list[tuple[TestCluster, Docs]] = []
+
+    def install(
+        release_namespace: str,
+        *values: str,
+        edit: Callable[[Docs], Docs] | None = None,
+        on: TestCluster | None = None,
+    ) -> Identity:
+        target = on or cluster
+        release = f"ar-{release_namespace}"[:50]
+        docs = render_rbac(helm_binary, tmp_path, release, release_namespace, *values)
+        if edit is not None:
+            docs = edit(docs)
+        target.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+        applied.append((target, docs))
+        account = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
+        kubeconfig = target.mint_serviceaccount_kubeconfig(account["namespace"], account["name"])
+        return Identity(account["namespace"], account["name"], kubeconfig)
+
+    yield install
+    for target, docs in applied:
+        for doc in docs:
+            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                target.kubectl(
+                    "delete",
+                    doc["kind"].lower(),
+                    doc["metadata"]["name"],
+                    "--ignore-not-found",
+                    check=False,
+                )
+
+
+def can_i(cluster: TestCluster, who: Identity, *args: str) -> bool:
+    """``kubectl auth can-i`` asked as the ServiceAccount itself (its own token)."""
+    proc = cluster.kubectl("auth", "can-i", *args, kubeconfig=who.kubeconfig, check=False)
+    answer = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr
+    assert answer in ("yes", "no"), f"kubectl auth can-i {' '.join(args)}: {proc.stderr}"
+    return answer == "yes"
+
+
+def forbidden_in(log: str) -> list[str]:
+    """Lines of an operator log that report a refused request."""
+    hits = []
+    for line in log.splitlines():
+        if "403" in line or "orbidden" in line or "Not enough permissions" in line:
+            hits.append(line[:600])
+    return hits
+
+
+# -- driving runs -----------------------------------------------------------------------------
+
+
+def short_lived_run(name: str) -> str:
+    """A one-step run that the operator deletes 1 s after it finishes (retention)."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentRun",
+            "metadata": {"name": name},
+            "spec": {
+                "goal": "one step, then deleted by the operator",
+                "retention": {"ttlSecondsAfterFinished": 1},
+                "plan": {
+                    "steps": [
+                        {
+                            "name": "report",
+                            "container": {
+                                "image": "busybox:1.36",
+                                "command": ["sh", "-c", "echo done > /dev/termination-log"],
+                            },
+                        }
+                    ]
+                },
+            },
+        }
+    )
+
+
+def exercise_operator(cluster: TestCluster, kube: KubeClients, namespace: str) -> None:
+    """Every kind of request the operator makes: the example to Succeeded (Jobs, results,
+    audit ConfigMaps, Events, Job deletion), a run deleted by its retention, and deletion
+    cleanup of the example."""
+    cluster.kubectl("-n", namespace, "apply", "-f", str(EXAMPLE))
+    cluster.kubectl("-n", namespace, "apply", "-f", "-", input=short_lived_run("short-lived"))
+    cluster.kubectl(
+        "-n",
+        namespace,
+        "wait",
+        "--for=condition=Succeeded",
+        f"agentrun/{EXAMPLE_RUN}",
+        "--timeout=120s",
+        timeout=150,
+    )
+    cluster.kubectl(
+        "-n", namespace, "wait", "--for=delete", "agentrun/short-lived", "--timeout=60s", timeout=90
+    )
+    run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, EXAMPLE_RUN)
+    uid = run["metadata"]["uid"]
+    wait_for(
+        "the example's finished Jobs to be deleted after their grace period",
+        lambda: not kube.batch.list_namespaced_job(namespace, label_selector=LABEL_RUN_UID).items,
+        timeout=60,
+    )
+    cluster.kubectl(
+        "-n", namespace, "delete", f"agentrun/{EXAMPLE_RUN}", "--timeout=60s", timeout=90
+    )
+    selector = f"{LABEL_RUN_UID}={uid}"
+    assert not kube.core.list_namespaced_config_map(namespace, label_selector=selector).items
+    assert not kube.core.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def operator_as(identity: Identity, tmp_path: Path, **kwargs: Any) -> OperatorProcess:
+    return OperatorProcess(
+        identity.kubeconfig,
+        env=OPERATOR_ENV,
+        log_path=tmp_path / f"operator-{identity.name}.log",
+        **kwargs,
+    )
+
+
+@contextlib.contextmanager
+def foreign_runs_restored(kube: KubeClients, namespace: str) -> Iterator[None]:
+    """An operator watching every namespace also puts its finalizer on runs other tests left
+    behind (e.g. in namespaces still being deleted); take it off again once it has stopped."""
+
+    def finalized() -> dict[str, tuple[str, str]]:
+        items = kube.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+        return {
+            i["metadata"]["uid"]: (i["metadata"]["namespace"], i["metadata"]["name"])
+            for i in items
+            if i["metadata"]["namespace"] != namespace
+            and RUN_FINALIZER in (i["metadata"].get("finalizers") or [])
+        }
+
+    before = finalized()
+    try:
+        yield
+    finally:
+        for uid, (ns, name) in finalized().items():
+            if uid in before:
+                continue
+            with contextlib.suppress(ApiException):
+                run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+                left = [f for f in run["metadata"]["finalizers"] if f != RUN_FINALIZER]
+                kube.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": left or None}}
+                )
+
+
+# -- cluster-wide ---------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("crd_installed")
+def test_operator_runs_with_the_charts_cluster_role(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    install_chart_rbac: InstallRbac,
+    tmp_path: Path,
+) -> None:
+    identity = install_chart_rbac(namespace)
+    operator = operator_as(identity, tmp_path, all_namespaces=True)
+    with foreign_runs_restored(kube, namespace):
+        try:
+            operator.start()
+            exercise_operator(cluster, kube, namespace)
+        except BaseException:
+            print(operator.logs(lines=200))
+            raise
+        finally:
+            operator.stop()
+    assert forbidden_in(operator.log_text()) == [], operator.logs(lines=200)
+
+
+@pytest.mark.usefixtures("crd_installed")
+def test_charts_cluster_role_grants_nothing_more(
+    cluster: TestCluster, namespace: str, install_chart_rbac: InstallRbac
+) -> None:
+    me = install_chart_rbac(namespace)
+    ns = f"--namespace={namespace}"
+    # What it needs (a sanity check that the identity is the chart's).
+    for args in (
+        ("list", "agentruns.agentrun.dev", "--all-namespaces"),
+        ("watch", "jobs.batch", "--all-namespaces"),
+        ("create", "jobs.batch", ns),
+        ("update", "agentruns.agentrun.dev", "--subresource=status", ns),
+    ):
+        assert can_i(cluster, me, *args), f"{me.user} should be allowed to {' '.join(args)}"
+    # What it must never do.
+    for args in (
+        ("get", "secrets", ns),
+        ("list", "secrets", "--all-namespaces"),
+        ("watch", "secrets", ns),
+        ("create", "pods", ns),
+        ("create", "pods", "--subresource=exec", ns),
+        ("delete", "namespaces"),
+        ("create", "namespaces"),
+        ("create", "agentruns.agentrun.dev", ns),
+        ("update", "agentruns.agentrun.dev", ns),  # the spec belongs to users
+        ("create", "serviceaccounts", "--subresource=token", ns),
+        ("create", "rolebindings.rbac.authorization.k8s.io", ns),
+        ("create", "deployments.apps", ns),
+        ("impersonate", "users"),
+    ):
+        assert not can_i(cluster, me, *args), f"{me.user} must not {' '.join(args)}"
+    # And the API server refuses the real requests.
+    proc = cluster.kubectl("-n", namespace, "get", "secrets", kubeconfig=me.kubeconfig, check=False)
+    assert proc.returncode != 0 and "forbidden" in proc.stderr, proc.stderr
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "not-allowed", "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "busybox:1.36", "command": ["true"]}]},
+    }
+    proc = cluster.kubectl(
+        "create", "-f", "-", input=yaml.safe_dump(pod), kubeconfig=me.kubeconfig, check=False
+    )
+    assert proc.returncode != 0 and "forbidden" in proc.stderr, proc.stderr
+    proc = cluster.kubectl(
+        "delete", "namespace", namespace, "--dry-run=server", kubeconfig=me.kubeconfig, check=False
+    )
+    assert proc.returncode != 0 and "forbidden" in proc.stderr, proc.stderr
+
+
+# -- namespaced -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def home_namespace(kube: KubeClients, namespace: str) -> Iterator[str]:
+    """The operator's own namespace in namespaced mode (like agentrun-system), not watched."""
+    name = f"{namespace[:50]}-home"
+    kube.core.create_namespace(
+        body={"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}}
+    )
+    wait_for(f"ServiceAccount {name}/default", lambda: _has_default_sa(kube, name))
+    yield name
+    kube.core.delete_namespace(name, propagation_policy="Background")
+
+
+def _has_default_sa(kube: KubeClients, namespace: str) -> bool:
+    try:
+        kube.core.read_namespaced_service_account("default", namespace)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+
+
+@pytest.mark.usefixtures("crd_installed")
+def test_operator_runs_with_the_charts_namespaced_roles(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    home_namespace: str,
+    install_chart_rbac: InstallRbac,
+    tmp_path: Path,
+) -> None:
+    me = install_chart_rbac(home_namespace, "--set", f"watchNamespaces={{{namespace}}}")
+    operator = operator_as(me, tmp_path, namespaces=[namespace])
+    try:
+        operator.start()
+        exercise_operator(cluster, kube, namespace)
+    except BaseException:
+        print(operator.logs(lines=200))
+        raise
+    finally:
+        operator.stop()
+    log = operator.log_text()
+    assert forbidden_in(log) == [], operator.logs(lines=200)
+
+    # Only the watched namespace: nothing in its own namespace, nothing cluster-wide.
+    watched, elsewhere = f"--namespace={namespace}", f"--namespace={home_namespace}"
+    assert can_i(cluster, me, "patch", "agentruns.agentrun.dev", watched)
+    assert can_i(cluster, me, "create", "jobs.batch", watched)
+    # kopf's discovery (rbac.kopfDiscovery): list and watch of Namespaces and CRDs, read-only.
+    assert can_i(cluster, me, "watch", "namespaces")
+    assert can_i(cluster, me, "list", "customresourcedefinitions.apiextensions.k8s.io")
+    for args in (
+        ("get", "agentruns.agentrun.dev", elsewhere),
+        ("list", "agentruns.agentrun.dev", elsewhere),
+        ("patch", "agentruns.agentrun.dev", elsewhere),
+        ("delete", "agentruns.agentrun.dev", elsewhere),
+        ("list", "agentruns.agentrun.dev", "--all-namespaces"),
+        ("create", "jobs.batch", elsewhere),
+        ("list", "pods", elsewhere),
+        ("list", "configmaps", elsewhere),
+        ("get", "secrets", watched),
+        ("create", "pods", watched),
+        ("delete", "namespaces"),
+        ("get", "namespaces"),
+        ("delete", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("update", "customresourcedefinitions.apiextensions.k8s.io"),
+    ):
+        assert not can_i(cluster, me, *args), f"{me.user} must not {' '.join(args)}"
+    proc = cluster.kubectl(
+        "-n", home_namespace, "get", "agentruns", kubeconfig=me.kubeconfig, check=False
+    )
+    assert proc.returncode != 0 and "forbidden" in proc.stderr, proc.stderr
+
+
+# -- OwnerReferencesPermissionEnforcement -------------------------------------------------------
+
+
+@pytest.fixture
+def strict_cluster(cluster: TestCluster, tmp_path: Path) -> Iterator[TestCluster]:
+    """A control plane of its own (and a local node) with OwnerReferencesPermissionEnforcement,
+    the CRD installed. Local control plane only."""
+    if cluster.external or cluster.bin_dir is None:
+        pytest.skip("needs the local control plane (starts one with another admission plugin)")
+    cp = ControlPlane(
+        cluster.bin_dir,
+        state_dir=tmp_path / "strict-cp",
+        extra_apiserver_args=["--enable-admission-plugins=OwnerReferencesPermissionEnforcement"],
+    )
+    node: NodeProcess | None = None
+    try:
+        cp.start()
+        node = NodeProcess(
+            cp.kubeconfig, state_dir=cp.state_dir / "node", log_path=cp.logs_dir / "node.log"
+        ).start()
+        strict = TestCluster(
+            kubeconfig=cp.kubeconfig,
+            kubectl_path=str(cp.kubectl),
+            bin_dir=cluster.bin_dir,
+            control_plane=cp,
+            node=node,
+        )
+        strict.kubectl("apply", "--server-side", f"-f={CRDS}")
+        strict.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd/agentruns.agentrun.dev",
+            "--timeout=60s",
+            timeout=90,
+        )
+        yield strict
+    finally:
+        if node is not None:
+            node.stop()
+        cp.stop()
+
+
+def _namespace_on(target: TestCluster, kube: KubeClients, name: str) -> str:
+    kube.core.create_namespace(body={"metadata": {"name": name}})
+    wait_for(f"ServiceAccount {name}/default", lambda: _has_default_sa(kube, name))
+    return name
+
+
+def _without_finalizers_rule(docs: Docs) -> Docs:
+    for doc in docs:
+        if doc["kind"] in ("Role", "ClusterRole"):
+            doc["rules"] = [r for r in doc["rules"] if "agentruns/finalizers" not in r["resources"]]
+    return docs
+
+
+def test_owner_references_need_the_finalizers_rule(
+    strict_cluster: TestCluster, install_chart_rbac: InstallRbac, tmp_path: Path
+) -> None:
+    kube = KubeClients.from_kubeconfig(strict_cluster.kubeconfig)
+    try:
+        # The chart's rules: the example succeeds although every Job and ConfigMap the operator
+        # creates names the run as a blocking owner.
+        ns = _namespace_on(strict_cluster, kube, "strict-chart-rules")
+        me = install_chart_rbac(ns, "--set", f"watchNamespaces={{{ns}}}", on=strict_cluster)
+        with operator_as(me, tmp_path, namespaces=[ns]) as operator:
+            exercise_operator(strict_cluster, kube, ns)
+        assert forbidden_in(operator.log_text()) == []
+
+        # Without `update agentruns/finalizers` the plugin refuses the first step's Job.
+        ns = _namespace_on(strict_cluster, kube, "strict-no-finalizers-rule")
+        me = install_chart_rbac(
+            ns,
+            "--set",
+            f"watchNamespaces={{{ns}}}",
+            edit=_without_finalizers_rule,
+            on=strict_cluster,
+        )
+        with operator_as(me, tmp_path, namespaces=[ns]) as operator:
+            strict_cluster.kubectl("-n", ns, "apply", "-f", str(EXAMPLE))
+            wait_for(
+                "the operator to be refused a blocking owner reference",
+                lambda: "cannot set blockOwnerDeletion" in operator.log_text(),
+                timeout=60,
+            )
+            time.sleep(2)
+            assert not kube.batch.list_namespaced_job(ns).items
+            kube.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, EXAMPLE_RUN, {"metadata": {"finalizers": None}}
+            )
+    finally:
+        kube.close()

@@ -1,0 +1,540 @@
+"""Packaging: the Helm chart (charts/agentrun-operator) and the kubectl manifests (manifests/).
+
+* The copies of the CRD that packaging needs (the chart's crds/, manifests/crds/) equal the
+  generated crds/ (``hack/helm/sync-crds.sh`` refreshes them); the chart's admission policies
+  are manifests/admission itself (a symlink), not a copy. These need no cluster.
+* ``helm lint``, ``helm template`` for the default (cluster-wide) and the namespaced mode,
+  bad values refused by values.schema.json with a message that names the mistake.
+* Every rendered object, and ``kubectl apply -k manifests/``, accepted by the real API server
+  (``--dry-run=server``: admission and validation run, nothing is stored).
+* ``helm install`` into the cluster, both modes, then ``helm uninstall``. The operator pod is not
+  run (``replicaCount=0``): the local node runs commands, it does not pull images; the operator
+  under the chart's RBAC is tested in tests/e2e/test_rbac.py. The admission policies are
+  cluster-wide, so installs here leave them out (other tests create runs as the admin with
+  approvals signed by any name); the dry runs above check them.
+
+Helm is built from its pinned Go module by ``hack/build-helm.sh`` (cached after the first
+build, which takes a few minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "agentrun-operator"
+MANIFESTS = ROOT / "manifests"
+CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
+CRD_NAME = "agentruns.agentrun.dev"
+SYNC_HINT = "run hack/helm/sync-crds.sh (after `make crds`) to refresh the copy"
+
+Docs = list[dict[str, Any]]
+
+
+# -- helm ---------------------------------------------------------------------------------------
+
+
+def build_helm() -> Path:
+    """The helm binary built by hack/build-helm.sh (which prints its bin dir)."""
+    proc = subprocess.run(
+        ["bash", str(ROOT / "hack" / "build-helm.sh")],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"hack/build-helm.sh failed with exit code {proc.returncode}")
+    return Path(proc.stdout.strip().splitlines()[-1]) / "helm"
+
+
+class Helm:
+    """helm with its own config, cache and data dirs (the user's are never touched)."""
+
+    def __init__(self, binary: Path, home: Path, kubeconfig: Path | None = None) -> None:
+        self.binary = binary
+        self.kubeconfig = kubeconfig
+        self.env = {
+            **os.environ,
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.binary), *args]
+        if self.kubeconfig is not None:
+            cmd.append(f"--kubeconfig={self.kubeconfig}")
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=self.env, stdin=subprocess.DEVNULL, timeout=300
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"helm {' '.join(args)} exited with {proc.returncode}\n"
+                f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
+            )
+        return proc
+
+    def template(self, *args: str, namespace: str = "agentrun-system") -> Docs:
+        proc = self.run("template", "agentrun-operator", str(CHART), "-n", namespace, *args)
+        return [d for d in yaml.safe_load_all(proc.stdout) if isinstance(d, dict)]
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> Path:
+    return build_helm()
+
+
+@pytest.fixture(scope="session")
+def helm(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """helm without a cluster (lint, template)."""
+    return Helm(helm_binary, tmp_path_factory.mktemp("helm-home"))
+
+
+@pytest.fixture
+def cluster_helm(helm_binary: Path, cluster: TestCluster, tmp_path: Path) -> Helm:
+    """helm against the test cluster."""
+    return Helm(helm_binary, tmp_path / "helm-home", cluster.kubeconfig)
+
+
+def kinds(docs: Docs) -> list[str]:
+    return [d["kind"] for d in docs]
+
+
+def one(docs: Docs, kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}: {kinds(docs)}"
+    return found[0]
+
+
+def container_args(docs: Docs) -> list[str]:
+    deployment = one(docs, "Deployment")
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def without_hooks(docs: Docs) -> Docs:
+    return [
+        d
+        for d in docs
+        if "helm.sh/hook" not in ((d.get("metadata") or {}).get("annotations") or {})
+    ]
+
+
+# -- copies and references (no cluster) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "copy",
+    [CHART / "crds" / CRD_FILE.name, MANIFESTS / "crds" / CRD_FILE.name],
+    ids=["chart", "manifests"],
+)
+def test_crd_copy_equals_the_generated_crd(copy: Path) -> None:
+    assert copy.is_file(), f"{copy.relative_to(ROOT)} is missing: {SYNC_HINT}"
+    assert copy.read_bytes() == CRD_FILE.read_bytes(), (
+        f"{copy.relative_to(ROOT)} differs from crds/{CRD_FILE.name}: {SYNC_HINT}"
+    )
+    for directory in (CHART / "crds", MANIFESTS / "crds"):
+        names = sorted(p.name for p in directory.iterdir())
+        assert names == sorted(p.name for p in CRD_FILE.parent.glob("*.yaml")), SYNC_HINT
+
+
+def test_chart_admission_policies_are_the_manifests_files() -> None:
+    link = CHART / "files" / "admission"
+    assert link.is_symlink(), "charts/agentrun-operator/files/admission must link to manifests/"
+    assert link.resolve() == (MANIFESTS / "admission").resolve()
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    on_disk = {
+        str(p.relative_to(MANIFESTS))
+        for p in MANIFESTS.rglob("*.yaml")
+        if p.name != "kustomization.yaml"
+    }
+    assert listed == on_disk, f"kustomization.yaml lists {sorted(listed)}, found {sorted(on_disk)}"
+
+
+# -- helm lint and template ---------------------------------------------------------------------
+
+
+def test_helm_lint(helm: Helm) -> None:
+    helm.run("lint", "--strict", str(CHART))
+    helm.run("lint", "--strict", str(CHART), "--set", "watchNamespaces={team-a,team-b}")
+
+
+def test_template_default_is_cluster_wide(helm: Helm) -> None:
+    docs = helm.template()
+    installed = without_hooks(docs)
+    assert sorted(kinds(installed)) == sorted(
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "MutatingAdmissionPolicy",
+            "MutatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+    )
+    assert container_args(docs) == ["run", "--all-namespaces"]
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "agentrun-operator", "namespace": "agentrun-system"}
+    ]
+
+    deployment = one(docs, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "agentrun-operator:0.1.0"  # the chart's appVersion
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert container["ports"][0]["containerPort"] == 8080
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["AGENTRUN_LIVENESS_PORT"] == "8080"
+    assert env["AGENTRUN_RESYNC_SECONDS"] == "30"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"]["requests"]
+
+
+def test_template_namespaced_mode_uses_roles(helm: Helm) -> None:
+    docs = helm.template("--set", "watchNamespaces={team-a,team-b}")
+    installed = without_hooks(docs)
+    # Cluster-wide, only kopf's read-only discovery of Namespaces and CRDs.
+    discovery = one(installed, "ClusterRole")
+    assert discovery["metadata"]["name"] == "agentrun-operator-discovery"
+    assert discovery["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list", "watch"],
+        },
+    ]
+    assert one(installed, "ClusterRoleBinding")["roleRef"]["name"] == "agentrun-operator-discovery"
+    roles = [d for d in installed if d["kind"] == "Role"]
+    bindings = [d for d in installed if d["kind"] == "RoleBinding"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"][0]["namespace"] == "agentrun-system"
+    assert container_args(docs) == ["run", "--namespace", "team-a", "--namespace", "team-b"]
+    # The cluster-wide mode's rules, minus the one cluster-scoped rule (CRDs).
+    cluster_rules = one(helm.template(), "ClusterRole")["rules"]
+    assert roles[0]["rules"] == [
+        r for r in cluster_rules if r["apiGroups"] != ["apiextensions.k8s.io"]
+    ]
+    # The helm test run goes to a namespace the operator watches.
+    run = one(docs, "AgentRun")
+    assert run["metadata"]["namespace"] == "team-a"
+    # Without kopf's discovery: nothing cluster-scoped at all.
+    strict = without_hooks(
+        helm.template("--set", "watchNamespaces={team-a}", "--set", "rbac.kopfDiscovery=false")
+    )
+    assert not {"ClusterRole", "ClusterRoleBinding"} & set(kinds(strict))
+
+
+def test_template_values_reach_the_deployment(helm: Helm) -> None:
+    docs = helm.template(
+        "--set",
+        "image.repository=registry.example/agentrun",
+        "--set",
+        "image.tag=1.2.3",
+        "--set",
+        "image.pullPolicy=Always",
+        "--set",
+        "replicaCount=0",
+        "--set",
+        "operator.resyncSeconds=7",
+        "--set",
+        "nodeSelector.disk=ssd",
+        "--set",
+        "tolerations[0].key=dedicated",
+        "--set",
+        "tolerations[0].operator=Exists",
+        "--set",
+        "admissionPolicies.enabled=false",
+    )
+    assert "ValidatingAdmissionPolicy" not in kinds(docs)
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == 0
+    assert container["image"] == "registry.example/agentrun:1.2.3"
+    assert container["imagePullPolicy"] == "Always"
+    assert {"name": "AGENTRUN_RESYNC_SECONDS", "value": "7"} in container["env"]
+    assert pod["nodeSelector"] == {"disk": "ssd"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+
+
+def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
+    chart_role = one(helm.template(), "ClusterRole")
+    manifest_docs = [
+        d for d in yaml.safe_load_all((MANIFESTS / "rbac.yaml").read_text()) if isinstance(d, dict)
+    ]
+    assert one(manifest_docs, "ClusterRole")["rules"] == chart_role["rules"]
+    chart_deployment = one(helm.template(), "Deployment")["spec"]
+    manifest_deployment = yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())["spec"]
+    for key in ("replicas", "strategy"):
+        assert manifest_deployment[key] == chart_deployment[key]
+    chart_pod = chart_deployment["template"]["spec"]
+    manifest_pod = manifest_deployment["template"]["spec"]
+    assert manifest_pod["securityContext"] == chart_pod["securityContext"]
+    for key in ("args", "env", "livenessProbe", "securityContext", "resources", "ports"):
+        assert manifest_pod["containers"][0][key] == chart_pod["containers"][0][key], key
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["--set-string", "replicaCount=two"], "at '/replicaCount': got string, want integer"),
+        (["--set", "replicaCount=2"], "at '/replicaCount': value must be one of 0, 1"),
+        (["--set", "replicCount=1"], "additional properties 'replicCount' not allowed"),
+        (["--set", "image.tga=x"], "at '/image': additional properties 'tga' not allowed"),
+        (["--set", "watchNamespaces={Team_A}"], "at '/watchNamespaces/0'"),
+        (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
+        (["--set", "operator.resyncSeconds=0"], "at '/operator/resyncSeconds'"),
+    ],
+    ids=[
+        "replicas-string",
+        "replicas-two",
+        "unknown-key",
+        "unknown-nested",
+        "bad-namespace",
+        "pull-policy",
+        "resync-zero",
+    ],
+)
+def test_schema_rejects_bad_values(helm: Helm, values: Sequence[str], message: str) -> None:
+    proc = helm.run("template", "x", str(CHART), *values, check=False)
+    assert proc.returncode != 0, f"helm template accepted {values}"
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+def test_admission_policies_need_kubernetes_1_36(helm: Helm) -> None:
+    proc = helm.run("template", "x", str(CHART), "--kube-version", "1.35.0", check=False)
+    assert proc.returncode != 0
+    assert "admissionPolicies.enabled needs Kubernetes >= 1.36" in proc.stderr, proc.stderr
+    helm.run(
+        "template",
+        "x",
+        str(CHART),
+        "--kube-version",
+        "1.35.0",
+        "--set",
+        "admissionPolicies.enabled=false",
+    )
+
+
+# -- against the API server -----------------------------------------------------------------
+
+
+@pytest.fixture
+def other_namespace(kube: KubeClients, namespace: str) -> Iterator[str]:
+    """A second fresh namespace (deleted afterwards)."""
+    name = f"{namespace[:50]}-b{secrets.token_hex(2)}"
+    kube.core.create_namespace(
+        body={"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}}
+    )
+    yield name
+    kube.core.delete_namespace(name, propagation_policy="Background")
+
+
+def _dry_run(cluster: TestCluster, docs: Docs) -> str:
+    manifest = yaml.safe_dump_all(docs, sort_keys=False)
+    proc = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest, check=False)
+    assert proc.returncode == 0, f"the API server refused:\n{proc.stderr}\n{proc.stdout}"
+    return proc.stdout
+
+
+def _create_service_accounts(cluster: TestCluster, docs: Docs) -> None:
+    """Pods are only admitted when their ServiceAccount exists, which a dry run never makes."""
+    accounts = [d for d in docs if d["kind"] == "ServiceAccount"]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(accounts))
+
+
+def test_rendered_objects_are_accepted_by_the_api_server(
+    cluster: TestCluster, crd_installed: list[str], helm: Helm, namespace: str, other_namespace: str
+) -> None:
+    for args in ([], ["--set", f"watchNamespaces={{{namespace},{other_namespace}}}"]):
+        docs = helm.template(
+            *args, "--set", f"fullnameOverride=ar-{namespace}", namespace=namespace
+        )
+        _create_service_accounts(cluster, docs)
+        out = _dry_run(cluster, docs)
+        lines = out.splitlines()
+        for doc in docs:
+            name = doc["metadata"]["name"]
+            assert any(f"/{name} " in line and "(server dry run)" in line for line in lines), (
+                f"{doc['kind']} {name} not in:\n{out}"
+            )
+
+
+@pytest.fixture
+def system_namespace(kube: KubeClients) -> Iterator[str]:
+    """agentrun-system, created for the test unless it exists (then left alone)."""
+    name = "agentrun-system"
+    created = False
+    try:
+        kube.core.create_namespace(body={"metadata": {"name": name}})
+        created = True
+    except ApiException as error:
+        if error.status != 409:
+            raise
+    yield name
+    if created:
+        kube.core.delete_namespace(name, propagation_policy="Background")
+
+
+def test_kubectl_apply_k_manifests_dry_run(
+    cluster: TestCluster, crd_installed: list[str], system_namespace: str
+) -> None:
+    # `kubectl apply -k manifests/` as a user runs it (the namespace must exist for a dry run:
+    # nothing is stored, so objects in a namespace created by the same dry run are refused).
+    proc = cluster.kubectl(
+        "apply", "-k", str(MANIFESTS), "--dry-run=server", "--server-side", check=False
+    )
+    assert proc.returncode == 0, f"the API server refused:\n{proc.stderr}\n{proc.stdout}"
+    for expected in (
+        "customresourcedefinition.apiextensions.k8s.io/agentruns.agentrun.dev",
+        "namespace/agentrun-system",
+        "serviceaccount/agentrun-operator",
+        "clusterrole.rbac.authorization.k8s.io/agentrun-operator",
+        "clusterrolebinding.rbac.authorization.k8s.io/agentrun-operator",
+        "deployment.apps/agentrun-operator",
+        "mutatingadmissionpolicy.admissionregistration.k8s.io/agentrun-identity",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/agentrun-approvals",
+    ):
+        assert expected in proc.stdout, proc.stdout
+    # Client-side apply (what `kubectl apply -k` does by default) is accepted as well.
+    proc = cluster.kubectl("apply", "-k", str(MANIFESTS), "--dry-run=server", check=False)
+    assert proc.returncode == 0, f"the API server refused:\n{proc.stderr}\n{proc.stdout}"
+
+
+def _get(kube: KubeClients, read: Any, *args: str) -> Any:
+    try:
+        return read(*args)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def test_helm_install_cluster_wide(
+    cluster: TestCluster,
+    kube: KubeClients,
+    crd_installed: list[str],
+    cluster_helm: Helm,
+    namespace: str,
+) -> None:
+    release = f"ar-{namespace}"[:53]
+    cluster_helm.run(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "--wait",
+        "--timeout",
+        "2m",
+        "--set",
+        f"fullnameOverride={release}",
+        "--set",
+        "replicaCount=0",
+        "--set",
+        "admissionPolicies.enabled=false",
+    )
+    try:
+        status = json.loads(
+            cluster_helm.run("status", release, "-n", namespace, "-o", "json").stdout
+        )
+        assert status["info"]["status"] == "deployed"
+        assert "get agentruns" in status["info"]["notes"]
+
+        apps = cluster.kubectl("-n", namespace, "get", "deployment", release, "-o", "json")
+        spec = json.loads(apps.stdout)["spec"]
+        assert spec["replicas"] == 0
+        assert spec["strategy"]["type"] == "Recreate"
+        assert kube.core.read_namespaced_service_account(release, namespace)
+        role = kube.rbac.read_cluster_role(release)
+        assert {r.api_groups[0] for r in role.rules} >= {"agentrun.dev", "batch", ""}
+        binding = kube.rbac.read_cluster_role_binding(release)
+        assert binding.subjects[0].name == release
+        assert binding.subjects[0].namespace == namespace
+        assert kube.apiext.read_custom_resource_definition(CRD_NAME)
+    finally:
+        cluster_helm.run("uninstall", release, "-n", namespace, "--wait")
+    assert _get(kube, kube.rbac.read_cluster_role, release) is None
+    assert _get(kube, kube.rbac.read_cluster_role_binding, release) is None
+    # Helm never deletes the CRDs it installed (nor the runs they hold).
+    assert kube.apiext.read_custom_resource_definition(CRD_NAME)
+
+
+def test_helm_install_namespaced(
+    cluster: TestCluster,
+    kube: KubeClients,
+    crd_installed: list[str],
+    cluster_helm: Helm,
+    namespace: str,
+    other_namespace: str,
+) -> None:
+    release = f"ar-{namespace}"[:53]
+    cluster_helm.run(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "--wait",
+        "--timeout",
+        "2m",
+        "--set",
+        f"fullnameOverride={release}",
+        "--set",
+        "replicaCount=0",
+        "--set",
+        "admissionPolicies.enabled=false",
+        "--set",
+        f"watchNamespaces={{{other_namespace}}}",
+    )
+    try:
+        role = kube.rbac.read_namespaced_role(release, other_namespace)
+        assert any("agentruns" in r.resources for r in role.rules)
+        binding = kube.rbac.read_namespaced_role_binding(release, other_namespace)
+        assert binding.subjects[0].namespace == namespace
+        assert _get(kube, kube.rbac.read_cluster_role, release) is None
+        assert _get(kube, kube.rbac.read_namespaced_role, release, namespace) is None
+        discovery = kube.rbac.read_cluster_role(f"{release}-discovery")
+        assert {v for r in discovery.rules for v in r.verbs} == {"list", "watch"}
+        deployment = json.loads(
+            cluster.kubectl("-n", namespace, "get", "deployment", release, "-o", "json").stdout
+        )
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args == ["run", "--namespace", other_namespace]
+    finally:
+        cluster_helm.run("uninstall", release, "-n", namespace, "--wait")
+    assert _get(kube, kube.rbac.read_cluster_role, f"{release}-discovery") is None
+    wait_for(
+        f"Role {other_namespace}/{release} to be gone",
+        lambda: _get(kube, kube.rbac.read_namespaced_role, release, other_namespace) is None,
+    )
