@@ -34,7 +34,7 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
-from agentrun.core.envelope import SUMMARY_LIMIT, result_object_data
+from agentrun.core.envelope import result_object_data, summary_line
 from agentrun.jobs import label_value
 
 TERMINATION_LIMIT = 4096
@@ -67,11 +67,6 @@ class StepIdentity:
         return bool(self.run and self.namespace and self.run_uid and self.step)
 
 
-def _summary(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= SUMMARY_LIMIT else line[: SUMMARY_LIMIT - 1] + "…"
-
-
 def build_envelope(ok: bool, result: str) -> dict[str, Any]:
     """The inline envelope; a result that already is an envelope is passed through."""
     try:
@@ -82,7 +77,7 @@ def build_envelope(ok: bool, result: str) -> dict[str, Any]:
         if not ok:
             parsed["ok"] = False
         return parsed
-    envelope: dict[str, Any] = {"ok": ok, "summary": _summary(result)}
+    envelope: dict[str, Any] = {"ok": ok, "summary": summary_line(result)}
     if result:
         envelope["result"] = result
     return envelope
@@ -107,7 +102,7 @@ class ResultStore:
                 result = item.data.get("result", "")
                 return {
                     "ok": True,
-                    "summary": annotations.get(f"{m.GROUP}/summary", _summary(result)),
+                    "summary": annotations.get(f"{m.GROUP}/summary", summary_line(result)),
                     "resultRef": {"name": item.metadata.name, "key": "result"},
                     "resultDigest": naming.sha256_text(result),
                     "replayed": True,
@@ -200,7 +195,7 @@ def run_step(
     if len(text.encode()) > INLINE_LIMIT:
         body = original.get("result", result)
         full = body if isinstance(body, str) else naming.canonical_json(body)
-        summary = str(original.get("summary") or _summary(full))
+        summary = str(original.get("summary") or summary_line(full))
         if store is None:
             envelope = {"ok": False, "summary": (
                 f"the result is {len(full.encode())} bytes, more than the termination message "

@@ -30,6 +30,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
+from agentrun.devcluster import binaries
 from agentrun.devcluster.controlplane import ControlPlane
 from agentrun.devcluster.node import NodeProcess
 from agentrun.devcluster.operator import OperatorProcess
@@ -52,15 +53,7 @@ Docs = list[dict[str, Any]]
 
 @pytest.fixture(scope="module")
 def helm_binary() -> Path:
-    proc = subprocess.run(
-        ["bash", str(ROOT / "hack" / "build-helm.sh")],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"hack/build-helm.sh failed with exit code {proc.returncode}")
-    return Path(proc.stdout.strip().splitlines()[-1]) / "helm"
+    return binaries.helm_binary()
 
 
 def render_rbac(

@@ -31,6 +31,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from agentrun.devcluster import binaries
 from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,19 +45,6 @@ Docs = list[dict[str, Any]]
 
 
 # -- helm ---------------------------------------------------------------------------------------
-
-
-def build_helm() -> Path:
-    """The helm binary built by hack/build-helm.sh (which prints its bin dir)."""
-    proc = subprocess.run(
-        ["bash", str(ROOT / "hack" / "build-helm.sh")],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"hack/build-helm.sh failed with exit code {proc.returncode}")
-    return Path(proc.stdout.strip().splitlines()[-1]) / "helm"
 
 
 class Helm:
@@ -93,7 +81,7 @@ class Helm:
 
 @pytest.fixture(scope="session")
 def helm_binary() -> Path:
-    return build_helm()
+    return binaries.helm_binary()
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,8 @@ class Envelope:
     result_digest: str | None
 
 
-def _first_line(text: str) -> str:
+def summary_line(text: str) -> str:
+    """The first line of ``text``, shortened to :data:`SUMMARY_LIMIT` characters."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= SUMMARY_LIMIT else line[: SUMMARY_LIMIT - 1] + "…"
 
@@ -44,10 +45,10 @@ def parse(message: str | None) -> Envelope:
     except ValueError:
         data = None
     if not isinstance(data, dict) or not isinstance(data.get("ok"), bool):
-        return Envelope(True, _first_line(text), text, 0, None, None)
+        return Envelope(True, summary_line(text), text, 0, None, None)
 
     summary = data.get("summary")
-    summary = _first_line(summary) if isinstance(summary, str) else None
+    summary = summary_line(summary) if isinstance(summary, str) else None
     raw_result = data.get("result")
     if raw_result is None:
         result = None

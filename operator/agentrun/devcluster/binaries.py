@@ -7,7 +7,14 @@ import os
 import subprocess
 from pathlib import Path
 
-__all__ = ["BIN_DIR_ENV", "BinariesError", "build_script", "resolve_bin_dir"]
+__all__ = [
+    "BIN_DIR_ENV",
+    "BinariesError",
+    "build_script",
+    "helm_binary",
+    "resolve_bin_dir",
+    "run_build_script",
+]
 
 #: Environment variable naming a ready bin dir (skips the build script).
 BIN_DIR_ENV = "AGENTRUN_CONTROLPLANE_BIN"
@@ -18,14 +25,14 @@ class BinariesError(RuntimeError):
     """The binaries could not be found or built."""
 
 
-def build_script(start: Path | None = None) -> Path | None:
-    """``hack/build-controlplane.sh`` of the source checkout holding this package, or of
-    the current directory or one of its parents."""
+def build_script(start: Path | None = None, name: str = "build-controlplane.sh") -> Path | None:
+    """``hack/<name>`` (default: the control-plane build) of the source checkout holding
+    this package, or of the current directory or one of its parents."""
     candidates = [Path(__file__).resolve().parents[3]]
     here = (start or Path.cwd()).resolve()
     candidates += [here, *here.parents]
     for root in candidates:
-        script = root / "hack" / "build-controlplane.sh"
+        script = root / "hack" / name
         if script.is_file():
             return script
     return None
@@ -55,6 +62,12 @@ def resolve_bin_dir(explicit: Path | str | None = None, *, build: bool = True) -
         raise BinariesError(
             f"hack/build-controlplane.sh not found; pass --bin-dir or set {BIN_DIR_ENV}"
         )
+    return check_bin_dir(run_build_script(script))
+
+
+def run_build_script(script: Path) -> Path:
+    """Run a ``hack/build-*.sh`` script (its progress goes to our stderr) and return the bin
+    dir it prints as its last line."""
     proc = subprocess.run(
         ["bash", str(script)], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
     )
@@ -63,4 +76,12 @@ def resolve_bin_dir(explicit: Path | str | None = None, *, build: bool = True) -
     lines = proc.stdout.strip().splitlines()
     if not lines:
         raise BinariesError(f"{script} printed no bin dir")
-    return check_bin_dir(Path(lines[-1]).resolve())
+    return Path(lines[-1]).resolve()
+
+
+def helm_binary() -> Path:
+    """helm built by ``hack/build-helm.sh`` (from its pinned Go module, cached)."""
+    script = build_script(name="build-helm.sh")
+    if script is None:
+        raise BinariesError("hack/build-helm.sh not found")
+    return run_build_script(script) / "helm"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from agentrun.plugin import render
+
 from .binaries import resolve_bin_dir
 from .controlplane import ControlPlane, free_port, tail
 from .node import NodeProcess
@@ -30,21 +32,6 @@ NAMESPACE = "demo"
 
 def _say(message: str) -> None:
     print(f"demo: {message}", flush=True)
-
-
-def _history_table(run: dict[str, object]) -> str:
-    status = run.get("status")
-    history = status.get("history", []) if isinstance(status, dict) else []
-    rows = [("TIME", "STEP", "FROM", "TO", "REASON")]
-    for entry in history:
-        rows.append((
-            str(entry.get("at", "")), str(entry.get("step") or "(run)"),
-            str(entry.get("from") or "-"), str(entry.get("to", "")), str(entry.get("reason", "")),
-        ))  # fmt: skip
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
 
 
 def run_demo(example: Path, timeout: int) -> int:
@@ -98,7 +85,11 @@ def run_demo(example: Path, timeout: int) -> int:
                     run = json.loads(
                         kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json").stdout
                     )
-                    print(_history_table(run))
+                    print(
+                        "\n".join(
+                            render.history_lines((run.get("status") or {}).get("history") or [])
+                        )
+                    )
                     if waited.returncode != 0:
                         _say(f"the run did not succeed: {waited.stderr.strip()}")
                         _say("operator log tail:\n" + tail(log_path))
