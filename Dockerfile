@@ -21,6 +21,9 @@ ENV UV_COMPILE_BYTECODE=1 \
 WORKDIR /src
 # Dependencies first (a layer that changes only with uv.lock), then the project itself.
 COPY pyproject.toml uv.lock ./
+# The workspace's local-cluster member is declared in pyproject.toml: only its metadata is
+# copied (the image installs no development packages).
+COPY hack/devcluster/pyproject.toml ./hack/devcluster/pyproject.toml
 RUN uv sync --locked --no-dev --no-install-project
 COPY README.md ./
 COPY operator ./operator

@@ -39,7 +39,7 @@ test: lint controlplane ## everything: lint, types, unit, property and integrati
 
 .PHONY: demo
 demo: sync controlplane ## control plane, node, operator and an example run carried to Succeeded
-	$(RUN) python -m agentrun.devcluster.demo
+	$(RUN) python -m agentrun_devcluster.demo
 
 .PHONY: cluster
 cluster: sync controlplane ## start a local control plane and node in the foreground

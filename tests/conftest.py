@@ -1,7 +1,7 @@
 """Session fixtures shared by the suites that need a real cluster (tests/integration and
 tests/e2e share ONE session cluster). Fixtures are lazy: tests/unit never starts a cluster.
 
-* ``cluster`` (session): a :class:`agentrun.devcluster.testing.TestCluster`. Starts the local
+* ``cluster`` (session): a :class:`agentrun_devcluster.testing.TestCluster`. Starts the local
   control plane + local node, or uses the cluster of ``$AGENTRUN_TEST_KUBECONFIG`` and
   starts nothing. Sets ``KUBECONFIG`` and puts the kubectl bin dir first on ``PATH`` for
   subprocesses. If the cluster cannot start, every test using it ERRORs with the logs.
@@ -29,7 +29,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.devcluster.testing import KubeClients, TestCluster, start_test_cluster, wait_for
+from agentrun_devcluster.testing import KubeClients, TestCluster, start_test_cluster, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CRDS_DIR = REPO_ROOT / "crds"

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrun.reconciler import Checkpoint
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -43,7 +48,7 @@ def _run(args: argparse.Namespace) -> int:
     logs.configure()
     from agentrun import handlers
 
-    handlers.run_operator(chosen, liveness_host=args.liveness_host)
+    handlers.run_operator(chosen, liveness_host=args.liveness_host, checkpoint=args.checkpoint)
     return 0
 
 
@@ -117,15 +122,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     step_parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     step_parser.set_defaults(func=_step)
-    from agentrun.devcluster import cli as devcluster_cli
-
-    devcluster_cli.register(sub)
+    _register_extensions(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+EXTENSION_GROUP = "agentrun.cli"
+"""Entry-point group of command groups other distributions add to ``agentrun`` (the local
+cluster's ``agentrun devcluster`` comes from ``agentrun-devcluster`` this way)."""
+
+
+def _register_extensions(sub: Any) -> None:
+    found = set()
+    for entry in entry_points(group=EXTENSION_GROUP):
+        register: Callable[[Any], None] = entry.load()
+        register(sub)
+        found.add(entry.name)
+    if "devcluster" not in found:
+        missing = sub.add_parser(
+            "devcluster", help="the local test cluster (needs the agentrun-devcluster package)"
+        )
+        missing.add_argument("rest", nargs=argparse.REMAINDER)
+        missing.set_defaults(func=_no_devcluster)
+
+
+def _no_devcluster(args: argparse.Namespace) -> int:
+    sys.stderr.write(
+        "agentrun devcluster: the local test cluster is not part of the operator; it is the "
+        "agentrun-devcluster package of the source repository (hack/devcluster). In a checkout, "
+        "run `make sync` and then `uv run agentrun devcluster ...`.\n"
+    )
+    return 2
+
+
+def main(argv: Sequence[str] | None = None, *, checkpoint: Checkpoint | None = None) -> int:
+    """Run the ``agentrun`` command. ``checkpoint`` reaches the reconciler of ``agentrun run``
+    (fault injection in tests; see :data:`agentrun.reconciler.Checkpoint`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.checkpoint = checkpoint
     result: int = args.func(args)
     return result
 

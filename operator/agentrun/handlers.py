@@ -25,7 +25,7 @@ from kubernetes import config as kube_config
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
-from agentrun.reconciler import Apis, Reconciler
+from agentrun.reconciler import Apis, Checkpoint, Reconciler
 
 log = logging.getLogger("agentrun.handlers")
 
@@ -58,14 +58,19 @@ def api_client() -> Any:
         return kube_client.ApiClient()
 
 
-def make_state(settings: s.Settings) -> OperatorState:
+def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> OperatorState:
     client = api_client()
     apis = Apis(
         core=kube_client.CoreV1Api(client),
         batch=kube_client.BatchV1Api(client),
         custom=kube_client.CustomObjectsApi(client),
     )
-    return OperatorState(Reconciler(apis, settings), settings)
+    reconciler = (
+        Reconciler(apis, settings)
+        if checkpoint is None
+        else Reconciler(apis, settings, checkpoint=checkpoint)
+    )
+    return OperatorState(reconciler, settings)
 
 
 def _state(memo: Any) -> OperatorState:
@@ -191,9 +196,15 @@ def cleanup(
         log.exception("could not post the CleanupIncomplete event")
 
 
-def run_operator(settings: s.Settings, *, liveness_host: str = "0.0.0.0") -> None:
-    """Run the operator in the foreground until SIGINT or SIGTERM."""
-    state = make_state(settings)
+def run_operator(
+    settings: s.Settings,
+    *,
+    liveness_host: str = "0.0.0.0",
+    checkpoint: Checkpoint | None = None,
+) -> None:
+    """Run the operator in the foreground until SIGINT or SIGTERM. ``checkpoint`` is called
+    at the reconciler's named checkpoints (fault injection in tests; none in production)."""
+    state = make_state(settings, checkpoint)
     memo = kopf.Memo(state=state)
     liveness = (
         f"http://{liveness_host}:{settings.liveness_port}/healthz"

@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit, crashpoints, jobs
+from agentrun import audit, jobs
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import (
@@ -43,6 +43,24 @@ from agentrun.core import (
 from agentrun.ledger import Conflict, Ledger
 
 log = logging.getLogger("agentrun.reconciler")
+
+CHECKPOINTS = (
+    "after-intent-commit",
+    "after-job-create",
+    "after-result-store",
+    "before-result-commit",
+    "after-result-commit",
+    "before-job-delete",
+)
+"""The named moments of a pass where a crash is most interesting: a :data:`Checkpoint` hook
+given to :class:`Reconciler` is called with one of these names each time a pass reaches it."""
+
+Checkpoint = Callable[[str], None]
+"""Called with a :data:`CHECKPOINTS` name; the crash tests inject one that kills the process."""
+
+
+def _no_checkpoint(point: str) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -81,8 +99,10 @@ class Reconciler:
         apis: Apis,
         settings: s.Settings,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        checkpoint: Checkpoint = _no_checkpoint,
     ) -> None:
         self.apis = apis
+        self.checkpoint = checkpoint
         self.settings = settings
         self.ledger = Ledger(apis.custom)
         self.clock = clock
@@ -220,18 +240,18 @@ class Reconciler:
         stores = [a for a in decision.before_commit if isinstance(a, StoreResult)]
         self._act(run, decision.before_commit)
         if stores:
-            crashpoints.reach("after-result-store")
+            self.checkpoint("after-result-store")
         changed = decision.status_changed(run.status)
         if not changed and not decision.needs_fence:
             return
         newly_done = _newly_finished(run.status, decision.status)
         if newly_done:
-            crashpoints.reach("before-result-commit")
+            self.checkpoint("before-result-commit")
         self.ledger.commit(body, decision.status)
         if newly_done:
-            crashpoints.reach("after-result-commit")
+            self.checkpoint("after-result-commit")
         if any(isinstance(a, CreateJob) for a in decision.after_commit):
-            crashpoints.reach("after-intent-commit")
+            self.checkpoint("after-intent-commit")
 
     # -- acting ---------------------------------------------------------------------------
 
@@ -252,7 +272,7 @@ class Reconciler:
         if isinstance(action, CreateJob):
             self._create_job(run, action)
         elif isinstance(action, DeleteJob):
-            crashpoints.reach("before-job-delete")
+            self.checkpoint("before-job-delete")
             self.delete_job(ns, action.job_name)
             log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=_ctx(run))
         elif isinstance(action, StoreResult):
@@ -280,7 +300,7 @@ class Reconciler:
             log.info("Job %s already exists: adopted", action.job_name, extra=ctx)
             return
         log.info("created Job %s", action.job_name, extra=ctx)
-        crashpoints.reach("after-job-create")
+        self.checkpoint("after-job-create")
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete a step Job and release the operator's finalizer on it."""

@@ -38,10 +38,6 @@ ENV_STEP = "AGENTRUN_STEP"
 ENV_ATTEMPT = "AGENTRUN_ATTEMPT"
 ENV_IDEMPOTENCY_KEY = "AGENTRUN_IDEMPOTENCY_KEY"
 
-CRASH_ENV = "AGENTRUN_CRASH_AT"
-"""Fault injection for the crash tests: ``point:n[,point:n...]`` makes the operator SIGKILL
-itself the n-th time it reaches ``point`` (see :mod:`agentrun.crashpoints`)."""
-
 
 def _env_list(name: str) -> tuple[str, ...]:
     raw = os.environ.get(name, "")

@@ -24,9 +24,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
-from agentrun.devcluster.operator import OperatorProcess
-from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
 from agentrun.settings import JOB_FINALIZER, LABEL_RUN_UID
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 
 _HERE = Path(__file__).resolve().parent
 

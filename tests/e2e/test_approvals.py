@@ -20,8 +20,8 @@ from tests.e2e.test_runs import (
 )
 
 from agentrun import audit
-from agentrun.devcluster.testing import wait_for
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID
+from agentrun_devcluster.testing import wait_for
 
 
 def _approval(step_name: str, args_hash: str, decision: str = "approve") -> dict[str, Any]:

@@ -42,9 +42,9 @@ import pytest
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import job_name
-from agentrun.crashpoints import POINTS
-from agentrun.devcluster.operator import OperatorError, OperatorProcess
-from agentrun.devcluster.testing import (
+from agentrun_devcluster.faults import POINTS
+from agentrun_devcluster.operator import OperatorError, OperatorProcess
+from agentrun_devcluster.testing import (
     KubeClients,
     TestCluster,
     audit_events,

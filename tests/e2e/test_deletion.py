@@ -8,8 +8,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
-from agentrun.devcluster.testing import wait_for
 from agentrun.settings import LABEL_RUN_UID
+from agentrun_devcluster.testing import wait_for
 
 FOREIGN = "example.com/hold"
 

@@ -2,7 +2,7 @@
 through the API with the step pod's ServiceAccount, and a later step reads one field of it.
 
 Runs on the local node, which gives pods with a ServiceAccount token the API access the
-step runner needs (see :mod:`agentrun.devcluster.node`). The producing step runs
+step runner needs (see :mod:`agentrun_devcluster.node`). The producing step runs
 ``agentrun step`` on this machine, so on an external cluster these tests are skipped until a
 step image with ``agentrun`` exists.
 """
@@ -18,9 +18,9 @@ import pytest
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import sha256_text
-from agentrun.devcluster.operator import OperatorProcess
-from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
 from agentrun.settings import LABEL_RUN_UID
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 
 IMAGE = "busybox:1.36"  # ignored by the local node
 TIMEOUT = 120.0

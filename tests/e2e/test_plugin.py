@@ -26,9 +26,9 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import job_name
-from agentrun.devcluster.operator import OperatorProcess
-from agentrun.devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 
 IMAGE = "busybox:1.36"
 TIMEOUT = 120.0

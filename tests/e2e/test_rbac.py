@@ -30,12 +30,12 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
-from agentrun.devcluster import binaries
-from agentrun.devcluster.controlplane import ControlPlane
-from agentrun.devcluster.node import NodeProcess
-from agentrun.devcluster.operator import OperatorProcess
-from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
 from agentrun.settings import LABEL_RUN_UID, RUN_FINALIZER
+from agentrun_devcluster import binaries
+from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.node import NodeProcess
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "agentrun-operator"

@@ -19,15 +19,15 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import job_name
-from agentrun.devcluster.operator import OperatorProcess
-from agentrun.devcluster.testing import (
+from agentrun.settings import LABEL_RUN_UID, RUN_FINALIZER
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import (
     KubeClients,
     TestCluster,
     job_creations,
     job_deletions,
     wait_for,
 )
-from agentrun.settings import LABEL_RUN_UID, RUN_FINALIZER
 
 IMAGE = "busybox:1.36"
 TIMEOUT = 120.0

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from agentrun.api import models as m
-from agentrun.devcluster.testing import TestCluster, wait_for
+from agentrun_devcluster.testing import TestCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMISSION_DIR = ROOT / "manifests" / "admission"

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 
 Kubectl = Callable[..., CompletedProcess[str]]
 TIMEOUT = 60.0
@@ -326,7 +326,7 @@ def test_cli_mints_kubeconfig_from_state_dir(cluster: TestCluster, kubectl: Kube
         pytest.skip("needs the local control plane's state dir")
     proc = subprocess.run(
         [
-            sys.executable, "-m", "agentrun.devcluster.cli", "kubeconfig",
+            sys.executable, "-m", "agentrun_devcluster.cli", "kubeconfig",
             "--state-dir", str(cluster.control_plane.state_dir),
             "--user", "bob", "--group", "qa",
         ],

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 
 TIMEOUT = 60.0
 IMAGE = "python:3.12-alpine"  # ignored by the local node; real on kind

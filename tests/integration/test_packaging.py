@@ -31,8 +31,8 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.devcluster import binaries
-from agentrun.devcluster.testing import KubeClients, TestCluster, wait_for
+from agentrun_devcluster import binaries
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "agentrun-operator"

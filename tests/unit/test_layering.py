@@ -13,7 +13,7 @@ PURE = sorted([*(PACKAGE / "core").rglob("*.py"), *(PACKAGE / "api").rglob("*.py
 FORBIDDEN = (
     "kopf",
     "kubernetes",
-    "agentrun.devcluster",
+    "agentrun_devcluster",
     "agentrun.cli",
     "subprocess",
     "socket",

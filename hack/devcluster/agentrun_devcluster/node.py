@@ -1,7 +1,7 @@
 """A local "node" for the dev/test control plane: a kubelet stand-in that runs pods as processes.
 
 THIS IS A TEST STAND-IN, NOT A KUBELET. It exists so that Jobs created against the local
-control plane (:mod:`agentrun.devcluster.controlplane`, which has no scheduler and no
+control plane (:mod:`agentrun_devcluster.controlplane`, which has no scheduler and no
 kubelet) actually run and report status the way a kubelet would. It provides:
 
 * **No images.** ``image`` is recorded in the status and otherwise ignored; a container runs
@@ -1399,7 +1399,7 @@ def run_node(
 
 
 class NodeProcess:
-    """A :class:`LocalNode` in a child process (``python -m agentrun.devcluster.cli node``).
+    """A :class:`LocalNode` in a child process (``python -m agentrun_devcluster.cli node``).
 
     Context manager: :meth:`start` launches it and waits until the Node is Ready,
     :meth:`stop` sends SIGTERM (the node kills its pods' processes) and SIGKILL after
@@ -1431,7 +1431,7 @@ class NodeProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         argv = [
-            self.python, "-m", "agentrun.devcluster.cli", "node",
+            self.python, "-m", "agentrun_devcluster.cli", "node",
             "--kubeconfig", str(self.kubeconfig),
             "--name", self.name,
             "--state-dir", str(self.state_dir),

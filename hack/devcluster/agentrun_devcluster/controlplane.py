@@ -3,7 +3,7 @@
 :class:`ControlPlane` starts etcd, kube-apiserver and kube-controller-manager (binaries
 built by ``hack/build-controlplane.sh``) on 127.0.0.1 with free ports and a private state
 directory, waits until they are healthy and writes an admin kubeconfig. There is no
-kube-scheduler and no kubelet: :mod:`agentrun.devcluster.node` provides a stand-in node
+kube-scheduler and no kubelet: :mod:`agentrun_devcluster.node` provides a stand-in node
 that binds and runs pods as local processes.
 
 Typical use::

@@ -4,8 +4,8 @@
   (binaries built by ``hack/build-controlplane.sh``).
 * :class:`LocalNode` / :class:`NodeProcess`: a kubelet stand-in that binds pods to itself
   and runs their commands as local processes (a test stand-in: no images, no isolation,
-  no volumes; see :mod:`agentrun.devcluster.node`).
-* ``agentrun devcluster up|node|kubeconfig``: :mod:`agentrun.devcluster.cli`.
+  no volumes; see :mod:`agentrun_devcluster.node`).
+* ``agentrun devcluster up|node|kubeconfig``: :mod:`agentrun_devcluster.cli`.
 """
 
 from .binaries import BIN_DIR_ENV, BinariesError, resolve_bin_dir

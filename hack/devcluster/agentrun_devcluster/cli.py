@@ -1,7 +1,7 @@
 """``agentrun devcluster ...``: run the local test control plane and node from a shell.
 
 ``register(subparsers)`` adds the command group to the main ``agentrun`` argparse CLI;
-each leaf sets ``func=callable(args) -> int``. ``python -m agentrun.devcluster.cli`` runs
+each leaf sets ``func=callable(args) -> int``. ``python -m agentrun_devcluster.cli`` runs
 the group on its own.
 
 Commands:
@@ -213,7 +213,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m agentrun.devcluster.cli COMMAND ...``."""
+    """Entry point for ``python -m agentrun_devcluster.cli COMMAND ...``."""
     parser = argparse.ArgumentParser(prog="agentrun")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["devcluster", *(sys.argv[1:] if argv is None else argv)])

@@ -1,14 +1,14 @@
 """Test-suite glue: a cluster to test against, API clients and a kubectl runner.
 
 The pytest fixtures in ``tests/conftest.py`` (shared by tests/integration and tests/e2e) are
-thin wrappers around this module; :mod:`agentrun.devcluster.operator` runs the operator.
+thin wrappers around this module; :mod:`agentrun_devcluster.operator` runs the operator.
 
-:func:`start_test_cluster` starts a :class:`~agentrun.devcluster.controlplane.ControlPlane`
-plus a :class:`~agentrun.devcluster.node.NodeProcess`, or, when ``AGENTRUN_TEST_KUBECONFIG``
+:func:`start_test_cluster` starts a :class:`~agentrun_devcluster.controlplane.ControlPlane`
+plus a :class:`~agentrun_devcluster.node.NodeProcess`, or, when ``AGENTRUN_TEST_KUBECONFIG``
 names a kubeconfig, uses that existing cluster and starts nothing.
 
 Audit: the local control plane records creates and deletes of Jobs
-(:data:`~agentrun.devcluster.controlplane.AUDIT_POLICY`). :func:`job_creations` counts the
+(:data:`~agentrun_devcluster.controlplane.AUDIT_POLICY`). :func:`job_creations` counts the
 successful creates per Job name, :func:`audit_events` returns the raw events. Both raise
 :class:`AuditLogUnavailable` for an external cluster; tests that need them skip with
 :data:`AUDIT_LOG_REQUIRED` as the reason (``cluster.require_audit_log()`` does that).
@@ -244,7 +244,7 @@ def audit_events(
     """Completed requests (stage ResponseComplete) in the API server's audit log, oldest
     first, optionally only those with this ``verb``, ``objectRef.resource`` and namespace.
 
-    Only what :data:`~agentrun.devcluster.controlplane.AUDIT_POLICY` records is there
+    Only what :data:`~agentrun_devcluster.controlplane.AUDIT_POLICY` records is there
     (creates and deletes of batch/v1 Jobs). Raises :class:`AuditLogUnavailable` for an
     external cluster. An event is written when its request completes: poll (with
     :func:`wait_for`) rather than read once right after the request.

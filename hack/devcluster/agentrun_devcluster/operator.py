@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import IO, Self
 
 from .controlplane import free_port, tail
+from .faults import CRASH_ENV
 
 __all__ = ["OperatorError", "OperatorProcess"]
 
@@ -109,7 +110,9 @@ class OperatorProcess:
 
     def argv(self) -> list[str]:
         """The command line of the next start."""
-        argv = [self.python, "-m", "agentrun.cli", "run", "--kubeconfig", str(self.kubeconfig)]
+        # With a crash point set, the same CLI runs with the fault-injection hook passed in.
+        module = "agentrun_devcluster.faults" if self.env.get(CRASH_ENV) else "agentrun.cli"
+        argv = [self.python, "-m", module, "run", "--kubeconfig", str(self.kubeconfig)]
         if self.all_namespaces:
             argv.append("--all-namespaces")
         for namespace in self.namespaces:
@@ -140,7 +143,7 @@ class OperatorProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         argv = self.argv()
-        crash = self.env.get("AGENTRUN_CRASH_AT")
+        crash = self.env.get(CRASH_ENV)
         header = f"--- start {self.starts + 1} at {time.strftime('%FT%T')}: {' '.join(argv)}"
         if crash:
             header += f" (AGENTRUN_CRASH_AT={crash})"
