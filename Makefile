@@ -30,11 +30,19 @@ controlplane: ## build (or reuse) etcd, kube-apiserver, kube-controller-manager,
 	hack/build-controlplane.sh >/dev/null
 
 .PHONY: unit
-unit: sync ## unit and property tests only (no cluster), seconds
+unit: sync ## unit and property tests only (no cluster), about 30 s
 	$(RUN) pytest tests/unit
 
+.PHONY: integration
+integration: sync controlplane ## CRD, admission, node and packaging tests on the local control plane
+	$(RUN) pytest tests/integration
+
+.PHONY: e2e
+e2e: sync controlplane ## the operator as a process on the local control plane: runs, crashes, RBAC
+	$(RUN) pytest tests/e2e
+
 .PHONY: test
-test: lint controlplane ## everything: lint, types, unit, property and integration tests
+test: lint controlplane ## everything CI runs: lint, types, unit, property, integration and e2e tests
 	$(RUN) pytest
 
 .PHONY: demo
