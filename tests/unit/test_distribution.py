@@ -1,0 +1,70 @@
+"""What ships: the operator's wheel holds the product and nothing of the local test cluster or
+of the crash tests' fault injection (those live in the agentrun-devcluster distribution)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _uv() -> str:
+    found = shutil.which("uv")
+    if found:
+        return found
+    result = subprocess.run(
+        [str(ROOT / "hack" / "ensure-uv.sh")], capture_output=True, text=True, check=True
+    )
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [_uv(), "build", "--wheel", "--package", "agentrun-operator", "-o", str(out)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = out.glob("agentrun_operator-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.namelist()
+
+
+def test_wheel_holds_the_product(wheel_files: list[str]) -> None:
+    for module in (
+        "agentrun/cli.py",
+        "agentrun/handlers.py",
+        "agentrun/reconciler.py",
+        "agentrun/runner.py",
+        "agentrun/core/machine.py",
+        "agentrun/api/models.py",
+        "agentrun/plugin/cli.py",
+    ):
+        assert module in wheel_files
+
+
+def test_wheel_holds_no_test_cluster_or_fault_injection(wheel_files: list[str]) -> None:
+    leaked = [
+        name
+        for name in wheel_files
+        if "devcluster" in name or "crashpoint" in name or "faults" in name
+    ]
+    assert not leaked, f"test-only code in the operator wheel: {leaked}"
+    packages = {name.split("/")[0] for name in wheel_files}
+    assert packages == {"agentrun", *(p for p in packages if p.endswith(".dist-info"))}
+
+
+def test_product_sources_do_not_import_the_test_cluster() -> None:
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "operator" / "agentrun").rglob("*.py")
+        if "agentrun_devcluster" in path.read_text() or "crashpoints" in path.read_text()
+    ]
+    assert not offenders, f"product modules naming test-only code: {offenders}"
