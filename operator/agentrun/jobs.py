@@ -184,6 +184,34 @@ def _terminal_condition(job: Mapping[str, Any]) -> tuple[JobState, str | None, s
     return JobState.ACTIVE, None, None
 
 
+def is_finished(job: Mapping[str, Any]) -> bool:
+    """Whether the Job has ended (a True Complete or Failed condition)."""
+    return _terminal_condition(job)[0] != JobState.ACTIVE
+
+
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+"""The labels the Job controller puts on its pods naming their Job (current, then legacy)."""
+
+
+def job_of_pod(pod: Mapping[str, Any]) -> str | None:
+    """The name of the Job a pod belongs to, from the Job controller's labels."""
+    labels = (pod.get("metadata") or {}).get("labels", {})
+    for label in JOB_NAME_LABELS:
+        if labels.get(label):
+            return str(labels[label])
+    return None
+
+
+def pods_by_job(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Pods grouped by the name of their Job; pods of no Job are left out."""
+    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    for pod in pods:
+        job = job_of_pod(pod)
+        if job:
+            grouped.setdefault(job, []).append(pod)
+    return grouped
+
+
 def _terminated(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The terminated state of the step container of the newest finished pod."""
     best: tuple[str, Mapping[str, Any]] | None = None

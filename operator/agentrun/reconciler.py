@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -132,20 +132,15 @@ class Reconciler:
                 run.metadata.namespace, label_selector=selector, _preload_content=False
             )
         )
-        pods_by_job: dict[str, list[dict[str, Any]]] = {}
-        finished = [j for j in job_dicts if _is_finished(j)]
-        if finished:
-            pods = _items(
-                self.apis.core.list_namespaced_pod(
-                    run.metadata.namespace, label_selector=selector, _preload_content=False
+        pods_by_job: dict[str, list[Mapping[str, Any]]] = {}
+        if any(jobs.is_finished(j) for j in job_dicts):
+            pods_by_job = jobs.pods_by_job(
+                _items(
+                    self.apis.core.list_namespaced_pod(
+                        run.metadata.namespace, label_selector=selector, _preload_content=False
+                    )
                 )
             )
-            for body in pods:
-                owner = (body.get("metadata") or {}).get("labels", {}).get(
-                    "batch.kubernetes.io/job-name"
-                ) or (body.get("metadata") or {}).get("labels", {}).get("job-name")
-                if owner:
-                    pods_by_job.setdefault(owner, []).append(body)
         record = self._read_record(run)
         observed = jobs.observe(job_dicts, pods_by_job)
         last = record.entries[-1]["seq"] if record.entries else 0
@@ -413,13 +408,6 @@ def _items(response: Any) -> list[dict[str, Any]]:
     """Items of a list call made with ``_preload_content=False``: the API server's own JSON."""
     items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
     return items
-
-
-def _is_finished(job: dict[str, Any]) -> bool:
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-            return True
-    return False
 
 
 def _newly_finished(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -> bool:

@@ -141,3 +141,24 @@ def test_long_run_names_fit_in_labels_and_stay_in_an_annotation() -> None:
     assert label != jobs.label_value("r" * 81)
     assert job["metadata"]["annotations"][s.ANNOTATION_RUN_NAME] == "r" * 80
     assert jobs.label_value("short") == "short"
+
+
+def test_a_job_is_finished_once_complete_or_failed_is_true() -> None:
+    assert jobs.is_finished(_job([{"type": "Complete", "status": "True"}]))
+    assert jobs.is_finished(_job([{"type": "Failed", "status": "True"}]))
+    assert not jobs.is_finished(_job([{"type": "Failed", "status": "False"}]))
+    assert not jobs.is_finished(_job([{"type": "FailureTarget", "status": "True"}]))
+    assert not jobs.is_finished({"metadata": {"name": "j"}})
+
+
+def test_pods_are_grouped_by_the_job_controller_label_current_or_legacy() -> None:
+    def pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": labels}}
+
+    current = pod("p1", {"batch.kubernetes.io/job-name": "j1", "job-name": "other"})
+    legacy = pod("p2", {"job-name": "j1"})
+    second = pod("p3", {"batch.kubernetes.io/job-name": "j2"})
+    stray = pod("p4", {s.LABEL_STEP: "a"})
+    grouped = jobs.pods_by_job([current, legacy, second, stray])
+    assert grouped == {"j1": [current, legacy], "j2": [second]}
+    assert jobs.job_of_pod(stray) is None
