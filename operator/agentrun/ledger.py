@@ -13,9 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from agentrun.api import models as m
+from agentrun.kubeapi import tolerate
 
 log = logging.getLogger("agentrun.ledger")
 
@@ -47,14 +46,12 @@ class Ledger:
 
     def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The run as stored now (a quorum read, never a cache), or None when it is gone."""
-        try:
+        with tolerate(404) as gone:
             body: dict[str, Any] = self.custom.get_namespaced_custom_object(
                 m.GROUP, m.VERSION, namespace, m.PLURAL, name
             )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        if gone:
+            return None
         return body
 
     def commit(self, body: dict[str, Any], status: m.AgentRunStatus) -> dict[str, Any]:
@@ -76,14 +73,12 @@ class Ledger:
             "spec": body["spec"],
             "status": status.to_wire(),
         }
-        try:
+        with tolerate(409) as moved_on:
             stored: dict[str, Any] = self.custom.replace_namespaced_custom_object_status(
                 m.GROUP, m.VERSION, meta["namespace"], m.PLURAL, meta["name"], update
             )
-        except ApiException as error:
-            if error.status == 409:
-                self.stats.add(conflicts=1)
-                raise Conflict(f"{meta['namespace']}/{meta['name']}") from error
-            raise
+        if moved_on:
+            self.stats.add(conflicts=1)
+            raise Conflict(f"{meta['namespace']}/{meta['name']}") from moved_on.error
         self.stats.add(commits=1)
         return stored

@@ -40,6 +40,7 @@ from agentrun.core import (
     naming,
     reconcile,
 )
+from agentrun.kubeapi import tolerate
 from agentrun.ledger import Conflict, Ledger
 
 log = logging.getLogger("agentrun.reconciler")
@@ -181,7 +182,7 @@ class Reconciler:
             )
         for chunk, data in by_chunk.items():
             existing = record.maps.get(chunk)
-            try:
+            with tolerate(409) as moved_on:
                 if existing is None:
                     body = jobs.build_audit_config_map(run, chunk, data)
                     self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
@@ -190,9 +191,7 @@ class Reconciler:
                     self.apis.core.replace_namespaced_config_map(
                         chunk, run.metadata.namespace, existing
                     )
-            except ApiException as error:
-                if error.status != 409:
-                    raise
+            if moved_on:
                 log.info("audit record moved on meanwhile; next pass appends", extra=_ctx(run))
                 return
 
@@ -276,22 +275,17 @@ class Reconciler:
             self._event(run, action)
         elif isinstance(action, DeleteRun):
             log.info("deleting the run: %s", action.reason, extra=_ctx(run))
-            try:
+            with tolerate(404):
                 self.apis.custom.delete_namespaced_custom_object(
                     m.GROUP, m.VERSION, ns, m.PLURAL, run.metadata.name
                 )
-            except ApiException as error:
-                if error.status != 404:
-                    raise
 
     def _create_job(self, run: m.AgentRun, action: CreateJob) -> None:
         manifest = jobs.build_job(run, action)
         ctx = _ctx(run, action.step.name, action.attempt)
-        try:
+        with tolerate(409) as exists:
             self.apis.batch.create_namespaced_job(run.metadata.namespace, manifest)
-        except ApiException as error:
-            if error.status != 409:
-                raise
+        if exists:
             log.info("Job %s already exists: adopted", action.job_name, extra=ctx)
             return
         log.info("created Job %s", action.job_name, extra=ctx)
@@ -299,22 +293,18 @@ class Reconciler:
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete a step Job and release the operator's finalizer on it."""
-        try:
+        with tolerate(404) as gone:
             self.apis.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        if gone:
             return
         self.release_job(namespace, name)
 
     def release_job(self, namespace: str, name: str) -> None:
         """Remove the operator's finalizer from a Job (a JSON patch guarded by a test op)."""
-        try:
+        with tolerate(404) as gone:
             job = self.apis.batch.read_namespaced_job(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return
-            raise
+        if gone:
+            return
         finalizers = list(job.metadata.finalizers or [])
         if s.JOB_FINALIZER not in finalizers:
             return
@@ -323,21 +313,15 @@ class Reconciler:
             {"op": "test", "path": f"/metadata/finalizers/{index}", "value": s.JOB_FINALIZER},
             {"op": "remove", "path": f"/metadata/finalizers/{index}"},
         ]
-        try:
+        with tolerate(404, 409, 422):
             self.apis.batch.patch_namespaced_job(name, namespace, patch)
-        except ApiException as error:
-            if error.status not in (404, 409, 422):
-                raise
 
     def _store_result(self, run: m.AgentRun, action: StoreResult) -> None:
         body = jobs.build_result_config_map(
             run, action.name, action.step, action.attempt, action.data
         )
-        try:
+        with tolerate(409):  # written by an earlier pass from the same Job: same content
             self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
-        except ApiException as error:
-            if error.status != 409:
-                raise  # 409: written by an earlier pass from the same Job: same content
 
     def _event(self, run: m.AgentRun, action: EmitEvent) -> None:
         self.post_event(run.metadata.namespace, run.metadata.name, run.metadata.uid, action)
@@ -370,11 +354,8 @@ class Reconciler:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        try:
+        with tolerate(409):
             self.apis.core.create_namespaced_event(namespace, body)
-        except ApiException as error:
-            if error.status != 409:
-                raise
 
     # -- deletion -------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.envelope import result_object_data, summary_line
 from agentrun.jobs import label_value
+from agentrun.kubeapi import tolerate
 
 TERMINATION_LIMIT = 4096
 INLINE_LIMIT = 3072
@@ -134,11 +135,8 @@ class ResultStore:
             },
             "data": dict(result_object_data(result)),
         }  # fmt: skip
-        try:
+        with tolerate(409):  # AlreadyExists: the same attempt stored it before
             self.core.create_namespaced_config_map(ident.namespace, body)
-        except Exception as error:  # AlreadyExists: the same attempt stored it before
-            if getattr(error, "status", None) != 409:
-                raise
         return {"name": name, "key": "result"}
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from agentrun import runner
 from agentrun import settings as s
@@ -103,3 +104,30 @@ def test_a_completed_result_with_the_same_key_is_replayed_not_rerun(
     code = runner.run_step(["sh", "-c", f"touch {marker}"], env, lambda i, e: store)
     assert code == 0 and not marker.exists()
     assert _message(env)["replayed"] is True
+
+
+class FakeCoreApi:
+    """Records created ConfigMaps; refuses a create with ``refuse`` when it is set."""
+
+    def __init__(self, refuse: int | None = None) -> None:
+        self.created: list[tuple[str, dict[str, Any]]] = []
+        self.refuse = refuse
+
+    def create_namespaced_config_map(self, namespace: str, body: dict[str, Any]) -> None:
+        self.created.append((namespace, body))
+        if self.refuse is not None:
+            raise ApiException(status=self.refuse, reason="refused")
+
+
+def test_a_result_the_same_attempt_stored_before_is_referenced_again(
+    env: dict[str, str],
+) -> None:
+    api = FakeCoreApi(refuse=409)
+    ref = runner.ResultStore(api, runner.StepIdentity(env)).store("big", "summary")
+    assert ref == {"name": api.created[0][1]["metadata"]["name"], "key": "result"}
+
+
+def test_other_refusals_of_the_result_store_fail_the_step(env: dict[str, str]) -> None:
+    api = FakeCoreApi(refuse=403)
+    with pytest.raises(ApiException):
+        runner.ResultStore(api, runner.StepIdentity(env)).store("big", "summary")

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from agentrun import settings as s
 from agentrun.api import models as m
+from agentrun.kubeapi import tolerate
 
 _T = TypeVar("_T")
 
@@ -238,15 +239,13 @@ class Session:
 
     def get_config_map(self, name: str) -> dict[str, Any] | None:
         """A ConfigMap as plain JSON (camelCase keys), None when it does not exist."""
-        try:
+        with tolerate(404) as missing:
             found = self.call(
                 f"read ConfigMap '{name}'",
                 lambda: self.core.read_namespaced_config_map(name, self.namespace),
             )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        if missing:
+            return None
         plain: dict[str, Any] = self.api_client.sanitize_for_serialization(found)
         return plain
 
