@@ -6,7 +6,6 @@ cluster; the reconciler does the I/O.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, Observed, ObservedJob
+from agentrun.objects import RunRef, owner_reference, run_labels
 
 CONTAINER_NAME = "step"
 DEFAULT_USER = 65532
@@ -32,34 +32,6 @@ RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 """The restricted Pod Security Standard, container level."""
-
-
-def label_value(text: str) -> str:
-    """``text`` as a label value (at most 63 characters): longer ones are shortened and made
-    unique with a hash; selectors use the run uid label, this one is for people."""
-    if len(text) <= 63:
-        return text
-    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-    return f"{text[:54].rstrip('-._')}-{digest}"
-
-
-def run_labels(run: m.AgentRun) -> dict[str, str]:
-    return {
-        s.LABEL_RUN: label_value(run.metadata.name),
-        s.LABEL_RUN_UID: run.metadata.uid,
-        s.LABEL_MANAGED_BY: s.MANAGED_BY,
-    }
-
-
-def owner_reference(run: m.AgentRun) -> dict[str, Any]:
-    return {
-        "apiVersion": m.API_VERSION,
-        "kind": m.KIND,
-        "name": run.metadata.name,
-        "uid": run.metadata.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _env(run: m.AgentRun, action: CreateJob) -> list[dict[str, Any]]:
@@ -83,7 +55,7 @@ def build_job(run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
     template = run.spec.step_template or m.StepTemplate()
     resources = step.container.resources or template.resources
     labels = {
-        **run_labels(run),
+        **run_labels(RunRef.of(run)),
         s.LABEL_STEP: step.name,
         s.LABEL_ATTEMPT: str(action.attempt),
         s.LABEL_KIND: "step-job",
@@ -130,39 +102,10 @@ def build_job(run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
                 f"{s.ANNOTATION_PREFIX}/args-hash": action.args_hash,
             },
             "finalizers": [s.JOB_FINALIZER],
-            "ownerReferences": [owner_reference(run)],
+            "ownerReferences": [owner_reference(RunRef.of(run))],
         },
         "spec": job_spec,
     }
-
-
-def _owned_config_map(
-    run: m.AgentRun, name: str, labels: Mapping[str, str], data: Mapping[str, str]
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": run.metadata.namespace,
-            "labels": {**run_labels(run), **labels},
-            "ownerReferences": [owner_reference(run)],
-        },
-        "data": dict(data),
-    }
-
-
-def build_result_config_map(
-    run: m.AgentRun, name: str, step: str, attempt: int, data: Iterable[tuple[str, str]]
-) -> dict[str, Any]:
-    """The ConfigMap holding a result too large for status."""
-    labels = {s.LABEL_STEP: step, s.LABEL_ATTEMPT: str(attempt), s.LABEL_KIND: "result"}
-    return _owned_config_map(run, name, labels, dict(data))
-
-
-def build_audit_config_map(run: m.AgentRun, name: str, data: Mapping[str, str]) -> dict[str, Any]:
-    """One chunk of the run's audit record."""
-    return _owned_config_map(run, name, {s.LABEL_KIND: "audit"}, data)
 
 
 def _time(value: Any) -> datetime | None:

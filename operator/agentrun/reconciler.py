@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit, jobs
+from agentrun import audit, jobs, objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import (
@@ -184,7 +184,7 @@ class Reconciler:
             existing = record.maps.get(chunk)
             with tolerate(409) as moved_on:
                 if existing is None:
-                    body = jobs.build_audit_config_map(run, chunk, data)
+                    body = objects.audit_config_map(objects.RunRef.of(run), chunk, data)
                     self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
                 else:
                     existing["data"] = {**(existing.get("data") or {}), **data}
@@ -317,8 +317,8 @@ class Reconciler:
             self.apis.batch.patch_namespaced_job(name, namespace, patch)
 
     def _store_result(self, run: m.AgentRun, action: StoreResult) -> None:
-        body = jobs.build_result_config_map(
-            run, action.name, action.step, action.attempt, action.data
+        body = objects.result_config_map(
+            objects.RunRef.of(run), action.name, action.step, action.attempt, action.data
         )
         with tolerate(409):  # written by an earlier pass from the same Job: same content
             self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)

@@ -31,11 +31,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrun import objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.envelope import result_object_data, summary_line
-from agentrun.jobs import label_value
 from agentrun.kubeapi import tolerate
 
 TERMINATION_LIMIT = 4096
@@ -47,6 +47,7 @@ SERVICEACCOUNT_DIR_ENV = "AGENTRUN_SERVICEACCOUNT_DIR"
 DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 LABEL_KEY_HASH = f"{m.GROUP}/idempotency-key-hash"
 ANNOTATION_COMPLETE = f"{m.GROUP}/complete"
+ANNOTATION_SUMMARY = f"{m.GROUP}/summary"
 
 
 class StepIdentity:
@@ -103,7 +104,7 @@ class ResultStore:
                 result = item.data.get("result", "")
                 return {
                     "ok": True,
-                    "summary": annotations.get(f"{m.GROUP}/summary", summary_line(result)),
+                    "summary": annotations.get(ANNOTATION_SUMMARY, summary_line(result)),
                     "resultRef": {"name": item.metadata.name, "key": "result"},
                     "resultDigest": naming.sha256_text(result),
                     "replayed": True,
@@ -113,28 +114,16 @@ class ResultStore:
     def store(self, result: str, summary: str) -> dict[str, Any]:
         ident = self.identity
         name = naming.result_object_name(ident.run, ident.run_uid, ident.step, ident.attempt)
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": name,
-                "namespace": ident.namespace,
-                "labels": {
-                    s.LABEL_RUN: label_value(ident.run),
-                    s.LABEL_RUN_UID: ident.run_uid,
-                    s.LABEL_STEP: ident.step,
-                    s.LABEL_ATTEMPT: str(ident.attempt),
-                    s.LABEL_KIND: "result",
-                    LABEL_KEY_HASH: ident.key_hash,
-                },
-                "annotations": {ANNOTATION_COMPLETE: "true", f"{m.GROUP}/summary": summary},
-                "ownerReferences": [{
-                    "apiVersion": m.API_VERSION, "kind": m.KIND, "name": ident.run,
-                    "uid": ident.run_uid,
-                }],
-            },
-            "data": dict(result_object_data(result)),
-        }  # fmt: skip
+        body = objects.result_config_map(
+            objects.RunRef(ident.run, ident.namespace, ident.run_uid),
+            name,
+            ident.step,
+            ident.attempt,
+            result_object_data(result),
+            labels={LABEL_KEY_HASH: ident.key_hash},
+            annotations={ANNOTATION_COMPLETE: "true", ANNOTATION_SUMMARY: summary},
+            controller=False,  # the pod may not block the run's deletion (see owner_reference)
+        )
         with tolerate(409):  # AlreadyExists: the same attempt stored it before
             self.core.create_namespaced_config_map(ident.namespace, body)
         return {"name": name, "key": "result"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun import jobs
+from agentrun import jobs, objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState
@@ -138,9 +138,9 @@ def test_long_run_names_fit_in_labels_and_stay_in_an_annotation() -> None:
     job = jobs.build_job(run, _create(run))
     label = job["metadata"]["labels"][s.LABEL_RUN]
     assert len(label) <= 63 and label.startswith("r" * 50)
-    assert label != jobs.label_value("r" * 81)
+    assert label != objects.label_value("r" * 81)
     assert job["metadata"]["annotations"][s.ANNOTATION_RUN_NAME] == "r" * 80
-    assert jobs.label_value("short") == "short"
+    assert objects.label_value("short") == "short"
 
 
 def test_a_job_is_finished_once_complete_or_failed_is_true() -> None:

@@ -131,3 +131,26 @@ def test_other_refusals_of_the_result_store_fail_the_step(env: dict[str, str]) -
     api = FakeCoreApi(refuse=403)
     with pytest.raises(ApiException):
         runner.ResultStore(api, runner.StepIdentity(env)).store("big", "summary")
+
+
+def test_a_large_result_is_stored_owned_by_the_run_and_marked_complete(
+    env: dict[str, str],
+) -> None:
+    api = FakeCoreApi()
+    identity = runner.StepIdentity(env)
+    runner.ResultStore(api, identity).store('{"n": 1}', "one")
+    ((namespace, body),) = api.created
+    meta = body["metadata"]
+    assert namespace == meta["namespace"] == "ns"
+    assert meta["labels"][s.LABEL_RUN_UID] == "uid"
+    assert meta["labels"][s.LABEL_STEP] == "collect" and meta["labels"][s.LABEL_ATTEMPT] == "1"
+    assert meta["labels"][s.LABEL_KIND] == "result"
+    assert meta["labels"][runner.LABEL_KEY_HASH] == identity.key_hash
+    assert meta["annotations"] == {
+        runner.ANNOTATION_COMPLETE: "true",
+        runner.ANNOTATION_SUMMARY: "one",
+    }
+    (owner,) = meta["ownerReferences"]
+    assert (owner["name"], owner["uid"]) == ("r", "uid")
+    assert not owner["blockOwnerDeletion"], "the pod may not block the run's deletion"
+    assert body["data"] == {"result": '{"n": 1}', "field.n": "1"}
