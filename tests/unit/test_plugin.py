@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit
+from agentrun import audit, objects
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.plugin import cli, render
 from agentrun.plugin import fork as forking
 from agentrun.plugin.kube import PluginError, strip_kind
-from agentrun.settings import LABEL_KIND, LABEL_RUN_UID
+from agentrun.settings import LABEL_KIND, LABEL_RUN_UID, LABEL_STEP
 from tests.unit.sim import T0, UID, Sim, make_run, step
 
 SP = m.StepPhase
@@ -197,6 +197,21 @@ def test_result_copy_is_owned_by_the_new_run_but_not_as_its_controller() -> None
     assert body["metadata"]["labels"][LABEL_RUN_UID] == "uid-1"
     assert body["metadata"]["labels"][LABEL_KIND] == "result"
     assert body["data"] == source["data"]
+
+
+def test_result_copy_lives_beside_its_source_labelled_like_the_runs_other_objects() -> None:
+    source = {
+        "metadata": {"name": "old-a-r123-1", "namespace": "ns"},
+        "data": {"result": "x"},
+        "binaryData": {"blob": "AA=="},
+    }
+    body = forking.result_copy(source, "c", "n" * 70, "uid-1", "a")
+    assert body["metadata"]["namespace"] == "ns"
+    assert body["metadata"]["labels"] == objects.run_labels(
+        objects.RunRef("n" * 70, "ns", "uid-1")
+    ) | {LABEL_STEP: "a", LABEL_KIND: "result"}
+    assert body["metadata"]["annotations"] == {f"{m.GROUP}/carried-from": "ns/old-a-r123-1"}
+    assert body["binaryData"] == {"blob": "AA=="}
 
 
 # -- status ---------------------------------------------------------------------------------------

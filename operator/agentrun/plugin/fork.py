@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrun import objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
@@ -150,35 +151,19 @@ def new_run(
 def result_copy(
     source: Mapping[str, Any], name: str, run_name: str, run_uid: str, step: str
 ) -> dict[str, Any]:
-    """A copy of a result ConfigMap, owned by the new run (not as its controller)."""
+    """A copy of a result ConfigMap, owned by the new run (not as its controller: the plugin's
+    user may not block the run's deletion) in the namespace of the source."""
     meta = source.get("metadata") or {}
-    body: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "labels": {
-                s.LABEL_RUN: run_name[:63].rstrip("-."),
-                s.LABEL_RUN_UID: run_uid,
-                s.LABEL_STEP: step,
-                s.LABEL_KIND: "result",
-            },
-            "annotations": {
-                f"{m.GROUP}/carried-from": f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": m.API_VERSION,
-                    "kind": m.KIND,
-                    "name": run_name,
-                    "uid": run_uid,
-                    "controller": False,
-                    "blockOwnerDeletion": False,
-                }
-            ],
+    body = objects.owned_config_map(
+        objects.RunRef(run_name, str(meta.get("namespace") or ""), run_uid),
+        name,
+        {s.LABEL_STEP: step, s.LABEL_KIND: "result"},
+        source.get("data") or {},
+        annotations={
+            f"{m.GROUP}/carried-from": f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         },
-        "data": dict(source.get("data") or {}),
-    }
+        controller=False,
+    )
     if source.get("binaryData"):
         body["binaryData"] = dict(source["binaryData"])
     return body
