@@ -41,9 +41,6 @@ from agentrun.kubeapi import tolerate
 TERMINATION_LIMIT = 4096
 INLINE_LIMIT = 3072
 """Envelopes up to this many bytes go inline; kubelet keeps 4096 of the termination message."""
-TERMINATION_PATH_ENV = "AGENTRUN_TERMINATION_MESSAGE_PATH"
-RESULT_FILE_ENV = "AGENTRUN_RESULT_FILE"
-SERVICEACCOUNT_DIR_ENV = "AGENTRUN_SERVICEACCOUNT_DIR"
 DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 LABEL_KEY_HASH = f"{m.GROUP}/idempotency-key-hash"
 ANNOTATION_COMPLETE = f"{m.GROUP}/complete"
@@ -131,7 +128,7 @@ class ResultStore:
 
 def default_store(identity: StepIdentity, env: dict[str, str]) -> ResultStore | None:
     """A store using the pod's ServiceAccount token, or None without API access."""
-    sa_dir = Path(env.get(SERVICEACCOUNT_DIR_ENV, DEFAULT_SERVICEACCOUNT_DIR))
+    sa_dir = Path(env.get(s.ENV_SERVICEACCOUNT_DIR, DEFAULT_SERVICEACCOUNT_DIR))
     if not (sa_dir / "token").is_file() or not env.get("KUBERNETES_SERVICE_HOST"):
         return None
     from kubernetes import client as kube_client
@@ -154,7 +151,7 @@ def run_step(
     """Run one step attempt; return its exit code."""
     env = dict(os.environ if env is None else env)
     identity = StepIdentity(env)
-    termination = Path(env.get(TERMINATION_PATH_ENV, "/dev/termination-log"))
+    termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
     store = store_factory(identity, env) if identity.complete() else None
 
     if store is not None and identity.idempotency_key:
@@ -168,7 +165,7 @@ def run_step(
     with tempfile.TemporaryDirectory(prefix="agentrun-step-") as tmp:
         result_file = Path(tmp) / "result"
         proc = subprocess.run(
-            list(command), env={**env, RESULT_FILE_ENV: str(result_file)},
+            list(command), env={**env, s.ENV_RESULT_FILE: str(result_file)},
             stdout=subprocess.PIPE, text=True, check=False,
         )  # fmt: skip
         sys.stdout.write(proc.stdout)

@@ -30,13 +30,22 @@ LABEL_KIND = f"{GROUP}/object"  # "step-job" or "result"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agentrun-operator"
 
-# Environment of step pods.
+# Environment of step pods ---------------------------------------------------------------------
+
+# Set on the step container by the operator (jobs.build_job), read by the step runner.
 ENV_RUN = "AGENTRUN_RUN"
 ENV_NAMESPACE = "AGENTRUN_NAMESPACE"
 ENV_RUN_UID = "AGENTRUN_RUN_UID"
 ENV_STEP = "AGENTRUN_STEP"
 ENV_ATTEMPT = "AGENTRUN_ATTEMPT"
 ENV_IDEMPOTENCY_KEY = "AGENTRUN_IDEMPOTENCY_KEY"
+
+ENV_RESULT_FILE = "AGENTRUN_RESULT_FILE"
+"""Set by the step runner for the step's command: the file its result may be written to."""
+ENV_TERMINATION_MESSAGE_PATH = "AGENTRUN_TERMINATION_MESSAGE_PATH"
+"""Where the step runner leaves the envelope, when not /dev/termination-log (a local node)."""
+ENV_SERVICEACCOUNT_DIR = "AGENTRUN_SERVICEACCOUNT_DIR"
+"""Where the step runner finds the ServiceAccount token, when not the standard mount."""
 
 
 def _env_list(name: str) -> tuple[str, ...]:

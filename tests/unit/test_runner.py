@@ -45,12 +45,12 @@ def env(tmp_path: Path) -> dict[str, str]:
         "PATH": "/usr/bin:/bin",
         s.ENV_RUN: "r", s.ENV_NAMESPACE: "ns", s.ENV_RUN_UID: "uid", s.ENV_STEP: "collect",
         s.ENV_ATTEMPT: "1", s.ENV_IDEMPOTENCY_KEY: "uid:collect:img:abc",
-        runner.TERMINATION_PATH_ENV: str(tmp_path / "termination-log"),
+        s.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination-log"),
     }  # fmt: skip
 
 
 def _message(env: dict[str, str]) -> Any:
-    return json.loads(Path(env[runner.TERMINATION_PATH_ENV]).read_text())
+    return json.loads(Path(env[s.ENV_TERMINATION_MESSAGE_PATH]).read_text())
 
 
 def test_stdout_becomes_an_inline_result(env: dict[str, str]) -> None:
@@ -81,7 +81,7 @@ def test_large_result_goes_by_reference_and_the_operator_reads_it(env: dict[str,
 
     code = runner.run_step([sys.executable, "-c", "print('x' * 10000)"], env, factory)
     assert code == 0
-    message = Path(env[runner.TERMINATION_PATH_ENV]).read_text()
+    message = Path(env[s.ENV_TERMINATION_MESSAGE_PATH]).read_text()
     assert len(message) < runner.TERMINATION_LIMIT
     parsed = envelope.parse(message)
     assert parsed.ok and parsed.result_ref == ("collect-1", "result")
