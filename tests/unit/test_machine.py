@@ -258,7 +258,9 @@ def test_approval_gate_waits_then_launches_on_a_matching_approval() -> None:
     cond = sim.condition("ApprovalPending")
     assert cond is not None and cond.status == m.ConditionStatus.TRUE
     assert st.args_hash in cond.message and not sim.jobs
-    wrong = m.Approval(step="deploy", decision=m.Decision.APPROVE, args_hash="0" * 64, by="alice")
+    wrong = m.Approval(
+        step="deploy", decision=m.ApprovalDecision.APPROVE, args_hash="0" * 64, by="alice"
+    )
     sim.spec_update(approvals=[wrong])
     sim.tick()
     assert not sim.jobs, "an approval of other arguments does not count"
@@ -278,7 +280,7 @@ def test_rejection_ends_the_step_and_the_run_with_the_reason() -> None:
         approvals=[
             m.Approval(
                 step="deploy",
-                decision=m.Decision.REJECT,
+                decision=m.ApprovalDecision.REJECT,
                 args_hash=h,
                 by="bob",
                 reason="not during the freeze",
@@ -302,7 +304,9 @@ def test_changing_a_gated_step_needs_a_new_approval() -> None:
     changed["container"]["args"] = ["--force"]
     sim.spec_update(
         plan=m.Plan.model_validate({"steps": [changed]}),
-        approvals=[m.Approval(step="deploy", decision=m.Decision.APPROVE, args_hash=h, by="a")],
+        approvals=[
+            m.Approval(step="deploy", decision=m.ApprovalDecision.APPROVE, args_hash=h, by="a")
+        ],
     )
     sim.tick()
     st = sim.step_status("deploy")
@@ -557,7 +561,11 @@ def test_rejection_can_skip_the_step_and_let_the_rest_run() -> None:
     sim.spec_update(
         approvals=[
             m.Approval(
-                step="deploy", decision=m.Decision.REJECT, args_hash=h, by="bob", reason="not today"
+                step="deploy",
+                decision=m.ApprovalDecision.REJECT,
+                args_hash=h,
+                by="bob",
+                reason="not today",
             )
         ]
     )
@@ -577,7 +585,9 @@ def test_approver_is_recorded_on_the_launch() -> None:
     sim.tick()
     h = sim.step_status("deploy").args_hash or ""
     sim.spec_update(
-        approvals=[m.Approval(step="deploy", decision=m.Decision.APPROVE, args_hash=h, by="alice")]
+        approvals=[
+            m.Approval(step="deploy", decision=m.ApprovalDecision.APPROVE, args_hash=h, by="alice")
+        ]
     )
     sim.tick()
     assert sim.step_status("deploy").decided_by == "alice"

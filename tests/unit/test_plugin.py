@@ -365,7 +365,7 @@ def test_unknown_steps_and_steps_without_args_hash_are_refused() -> None:
 
 
 def test_approval_patch_tests_the_resource_version_and_appends() -> None:
-    entry = cli.approval_entry("deploy", m.Decision.REJECT, "a" * 64, "bob", "no", T0)
+    entry = cli.approval_entry("deploy", m.ApprovalDecision.REJECT, "a" * 64, "bob", "no", T0)
     assert entry == {
         "step": "deploy",
         "decision": "reject",

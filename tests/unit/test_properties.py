@@ -115,7 +115,7 @@ class Checker:
             assert any(
                 a.step == name
                 and a.args_hash == action.args_hash
-                and a.decision == m.Decision.APPROVE
+                and a.decision == m.ApprovalDecision.APPROVE
                 for a in sim.run.spec.approvals or []
             ), f"gated step {name} launched without a matching approval"
         if self.deadline_at is not None:
@@ -222,7 +222,9 @@ def _run_events(sim: Sim, checker: Checker, events: list[tuple[str, int]]) -> No
             ]
             if waiting:
                 target = waiting[seed % len(waiting)]
-                decision_kind = m.Decision.REJECT if seed % 5 == 0 else m.Decision.APPROVE
+                decision_kind = (
+                    m.ApprovalDecision.REJECT if seed % 5 == 0 else m.ApprovalDecision.APPROVE
+                )
                 approvals = [
                     *(sim.run.spec.approvals or []),
                     m.Approval(
@@ -261,7 +263,7 @@ def _drive_to_end(sim: Sim, checker: Checker) -> None:
                     *[
                         m.Approval(
                             step=s.name,
-                            decision=m.Decision.APPROVE,
+                            decision=m.ApprovalDecision.APPROVE,
                             args_hash=s.args_hash or "",
                             by="alice",
                         )

@@ -121,7 +121,7 @@ class ApprovalMode(StrEnum):
     REQUIRED = "required"
 
 
-class Decision(StrEnum):
+class ApprovalDecision(StrEnum):
     """A person's decision on a gated step."""
 
     APPROVE = "approve"
@@ -516,7 +516,7 @@ class Approval(ApiModel):
     """A person's decision on a gated step, bound to the step's exact arguments."""
 
     step: str = Field(description="The step decided on.", min_length=1, max_length=63)
-    decision: Decision = Field(description="approve or reject.")
+    decision: ApprovalDecision = Field(description="approve or reject.")
     args_hash: str = Field(
         description=(
             "The step's argsHash as shown in status.steps[].argsHash; a decision on other "

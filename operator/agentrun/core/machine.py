@@ -470,7 +470,7 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
                     continue
                 return
             st.decided_by = decision.by
-            if decision.decision == m.Decision.REJECT:
+            if decision.decision == m.ApprovalDecision.REJECT:
                 text = f"rejected by {decision.by}" + (
                     f": {decision.reason}" if decision.reason else ""
                 )
@@ -599,7 +599,7 @@ def _needs_approval(run: m.AgentRun, step: m.Step) -> bool:
 def _decision_for(run: m.AgentRun, step: str, args_hash: str) -> m.Approval | None:
     """The decision that counts for (step, args hash): a rejection wins over an approval."""
     matching = [a for a in run.spec.approvals or [] if a.step == step and a.args_hash == args_hash]
-    rejections = [a for a in matching if a.decision == m.Decision.REJECT]
+    rejections = [a for a in matching if a.decision == m.ApprovalDecision.REJECT]
     if rejections:
         return rejections[0]
     return matching[0] if matching else None

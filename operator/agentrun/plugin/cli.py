@@ -101,7 +101,12 @@ def decidable(run: m.AgentRun, step: str, force: bool) -> m.StepStatus:
 
 
 def approval_entry(
-    step: str, decision: m.Decision, args_hash: str, by: str, reason: str | None, at: datetime
+    step: str,
+    decision: m.ApprovalDecision,
+    args_hash: str,
+    by: str,
+    reason: str | None,
+    at: datetime,
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "step": step,
@@ -128,7 +133,7 @@ def append_approval_patch(body: dict[str, Any], entry: dict[str, Any]) -> list[d
     return ops
 
 
-def _decide(session: Session, args: argparse.Namespace, decision: m.Decision) -> int:
+def _decide(session: Session, args: argparse.Namespace, decision: m.ApprovalDecision) -> int:
     name, step = strip_kind(args.run), args.step
     reason: str | None = args.reason
     user = session.username()
@@ -144,7 +149,7 @@ def _decide(session: Session, args: argparse.Namespace, decision: m.Decision) ->
             for a in approvals
             if a.step == step and a.args_hash == h and a.decision == decision and a.by == user
         ]
-        done = "approved" if decision == m.Decision.APPROVE else "rejected"
+        done = "approved" if decision == m.ApprovalDecision.APPROVE else "rejected"
         if same:
             _out(
                 f"step {step} of {_ref(run)} (args {render.short_hash(h)}) was already {done} "
@@ -169,7 +174,7 @@ def _decide(session: Session, args: argparse.Namespace, decision: m.Decision) ->
             raise PluginError(
                 f"the API server refused to record the decision: {api_message(error)}"
             ) from None
-        why = f": {reason}" if reason and decision == m.Decision.REJECT else ""
+        why = f": {reason}" if reason and decision == m.ApprovalDecision.REJECT else ""
         _out(f"{done} step {step} of {_ref(run)} (args {render.short_hash(h)}) as {user}{why}")
         return 0
     raise PluginError(
@@ -190,11 +195,11 @@ def _changed_since(session: Session, name: str, body: dict[str, Any]) -> bool:
 
 
 def cmd_approve(session: Session, args: argparse.Namespace) -> int:
-    return _decide(session, args, m.Decision.APPROVE)
+    return _decide(session, args, m.ApprovalDecision.APPROVE)
 
 
 def cmd_reject(session: Session, args: argparse.Namespace) -> int:
-    return _decide(session, args, m.Decision.REJECT)
+    return _decide(session, args, m.ApprovalDecision.REJECT)
 
 
 # -- suspend / resume / cancel ----------------------------------------------------------------
