@@ -52,6 +52,33 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _release(args: argparse.Namespace) -> int:
+    import os
+
+    from kubernetes.client.exceptions import ApiException
+
+    from agentrun import janitor
+    from agentrun.handlers import api_client
+    from agentrun.plugin.kube import api_message
+
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    namespaces = () if args.all_namespaces else tuple(args.namespace)
+    try:
+        left = janitor.release(janitor.Janitor.connect(api_client(), namespaces), say=print)
+    except ApiException as error:
+        sys.stderr.write(f"agentrun release: {api_message(error)}\n")
+        return 1
+    if left:
+        sys.stderr.write(
+            "agentrun release: still held by the operator's finalizers: "
+            + ", ".join([*(f"agentrun {r}" for r in left.runs), *(f"Job {j}" for j in left.jobs)])
+            + "\n"
+        )
+        return 1
+    return 0
+
+
 def _step(args: argparse.Namespace) -> int:
     from agentrun import runner
 
@@ -111,6 +138,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     peering.add_argument("--standalone", action="store_true", help="no peering (the default)")
     run_parser.set_defaults(func=_run)
+
+    release_parser = sub.add_parser(
+        "release",
+        help="delete every AgentRun in scope and release the operator's finalizers (uninstall)",
+        description=(
+            "Uninstall on purpose: delete every AgentRun in the namespaces given (or in all), "
+            "remove what each run owns (step Jobs, pods, result objects) and release the "
+            "operator's finalizers on runs and step Jobs, without an operator running, so "
+            "that nothing is left that only an operator could release. Exit 1 if something "
+            "still holds one of them."
+        ),
+    )
+    release_scope = release_parser.add_mutually_exclusive_group(required=True)
+    release_scope.add_argument(
+        "-n", "--namespace", action="append", metavar="NS", help="this namespace (repeatable)"
+    )
+    release_scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="every namespace"
+    )
+    release_parser.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, "
+        "~/.kube/config, then the in-cluster ServiceAccount)",
+    )
+    release_parser.set_defaults(func=_release)
 
     step_parser = sub.add_parser(
         "step",

@@ -3,7 +3,9 @@
 * a daemon per AgentRun drives it: one reconcile pass, then sleep until the next timer, a wake-up
   (an event on the run or one of its Jobs) or the periodic resync, whichever comes first;
 * the deletion handler removes what the run owns, and releases the run's finalizer within
-  ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was left).
+  ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was left);
+* the janitor (agentrun/janitor.py), started with the operator, finishes the deletions that no
+  watch delivers (a namespace being deleted, runs deleted while the operator was down).
 
 kopf keeps its own bookkeeping in annotations under ``agentrun.dev/`` and never touches
 ``.status``, which belongs to the ledger.
@@ -25,6 +27,7 @@ from kubernetes import config as kube_config
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
+from agentrun.janitor import Janitor, keep_sweeping
 from agentrun.reconciler import Apis, Checkpoint, Reconciler
 
 log = logging.getLogger("agentrun.handlers")
@@ -36,7 +39,9 @@ class OperatorState:
 
     reconciler: Reconciler
     settings: s.Settings
+    janitor: Janitor
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    janitor_task: asyncio.Task[None] | None = None
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
@@ -70,7 +75,7 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         if checkpoint is None
         else Reconciler(apis, settings, checkpoint=checkpoint)
     )
-    return OperatorState(reconciler, settings)
+    return OperatorState(reconciler, settings, Janitor(reconciler, settings.namespaces))
 
 
 def _state(memo: Any) -> OperatorState:
@@ -102,6 +107,23 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.peering.standalone = state.settings.peering is None
     if state.settings.peering is not None:
         settings.peering.name = state.settings.peering
+
+
+@kopf.on.startup()
+async def start_janitor(memo: kopf.Memo, **_: Any) -> None:
+    """Sweep now (runs deleted while the operator was down) and then periodically."""
+    state = _state(memo)
+    state.janitor_task = asyncio.create_task(
+        keep_sweeping(state.janitor, float(state.settings.janitor_seconds)), name="janitor"
+    )
+
+
+@kopf.on.cleanup()
+async def stop_janitor(memo: kopf.Memo, **_: Any) -> None:
+    task = _state(memo).janitor_task
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 @kopf.on.login()

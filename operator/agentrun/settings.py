@@ -82,6 +82,9 @@ class Settings:
         default_factory=lambda: _env_int("AGENTRUN_CLEANUP_TIMEOUT_SECONDS", 60)
     )
     """How long deletion cleanup may keep failing before the run's finalizer is released."""
+    janitor_seconds: int = field(default_factory=lambda: _env_int("AGENTRUN_JANITOR_SECONDS", 30))
+    """Period of the janitor (agentrun/janitor.py), which finishes deletions no watch
+    delivered: runs deleted in a namespace being deleted or while the operator was down."""
     jitter_seed: int = field(default_factory=lambda: _env_int("AGENTRUN_JITTER_SEED", 0))
     job_deletion_grace_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_JOB_DELETION_GRACE_SECONDS", 30)

@@ -2,7 +2,7 @@
 
 Installed as the ``kubectl-agentrun`` console script, so ``kubectl agentrun ...`` finds it
 on PATH. Commands: approve, reject, suspend, resume, cancel, status, history, result, fork,
-wait. ``kubectl`` hands the plugin only what follows its name, so cluster flags
+release, wait. ``kubectl`` hands the plugin only what follows its name, so cluster flags
 (``-n``, ``--context``, ``--kubeconfig``) go after ``agentrun``.
 """
 

@@ -464,6 +464,21 @@ def cmd_wait(session: Session, args: argparse.Namespace) -> int:
         time.sleep(min(WAIT_INTERVAL_SECONDS, left))
 
 
+# -- release ------------------------------------------------------------------------------
+
+
+def cmd_release(session: Session, args: argparse.Namespace) -> int:
+    from agentrun import janitor
+
+    namespaces = () if args.all_namespaces else (session.namespace,)
+    sweeper = janitor.Janitor.connect(session.api_client, namespaces)
+    left = session.call("release AgentRuns", lambda: janitor.release(sweeper, say=_out))
+    if left:
+        held = [*(f"agentrun {r}" for r in left.runs), *(f"Job {j}" for j in left.jobs)]
+        raise PluginError(f"still held by the operator's finalizers: {', '.join(held)}")
+    return 0
+
+
 # -- arguments ------------------------------------------------------------------------------
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -570,6 +585,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--from", dest="from_step", metavar="STEP", required=True, help="run again from here"
     )
     p.add_argument("--name", help="name of the new run (default: RUN-fork-<4 letters>)")
+    p = sub.add_parser(
+        "release",
+        help="Delete every AgentRun in the namespace and release the operator's finalizers.",
+        description=(
+            "Uninstall on purpose: delete every AgentRun in the namespace (-A: in all), "
+            "remove what each run owns and release the operator's finalizers on runs and step "
+            "Jobs without an operator running, so nothing is left that only an operator "
+            "could release. The same as `agentrun release`."
+        ),
+    )
+    _add_connection_flags(p, top=False)
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    p.set_defaults(func=cmd_release)
     p = command("wait", cmd_wait, "Wait until the run ends; exit 0 only if it Succeeded.")
     p.add_argument(
         "--timeout",

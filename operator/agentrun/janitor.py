@@ -1,0 +1,366 @@
+"""Deletions that nobody else finishes: runs being deleted, and step Jobs whose run is gone.
+
+kopf runs a run's deletion handler when its watch shows the run's deletionTimestamp. Three
+times nobody watches: in a namespace being deleted (kopf's namespace observer drops a
+namespace from its watch as soon as the namespace controller has marked it deleted, before
+the objects in it are gone), while the operator is down, and after it is uninstalled. Each
+left the run's finalizer (``agentrun.dev/cleanup``) and its Jobs' (``agentrun.dev/outcome``)
+in place for good, and with them the namespace, Terminating forever.
+
+The janitor depends on no watch. At startup, and then every ``AGENTRUN_JANITOR_SECONDS``, one
+:meth:`Janitor.sweep`:
+
+1. lists the step Jobs in scope (label ``agentrun.dev/run-uid``, managed by the operator);
+2. lists the AgentRuns in scope;
+3. for each run with a deletionTimestamp that still carries the run finalizer: removes what
+   it owns (:meth:`Reconciler.cleanup`: Jobs, their finalizers, pods, result objects), then its
+   finalizer (a JSON patch guarded by a ``test`` op). When something is left (held by someone
+   else's finalizer), it waits as the deletion handler does: the finalizer goes anyway once
+   the deletionTimestamp is ``cleanup_timeout_seconds`` old, with a CleanupIncomplete Event;
+4. for each Job still carrying the Job finalizer whose run is not in the list, or is being
+   deleted: releases that finalizer (the garbage collector, or the namespace controller,
+   then removes the Job, since its owner is gone).
+
+Jobs are listed before runs: a Job's run exists before the Job, so a Job of the first list
+whose run is missing from the second has lost its run; it is not the Job of a run created
+between the two lists.
+
+A namespace being deleted needs no rule of its own: the namespace controller deletes every
+object in it, so its runs and Jobs carry a deletionTimestamp, and removing finalizers is still
+allowed there (creating Events is not: those are skipped).
+
+Cost at rest (no run being deleted): two LIST calls per pass (per watched namespace when the
+operator watches a list of namespaces), and no request per run or per Job. A pass does work
+only for runs being deleted and for Jobs whose run is gone, and racing kopf's own deletion
+handler is harmless: cleanup holds the run's lock and every removal tolerates "already gone".
+
+:func:`release` is uninstalling on purpose (``agentrun release``, ``kubectl agentrun
+release``, the Helm chart's pre-delete hook): it deletes every run in scope and sweeps
+without waiting for anything, so no finalizer is left for an operator that will not come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.core import EmitEvent
+from agentrun.kubeapi import tolerate
+from agentrun.reconciler import Reconciler
+
+log = logging.getLogger("agentrun.janitor")
+
+JSON_PATCH = "application/json-patch+json"
+STEP_JOBS = f"{s.LABEL_RUN_UID},{s.LABEL_MANAGED_BY}={s.MANAGED_BY}"
+"""Label selector of every step Job the operator made."""
+
+Body = dict[str, Any]
+
+
+@dataclass
+class Sweep:
+    """What one pass did, each entry ``namespace/name``."""
+
+    runs_released: list[str] = field(default_factory=list)
+    """Runs whose finalizer this pass removed."""
+    runs_waiting: list[str] = field(default_factory=list)
+    """Runs being deleted whose cleanup left something (with what), finalizer kept for now."""
+    jobs_released: list[str] = field(default_factory=list)
+    """Jobs whose finalizer this pass removed (their run gone or being deleted)."""
+    failures: list[str] = field(default_factory=list)
+    """Cleanups or releases that failed, with why (the next pass tries again)."""
+
+    @property
+    def acted(self) -> bool:
+        return bool(self.runs_released or self.jobs_released)
+
+    def summary(self) -> str:
+        parts = [
+            f"{len(self.runs_released)} runs released" if self.runs_released else "",
+            f"{len(self.jobs_released)} Jobs released" if self.jobs_released else "",
+            f"{len(self.runs_waiting)} runs waiting" if self.runs_waiting else "",
+            f"{len(self.failures)} failures" if self.failures else "",
+        ]
+        return ", ".join(p for p in parts if p) or "nothing to do"
+
+
+def _key(body: Body) -> str:
+    meta = body.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _items(response: Any) -> list[Body]:
+    """Items of a list call made with ``_preload_content=False`` (no typed models built)."""
+    items: list[Body] = json.loads(response.data).get("items") or []
+    return items
+
+
+def _deleting(body: Body) -> bool:
+    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _finalizers(body: Body) -> list[str]:
+    return list((body.get("metadata") or {}).get("finalizers") or [])
+
+
+def _age(stamp: str, now: datetime) -> float:
+    """Seconds since an RFC 3339 timestamp of the API server."""
+    return (now - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds()
+
+
+class Janitor:
+    """Finishes deletions in ``namespaces`` (every namespace when empty)."""
+
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        namespaces: Sequence[str] = (),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.reconciler = reconciler
+        self.apis = reconciler.apis
+        self.namespaces = tuple(namespaces)
+        self.clock = clock
+
+    @classmethod
+    def connect(cls, api_client: Any, namespaces: Sequence[str] = ()) -> Janitor:
+        """A janitor of its own over ``api_client`` (``agentrun release`` and the plugin)."""
+        from kubernetes import client as kube_client
+
+        from agentrun.reconciler import Apis
+
+        apis = Apis(
+            core=kube_client.CoreV1Api(api_client),
+            batch=kube_client.BatchV1Api(api_client),
+            custom=kube_client.CustomObjectsApi(api_client),
+        )
+        settings = s.Settings(namespaces=tuple(namespaces))
+        return cls(Reconciler(apis, settings), namespaces)
+
+    # -- listing --------------------------------------------------------------------------
+
+    def list_runs(self) -> list[Body]:
+        custom = self.apis.custom
+        if not self.namespaces:
+            return _items(
+                custom.list_cluster_custom_object(
+                    m.GROUP, m.VERSION, m.PLURAL, _preload_content=False
+                )
+            )
+        return [
+            run
+            for ns in self.namespaces
+            for run in _items(
+                custom.list_namespaced_custom_object(
+                    m.GROUP, m.VERSION, ns, m.PLURAL, _preload_content=False
+                )
+            )
+        ]
+
+    def list_step_jobs(self) -> list[Body]:
+        batch = self.apis.batch
+        if not self.namespaces:
+            return _items(
+                batch.list_job_for_all_namespaces(label_selector=STEP_JOBS, _preload_content=False)
+            )
+        return [
+            job
+            for ns in self.namespaces
+            for job in _items(
+                batch.list_namespaced_job(ns, label_selector=STEP_JOBS, _preload_content=False)
+            )
+        ]
+
+    # -- one pass -------------------------------------------------------------------------
+
+    def sweep(self, *, patience: float | None = None, events: bool = True) -> Sweep:
+        """One pass (see the module docstring). ``patience``: how long after its
+        deletionTimestamp a run whose cleanup leaves something keeps its finalizer (default:
+        the ``cleanup_timeout_seconds`` setting; 0: release at once). ``events``: post a
+        CleanupIncomplete Event when releasing anyway."""
+        if patience is None:
+            patience = float(self.reconciler.settings.cleanup_timeout_seconds)
+        done = Sweep()
+        step_jobs = self.list_step_jobs()  # first: see the module docstring
+        runs = self.list_runs()
+        live = {str(r["metadata"]["uid"]) for r in runs if not _deleting(r)}
+        cleaned: set[str] = set()
+        for run in runs:
+            if not _deleting(run) or s.RUN_FINALIZER not in _finalizers(run):
+                continue
+            if self._finish_run(run, patience, events, done):
+                cleaned.add(str(run["metadata"]["uid"]))
+        for job in step_jobs:
+            uid = ((job.get("metadata") or {}).get("labels") or {}).get(s.LABEL_RUN_UID)
+            if uid in live or uid in cleaned or s.JOB_FINALIZER not in _finalizers(job):
+                continue
+            try:
+                self.reconciler.release_job(job["metadata"]["namespace"], job["metadata"]["name"])
+            except Exception as error:
+                done.failures.append(f"Job {_key(job)}: {error}")
+                continue
+            done.jobs_released.append(_key(job))
+        return done
+
+    def _finish_run(self, run: Body, patience: float, events: bool, done: Sweep) -> bool:
+        """Clean up after one run being deleted and release its finalizer when it may go.
+        True when its cleanup ran (its Jobs were seen to)."""
+        meta = run["metadata"]
+        ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
+        ctx = {"agentrun": {"run": f"{ns}/{name}"}}
+        try:
+            left = self.reconciler.cleanup(ns, name, uid)
+        except Exception as error:
+            done.failures.append(f"run {ns}/{name}: cleanup failed: {error}")
+            log.warning("cleanup of a deleted run failed: %s", error, extra=ctx)
+            return False
+        if left:
+            age = _age(str(meta["deletionTimestamp"]), self.clock())
+            if age < patience:
+                done.runs_waiting.append(f"{ns}/{name} ({', '.join(left)})")
+                return True
+            message = (
+                f"released the finalizer {age:.0f}s after the run was deleted, cleanup "
+                f"incomplete; left behind: {', '.join(left)}"
+            )
+            log.warning(message, extra=ctx)
+            if events:
+                self._post_event(ns, name, uid, EmitEvent("Warning", "CleanupIncomplete", message))
+        try:
+            released = self.release_run(ns, name, uid)
+        except Exception as error:
+            done.failures.append(f"run {ns}/{name}: finalizer not released: {error}")
+            return True
+        if released:
+            log.info("finished the deletion of a run nobody was watching", extra=ctx)
+            done.runs_released.append(f"{ns}/{name}")
+        self.reconciler.forget(ns, name)
+        return True
+
+    def release_run(self, namespace: str, name: str, uid: str, tries: int = 3) -> bool:
+        """Remove the run finalizer from run ``uid`` (a JSON patch guarded by a ``test`` op
+        on it, read fresh each try). True when this call removed it."""
+        custom = self.apis.custom
+        for _ in range(tries):
+            with tolerate(404) as gone:
+                body: Body = custom.get_namespaced_custom_object(
+                    m.GROUP, m.VERSION, namespace, m.PLURAL, name
+                )
+            if gone or str(body["metadata"].get("uid")) != uid:
+                return False
+            finalizers = _finalizers(body)
+            if s.RUN_FINALIZER not in finalizers:
+                return False
+            index = finalizers.index(s.RUN_FINALIZER)
+            patch = [
+                {"op": "test", "path": f"/metadata/finalizers/{index}", "value": s.RUN_FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+            ]
+            with tolerate(404, 409, 422) as moved:
+                custom.patch_namespaced_custom_object(
+                    m.GROUP, m.VERSION, namespace, m.PLURAL, name, patch, _content_type=JSON_PATCH
+                )
+            if not moved:
+                return True
+            if moved.status == 404:
+                return False
+        raise RuntimeError(f"the finalizers of agentrun {namespace}/{name} kept changing")
+
+    def _post_event(self, namespace: str, name: str, uid: str, event: EmitEvent) -> None:
+        try:
+            self.reconciler.post_event(namespace, name, uid, event)
+        except Exception as error:  # e.g. refused in a namespace being deleted
+            log.info("no %s Event posted: %s", event.reason, error)
+
+
+async def keep_sweeping(janitor: Janitor, period: float) -> None:
+    """Sweep now and then every ``period`` seconds, until cancelled. The synchronous client
+    runs in a thread; a failed pass is logged and the next one tries again."""
+    period = max(1.0, period)
+    while True:
+        try:
+            done = await asyncio.to_thread(janitor.sweep)
+        except Exception:
+            log.exception("janitor pass failed; trying again in %.0fs", period)
+        else:
+            if done.acted or done.failures:
+                log.info("janitor: %s", done.summary(), extra={"agentrun": asdict(done)})
+        await asyncio.sleep(period)
+
+
+# -- uninstalling ---------------------------------------------------------------------------
+
+
+@dataclass
+class Leftovers:
+    """What still carries one of the operator's finalizers after :func:`release`."""
+
+    runs: list[str]
+    jobs: list[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.runs or self.jobs)
+
+
+def release(
+    janitor: Janitor,
+    say: Callable[[str], None],
+    *,
+    max_passes: int = 10,
+    interval: float = 1.0,
+) -> Leftovers:
+    """Delete every run in the janitor's scope and release the finalizers of runs and of
+    step Jobs at once, without an operator. Sweeps until a pass finds nothing more to do (an
+    operator still running may create a Job in a pass that began before the deletion), at
+    least twice, at most ``max_passes`` times. Returns what still carries a finalizer of the
+    operator (nothing, normally)."""
+    deleted = 0
+    for run in janitor.list_runs():
+        if _deleting(run):
+            continue
+        meta = run["metadata"]
+        with tolerate(404) as gone:
+            janitor.apis.custom.delete_namespaced_custom_object(
+                m.GROUP, m.VERSION, meta["namespace"], m.PLURAL, meta["name"]
+            )
+        if not gone:
+            deleted += 1
+            say(f"deleted agentrun {_key(run)}")
+    runs = jobs = 0
+    for attempt in range(max_passes):
+        if attempt:
+            time.sleep(interval)
+        done = janitor.sweep(patience=0, events=False)
+        for key in done.runs_released:
+            say(f"released agentrun {key}")
+        for key in done.jobs_released:
+            say(f"released Job {key}")
+        for failure in done.failures:
+            say(f"failed: {failure}")
+        runs, jobs = runs + len(done.runs_released), jobs + len(done.jobs_released)
+        if attempt >= 1 and not done.acted and not done.failures:
+            break
+    left = leftovers(janitor)
+    scope = ", ".join(janitor.namespaces) or "every namespace"
+    say(f"{scope}: deleted {deleted} runs; released {runs} runs and {jobs} step Jobs")
+    return left
+
+
+def leftovers(janitor: Janitor) -> Leftovers:
+    """Runs and step Jobs in scope that still carry the operator's finalizer."""
+    return Leftovers(
+        runs=_holding(janitor.list_runs(), s.RUN_FINALIZER),
+        jobs=_holding(janitor.list_step_jobs(), s.JOB_FINALIZER),
+    )
+
+
+def _holding(bodies: Iterable[Body], finalizer: str) -> list[str]:
+    return [_key(b) for b in bodies if finalizer in _finalizers(b)]
