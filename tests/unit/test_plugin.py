@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import audit, objects
 from agentrun.api import models as m
-from agentrun.core import naming
+from agentrun.core import graph, naming
 from agentrun.plugin import cli, render
 from agentrun.plugin import fork as forking
 from agentrun.plugin.kube import PluginError, strip_kind
@@ -68,15 +68,15 @@ def test_downstream_follows_dependencies_transitively_and_includes_the_start() -
     steps = plan_steps(
         step("a"), step("b", "a"), step("c", "b"), step("d"), step("e", "d", "c"), step("f", "a")
     )
-    assert render.downstream(steps, "b") == {"b", "c", "e"}
-    assert render.downstream(steps, "a") == {"a", "b", "c", "e", "f"}
-    assert render.downstream(steps, "e") == {"e"}
-    assert render.downstream(steps, "d") == {"d", "e"}
+    assert graph.downstream(steps, "b") == {"b", "c", "e"}
+    assert graph.downstream(steps, "a") == {"a", "b", "c", "e", "f"}
+    assert graph.downstream(steps, "e") == {"e"}
+    assert graph.downstream(steps, "d") == {"d", "e"}
 
 
 def test_downstream_of_a_diamond_reaches_the_join_once() -> None:
     steps = plan_steps(step("top"), step("l", "top"), step("r", "top"), step("join", "l", "r"))
-    assert render.downstream(steps, "l") == {"l", "join"}
+    assert graph.downstream(steps, "l") == {"l", "join"}
 
 
 def test_depths_are_the_longest_chain_of_dependencies() -> None:

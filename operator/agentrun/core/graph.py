@@ -1,4 +1,4 @@
-"""The plan as a graph: what is wrong with it, and in which order it can run."""
+"""The plan as a graph: what is wrong with it, in which order it can run, what follows a step."""
 
 from __future__ import annotations
 
@@ -37,6 +37,22 @@ def find_cycle(steps: Sequence[Step]) -> list[str] | None:
                 path.append(nxt)
                 iters.append(iter(deps[nxt]))
     return None
+
+
+def downstream(steps: Sequence[Step], start: str) -> set[str]:
+    """``start`` and every step that depends on it, directly or through other steps."""
+    dependents: dict[str, list[str]] = {}
+    for s in steps:
+        for d in s.depends_on or []:
+            dependents.setdefault(d, []).append(s.name)
+    found = {start}
+    todo = [start]
+    while todo:
+        for child in dependents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def plan_problems(steps: Sequence[Step]) -> list[str]:

@@ -22,7 +22,7 @@ from agentrun import objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
-from agentrun.plugin.render import downstream
+from agentrun.core.graph import downstream
 
 _DNS_LABEL = re.compile(m.DNS_LABEL_PATTERN)
 ANNOTATION_FORKED_FROM = f"{m.GROUP}/forked-from"

@@ -91,22 +91,6 @@ def depths(steps: Sequence[m.Step]) -> dict[str, int]:
     return found
 
 
-def downstream(steps: Sequence[m.Step], start: str) -> set[str]:
-    """``start`` and every step that depends on it, directly or through other steps."""
-    dependents: dict[str, list[str]] = {}
-    for s in steps:
-        for d in s.depends_on or []:
-            dependents.setdefault(d, []).append(s.name)
-    found = {start}
-    todo = [start]
-    while todo:
-        for child in dependents.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 # -- status ------------------------------------------------------------------------------------
 
 
