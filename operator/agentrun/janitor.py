@@ -42,7 +42,6 @@ without waiting for anything, so no finalizer is left for an operator that will 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -53,7 +52,7 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
-from agentrun.kubeapi import tolerate
+from agentrun.kubeapi import finalizer_removal, list_items, tolerate
 from agentrun.reconciler import Reconciler
 
 log = logging.getLogger("agentrun.janitor")
@@ -95,12 +94,6 @@ class Sweep:
 def _key(body: Body) -> str:
     meta = body.get("metadata") or {}
     return f"{meta.get('namespace')}/{meta.get('name')}"
-
-
-def _items(response: Any) -> list[Body]:
-    """Items of a list call made with ``_preload_content=False`` (no typed models built)."""
-    items: list[Body] = json.loads(response.data).get("items") or []
-    return items
 
 
 def _deleting(body: Body) -> bool:
@@ -150,7 +143,7 @@ class Janitor:
     def list_runs(self) -> list[Body]:
         custom = self.apis.custom
         if not self.namespaces:
-            return _items(
+            return list_items(
                 custom.list_cluster_custom_object(
                     m.GROUP, m.VERSION, m.PLURAL, _preload_content=False
                 )
@@ -158,7 +151,7 @@ class Janitor:
         return [
             run
             for ns in self.namespaces
-            for run in _items(
+            for run in list_items(
                 custom.list_namespaced_custom_object(
                     m.GROUP, m.VERSION, ns, m.PLURAL, _preload_content=False
                 )
@@ -168,13 +161,13 @@ class Janitor:
     def list_step_jobs(self) -> list[Body]:
         batch = self.apis.batch
         if not self.namespaces:
-            return _items(
+            return list_items(
                 batch.list_job_for_all_namespaces(label_selector=STEP_JOBS, _preload_content=False)
             )
         return [
             job
             for ns in self.namespaces
-            for job in _items(
+            for job in list_items(
                 batch.list_namespaced_job(ns, label_selector=STEP_JOBS, _preload_content=False)
             )
         ]
@@ -256,14 +249,9 @@ class Janitor:
                 )
             if gone or str(body["metadata"].get("uid")) != uid:
                 return False
-            finalizers = _finalizers(body)
-            if s.RUN_FINALIZER not in finalizers:
+            patch = finalizer_removal(_finalizers(body), s.RUN_FINALIZER)
+            if patch is None:
                 return False
-            index = finalizers.index(s.RUN_FINALIZER)
-            patch = [
-                {"op": "test", "path": f"/metadata/finalizers/{index}", "value": s.RUN_FINALIZER},
-                {"op": "remove", "path": f"/metadata/finalizers/{index}"},
-            ]
             with tolerate(404, 409, 422) as moved:
                 custom.patch_namespaced_custom_object(
                     m.GROUP, m.VERSION, namespace, m.PLURAL, name, patch, _content_type=JSON_PATCH

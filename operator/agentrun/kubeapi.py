@@ -1,21 +1,25 @@
-"""Refusals of the Kubernetes API that a caller expects and lets pass.
+"""Small pieces of talking to the Kubernetes API that every caller needs done the same way.
 
-Many calls have an answer that is not a failure: 404 on a delete (already gone), 409 on a create
-(already there, e.g. a Job adopted after a crash). :func:`tolerate` names those statuses at the
-call site and reports whether one was met; any other refusal propagates unchanged::
+Refusals a caller expects and lets pass: many calls have an answer that is not a failure, 404
+on a delete (already gone), 409 on a create (already there, e.g. a Job adopted after a crash).
+:func:`tolerate` names those statuses at the call site and reports whether one was met; any
+other refusal propagates unchanged::
 
     with tolerate(409) as exists:
         batch.create_namespaced_job(namespace, manifest)
     if exists:
         log.info("adopted")
+
+Also: the items of a list call as plain JSON, and the guarded patch that removes a finalizer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kubernetes.client.exceptions import ApiException
@@ -51,3 +55,23 @@ def tolerate(*statuses: int) -> Iterator[Tolerated]:
         if error.status not in statuses:
             raise
         tolerated.error = error
+
+
+def list_items(response: Any) -> list[dict[str, Any]]:
+    """Items of a list call made with ``_preload_content=False``: the API server's own JSON,
+    without building the client's typed models (much faster for long lists)."""
+    items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
+    return items
+
+
+def finalizer_removal(finalizers: Sequence[str], finalizer: str) -> list[dict[str, Any]] | None:
+    """A JSON patch removing ``finalizer`` from an object whose finalizers were read as
+    ``finalizers``, guarded by a ``test`` op so that it fails (422) rather than removing
+    another finalizer when the list changed since; None when ``finalizer`` is not there."""
+    if finalizer not in finalizers:
+        return None
+    index = list(finalizers).index(finalizer)
+    return [
+        {"op": "test", "path": f"/metadata/finalizers/{index}", "value": finalizer},
+        {"op": "remove", "path": f"/metadata/finalizers/{index}"},
+    ]

@@ -48,6 +48,13 @@ def run_labels(run: RunRef) -> dict[str, str]:
     }
 
 
+def owned_by(run_uid: str, kind: str | None = None) -> str:
+    """Label selector of the objects run ``run_uid`` owns; with ``kind``, only those whose
+    ``agentrun.dev/object`` label is ``kind`` ("step-job", "result", "audit")."""
+    selector = f"{s.LABEL_RUN_UID}={run_uid}"
+    return selector if kind is None else f"{selector},{s.LABEL_KIND}={kind}"
+
+
 def owner_reference(run: RunRef, *, controller: bool = True) -> dict[str, Any]:
     """A reference to the run, so that deleting the run deletes the object.
 

@@ -14,7 +14,6 @@ Everything here is synchronous (the official kubernetes client); kopf runs it in
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -40,7 +39,7 @@ from agentrun.core import (
     naming,
     reconcile,
 )
-from agentrun.kubeapi import tolerate
+from agentrun.kubeapi import finalizer_removal, list_items, tolerate
 from agentrun.ledger import Conflict, Ledger
 
 log = logging.getLogger("agentrun.reconciler")
@@ -127,8 +126,8 @@ class Reconciler:
     # -- observing ------------------------------------------------------------------------
 
     def _observe(self, run: m.AgentRun) -> tuple[Observed, _Record]:
-        selector = f"{s.LABEL_RUN_UID}={run.metadata.uid}"
-        job_dicts = _items(
+        selector = objects.owned_by(run.metadata.uid)
+        job_dicts = list_items(
             self.apis.batch.list_namespaced_job(
                 run.metadata.namespace, label_selector=selector, _preload_content=False
             )
@@ -136,7 +135,7 @@ class Reconciler:
         pods_by_job: dict[str, list[Mapping[str, Any]]] = {}
         if any(jobs.is_finished(j) for j in job_dicts):
             pods_by_job = jobs.pods_by_job(
-                _items(
+                list_items(
                     self.apis.core.list_namespaced_pod(
                         run.metadata.namespace, label_selector=selector, _preload_content=False
                     )
@@ -151,8 +150,8 @@ class Reconciler:
     # -- the audit record -------------------------------------------------------------------
 
     def _read_record(self, run: m.AgentRun) -> _Record:
-        selector = f"{s.LABEL_RUN_UID}={run.metadata.uid},{s.LABEL_KIND}=audit"
-        items = _items(
+        selector = objects.owned_by(run.metadata.uid, "audit")
+        items = list_items(
             self.apis.core.list_namespaced_config_map(
                 run.metadata.namespace, label_selector=selector, _preload_content=False
             )
@@ -305,14 +304,9 @@ class Reconciler:
             job = self.apis.batch.read_namespaced_job(name, namespace)
         if gone:
             return
-        finalizers = list(job.metadata.finalizers or [])
-        if s.JOB_FINALIZER not in finalizers:
+        patch = finalizer_removal(job.metadata.finalizers or [], s.JOB_FINALIZER)
+        if patch is None:
             return
-        index = finalizers.index(s.JOB_FINALIZER)
-        patch = [
-            {"op": "test", "path": f"/metadata/finalizers/{index}", "value": s.JOB_FINALIZER},
-            {"op": "remove", "path": f"/metadata/finalizers/{index}"},
-        ]
         with tolerate(404, 409, 422):
             self.apis.batch.patch_namespaced_job(name, namespace, patch)
 
@@ -366,7 +360,7 @@ class Reconciler:
             return self._cleanup(namespace, uid)
 
     def _cleanup(self, namespace: str, uid: str) -> list[str]:
-        selector = f"{s.LABEL_RUN_UID}={uid}"
+        selector = objects.owned_by(uid)
         for job in self.apis.batch.list_namespaced_job(namespace, label_selector=selector).items:
             self.delete_job(namespace, job.metadata.name)
         self.apis.core.delete_collection_namespaced_config_map(namespace, label_selector=selector)
@@ -383,12 +377,6 @@ class _Record:
     prefix: str
     maps: dict[str, dict[str, Any]]
     entries: list[dict[str, Any]]
-
-
-def _items(response: Any) -> list[dict[str, Any]]:
-    """Items of a list call made with ``_preload_content=False``: the API server's own JSON."""
-    items: list[dict[str, Any]] = json.loads(response.data).get("items") or []
-    return items
 
 
 def _newly_finished(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.kubeapi import tolerate
+from agentrun.kubeapi import finalizer_removal, list_items, tolerate
 
 
 def test_a_tolerated_status_is_let_pass_and_recorded() -> None:
@@ -31,3 +31,23 @@ def test_any_other_status_propagates_unchanged() -> None:
 def test_other_errors_propagate() -> None:
     with pytest.raises(ValueError), tolerate(404):
         raise ValueError("not an API refusal")
+
+
+def test_list_items_are_the_api_servers_json() -> None:
+    class Response:
+        data = b'{"kind": "JobList", "items": [{"metadata": {"name": "j"}}]}'
+
+    class Empty:
+        data = b'{"kind": "JobList", "items": null}'
+
+    assert list_items(Response()) == [{"metadata": {"name": "j"}}]
+    assert list_items(Empty()) == []
+
+
+def test_a_finalizer_is_removed_by_a_patch_that_checks_it_is_still_there() -> None:
+    assert finalizer_removal(["a/x", "b/y"], "b/y") == [
+        {"op": "test", "path": "/metadata/finalizers/1", "value": "b/y"},
+        {"op": "remove", "path": "/metadata/finalizers/1"},
+    ]
+    assert finalizer_removal(["a/x"], "b/y") is None
+    assert finalizer_removal([], "b/y") is None

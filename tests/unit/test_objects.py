@@ -67,3 +67,12 @@ def test_audit_chunks_are_run_owned_config_maps_of_their_own_kind() -> None:
     assert body["metadata"]["ownerReferences"][0]["controller"] is True
     assert body["data"] == {"00000001": "{}"}
     assert "annotations" not in body["metadata"]
+
+
+def test_objects_of_a_run_are_selected_by_its_uid_and_kind() -> None:
+    assert objects.owned_by("uid-1") == f"{s.LABEL_RUN_UID}=uid-1"
+    assert objects.owned_by("uid-1", "audit") == f"{s.LABEL_RUN_UID}=uid-1,{s.LABEL_KIND}=audit"
+    labels = objects.audit_config_map(RUN, "r-audit-1", {})["metadata"]["labels"]
+    for term in objects.owned_by(RUN.uid, "audit").split(","):
+        key, value = term.split("=")
+        assert labels[key] == value

@@ -17,7 +17,7 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from agentrun import settings as s
+from agentrun import objects
 from agentrun.api import models as m
 from agentrun.kubeapi import tolerate
 
@@ -268,7 +268,7 @@ class Session:
     def audit_record(self, run: m.AgentRun) -> list[dict[str, Any]]:
         """The data of the run's audit record ConfigMaps (none while the operator keeps no
         record)."""
-        selector = f"{s.LABEL_RUN_UID}={run.metadata.uid},{s.LABEL_KIND}=audit"
+        selector = objects.owned_by(run.metadata.uid, "audit")
         return [cm.get("data") or {} for cm in self.list_config_maps(selector)]
 
     # -- who am I --------------------------------------------------------------------------
