@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from agentrun.api import models as m
 from agentrun.core import envelope, graph
 from agentrun.core.backoff import backoff_seconds
-from tests.unit.sim import step
+from tests.support.sim import step
 
 
 def test_json_envelope_is_read() -> None:

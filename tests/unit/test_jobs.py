@@ -8,7 +8,7 @@ from agentrun import jobs, objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState
-from tests.unit.sim import UID, make_run, step
+from tests.support.sim import UID, make_run, step
 
 
 def _create(run: m.AgentRun, name: str = "a", attempt: int = 2) -> CreateJob:

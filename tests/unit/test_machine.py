@@ -10,7 +10,7 @@ from agentrun.api import models as m
 from agentrun.core import CreateJob, DeleteJob, DeleteRun, StoreResult, reconcile
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.observed import Observed
-from tests.unit.sim import T0, Sim, make_run, step
+from tests.support.sim import T0, Sim, make_run, step
 
 SP = m.StepPhase
 

@@ -20,7 +20,7 @@ from agentrun.plugin import cli, render
 from agentrun.plugin import fork as forking
 from agentrun.plugin.kube import PluginError, strip_kind
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID, LABEL_STEP
-from tests.unit.sim import T0, UID, Sim, make_run, step
+from tests.support.sim import T0, UID, Sim, make_run, step
 
 SP = m.StepPhase
 PLUGIN = Path(__file__).resolve().parents[2] / "operator" / "agentrun" / "plugin"

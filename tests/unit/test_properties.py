@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from agentrun.api import models as m
 from agentrun.core import CreateJob
-from tests.unit.sim import Sim, make_run, step
+from tests.support.sim import Sim, make_run, step
 
 SP = m.StepPhase
 EXAMPLES = int(os.environ.get("AGENTRUN_HYPOTHESIS_EXAMPLES", "300"))

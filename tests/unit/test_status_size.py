@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from agentrun.api import models as m
-from tests.unit.sim import Sim, make_run, step
+from tests.support.sim import Sim, make_run, step
 
 ETCD_LIMIT = 1536 * 1024
 
