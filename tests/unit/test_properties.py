@@ -1,7 +1,7 @@
 """Property-based tests: random plans through random orders of events, duplicated events,
 crashes between commit and action, stale writers and a stalled second operator.
 
-After every event the invariants of DESIGN.md that hold at the core level are checked:
+After every event the invariants of docs/design.md that hold at the core level are checked:
 no step attempt's Job is created twice, a finished step never runs again, a committed result
 is never lost or changed, a gated step never starts without a matching approval, budgets and
 deadlines hold, and the status stays bounded.

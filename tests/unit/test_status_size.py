@@ -1,5 +1,5 @@
-"""Status stays bounded for large plans (DESIGN invariant 7): results over the inline limit go
-by reference, history is a ring, messages are truncated."""
+"""Status stays bounded for large plans (invariant 7 of docs/design.md): results over the
+inline limit go by reference, history is a ring, messages are truncated."""
 
 from __future__ import annotations
 
