@@ -4,7 +4,8 @@
   (binaries built by ``hack/build-controlplane.sh``).
 * :class:`LocalNode` / :class:`NodeProcess`: a kubelet stand-in that binds pods to itself
   and runs their commands as local processes (a test stand-in: no images, no isolation,
-  no volumes; see :mod:`agentrun_devcluster.node`).
+  no volumes but the service-account token; see :mod:`agentrun_devcluster.node` and the
+  modules it lists).
 * ``agentrun devcluster up|node|kubeconfig``: :mod:`agentrun_devcluster.cli`.
 """
 

@@ -2,11 +2,13 @@
 
 It rides on the official client's ``ApiClient`` (kubeconfig loading, TLS, client
 certificates, bearer tokens) but speaks plain dicts: the local node handles arbitrary pods
-and must not depend on how the generated models (de)serialise them.
+and must not depend on how the generated models (de)serialise them. Also here: the
+Kubernetes time formats and the message of an API error, which every caller needs.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -15,11 +17,47 @@ from typing import Any, cast
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-__all__ = ["JSON", "MERGE_PATCH", "STRATEGIC_MERGE_PATCH", "ApiException", "KubeApi"]
+__all__ = [
+    "JSON",
+    "MERGE_PATCH",
+    "STRATEGIC_MERGE_PATCH",
+    "ApiException",
+    "KubeApi",
+    "now_micro",
+    "now_rfc3339",
+    "parse_time",
+    "status_message",
+]
 
 JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
+def now_rfc3339() -> str:
+    """Current UTC time, Kubernetes ``Time`` format (seconds)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def now_micro() -> str:
+    """Current UTC time, Kubernetes ``MicroTime`` format."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: str) -> float:
+    """Seconds since the epoch of a Kubernetes timestamp."""
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def status_message(error: ApiException) -> str:
+    """The ``message`` of an API error's Status body, else its reason."""
+    try:
+        body = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return str(error.reason or "")
 
 
 class KubeApi:
