@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import IO, Self
 
 from .kubeconfig import request_serviceaccount_kubeconfig, write_kubeconfig
-from .pki import PKI
+from .pki import PKI, CertPair
 
 __all__ = [
     "AUDIT_POLICY",
@@ -45,6 +45,9 @@ __all__ = [
     "SERVICE_CLUSTER_IP_RANGE",
     "ControlPlane",
     "ControlPlaneError",
+    "apiserver_flags",
+    "controller_manager_flags",
+    "etcd_flags",
 ]
 
 log = logging.getLogger(__name__)
@@ -87,6 +90,15 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 LOG_TAIL_LINES = 60
 
 _BodyCheck = Callable[[bytes], bool]
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """Where a component answers when it is healthy, and what a healthy answer looks like."""
+
+    url: str
+    context: ssl.SSLContext | None
+    ok: _BodyCheck
 
 
 class ControlPlaneError(RuntimeError):
@@ -158,6 +170,34 @@ class _Component:
             self._log_file.close()
             self._log_file = None
 
+    def wait_healthy(self, probe: _Probe, timeout: float, logs: Callable[[], str]) -> None:
+        """Poll ``probe`` until it answers healthy; raise :class:`ControlPlaneError` with
+        ``logs()`` (the log tails) if the process exits or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        last = "no response yet"
+        while True:
+            code = self.exited()
+            if code is not None:
+                raise ControlPlaneError(
+                    f"{self.name} exited with code {code} while starting\n" + logs()
+                )
+            try:
+                with urllib.request.urlopen(probe.url, timeout=5, context=probe.context) as resp:
+                    body = resp.read()
+                if probe.ok(body):
+                    return
+                last = f"HTTP {resp.status}: {body[:300]!r}"
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read()[:300]!r}"
+            except (OSError, ssl.SSLError) as e:
+                last = repr(e)
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"{self.name} not healthy at {probe.url} after {timeout:.0f}s "
+                    f"(last: {last})\n" + logs()
+                )
+            time.sleep(0.2)
+
     def describe(self) -> str:
         code = self.exited()
         state = (
@@ -181,6 +221,12 @@ class ControlPlane:
     After :meth:`start`: :attr:`kubeconfig` (admin), :attr:`server`, :attr:`timings`
     (seconds until each component was healthy) and :attr:`time_to_ready` (total).
 
+    ``controller_manager_qps`` / ``controller_manager_burst``: the kube-controller-manager's
+    API client rate limit (``--kube-api-qps`` / ``--kube-api-burst``). Its defaults upstream
+    (20 and 30) cap how fast the Job controller creates pods and tracks their completion, and
+    so the Job throughput of the local cluster; here they default to 100 and 200. Flags in
+    ``extra_controller_manager_args`` come after these and so take precedence.
+
     Audit logging is always on: :data:`AUDIT_POLICY` (creates and deletes of batch/v1 Jobs at
     Metadata level, nothing else) written as JSON lines to :attr:`audit_log`
     (``<state_dir>/audit.log``, appended across restarts, never rotated).
@@ -197,6 +243,8 @@ class ControlPlane:
         controllers: Sequence[str] = DEFAULT_CONTROLLERS,
         extra_apiserver_args: Sequence[str] = (),
         extra_controller_manager_args: Sequence[str] = (),
+        controller_manager_qps: int = 100,
+        controller_manager_burst: int = 200,
     ) -> None:
         self.bin_dir = Path(bin_dir).resolve()
         for tool in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
@@ -213,6 +261,8 @@ class ControlPlane:
         self.controllers = tuple(controllers)
         self.extra_apiserver_args = tuple(extra_apiserver_args)
         self.extra_controller_manager_args = tuple(extra_controller_manager_args)
+        self.controller_manager_qps = controller_manager_qps
+        self.controller_manager_burst = controller_manager_burst
 
         self.pki = PKI(self.state_dir / "pki")
         self.logs_dir = self.state_dir / "logs"
@@ -340,142 +390,123 @@ class ControlPlane:
         self.timings = {}
         t0 = time.monotonic()
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
+        etcd_url = self._start_etcd(env)
+        self.timings["etcd"] = time.monotonic() - t0
+        self._start_apiserver(env, etcd_url)
+        self.timings["kube-apiserver"] = time.monotonic() - t0
+        self._start_controller_manager(env)
+        self.timings["kube-controller-manager"] = time.monotonic() - t0
+        self.time_to_ready = time.monotonic() - t0
+        self._write_cluster_info()
+        log.info(
+            "control plane ready at %s in %.1fs (%s)",
+            self.server,
+            self.time_to_ready,
+            ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()),
+        )
 
-        # -- PKI ---------------------------------------------------------------------------
-        serving = self.pki.apiserver_cert()
-        sa = self.pki.service_account_keys()
-        admin = self.pki.client_cert("admin", ["system:masters"])
-        # With --use-service-account-credentials=false all controllers share this identity,
-        # which then needs every controller's rights: simplest is system:masters.
-        kcm_cert = self.pki.client_cert("system:kube-controller-manager", ["system:masters"])
-        # Front-proxy (request-header) client, as kubeadm sets up: enables aggregated APIs,
-        # and delegated authentication in the controller-manager finds a CA bundle.
-        front_proxy = self.pki.client_cert("front-proxy-client")
+    def _start_component(
+        self, name: str, argv: list[str], env: Mapping[str, str], probe: _Probe
+    ) -> None:
+        """Start ``name`` (logging to ``<logs>/<name>.log``) and wait until ``probe`` says it
+        is healthy; the error on failure carries every component's log tail."""
+        comp = _Component(name, argv, self.logs_dir / f"{name}.log")
+        self._components.append(comp)
+        comp.start(env)
+        comp.wait_healthy(probe, self.start_timeout, self.logs)
 
-        # -- etcd --------------------------------------------------------------------------
-        etcd_port, peer_port = free_port(), free_port()
-        etcd_url = f"http://127.0.0.1:{etcd_port}"
-        peer_url = f"http://127.0.0.1:{peer_port}"
-        etcd = _Component(
+    def _start_etcd(self, env: Mapping[str, str]) -> str:
+        """Start etcd; return its client URL."""
+        client_url = f"http://127.0.0.1:{free_port()}"
+        peer_url = f"http://127.0.0.1:{free_port()}"
+        self._start_component(
             "etcd",
             [
                 str(self.bin_dir / "etcd"),
-                "--name=agentrun",
-                f"--data-dir={self.state_dir / 'etcd'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=agentrun={peer_url}",
-                "--unsafe-no-fsync=true",  # test data: speed over durability
-                "--log-level=warn",
+                *etcd_flags(self.state_dir / "etcd", client_url, peer_url),
             ],
-            self.logs_dir / "etcd.log",
+            env,
+            _Probe(f"{client_url}/health", None, lambda body: b'"true"' in body),
         )
-        self._components.append(etcd)
-        etcd.start(env)
-        self._wait_http(etcd, f"{etcd_url}/health", None, lambda body: b'"true"' in body)
-        self.timings["etcd"] = time.monotonic() - t0
+        return client_url
 
-        # -- kube-apiserver ----------------------------------------------------------------
+    def _start_apiserver(self, env: Mapping[str, str], etcd_url: str) -> None:
+        """Start kube-apiserver on etcd at ``etcd_url``; set :attr:`server` and write the
+        admin kubeconfig once it is ready."""
+        serving = self.pki.apiserver_cert()
+        sa = self.pki.service_account_keys()
+        admin = self.pki.client_cert("admin", ["system:masters"])
+        # Front-proxy (request-header) client, as kubeadm sets up: enables aggregated APIs,
+        # and delegated authentication in the controller-manager finds a CA bundle.
+        front_proxy = self.pki.client_cert("front-proxy-client")
         self.audit_policy.write_text(AUDIT_POLICY)
-        api_port = free_port()
-        self.server = f"https://127.0.0.1:{api_port}"
-        apiserver = _Component(
-            "kube-apiserver",
-            [
-                str(self.bin_dir / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={api_port}",
-                f"--cert-dir={self.state_dir / 'apiserver-certs'}",
-                f"--tls-cert-file={serving.cert}",
-                f"--tls-private-key-file={serving.key}",
-                f"--client-ca-file={self.pki.ca.cert}",
-                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-                f"--service-account-key-file={sa.cert}",
-                f"--service-account-signing-key-file={sa.key}",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                f"--requestheader-client-ca-file={self.pki.ca.cert}",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={front_proxy.cert}",
-                f"--proxy-client-key-file={front_proxy.key}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                "--allow-privileged=true",
-                # Endpoints may not hold loopback addresses; nothing needs them here.
-                "--endpoint-reconciler-type=none",
-                "--profiling=false",
-                f"--audit-policy-file={self.audit_policy}",
-                f"--audit-log-path={self.audit_log}",
-                "--audit-log-format=json",
-                "--audit-log-mode=blocking",  # written synchronously by the request handler
-                "--audit-log-maxsize=0",  # never rotated: tests read the whole file
-                *self.extra_apiserver_args,
-            ],
-            self.logs_dir / "kube-apiserver.log",
+        port = free_port()
+        self.server = f"https://127.0.0.1:{port}"
+        flags = apiserver_flags(
+            etcd_url,
+            port=port,
+            cert_dir=self.state_dir / "apiserver-certs",
+            serving=serving,
+            client_ca=self.pki.ca.cert,
+            service_account=sa,
+            front_proxy=front_proxy,
+            audit_policy=self.audit_policy,
+            audit_log=self.audit_log,
         )
-        self._components.append(apiserver)
-        apiserver.start(env)
+        argv = [str(self.bin_dir / "kube-apiserver"), *flags, *self.extra_apiserver_args]
         ctx = ssl.create_default_context(cafile=str(self.pki.ca.cert))
         ctx.load_cert_chain(str(admin.cert), str(admin.key))
-        self._wait_http(apiserver, f"{self.server}/readyz", ctx, lambda body: body.strip() == b"ok")
-        self.timings["kube-apiserver"] = time.monotonic() - t0
+        ready = _Probe(f"{self.server}/readyz", ctx, lambda body: body.strip() == b"ok")
+        self._start_component("kube-apiserver", argv, env, ready)
+        self._write_kubeconfig(self.kubeconfig, "admin", admin)
 
-        write_kubeconfig(
-            self.kubeconfig,
-            server=self.server,
-            ca_pem=self.pki.ca_pem,
-            user="admin",
-            client_cert_pem=admin.cert.read_bytes(),
-            client_key_pem=admin.key.read_bytes(),
+    def _start_controller_manager(self, env: Mapping[str, str]) -> None:
+        """Start kube-controller-manager against the running API server."""
+        # With --use-service-account-credentials=false all controllers share this identity,
+        # which then needs every controller's rights: simplest is system:masters.
+        user = "system:kube-controller-manager"
+        cert = self.pki.client_cert(user, ["system:masters"])
+        kubeconfig = self._write_kubeconfig(
+            self.state_dir / "controller-manager.kubeconfig", user, cert
         )
-        kcm_kubeconfig = write_kubeconfig(
-            self.state_dir / "controller-manager.kubeconfig",
-            server=self.server,
-            ca_pem=self.pki.ca_pem,
-            user="system:kube-controller-manager",
-            client_cert_pem=kcm_cert.cert.read_bytes(),
-            client_key_pem=kcm_cert.key.read_bytes(),
+        port = free_port()
+        flags = controller_manager_flags(
+            kubeconfig,
+            port=port,
+            cert_dir=self.state_dir / "controller-manager-certs",
+            controllers=self.controllers,
+            service_account_key=self.pki.service_account_keys().key,
+            root_ca=self.pki.ca.cert,
+            qps=self.controller_manager_qps,
+            burst=self.controller_manager_burst,
         )
-
-        # -- kube-controller-manager -------------------------------------------------------
-        kcm_port = free_port()
-        kcm = _Component(
-            "kube-controller-manager",
-            [
-                str(self.bin_dir / "kube-controller-manager"),
-                f"--kubeconfig={kcm_kubeconfig}",
-                f"--authentication-kubeconfig={kcm_kubeconfig}",
-                f"--authorization-kubeconfig={kcm_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={kcm_port}",
-                f"--cert-dir={self.state_dir / 'controller-manager-certs'}",
-                "--leader-elect=false",
-                f"--controllers={','.join(self.controllers)}",
-                f"--service-account-private-key-file={sa.key}",
-                f"--root-ca-file={self.pki.ca.cert}",
-                "--use-service-account-credentials=false",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                *self.extra_controller_manager_args,
-            ],
-            self.logs_dir / "kube-controller-manager.log",
-        )
-        self._components.append(kcm)
-        kcm.start(env)
+        # Its serving certificate is self-signed: the health probe does not verify it.
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
-        self._wait_http(
-            kcm, f"https://127.0.0.1:{kcm_port}/healthz", insecure, lambda b: b.strip() == b"ok"
+        self._start_component(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                *flags,
+                *self.extra_controller_manager_args,
+            ],
+            env,
+            _Probe(f"https://127.0.0.1:{port}/healthz", insecure, lambda b: b.strip() == b"ok"),
         )
-        self.timings["kube-controller-manager"] = time.monotonic() - t0
-        self.time_to_ready = time.monotonic() - t0
 
+    def _write_kubeconfig(self, path: Path, user: str, cert: CertPair) -> Path:
+        return write_kubeconfig(
+            path,
+            server=self.server,
+            ca_pem=self.pki.ca_pem,
+            user=user,
+            client_cert_pem=cert.cert.read_bytes(),
+            client_key_pem=cert.key.read_bytes(),
+        )
+
+    def _write_cluster_info(self) -> None:
+        """``<state_dir>/cluster.json``: server, kubeconfig, pids and timings, for ``info``."""
         (self.state_dir / "cluster.json").write_text(
             json.dumps(
                 {
@@ -489,41 +520,98 @@ class ControlPlane:
                 indent=2,
             )
         )
-        log.info(
-            "control plane ready at %s in %.1fs (%s)",
-            self.server,
-            self.time_to_ready,
-            ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()),
-        )
 
-    def _wait_http(
-        self,
-        comp: _Component,
-        url: str,
-        ctx: ssl.SSLContext | None,
-        ok: _BodyCheck,
-    ) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        last = "no response yet"
-        while True:
-            code = comp.exited()
-            if code is not None:
-                raise ControlPlaneError(
-                    f"{comp.name} exited with code {code} while starting\n" + self.logs()
-                )
-            try:
-                with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
-                    body = resp.read()
-                if ok(body):
-                    return
-                last = f"HTTP {resp.status}: {body[:300]!r}"
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}: {e.read()[:300]!r}"
-            except (OSError, ssl.SSLError) as e:
-                last = repr(e)
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(
-                    f"{comp.name} not healthy at {url} after {self.start_timeout:.0f}s "
-                    f"(last: {last})\n" + self.logs()
-                )
-            time.sleep(0.2)
+
+def etcd_flags(data_dir: Path, client_url: str, peer_url: str) -> list[str]:
+    """Flags of a single-member etcd keeping its data in ``data_dir``."""
+    return [
+        "--name=agentrun",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=agentrun={peer_url}",
+        "--unsafe-no-fsync=true",  # test data: speed over durability
+        "--log-level=warn",
+    ]
+
+
+def apiserver_flags(
+    etcd_url: str,
+    *,
+    port: int,
+    cert_dir: Path,
+    serving: CertPair,
+    client_ca: Path,
+    service_account: CertPair,
+    front_proxy: CertPair,
+    audit_policy: Path,
+    audit_log: Path,
+) -> list[str]:
+    """Flags of kube-apiserver on 127.0.0.1:``port``: client certificates signed by
+    ``client_ca`` authenticate, Node and RBAC authorize, audit to ``audit_log``."""
+    return [
+        f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={cert_dir}",
+        f"--tls-cert-file={serving.cert}",
+        f"--tls-private-key-file={serving.key}",
+        f"--client-ca-file={client_ca}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={service_account.cert}",
+        f"--service-account-signing-key-file={service_account.key}",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        f"--requestheader-client-ca-file={client_ca}",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={front_proxy.cert}",
+        f"--proxy-client-key-file={front_proxy.key}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        # Endpoints may not hold loopback addresses; nothing needs them here.
+        "--endpoint-reconciler-type=none",
+        "--profiling=false",
+        f"--audit-policy-file={audit_policy}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-format=json",
+        "--audit-log-mode=blocking",  # written synchronously by the request handler
+        "--audit-log-maxsize=0",  # never rotated: tests read the whole file
+    ]
+
+
+def controller_manager_flags(
+    kubeconfig: Path,
+    *,
+    port: int,
+    cert_dir: Path,
+    controllers: Sequence[str],
+    service_account_key: Path,
+    root_ca: Path,
+    qps: int,
+    burst: int,
+) -> list[str]:
+    """Flags of kube-controller-manager: ``controllers`` only, no leader election, one
+    identity for all controllers, its API client limited to ``qps`` requests per second
+    with bursts of ``burst``."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--cert-dir={cert_dir}",
+        "--leader-elect=false",
+        f"--controllers={','.join(controllers)}",
+        f"--service-account-private-key-file={service_account_key}",
+        f"--root-ca-file={root_ca}",
+        "--use-service-account-credentials=false",
+        f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        f"--kube-api-qps={qps}",
+        f"--kube-api-burst={burst}",
+    ]
