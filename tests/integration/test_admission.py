@@ -1,7 +1,7 @@
 """The admission policies of manifests/admission against the real API server: who created a
-run and who last changed it is recorded from the authenticated identity, and approvals are
-append-only, signed by the requesting user, limited to policy.approverGroups and, with
-requireSecondPerson, never by the creator.
+run (user and groups) and who last changed it is recorded from the authenticated identity,
+and approvals are append-only, signed by the requesting user, limited to policy.approverGroups
+and, with requireSecondPerson, never by the creator.
 
 Other tests of the session create runs as the admin user and sign approvals with any name, so
 the shipped policies are never bound cluster-wide here: each test installs copies under names
@@ -29,6 +29,8 @@ ADMISSION_DIR = ROOT / "manifests" / "admission"
 SCOPE_LABEL = "agentrun.dev/admission-test"
 APPROVERS = "agentrun-approvers"
 HASH = "a" * 64
+ANNOTATION_CREATED_BY_GROUPS = "agentrun.dev/created-by-groups"
+"""The creator's groups, as a JSON array of strings (manifests/admission/mutating-policy.yaml)."""
 pytestmark = pytest.mark.usefixtures("crd_installed")
 
 
@@ -80,6 +82,11 @@ def _denial(proc: CompletedProcess[str]) -> str:
     assert proc.returncode != 0, f"expected a denial, got: {proc.stdout}"
     assert "ValidatingAdmissionPolicy 'agentrun-approvals-" in proc.stderr, proc.stderr
     return proc.stderr.split("denied request: ", 1)[1].strip()
+
+
+def _key(annotation: str) -> str:
+    """The JSON patch path of an annotation."""
+    return "/metadata/annotations/" + annotation.replace("/", "~1")
 
 
 @dataclass
@@ -151,6 +158,29 @@ class Admission:
     def not_enforced(self) -> bool:
         bad = self.dry_run_create("alice", _run("probe", approvals=[_approval("nobody")]))
         return bad.returncode == 0
+
+    def groups_of(self, user: str) -> list[str]:
+        """The groups the API server authenticates ``user`` with (kubectl auth whoami)."""
+        proc = self.kubectl(user, "auth", "whoami", "-o", "json")
+        assert proc.returncode == 0, proc.stderr
+        groups: list[str] = json.loads(proc.stdout)["status"]["userInfo"]["groups"]
+        return groups
+
+    def with_user(self, user: str, groups: list[str], directory: Path) -> Admission:
+        """The same namespace with one more user, minted in ``groups`` and allowed to edit runs
+        there. The kubeconfig is copied to ``directory`` (minting the name again overwrites)."""
+        path = directory / f"{user}.kubeconfig"
+        path.write_bytes(self.cluster.mint_user_kubeconfig(user, groups).read_bytes())
+        self.cluster.kubectl(
+            "create",
+            "rolebinding",
+            f"agentrun-editor-{user}",
+            "-n",
+            self.namespace,
+            "--role=agentrun-editor",
+            f"--user={user}",
+        )
+        return Admission(self.cluster, self.namespace, {**self.users, user: path})
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +342,59 @@ def test_last_modified_by_records_who_changed_the_spec(admission: Admission) -> 
     )
 
 
+def test_creator_groups_are_recorded_and_cannot_be_forged_or_changed(
+    admission: Admission,
+) -> None:
+    run = admission.created("alice", _run("plain"))
+    recorded = run["metadata"]["annotations"][ANNOTATION_CREATED_BY_GROUPS]
+    # The O= fields of alice's certificate, and the group of every authenticated user, in the
+    # order the API server gives them, as a JSON array.
+    assert recorded == '["agentrun-approvers","system:authenticated"]'
+    assert json.loads(recorded) == admission.groups_of("alice")
+
+    # A forged value on CREATE is replaced with the real groups.
+    forged = admission.created(
+        "carol", _run("forged", annotations={ANNOTATION_CREATED_BY_GROUPS: '["system:masters"]'})
+    )
+    forged_groups = forged["metadata"]["annotations"][ANNOTATION_CREATED_BY_GROUPS]
+    assert json.loads(forged_groups) == ["dev", "system:authenticated"]
+    assert json.loads(forged_groups) == admission.groups_of("carol")
+
+    # Afterwards nobody, not even the creator or a cluster admin, can change or remove it.
+    expected = (
+        "metadata.annotations[agentrun.dev/created-by-groups] cannot change: it records the "
+        'groups of the user who created the run (["agentrun-approvers","system:authenticated"])'
+    )
+    key = _key(ANNOTATION_CREATED_BY_GROUPS)
+    for user in ("carol", "alice", "admin"):
+        op = {"op": "replace", "path": key, "value": '["system:masters"]'}
+        assert _denial(admission.patch(user, "plain", [op])) == expected
+    assert _denial(admission.patch("alice", "plain", [{"op": "remove", "path": key}])) == expected
+    assert admission.get("plain")["metadata"]["annotations"][ANNOTATION_CREATED_BY_GROUPS] == (
+        recorded
+    )
+
+
+def test_creator_groups_are_json_whatever_the_group_names(
+    admission: Admission, tmp_path: Path
+) -> None:
+    """Group names are free text (an LDAP DN has commas): each is a JSON string, so the list
+    reads back exactly. A name with a control character has no such string and is refused."""
+    groups = ["cn=ops,ou=groups,dc=example,dc=org", 'say "hi" \\ twice', "équipe"]
+    dave = admission.with_user("dave", groups, tmp_path)
+    run = dave.created("dave", _run("r"))
+    recorded = json.loads(run["metadata"]["annotations"][ANNOTATION_CREATED_BY_GROUPS])
+    assert recorded == [*groups, "system:authenticated"]
+    assert recorded == dave.groups_of("dave")
+
+    erin = admission.with_user("erin", ["bell\x07"], tmp_path)
+    proc, _ = erin.create("erin", _run("r2"))
+    assert _denial(proc) == (
+        "metadata.annotations[agentrun.dev/created-by-groups] cannot record the groups of erin: "
+        "a group name has a control character"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Approvals
 # ---------------------------------------------------------------------------------------------
@@ -404,6 +487,12 @@ def test_require_second_person_fails_closed_without_a_recorded_creator(
     assert _denial(proc) == (
         "metadata.annotations[agentrun.dev/created-by] cannot change: "
         "it records who created the run (nobody recorded)"
+    )
+    groups = {ANNOTATION_CREATED_BY_GROUPS: '["agentrun-approvers"]'}
+    proc = admission.patch("alice", "old", [{"op": "add", "path": key, "value": groups}])
+    assert _denial(proc) == (
+        "metadata.annotations[agentrun.dev/created-by-groups] cannot change: it records the "
+        "groups of the user who created the run (nothing recorded)"
     )
     # Changes that add no decision still go through.
     admission.patched("bob", "old", [{"op": "add", "path": "/spec/suspend", "value": True}])
