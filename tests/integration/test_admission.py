@@ -1,7 +1,9 @@
 """The admission policies of manifests/admission against the real API server: who created a
-run (user and groups) and who last changed it is recorded from the authenticated identity,
-and approvals are append-only, signed by the requesting user, limited to policy.approverGroups
-and, with requireSecondPerson, never by the creator.
+run (user and groups) and who last changed it is recorded from the authenticated identity;
+approvals are append-only, signed by the requesting user, limited to policy.approverGroups and,
+with requireSecondPerson, never by the creator; approval requirements of a step only get
+stricter after creation, and what the steps run as (spec.stepTemplate) and the results carried
+into the run (spec.carriedResults) are fixed at creation.
 
 Other tests of the session create runs as the admin user and sign approvals with any name, so
 the shipped policies are never bound cluster-wide here: each test installs copies under names
@@ -71,6 +73,20 @@ def _run(name: str, **spec: Any) -> dict[str, Any]:
     if annotations:
         body["metadata"]["annotations"] = annotations
     return body
+
+
+def _step(name: str, risk: str = "read", approval: str = "auto", **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "risk": risk,
+        "approval": approval,
+        "container": {"image": "busybox:1.36", "args": ["echo", name]},
+        **extra,
+    }
+
+
+def _plan(*steps: dict[str, Any]) -> dict[str, Any]:
+    return {"steps": list(steps)}
 
 
 def _approval(by: str, decision: str = "approve", reason: str = "looks right") -> dict[str, Any]:
@@ -568,3 +584,213 @@ def test_policy_cannot_change_after_creation(admission: Admission) -> None:
         "alice", "open", [{"op": "add", "path": "/spec/policy", "value": {"approverGroups": ["x"]}}]
     )
     assert _denial(proc) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# Approval requirements, step template and carried results after creation
+# ---------------------------------------------------------------------------------------------
+
+
+def _replace(path: str, value: Any) -> dict[str, Any]:
+    return {"op": "replace", "path": path, "value": value}
+
+
+def test_approval_cannot_be_lowered_after_creation(admission: Admission) -> None:
+    policy = {"approverGroups": [APPROVERS], "requireSecondPerson": True}
+    plan = _plan(_step("deploy", "external", "required"), _step("check"))
+    admission.created("alice", _run("r", policy=policy, plan=plan, approvals=[]))
+
+    expected = (
+        "spec.plan.steps[deploy].approval: cannot be lowered from required to auto after creation"
+    )
+    for user in ("alice", "bob", "admin"):
+        proc = admission.patch(user, "r", [_replace("/spec/plan/steps/0/approval", "auto")])
+        assert _denial(proc) == expected
+
+    # Removing the step and adding it back under its name, weaker, in one update is the same.
+    weaker = [_step("check"), _step("deploy", "external", "auto")]
+    assert _denial(admission.patch("alice", "r", [_replace("/spec/plan/steps", weaker)])) == (
+        expected
+    )
+
+    # Raising is allowed, and then holds like any other requirement.
+    run = admission.patched("alice", "r", [_replace("/spec/plan/steps/1/approval", "required")])
+    assert [s["approval"] for s in run["spec"]["plan"]["steps"]] == ["required", "required"]
+    proc = admission.patch(
+        "alice",
+        "r",
+        [
+            _replace("/spec/plan/steps/0/approval", "auto"),
+            _replace("/spec/plan/steps/1/approval", "auto"),
+        ],
+    )
+    assert _denial(proc) == (
+        "spec.plan.steps[deploy].approval: cannot be lowered from required to auto after "
+        "creation; spec.plan.steps[check].approval: cannot be lowered from required to auto "
+        "after creation"
+    )
+
+    # A step added after creation is judged on its own (its approval, the policy's risks).
+    step = _step("report")
+    run = admission.patched(
+        "alice", "r", [{"op": "add", "path": "/spec/plan/steps/-", "value": step}]
+    )
+    assert [s["name"] for s in run["spec"]["plan"]["steps"]] == ["deploy", "check", "report"]
+    assert [s["approval"] for s in admission.get("r")["spec"]["plan"]["steps"]] == [
+        "required",
+        "required",
+        "auto",
+    ]
+
+
+def test_risk_cannot_be_lowered_or_leave_the_gated_risks(admission: Admission) -> None:
+    policy = {"approvalRequiredFor": ["write"], "requireSecondPerson": True}
+    plan = _plan(_step("migrate", "write"), _step("deploy", "external", "required"), _step("check"))
+    admission.created("alice", _run("r", policy=policy, plan=plan))
+
+    def risk(index: int, value: str) -> dict[str, Any]:
+        return _replace(f"/spec/plan/steps/{index}/risk", value)
+
+    proc = admission.patch("alice", "r", [risk(0, "read")])
+    assert _denial(proc) == (
+        "spec.plan.steps[migrate].risk: cannot be lowered from write to read after creation"
+    )
+    proc = admission.patch("admin", "r", [risk(1, "write")])
+    assert _denial(proc) == (
+        "spec.plan.steps[deploy].risk: cannot be lowered from external to write after creation"
+    )
+    # Raising migrate to a risk the policy does not gate would let it run without approval...
+    proc = admission.patch("alice", "r", [risk(0, "external")])
+    assert _denial(proc) == (
+        "spec.plan.steps[migrate].risk: cannot change from write to external after creation: "
+        "policy.approvalRequiredFor gates write but not external, so the step would no longer "
+        "wait for approval"
+    )
+    # ... unless the same update makes the step require approval itself.
+    run = admission.patched(
+        "alice", "r", [risk(0, "external"), _replace("/spec/plan/steps/0/approval", "required")]
+    )
+    assert [(s["risk"], s["approval"]) for s in run["spec"]["plan"]["steps"]] == [
+        ("external", "required"),
+        ("external", "required"),
+        ("read", "auto"),
+    ]
+    # Raising an ungated step into a gated risk is allowed.
+    run = admission.patched("alice", "r", [risk(2, "write")])
+    assert [s["risk"] for s in run["spec"]["plan"]["steps"]] == ["external", "external", "write"]
+
+
+def test_step_template_cannot_change_after_creation(admission: Admission) -> None:
+    admission.created("alice", _run("r", stepTemplate={"serviceAccountName": "step-runner"}))
+    why = (
+        ": cannot change after creation: the step template decides as whom and with what the "
+        "steps run"
+    )
+
+    op = _replace("/spec/stepTemplate/serviceAccountName", "deployer")
+    for user in ("alice", "bob", "admin"):
+        assert _denial(admission.patch(user, "r", [op])) == (
+            "spec.stepTemplate.serviceAccountName" + why
+        )
+    ops = [
+        {"op": "add", "path": "/spec/stepTemplate/securityContext", "value": {"runAsUser": 0}},
+        {"op": "add", "path": "/spec/stepTemplate/resources", "value": {"limits": {"cpu": "8"}}},
+    ]
+    assert _denial(admission.patch("alice", "r", ops)) == (
+        "spec.stepTemplate.securityContext, spec.stepTemplate.resources" + why
+    )
+    op = {
+        "op": "add",
+        "path": "/spec/stepTemplate/containerSecurityContext",
+        "value": {"privileged": True},
+    }
+    assert _denial(admission.patch("alice", "r", [op])) == (
+        "spec.stepTemplate.containerSecurityContext" + why
+    )
+    proc = admission.patch("alice", "r", [{"op": "remove", "path": "/spec/stepTemplate"}])
+    assert _denial(proc) == "spec.stepTemplate.serviceAccountName" + why
+
+    # A run created without one cannot get one either.
+    admission.created("alice", _run("plain"))
+    op = {"op": "add", "path": "/spec/stepTemplate", "value": {"serviceAccountName": "deployer"}}
+    assert _denial(admission.patch("alice", "plain", [op])) == (
+        "spec.stepTemplate.serviceAccountName" + why
+    )
+
+    # The rest of the spec can still change.
+    run = admission.patched("alice", "r", [{"op": "add", "path": "/spec/suspend", "value": True}])
+    assert run["spec"]["stepTemplate"] == {"serviceAccountName": "step-runner"}
+
+
+def test_carried_results_cannot_be_added_after_creation(admission: Admission) -> None:
+    """Carried results mark steps Succeeded without running them: they come only with the
+    run's creation (kubectl agentrun fork). The CRD's own rule answers first (schema validation
+    runs before validating admission); the policy's rule i holds the same line."""
+    plan = _plan(_step("deploy", "external", "required"))
+    admission.created("alice", _run("r", policy={"requireSecondPerson": True}, plan=plan))
+    carried = [{"step": "deploy", "fromRun": f"{admission.namespace}/earlier", "result": "{}"}]
+    for user in ("alice", "admin"):
+        proc = admission.patch(
+            user, "r", [{"op": "add", "path": "/spec/carriedResults", "value": carried}]
+        )
+        assert proc.returncode != 0, proc.stdout
+        assert "carriedResults can only be set when the run is created" in proc.stderr
+    assert "carriedResults" not in admission.get("r")["spec"]
+
+
+def test_a_128_step_plan_is_checked_within_the_cost_limits(admission: Admission) -> None:
+    """The largest plan the CRD allows (128 steps, each depending on earlier ones): an update
+    that changes every step is admitted, and one that lowers the last step's approval is
+    refused with its message, not with a CEL cost error."""
+    names = [f"step-{i:03d}" for i in range(m.MAX_STEPS)]
+
+    def steps(approval: str) -> list[dict[str, Any]]:
+        return [
+            _step(
+                name,
+                "write",
+                approval,
+                **({"dependsOn": names[max(0, i - 4) : i]} if i else {}),
+            )
+            for i, name in enumerate(names)
+        ]
+
+    policy = {
+        "approvalRequiredFor": ["write", "external"],
+        "approverGroups": [APPROVERS],
+        "requireSecondPerson": True,
+    }
+    admission.created("alice", _run("big", policy=policy, plan=_plan(*steps("auto")), approvals=[]))
+
+    raised = steps("required")
+    for step in raised:
+        step["risk"] = "external"
+        step["container"]["args"].append("--raised")
+    run = admission.patched(
+        "bob",
+        "big",
+        [
+            _replace("/spec/plan/steps", raised),
+            {"op": "add", "path": "/spec/approvals/-", "value": _approval("bob")},
+        ],
+    )
+    assert [s["approval"] for s in run["spec"]["plan"]["steps"]] == ["required"] * m.MAX_STEPS
+    assert run["metadata"]["annotations"][m.ANNOTATION_MODIFIED_BY] == "bob"
+
+    last = m.MAX_STEPS - 1
+    proc = admission.patch("bob", "big", [_replace(f"/spec/plan/steps/{last}/approval", "auto")])
+    assert _denial(proc) == (
+        f"spec.plan.steps[{names[last]}].approval: cannot be lowered from required to auto "
+        "after creation"
+    )
+    proc = admission.patch("bob", "big", [_replace("/spec/plan/steps", steps("auto"))])
+    # Five steps named, the rest counted: a message longer than 5 KiB would be dropped.
+    message = _denial(proc)
+    assert message.startswith(
+        "spec.plan.steps[step-000].approval: cannot be lowered from required to auto after "
+        "creation; spec.plan.steps[step-001].approval"
+    ), message
+    assert message.endswith(
+        "; spec.plan.steps[step-004].approval: cannot be lowered from required to auto after "
+        f"creation (and {m.MAX_STEPS - 5} more steps)"
+    ), message
