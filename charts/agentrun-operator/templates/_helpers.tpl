@@ -93,3 +93,28 @@ and allows no 403.
   resources: [events]
   verbs: [create]
 {{- end }}
+
+{{/* Annotations of the uninstall hook's objects; the argument is the hook weight. */}}
+{{- define "agentrun-operator.releaseHook" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
+
+{{/*
+What `agentrun release` (the uninstall hook) needs in each namespace it releases, and no more:
+it lists and deletes runs and removes the operator's finalizer from them (a JSON patch); it
+deletes their step Jobs and removes the Job finalizer (read, then a JSON patch); and it deletes
+their pods and result ConfigMaps by label. It posts no Events and creates nothing.
+*/}}
+{{- define "agentrun-operator.releaseRules" -}}
+- apiGroups: [agentrun.dev]
+  resources: [agentruns]
+  verbs: [get, list, delete, patch]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, delete, patch]
+- apiGroups: [""]
+  resources: [pods, configmaps]
+  verbs: [deletecollection]
+{{- end }}
