@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
@@ -265,8 +267,10 @@ class Janitor:
     def _post_event(self, namespace: str, name: str, uid: str, event: EmitEvent) -> None:
         try:
             self.reconciler.post_event(namespace, name, uid, event)
-        except Exception as error:  # e.g. refused in a namespace being deleted
-            log.info("no %s Event posted: %s", event.reason, error)
+        except ApiException as error:
+            # 403: refused in a namespace being deleted, where nobody would read it anyway.
+            level = logging.DEBUG if error.status == 403 else logging.WARNING
+            log.log(level, "no %s Event posted: HTTP %s", event.reason, error.status)
 
 
 async def keep_sweeping(janitor: Janitor, period: float) -> None:
