@@ -8,7 +8,9 @@
 * Every rendered object, and ``kubectl apply -k manifests/``, accepted by the real API server
   (``--dry-run=server``: admission and validation run, nothing is stored).
 * ``helm install`` into the cluster, both modes, then ``helm uninstall``. The operator pod is not
-  run (``replicaCount=0``): the local node runs commands, it does not pull images; the operator
+  run (``replicaCount=0``), nor the uninstall hook's Job (``uninstall.releaseRuns=false``; its
+  command is run in tests/e2e/test_namespace_deletion.py): the local node runs commands, it
+  does not pull images; the operator
   under the chart's RBAC is tested in tests/e2e/test_rbac.py. The admission policies are
   cluster-wide, so installs here leave them out (other tests create runs as the admin with
   approvals signed by any name); the dry runs above check them.
@@ -179,7 +181,7 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
         ]
     )
     assert container_args(docs) == ["run", "--all-namespaces"]
-    binding = one(docs, "ClusterRoleBinding")
+    binding = one(installed, "ClusterRoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "agentrun-operator", "namespace": "agentrun-system"}
     ]
@@ -227,7 +229,7 @@ def test_template_namespaced_mode_uses_roles(helm: Helm) -> None:
         assert binding["subjects"][0]["namespace"] == "agentrun-system"
     assert container_args(docs) == ["run", "--namespace", "team-a", "--namespace", "team-b"]
     # The cluster-wide mode's rules, minus the one cluster-scoped rule (CRDs).
-    cluster_rules = one(helm.template(), "ClusterRole")["rules"]
+    cluster_rules = one(without_hooks(helm.template()), "ClusterRole")["rules"]
     assert roles[0]["rules"] == [
         r for r in cluster_rules if r["apiGroups"] != ["apiextensions.k8s.io"]
     ]
@@ -275,7 +277,7 @@ def test_template_values_reach_the_deployment(helm: Helm) -> None:
 
 
 def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
-    chart_role = one(helm.template(), "ClusterRole")
+    chart_role = one(without_hooks(helm.template()), "ClusterRole")
     manifest_docs = [
         d for d in yaml.safe_load_all((MANIFESTS / "rbac.yaml").read_text()) if isinstance(d, dict)
     ]
@@ -291,6 +293,62 @@ def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
         assert manifest_pod["containers"][0][key] == chart_pod["containers"][0][key], key
 
 
+def hooks_of(docs: Docs, event: str) -> Docs:
+    return [
+        d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == event
+    ]
+
+
+def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
+    # Cluster-wide: a ClusterRole of its own, for the ServiceAccount of its own, before the Job.
+    hook = hooks_of(helm.template(), "pre-delete")
+    assert sorted(kinds(hook)) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    for doc in hook:
+        annotations = doc["metadata"]["annotations"]
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        assert annotations["helm.sh/hook-weight"] == ("0" if doc["kind"] == "Job" else "-10")
+        assert doc["metadata"]["name"] == "agentrun-operator-release"
+    job = one(hook, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "agentrun-operator-release"
+    assert pod["containers"][0]["image"] == "agentrun-operator:0.1.0"
+    assert pod["containers"][0]["command"] == ["agentrun"]
+    assert pod["containers"][0]["args"] == ["release", "--all-namespaces"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    # Only what `agentrun release` does: no watch, no create, nothing outside runs, their Jobs,
+    # pods and ConfigMaps.
+    verbs = {
+        (group, resource, verb)
+        for rule in one(hook, "ClusterRole")["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert {v for _, _, v in verbs} <= {"get", "list", "delete", "patch", "deletecollection"}
+    assert {(g, r) for g, r, _ in verbs} == {
+        ("agentrun.dev", "agentruns"),
+        ("batch", "jobs"),
+        ("", "pods"),
+        ("", "configmaps"),
+    }
+    # Namespaced: a Role in each watched namespace, and the Job releases just those.
+    hook = hooks_of(helm.template("--set", "watchNamespaces={team-a,team-b}"), "pre-delete")
+    assert sorted(r["metadata"]["namespace"] for r in hook if r["kind"] == "Role") == [
+        "team-a",
+        "team-b",
+    ]
+    assert "ClusterRole" not in kinds(hook)
+    assert one(hook, "Job")["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "release", "--namespace", "team-a", "--namespace", "team-b",
+    ]  # fmt: skip
+    # Without RBAC of the chart's making, the Job runs as the operator's ServiceAccount.
+    hook = hooks_of(helm.template("--set", "rbac.create=false"), "pre-delete")
+    assert kinds(hook) == ["Job"]
+    assert hook[0]["spec"]["template"]["spec"]["serviceAccountName"] == "agentrun-operator"
+    # Turned off: no hook at all.
+    assert not hooks_of(helm.template("--set", "uninstall.releaseRuns=false"), "pre-delete")
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -301,6 +359,7 @@ def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
         (["--set", "watchNamespaces={Team_A}"], "at '/watchNamespaces/0'"),
         (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
         (["--set", "operator.resyncSeconds=0"], "at '/operator/resyncSeconds'"),
+        (["--set-string", "uninstall.releaseRuns=yes"], "at '/uninstall/releaseRuns'"),
     ],
     ids=[
         "replicas-string",
@@ -310,6 +369,7 @@ def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
         "bad-namespace",
         "pull-policy",
         "resync-zero",
+        "release-runs-string",
     ],
 )
 def test_schema_rejects_bad_values(helm: Helm, values: Sequence[str], message: str) -> None:
@@ -451,6 +511,8 @@ def test_helm_install_cluster_wide(
         "replicaCount=0",
         "--set",
         "admissionPolicies.enabled=false",
+        "--set",
+        "uninstall.releaseRuns=false",  # its Job runs the image, as the operator pod would
     )
     try:
         status = json.loads(
@@ -502,6 +564,8 @@ def test_helm_install_namespaced(
         "replicaCount=0",
         "--set",
         "admissionPolicies.enabled=false",
+        "--set",
+        "uninstall.releaseRuns=false",
         "--set",
         f"watchNamespaces={{{other_namespace}}}",
     )
