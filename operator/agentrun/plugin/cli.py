@@ -15,7 +15,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit
+from agentrun import approvals, audit
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.plugin import fork as forking
@@ -29,7 +29,6 @@ from agentrun.plugin.kube import (
     strip_kind,
 )
 
-CONFLICT_RETRIES = 5
 WAIT_INTERVAL_SECONDS = 1.0
 
 Command = Callable[[Session, argparse.Namespace], int]
@@ -74,124 +73,57 @@ def _step_status(run: m.AgentRun, step: str) -> m.StepStatus | None:
 
 # -- approve / reject -----------------------------------------------------------------------
 
+# The decision itself (which argsHash, the entry, the guarded append) is agentrun.approvals,
+# shared with agentrun.client; the names stay importable from here.
+approval_entry = approvals.approval_entry
+append_approval_patch = approvals.append_approval_patch
+
 
 def decidable(run: m.AgentRun, step: str, force: bool) -> m.StepStatus:
     """The status of ``step`` if a decision on it can be recorded now; else why not."""
-    _plan_step(run, step)
-    st = _step_status(run, step)
-    phase = st.phase if st else "not evaluated yet"
-    if st is None or not st.args_hash:
-        raise PluginError(
-            f"step '{step}' of {_ref(run)} has no argsHash yet (phase {phase}): the operator "
-            "computes it once the step's dependencies have succeeded; a decision must name it"
-        )
-    if force:
-        return st
-    if _phase(run) in m.TERMINAL_RUN_PHASES:
-        raise PluginError(
-            f"{_ref(run)} has already finished ({_phase(run)}); its argsHash is "
-            f"{st.args_hash}; use --force to record a decision anyway"
-        )
-    if st.phase != m.StepPhase.WAITING_FOR_APPROVAL:
-        raise PluginError(
-            f"step '{step}' is not waiting for approval (phase {st.phase}); its argsHash is "
-            f"{st.args_hash}; use --force to record a decision on these arguments anyway"
-        )
-    return st
-
-
-def approval_entry(
-    step: str,
-    decision: m.ApprovalDecision,
-    args_hash: str,
-    by: str,
-    reason: str | None,
-    at: datetime,
-) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "step": step,
-        "decision": decision.value,
-        "argsHash": args_hash,
-        "by": by,
-    }
-    if reason:
-        entry["reason"] = reason
-    entry["at"] = render.rfc3339(at)
-    return entry
-
-
-def append_approval_patch(body: dict[str, Any], entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """A JSON patch appending ``entry`` to spec.approvals, only if the run is unchanged."""
-    version = (body.get("metadata") or {}).get("resourceVersion")
-    ops: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": version}
-    ]
-    if (body.get("spec") or {}).get("approvals") is None:
-        ops.append({"op": "add", "path": "/spec/approvals", "value": [entry]})
-    else:
-        ops.append({"op": "add", "path": "/spec/approvals/-", "value": entry})
-    return ops
+    try:
+        return approvals.decidable(run, step, force)
+    except approvals.DecisionRefused as error:
+        raise PluginError(str(error)) from None
 
 
 def _decide(session: Session, args: argparse.Namespace, decision: m.ApprovalDecision) -> int:
     name, step = strip_kind(args.run), args.step
     reason: str | None = args.reason
     user = session.username()
-    for attempt in range(CONFLICT_RETRIES):
-        if attempt:
-            time.sleep(0.2 * attempt)
-        body, run = session.get_run(name)
-        st = decidable(run, step, args.force)
-        h = str(st.args_hash)
-        approvals = run.spec.approvals or []
-        same = [
-            a
-            for a in approvals
-            if a.step == step and a.args_hash == h and a.decision == decision and a.by == user
-        ]
-        done = "approved" if decision == m.ApprovalDecision.APPROVE else "rejected"
-        if same:
-            _out(
-                f"step {step} of {_ref(run)} (args {render.short_hash(h)}) was already {done} "
-                f"by {user}; nothing to do"
-            )
-            return 0
-        if len(approvals) >= m.MAX_APPROVALS:
-            raise PluginError(
-                f"{_ref(run)} already holds {m.MAX_APPROVALS} decisions (spec.approvals is "
-                "full); fork the run to start over"
-            )
-        entry = approval_entry(step, decision, h, user, reason, _now())
-        try:
-            session.patch_run(name, append_approval_patch(body, entry), JSON_PATCH)
-        except ApiException as error:
-            if error.status == 404:
-                raise PluginError(
-                    f"agentrun '{name}' not found in namespace '{session.namespace}'"
-                ) from None
-            if error.status == 409 or (error.status == 422 and _changed_since(session, name, body)):
-                continue  # someone else changed the run meanwhile: read it again
-            raise PluginError(
-                f"the API server refused to record the decision: {api_message(error)}"
-            ) from None
-        why = f": {reason}" if reason and decision == m.ApprovalDecision.REJECT else ""
-        _out(f"{done} step {step} of {_ref(run)} (args {render.short_hash(h)}) as {user}{why}")
-        return 0
-    raise PluginError(
-        f"agentrun '{name}' kept changing while the decision was being recorded "
-        f"({CONFLICT_RETRIES} tries); run the command again"
-    )
-
-
-def _changed_since(session: Session, name: str, body: dict[str, Any]) -> bool:
-    """Whether a refused patch failed its resourceVersion test (the run moved on), rather
-    than being refused by validation or admission."""
     try:
-        now = session.get_run_body(name)
-    except PluginError:
-        return False
-    old = (body.get("metadata") or {}).get("resourceVersion")
-    return bool((now.get("metadata") or {}).get("resourceVersion") != old)
+        recorded = approvals.record(
+            name,
+            lambda: session.get_run(name),
+            lambda ops: session.patch_run(name, ops, JSON_PATCH),
+            step=step,
+            decision=decision,
+            by=user,
+            reason=reason,
+            force=args.force,
+            now=_now,
+        )
+    except approvals.DecisionRefused as error:
+        raise PluginError(str(error)) from None
+    except ApiException as error:
+        if error.status == 404:
+            raise PluginError(
+                f"agentrun '{name}' not found in namespace '{session.namespace}'"
+            ) from None
+        raise PluginError(
+            f"the API server refused to record the decision: {api_message(error)}"
+        ) from None
+    run, h = recorded.run, recorded.entry.args_hash
+    done = "approved" if decision == m.ApprovalDecision.APPROVE else "rejected"
+    if recorded.already:
+        _out(
+            f"step {step} of {_ref(run)} (args {render.short_hash(h)}) was already {done} "
+            f"by {user}; nothing to do"
+        )
+        return 0
+    why = f": {reason}" if reason and decision == m.ApprovalDecision.REJECT else ""
+    _out(f"{done} step {step} of {_ref(run)} (args {render.short_hash(h)}) as {user}{why}")
+    return 0
 
 
 def cmd_approve(session: Session, args: argparse.Namespace) -> int:

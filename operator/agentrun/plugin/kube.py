@@ -31,6 +31,8 @@ _load_kubeconfig: Callable[..., Any] = kube_config.load_kube_config
 SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+FIELD_MANAGER = "kubectl-agentrun"
+"""The field manager of the plugin's writes (metadata.managedFields names who set what)."""
 
 
 class PluginError(Exception):
@@ -213,7 +215,7 @@ class Session:
             f"change agentrun '{name}'",
             lambda: self.custom.patch_namespaced_custom_object(
                 m.GROUP, m.VERSION, self.namespace, m.PLURAL, name, body,
-                _content_type=content_type,
+                field_manager=FIELD_MANAGER, _content_type=content_type,
             ),
         )  # fmt: skip
         return result
@@ -222,7 +224,7 @@ class Session:
         result: dict[str, Any] = self.call(
             "create an agentrun",
             lambda: self.custom.create_namespaced_custom_object(
-                m.GROUP, m.VERSION, self.namespace, m.PLURAL, body
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL, body, field_manager=FIELD_MANAGER
             ),
         )
         return result
@@ -262,7 +264,9 @@ class Session:
     def create_config_map(self, body: dict[str, Any]) -> None:
         self.call(
             f"create ConfigMap '{body['metadata']['name']}'",
-            lambda: self.core.create_namespaced_config_map(self.namespace, body),
+            lambda: self.core.create_namespaced_config_map(
+                self.namespace, body, field_manager=FIELD_MANAGER
+            ),
         )
 
     def audit_record(self, run: m.AgentRun) -> list[dict[str, Any]]:
