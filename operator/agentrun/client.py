@@ -1,0 +1,437 @@
+"""A typed Python client for AgentRuns: create a run, read it, wait for it, decide on its gated
+steps, read a step's result and the run's history. Runs go in and come out as the pydantic
+models of :mod:`agentrun.api.models`, the same ones the operator reads.
+
+    from agentrun.api import models as m
+    from agentrun.client import AgentRunClient
+
+    with AgentRunClient(namespace="demo") as runs:
+        run = runs.create(m.AgentRun.model_validate(yaml.safe_load(manifest)))
+        runs.wait(run.metadata.name, for_phase=m.RunPhase.WAITING_FOR_APPROVAL)
+        runs.approve(run.metadata.name, "restart-service", reason="checked the dashboard")
+        done = runs.wait(run.metadata.name, timeout=600)
+
+Decisions are recorded exactly as ``kubectl agentrun approve|reject`` records them (the shared
+:mod:`agentrun.approvals`): bound to the step's current argsHash, signed with the name the API
+server knows the caller by, appended by a resourceVersion-guarded JSON patch. Every write
+names the field manager ``agentrun-client``. The client never writes status: that is the
+operator's.
+
+Errors: :class:`RunNotFound` for a run that does not exist, :class:`DecisionError` for a
+decision that cannot be recorded (the step is not waiting, or the API server refused it),
+:class:`WaitTimeout` (a :class:`TimeoutError`) when a run does not get where :meth:`wait` waits
+for it, with the run's last phase and conditions; any other refusal of the API server is an
+:class:`AgentRunError` carrying its message and HTTP status.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+from kubernetes import client as kube_client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from agentrun import approvals, audit, objects
+from agentrun.api import models as m
+from agentrun.core import naming
+from agentrun.plugin.kube import JSON_PATCH, api_message
+from agentrun.plugin.render import merge_timeline
+
+__all__ = [
+    "FIELD_MANAGER",
+    "AgentRunClient",
+    "AgentRunError",
+    "DecisionError",
+    "RunNotFound",
+    "WaitTimeout",
+    "describe_conditions",
+]
+
+FIELD_MANAGER = "agentrun-client"
+"""The field manager of the client's writes (metadata.managedFields names who set what)."""
+
+
+# The kubernetes package's config loaders are untyped; name them once, as Any.
+_from_kubeconfig: Callable[..., Any] = kube_config.new_client_from_config
+_load_incluster: Callable[..., Any] = kube_config.load_incluster_config
+
+
+class AgentRunError(Exception):
+    """A request about a run that could not be done; ``status`` is the API server's HTTP
+    status when it refused (None when the client itself refused)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RunNotFound(AgentRunError, LookupError):
+    """No run of that name in the client's namespace."""
+
+
+class DecisionError(AgentRunError):
+    """An approval or rejection that was not recorded: the step cannot be decided now, or the
+    API server (its admission policies) refused the decision."""
+
+
+class WaitTimeout(TimeoutError):
+    """:meth:`AgentRunClient.wait` gave up; ``run`` is the run as last read."""
+
+    def __init__(self, message: str, run: m.AgentRun) -> None:
+        super().__init__(message)
+        self.run = run
+
+    @property
+    def conditions(self) -> list[m.Condition]:
+        """The run's conditions when the wait gave up."""
+        return list((self.run.status.conditions if self.run.status else None) or [])
+
+
+def describe_conditions(run: m.AgentRun) -> str:
+    """The run's phase, message and conditions in one line, for errors and logs."""
+    status = run.status
+    if status is None or status.phase is None:
+        return "no status yet (phase Pending): is the operator running and watching this namespace?"
+    text = f"phase {status.phase}"
+    if status.message:
+        text += f" ({status.message})"
+    conditions = [
+        f"{c.type}={c.status}"
+        + (f" {c.reason}" if c.reason else "")
+        + (f": {c.message}" if c.message else "")
+        for c in status.conditions or []
+    ]
+    return text + "; conditions: " + ("; ".join(conditions) if conditions else "none")
+
+
+def default_api_client() -> Any:
+    """A client from $KUBECONFIG (or ~/.kube/config), else the in-cluster ServiceAccount."""
+    try:
+        return _from_kubeconfig()
+    except kube_config.ConfigException:
+        configuration = kube_client.Configuration()
+        _load_incluster(client_configuration=configuration)
+        return kube_client.ApiClient(configuration)
+
+
+class AgentRunClient:
+    """AgentRuns in one namespace.
+
+    ``api_client`` is a ``kubernetes.client.ApiClient``; without one the client loads
+    $KUBECONFIG (else ~/.kube/config, else the in-cluster ServiceAccount) and closes that
+    connection in :meth:`close` (or at the end of a ``with`` block).
+    """
+
+    def __init__(
+        self,
+        api_client: Any | None = None,
+        namespace: str = "default",
+        *,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self._owns_client = api_client is None
+        self.api_client: Any = default_api_client() if api_client is None else api_client
+        self.namespace = namespace
+        self.poll_interval = poll_interval
+        self._custom: Any = kube_client.CustomObjectsApi(self.api_client)
+        self._core: Any = kube_client.CoreV1Api(self.api_client)
+        self._user: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection if the client opened it."""
+        if self._owns_client:
+            self.api_client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- create and read ---------------------------------------------------------------------
+
+    def create(
+        self,
+        run: m.AgentRun | m.AgentRunSpec,
+        *,
+        name: str | None = None,
+        generate_name: str | None = None,
+        labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> m.AgentRun:
+        """Create a run in the client's namespace and return it as stored.
+
+        ``run`` is a whole :class:`~agentrun.api.models.AgentRun` (its name, labels and
+        annotations are used; status is never sent) or just a spec, which needs ``name`` or
+        ``generate_name``. ``name``, ``labels`` and ``annotations`` given here win.
+        """
+        if isinstance(run, m.AgentRun):
+            meta = run.metadata
+            if "namespace" in meta.model_fields_set and meta.namespace != self.namespace:
+                raise AgentRunError(
+                    f"agentrun '{meta.name}' names namespace '{meta.namespace}' but this client "
+                    f"works in '{self.namespace}': use AgentRunClient(namespace="
+                    f"'{meta.namespace}')"
+                )
+            spec = run.spec
+            name = name or (None if generate_name else meta.name)
+            labels = {**(meta.labels or {}), **(labels or {})}
+            annotations = {**(meta.annotations or {}), **(annotations or {})}
+        else:
+            spec = run
+            if not (name or generate_name):
+                raise AgentRunError("a run created from a spec needs a name or a generate_name")
+        metadata: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
+        if labels:
+            metadata["labels"] = labels
+        if annotations:
+            metadata["annotations"] = annotations
+        body = {
+            "apiVersion": m.API_VERSION,
+            "kind": m.KIND,
+            "metadata": metadata,
+            "spec": spec.to_wire(),
+        }
+        what = f"agentrun '{name or generate_name}'"
+        with self._refusals(f"cannot create {what} in namespace '{self.namespace}'"):
+            created = self._custom.create_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL, body, field_manager=FIELD_MANAGER
+            )
+        return self._parse(created)
+
+    def get(self, name: str) -> m.AgentRun:
+        """The run as stored now; :class:`RunNotFound` if there is none."""
+        return self._parse(self._read(name))
+
+    # -- wait ----------------------------------------------------------------------------------
+
+    def wait(
+        self,
+        name: str,
+        timeout: float = 300.0,
+        *,
+        for_phase: m.RunPhase | Iterable[m.RunPhase] | None = None,
+    ) -> m.AgentRun:
+        """Poll the run until its phase is one of ``for_phase`` (default: a terminal phase,
+        Succeeded, Failed or Cancelled) and return it. A run that finishes in another phase
+        first raises :class:`AgentRunError`; after ``timeout`` seconds :class:`WaitTimeout`
+        says where the run stood: its phase, message and conditions."""
+        if for_phase is None:
+            wanted = frozenset(m.TERMINAL_RUN_PHASES)
+        elif isinstance(for_phase, m.RunPhase):
+            wanted = frozenset({for_phase})
+        else:
+            wanted = frozenset(for_phase)
+        goal = ", ".join(sorted(str(p) for p in wanted))
+        deadline = time.monotonic() + timeout
+        while True:
+            run = self.get(name)
+            phase = run.status.phase if run.status else None
+            if phase in wanted:
+                return run
+            if phase in m.TERMINAL_RUN_PHASES:
+                raise AgentRunError(
+                    f"agentrun/{name} in namespace '{self.namespace}' finished without reaching "
+                    f"{goal}: {describe_conditions(run)}"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(
+                    f"timed out after {timeout:g}s waiting for agentrun/{name} in namespace "
+                    f"'{self.namespace}' to reach {goal}: {describe_conditions(run)}",
+                    run,
+                )
+            time.sleep(min(self.poll_interval, left))
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def approve(
+        self, name: str, step: str, reason: str | None = None, *, force: bool = False
+    ) -> m.Approval:
+        """Approve ``step`` of run ``name`` (it must be waiting for approval unless ``force``)
+        and return the entry in spec.approvals. Approving again what this user approved
+        already records nothing and returns the existing entry."""
+        return self._decide(name, step, m.ApprovalDecision.APPROVE, reason, force)
+
+    def reject(self, name: str, step: str, reason: str, *, force: bool = False) -> m.Approval:
+        """Reject ``step`` of run ``name``, saying why (``reason`` is required), and return the
+        entry in spec.approvals."""
+        if not reason or not reason.strip():
+            raise DecisionError(f"rejecting step '{step}' of agentrun/{name} needs a reason")
+        return self._decide(name, step, m.ApprovalDecision.REJECT, reason, force)
+
+    def whoami(self) -> str:
+        """The user name the API server knows this client by (a SelfSubjectReview); decisions
+        are signed with it."""
+        if self._user is None:
+            api = kube_client.AuthenticationV1Api(self.api_client)
+            body: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+            with self._refusals("cannot find out who this client is (SelfSubjectReview)"):
+                review = api.create_self_subject_review(body=body)
+            user = review.status.user_info if review.status is not None else None
+            name = getattr(user, "username", None)
+            if not name:
+                raise AgentRunError("the API server did not say who this client is")
+            self._user = str(name)
+        return self._user
+
+    def _decide(
+        self, name: str, step: str, decision: m.ApprovalDecision, reason: str | None, force: bool
+    ) -> m.Approval:
+        user = self.whoami()
+
+        def read() -> tuple[dict[str, Any], m.AgentRun]:
+            body = self._read(name)
+            return body, self._parse(body)
+
+        def patch(ops: list[dict[str, Any]]) -> object:
+            return self._custom.patch_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL, name, ops,
+                field_manager=FIELD_MANAGER, _content_type=JSON_PATCH,
+            )  # fmt: skip
+
+        try:
+            recorded = approvals.record(
+                name, read, patch, step=step, decision=decision, by=user, reason=reason,
+                force=force, now=lambda: datetime.now(UTC), force_hint="force=True",
+            )  # fmt: skip
+        except approvals.DecisionRefused as error:
+            raise DecisionError(str(error)) from None
+        except ApiException as error:
+            if error.status == 404:
+                raise self._not_found(name) from None
+            raise DecisionError(
+                f"the API server refused to record the {decision} of step '{step}' of "
+                f"agentrun/{name} by {user}: {api_message(error)}",
+                error.status,
+            ) from None
+        return recorded.entry
+
+    # -- results and history -------------------------------------------------------------------
+
+    def result(self, name: str, step: str) -> str:
+        """The full result of ``step``: inline in status, or from the ConfigMap status refers
+        to (checked against the digest the step committed)."""
+        run = self.get(name)
+        if run.step(step) is None:
+            steps = ", ".join(s.name for s in run.spec.plan.steps)
+            raise AgentRunError(f"step '{step}' is not a step of agentrun/{name} (steps: {steps})")
+        steps_status = run.status.steps if run.status else None
+        st = next((s for s in steps_status or [] if s.name == step), None)
+        if st is None or (st.result is None and st.result_ref is None):
+            phase = st.phase if st else "not evaluated yet"
+            raise AgentRunError(f"step '{step}' of agentrun/{name} has no result (phase {phase})")
+        if st.result is not None:
+            return st.result
+        assert st.result_ref is not None
+        content = self._referenced_result(name, step, st.result_ref)
+        if st.result_digest and naming.sha256_text(content) != st.result_digest:
+            raise AgentRunError(
+                f"the result of step '{step}' of agentrun/{name} in ConfigMap "
+                f"'{st.result_ref.name}' does not match the digest {st.result_digest} the step "
+                "committed: it was changed afterwards"
+            )
+        return content
+
+    def history(self, name: str) -> list[m.Transition]:
+        """Every transition of the run, oldest first: its audit record, followed by the
+        transitions of status.history the record does not hold yet."""
+        run = self.get(name)
+        selector = objects.owned_by(run.metadata.uid, "audit")
+        with self._refusals(f"cannot read the audit record of agentrun/{name}"):
+            found = self._core.list_namespaced_config_map(self.namespace, label_selector=selector)
+        record = audit.parse([cm.data or {} for cm in found.items])
+        status_history = [t.to_wire() for t in (run.status.history if run.status else None) or []]
+        transitions = []
+        for entry in merge_timeline(record, status_history):
+            fields = {k: v for k, v in entry.items() if k not in ("prev", "hash")}
+            try:
+                transitions.append(m.Transition.model_validate(fields))
+            except ValidationError as error:
+                raise AgentRunError(
+                    f"the audit record of agentrun/{name} holds an unreadable entry "
+                    f"{dict(entry)}: {error}"
+                ) from None
+        return transitions
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _referenced_result(self, name: str, step: str, ref: m.ResultRef) -> str:
+        where = f"{ref.kind} '{ref.name}' (key {ref.key})"
+        if ref.kind != "ConfigMap":
+            raise AgentRunError(
+                f"the result of step '{step}' is kept in a {where}; only ConfigMaps can be read"
+            )
+        try:
+            cm = self._core.read_namespaced_config_map(ref.name, self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                raise AgentRunError(
+                    f"the result of step '{step}' of agentrun/{name} is kept in {where}, which "
+                    f"does not exist in namespace '{self.namespace}'",
+                    404,
+                ) from None
+            raise AgentRunError(
+                f"cannot read the result of step '{step}' from {where}: {api_message(error)}",
+                error.status,
+            ) from None
+        data = cm.data or {}
+        if ref.key not in data:
+            raise AgentRunError(f"{where} has no key '{ref.key}' (keys: {', '.join(sorted(data))})")
+        return str(data[ref.key])
+
+    def _read(self, name: str) -> dict[str, Any]:
+        try:
+            body: dict[str, Any] = self._custom.get_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                raise self._not_found(name, api_message(error)) from None
+            raise AgentRunError(
+                f"cannot read agentrun '{name}' in namespace '{self.namespace}': "
+                f"{api_message(error)}",
+                error.status,
+            ) from None
+        return body
+
+    def _not_found(self, name: str, message: str = "") -> RunNotFound:
+        if "could not find the requested resource" in message:
+            return RunNotFound(
+                f"the AgentRun API ({m.API_VERSION}) is not installed in this cluster: apply "
+                "crds/ first",
+                404,
+            )
+        return RunNotFound(f"agentrun '{name}' not found in namespace '{self.namespace}'", 404)
+
+    def _parse(self, body: dict[str, Any]) -> m.AgentRun:
+        try:
+            return m.AgentRun.model_validate(body)
+        except ValidationError as error:
+            name = (body.get("metadata") or {}).get("name")
+            raise AgentRunError(
+                f"agentrun '{name}' in namespace '{self.namespace}' does not match the API this "
+                f"client knows ({m.API_VERSION}); is the client older than the operator?\n{error}"
+            ) from None
+
+    @contextmanager
+    def _refusals(self, what: str) -> Iterator[None]:
+        """A refusal of the API server becomes an AgentRunError: '<what>: <its message>'."""
+        try:
+            yield
+        except ApiException as error:
+            raise AgentRunError(f"{what}: {api_message(error)}", error.status) from None
