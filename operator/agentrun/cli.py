@@ -85,6 +85,15 @@ def _step(args: argparse.Namespace) -> int:
     return runner.main(args.command)
 
 
+def _add_kubeconfig(parser: argparse.ArgumentParser) -> None:
+    """--kubeconfig, for the commands that talk to a cluster (handlers.api_client's order)."""
+    parser.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, "
+        "~/.kube/config, then the in-cluster ServiceAccount)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrun",
@@ -114,11 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="watch this namespace (repeatable); default: $AGENTRUN_NAMESPACES or all namespaces",
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
-    run_parser.add_argument(
-        "--kubeconfig",
-        help="kubeconfig file (default: $KUBECONFIG, "
-        "~/.kube/config, then the in-cluster ServiceAccount)",
-    )
+    _add_kubeconfig(run_parser)
     run_parser.add_argument(
         "--liveness-port",
         type=int,
@@ -157,11 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     release_scope.add_argument(
         "-A", "--all-namespaces", action="store_true", help="every namespace"
     )
-    release_parser.add_argument(
-        "--kubeconfig",
-        help="kubeconfig file (default: $KUBECONFIG, "
-        "~/.kube/config, then the in-cluster ServiceAccount)",
-    )
+    _add_kubeconfig(release_parser)
     release_parser.set_defaults(func=_release)
 
     step_parser = sub.add_parser(
