@@ -12,6 +12,8 @@ tests/e2e share ONE session cluster). Fixtures are lazy: tests/unit never starts
   deleted afterwards.
 * ``crd_installed`` (session): every YAML in ``crds/`` applied, CRDs Established; returns
   the CRD names.
+* ``helm_binary`` (session): helm built by ``hack/build-helm.sh``; ``helm`` (session): a
+  :class:`tests.support.helm.Helm` with a home of its own and no cluster (lint, template).
 
 A failing test that used ``cluster`` gets the tails of the control-plane and node logs
 attached to its report.
@@ -21,20 +23,17 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from subprocess import CompletedProcess
 
 import pytest
 import yaml
-from kubernetes.client.exceptions import ApiException
 
-from agentrun_devcluster.testing import KubeClients, TestCluster, start_test_cluster, wait_for
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CRDS_DIR = REPO_ROOT / "crds"
-
-Kubectl = Callable[..., CompletedProcess[str]]
+from agentrun_devcluster import binaries
+from agentrun_devcluster.testing import KubeClients, TestCluster, start_test_cluster
+from tests.support.cluster import TEST_LABELS, Kubectl, create_namespace, delete_namespace
+from tests.support.helm import Helm
+from tests.support.paths import CRDS_DIR
 
 
 @pytest.hookimpl(wrapper=True)
@@ -80,27 +79,9 @@ def kubectl(cluster: TestCluster) -> Kubectl:
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, kube: KubeClients) -> Iterator[str]:
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{base or 't'}-{secrets.token_hex(3)}"
-    kube.core.create_namespace(
-        body={"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}}
-    )
-
-    def default_sa() -> bool:
-        try:
-            kube.core.read_namespaced_service_account("default", name)
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-
-    wait_for(f"ServiceAccount {name}/default", default_sa)
+    name = create_namespace(kube, f"{base or 't'}-{secrets.token_hex(3)}", labels=TEST_LABELS)
     yield name
-    try:
-        kube.core.delete_namespace(name, propagation_policy="Background")
-    except ApiException as e:
-        if e.status != 404:
-            raise
+    delete_namespace(kube, name)
 
 
 @pytest.fixture(scope="session")
@@ -118,3 +99,14 @@ def crd_installed(cluster: TestCluster) -> list[str]:
             "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s", timeout=90
         )
     return names
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> Path:
+    return binaries.helm_binary()
+
+
+@pytest.fixture(scope="session")
+def helm(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """helm without a cluster (lint, template)."""
+    return Helm(helm_binary, tmp_path_factory.mktemp("helm-home"))

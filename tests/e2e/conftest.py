@@ -3,10 +3,11 @@ cluster (see tests/conftest.py). Every test under tests/e2e is marked ``e2e``.
 
 * ``start_operator`` (function): ``start_operator(*, namespaces=None, env=None, **kwargs) ->
   OperatorProcess``: starts an ``agentrun run`` process watching the test's namespace (or
-  ``namespaces``), with :data:`OPERATOR_TEST_ENV` plus ``env``, logging under ``tmp_path``,
-  and waits until its liveness endpoint answers. At teardown the namespace's AgentRuns are
-  deleted while an operator still runs (so it cleans up and releases their finalizers), then
-  every process started is stopped, and any finalizer left is removed: the namespace can go.
+  ``namespaces``), with :data:`tests.support.cluster.OPERATOR_TEST_ENV` plus ``env``,
+  logging under ``tmp_path``, and waits until its liveness endpoint answers. At teardown the
+  namespace's AgentRuns are deleted while an operator still runs (so it cleans up and releases
+  their finalizers), then every process started is stopped, and any finalizer left is
+  removed: the namespace can go.
 * ``operator`` (function): one such process for the test's ``namespace``.
 
 On failure the report gets the tail of every operator log of the test and a dump of the
@@ -18,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -27,27 +28,12 @@ from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.settings import JOB_FINALIZER, LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support.cluster import OPERATOR_TEST_ENV, StartOperator
 
 _HERE = Path(__file__).resolve().parent
 
-#: Environment of every operator under test: short resync and Job-deletion grace.
-OPERATOR_TEST_ENV: dict[str, str] = {
-    "AGENTRUN_RESYNC_SECONDS": "5",
-    "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "2",
-}
-
 _OPERATORS = pytest.StashKey[list[OperatorProcess]]()
 _NAMESPACE = pytest.StashKey[str]()
-
-
-class StartOperator(Protocol):
-    def __call__(
-        self,
-        *,
-        namespaces: Sequence[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        **kwargs: Any,
-    ) -> OperatorProcess: ...
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,23 +5,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.e2e.test_runs import (
+from agentrun import audit
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, wait_for
+from tests.support.cluster import Kubectl
+from tests.support.runs import (
+    Run,
     agentrun,
+    audit_record,
+    condition,
     create,
     envelope,
     get,
+    jobs_of,
     patch_spec,
     status_of,
     step,
     step_status,
-    wait_phase,
-    wait_step_phase,
-    wait_until,
 )
-
-from agentrun import audit
-from agentrun.settings import LABEL_KIND, LABEL_RUN_UID
-from agentrun_devcluster.testing import wait_for
+from tests.support.waiting import wait_phase, wait_step_phase, wait_until
 
 
 def _approval(step_name: str, args_hash: str, decision: str = "approve") -> dict[str, Any]:
@@ -29,22 +31,15 @@ def _approval(step_name: str, args_hash: str, decision: str = "approve") -> dict
             "reason": "looked at it"}  # fmt: skip
 
 
-def _record(kube: Any, namespace: str, uid: str) -> list[Any]:
-    items: list[Any] = kube.core.list_namespaced_config_map(
-        namespace, label_selector=f"{LABEL_RUN_UID}={uid},{LABEL_KIND}=audit"
-    ).items
-    return items
-
-
 def test_changing_a_step_after_its_approval_needs_a_new_approval(
-    kube: Any, kubectl: Any, namespace: str, operator: Any
+    kube: KubeClients, kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
     gated = step("deploy", envelope("deployed"), approval="required")
     created = create(kube, namespace, agentrun("gate", [gated]))
     run = wait_step_phase(kube, namespace, "gate", "deploy", "WaitingForApproval")
     first_hash = step_status(run, "deploy")["argsHash"]
     assert status_of(run)["phase"] == "WaitingForApproval"
-    pending = next(c for c in status_of(run)["conditions"] if c["type"] == "ApprovalPending")
+    pending = condition(run, "ApprovalPending")
     assert pending["status"] == "True" and first_hash in pending["message"]
 
     # Suspend, approve the current arguments, then change the step before resuming.
@@ -55,16 +50,14 @@ def test_changing_a_step_after_its_approval_needs_a_new_approval(
                plan={"steps": [changed]})  # fmt: skip
     patch_spec(kubectl, namespace, "gate", suspend=False)
 
-    def rehashed(r: Any) -> bool:
+    def rehashed(r: Run) -> bool:
         st = step_status(r, "deploy")
         return st.get("phase") == "WaitingForApproval" and st.get("argsHash") != first_hash
 
     run = wait_until(kube, namespace, "gate", "a new argsHash awaiting approval", rehashed)
     new_hash = step_status(run, "deploy")["argsHash"]
     uid = created["metadata"]["uid"]
-    assert not kube.batch.list_namespaced_job(
-        namespace, label_selector=f"{LABEL_RUN_UID}={uid}"
-    ).items, "the old approval launched the step"
+    assert not jobs_of(kube, namespace, uid), "the old approval launched the step"
 
     patch_spec(
         kubectl,
@@ -78,7 +71,7 @@ def test_changing_a_step_after_its_approval_needs_a_new_approval(
 
 
 def test_rejection_ends_the_run_with_the_rejecters_reason(
-    kube: Any, kubectl: Any, namespace: str, operator: Any
+    kube: KubeClients, kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
     create(
         kube,
@@ -98,13 +91,13 @@ def test_rejection_ends_the_run_with_the_rejecters_reason(
         approvals=[{**_approval("deploy", h, "reject"), "reason": "change freeze until Monday"}],
     )
     run = wait_phase(kube, namespace, "reject", "Failed")
-    cond = next(c for c in status_of(run)["conditions"] if c["type"] == "Succeeded")
+    cond = condition(run)
     assert cond["reason"] == "Rejected"
     assert "rejected by admin: change freeze until Monday" in cond["message"]
 
 
 def test_audit_record_chain_verifies_and_a_tampered_entry_is_detected(
-    kube: Any, namespace: str, operator: Any
+    kube: KubeClients, namespace: str, operator: OperatorProcess
 ) -> None:
     created = create(
         kube,
@@ -119,7 +112,7 @@ def test_audit_record_chain_verifies_and_a_tampered_entry_is_detected(
     def settled() -> list[Any] | None:
         current = get(kube, namespace, "audited")
         seq = status_of(current).get("historySeq")
-        maps = _record(kube, namespace, uid)
+        maps = audit_record(kube, namespace, uid)
         entries = audit.parse(m.data or {} for m in maps)
         return maps if entries and entries[-1]["seq"] == seq else None
 
@@ -136,6 +129,6 @@ def test_audit_record_chain_verifies_and_a_tampered_entry_is_detected(
     tampered["reason"] = "NothingToSeeHere"
     target.data[key] = json.dumps(tampered)
     kube.core.replace_namespaced_config_map(target.metadata.name, namespace, target)
-    reread = audit.parse(m.data or {} for m in _record(kube, namespace, uid))
+    reread = audit.parse(m.data or {} for m in audit_record(kube, namespace, uid))
     problems = audit.verify(reread, uid)
     assert f"entry {tampered['seq']} was changed after it was written" in problems

@@ -33,14 +33,13 @@ import re
 import shlex
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import job_name
 from agentrun_devcluster.faults import POINTS
 from agentrun_devcluster.operator import OperatorError, OperatorProcess
@@ -51,6 +50,8 @@ from agentrun_devcluster.testing import (
     job_creations,
     wait_for,
 )
+from tests.support.cluster import StartOperator
+from tests.support.runs import TERMINAL, Run, agentrun, create, get, status_of, step
 
 pytestmark = pytest.mark.e2e
 
@@ -58,8 +59,6 @@ SEED = int(os.environ.get("AGENTRUN_CRASH_SEED") or 20260611)
 """Seed of every random choice of the crash test, printed in its assertion messages; set
 ``AGENTRUN_CRASH_SEED`` to replay a failure or to explore other schedules."""
 
-IMAGE = "busybox:1.36"
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
 PAD = "x" * 1000
 """Makes a step's result ~1 KiB: over the 256 B inline limit, so it is kept in a ConfigMap."""
 RETRY = {"limit": 2, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 2}}
@@ -77,9 +76,6 @@ SETTLE_SECONDS = 5.0
 """After the runs ended: two resyncs and the Job-deletion grace, for a late duplicate to show."""
 
 OPERATOR_ENV = {"AGENTRUN_RESYNC_SECONDS": "2", "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "1"}
-
-StartOperator = Callable[..., OperatorProcess]
-Run = dict[str, Any]
 
 
 # -- plans: every step reports its own run, step and attempt ---------------------------------
@@ -137,17 +133,12 @@ class StepSpec:
         return want
 
     def manifest(self, ledger: Path) -> dict[str, Any]:
-        spec: dict[str, Any] = {
-            "name": self.name,
-            "container": {"image": IMAGE, "command": ["sh", "-c", self.script(ledger)]},
-        }
-        if self.after:
-            spec["dependsOn"] = list(self.after)
+        fields: dict[str, Any] = {}
         if self.fail_first:
-            spec["retry"] = RETRY
+            fields["retry"] = RETRY
         if self.blob_from:
-            spec["inputs"] = [{"name": "BLOB", "fromStep": self.blob_from, "key": "pad"}]
-        return spec
+            fields["inputs"] = [{"name": "BLOB", "fromStep": self.blob_from, "key": "pad"}]
+        return step(self.name, self.script(ledger), after=self.after, **fields)
 
 
 @dataclass(frozen=True)
@@ -156,15 +147,8 @@ class PlanSpec:
     steps: tuple[StepSpec, ...]
 
     def manifest(self, ledger: Path) -> Run:
-        return {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "AgentRun",
-            "metadata": {"name": self.name},
-            "spec": {
-                "goal": f"crash test {self.name}",
-                "plan": {"steps": [st.manifest(ledger) for st in self.steps]},
-            },
-        }
+        steps = [st.manifest(ledger) for st in self.steps]
+        return agentrun(self.name, steps, goal=f"crash test {self.name}")
 
 
 def sequential(name: str, n: int = 4) -> PlanSpec:
@@ -225,20 +209,13 @@ def create_runs(
     """Create the runs; their uids by name."""
     uids: dict[str, str] = {}
     for plan in plans:
-        created = kube.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, plan.manifest(ledger)
-        )
+        created = create(kube, namespace, plan.manifest(ledger))
         uids[plan.name] = created["metadata"]["uid"]
     return uids
 
 
-def get_run(kube: KubeClients, namespace: str, name: str) -> Run:
-    run: Run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    return run
-
-
 def phases(kube: KubeClients, namespace: str, names: Iterable[str]) -> dict[str, str | None]:
-    return {n: (get_run(kube, namespace, n).get("status") or {}).get("phase") for n in names}
+    return {n: status_of(get(kube, namespace, n)).get("phase") for n in names}
 
 
 def all_terminal(kube: KubeClients, namespace: str, names: Iterable[str]) -> bool:
@@ -394,8 +371,7 @@ def check_results(
     """Every run Succeeded, every step once (twice for the retried one), its committed result
     the one the step printed (inline, or in the ConfigMap named by resultRef), history kept."""
     for plan in plans:
-        run = get_run(kube, namespace, plan.name)
-        status: dict[str, Any] = run.get("status") or {}
+        status = status_of(get(kube, namespace, plan.name))
         where = f"{context}: run {plan.name}"
         assert status.get("phase") == "Succeeded", f"{where}: {status.get('phase')}: {status}"
         assert status.get("history"), f"{where}: status.history is empty"

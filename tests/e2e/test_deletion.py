@@ -3,33 +3,22 @@ something the run owns cannot be removed, and an Event says what was left."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from kubernetes.client.exceptions import ApiException
-
-from agentrun.api import models as m
-from agentrun.settings import LABEL_RUN_UID
-from agentrun_devcluster.testing import wait_for
+from agentrun_devcluster.testing import KubeClients, wait_for
+from tests.support.cluster import StartOperator
+from tests.support.runs import agentrun, create, delete, gone, jobs_of, step
 
 FOREIGN = "example.com/hold"
 
 
 def test_finalizer_is_released_when_cleanup_keeps_failing(
-    kube: Any, namespace: str, start_operator: Any
+    kube: KubeClients, namespace: str, start_operator: StartOperator
 ) -> None:
     start_operator(env={"AGENTRUN_CLEANUP_TIMEOUT_SECONDS": "5"})
-    body = {
-        "apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": {"name": "held"},
-        "spec": {"goal": "be deleted", "plan": {"steps": [{
-            "name": "wait", "container": {"image": "busybox:1.36",
-                                          "command": ["sh", "-c", "sleep 60"]}}]}},
-    }  # fmt: skip
-    run = kube.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, namespace, m.PLURAL,
-                                                      body)  # fmt: skip
-    selector = f"{LABEL_RUN_UID}={run['metadata']['uid']}"
+    run = create(kube, namespace, agentrun("held", [step("wait", "sleep 60")], goal="be deleted"))
+    uid = run["metadata"]["uid"]
 
     def job_name() -> str | None:
-        items = kube.batch.list_namespaced_job(namespace, label_selector=selector).items
+        items = jobs_of(kube, namespace, uid)
         return items[0].metadata.name if items else None
 
     name = wait_for("the step Job", job_name, timeout=90)
@@ -39,18 +28,8 @@ def test_finalizer_is_released_when_cleanup_keeps_failing(
         name, namespace, {"metadata": {"finalizers": [*job.metadata.finalizers, FOREIGN]}}
     )
     try:
-        kube.custom.delete_namespaced_custom_object(m.GROUP, m.VERSION, namespace, m.PLURAL,
-                                                    "held")  # fmt: skip
-
-        def run_gone() -> bool:
-            try:
-                kube.custom.get_namespaced_custom_object(m.GROUP, m.VERSION, namespace,
-                                                         m.PLURAL, "held")  # fmt: skip
-            except ApiException as error:
-                return error.status == 404
-            return False
-
-        wait_for("the run's finalizer to be released", run_gone, timeout=90)
+        delete(kube, namespace, "held")
+        wait_for("the run's finalizer to be released", lambda: gone(kube, namespace, "held"), 90)
 
         def warning() -> str | None:
             for event in kube.core.list_namespaced_event(namespace).items:

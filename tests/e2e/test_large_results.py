@@ -16,15 +16,14 @@ from typing import Any
 
 import pytest
 
-from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import sha256_text
 from agentrun.settings import LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
-from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from agentrun_devcluster.testing import KubeClients, TestCluster
+from tests.support.cluster import bind_role, service_account_subject
+from tests.support.runs import Run, agentrun, create, step, step_status
+from tests.support.waiting import wait_phase
 
-IMAGE = "busybox:1.36"  # ignored by the local node
-TIMEOUT = 120.0
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
 ROWS = 10_000
 SERVICE_ACCOUNT = "agent-steps"
 
@@ -40,13 +39,7 @@ PRODUCE = [
     "-c",
     f"import json; print(json.dumps({{'rows': 'x' * {ROWS}, 'count': 3}}))",
 ]
-CONSUME = [
-    "sh",
-    "-c",
-    'echo "{\\"ok\\": true, \\"result\\": {\\"length\\": ${#ROWS}}}" > /dev/termination-log',
-]
-
-Run = dict[str, Any]
+CONSUME = 'echo "{\\"ok\\": true, \\"result\\": {\\"length\\": ${#ROWS}}}" > /dev/termination-log'
 
 
 @pytest.fixture(autouse=True)
@@ -55,89 +48,33 @@ def _local_node_only(cluster: TestCluster) -> None:
         pytest.skip("the produce step runs `agentrun step` from this checkout (no step image)")
 
 
-def agentrun(name: str, **spec: Any) -> Run:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {
-            "goal": f"e2e test {name}: a result too large for the termination message",
-            "plan": {
-                "steps": [
-                    {"name": "produce", "container": {"image": IMAGE, "command": PRODUCE}},
-                    {
-                        "name": "consume",
-                        "dependsOn": ["produce"],
-                        "inputs": [{"name": "ROWS", "fromStep": "produce", "key": "rows"}],
-                        "container": {"image": IMAGE, "command": CONSUME},
-                    },
-                ]
-            },
-            **spec,
-        },
-    }
+def large_result_run(name: str, **spec: Any) -> Run:
+    """``produce`` prints a 10 KB result through ``agentrun step``; ``consume`` reads its
+    ``rows`` field."""
+    steps = [
+        step("produce", command=PRODUCE),
+        step(
+            "consume",
+            CONSUME,
+            after=["produce"],
+            inputs=[{"name": "ROWS", "fromStep": "produce", "key": "rows"}],
+        ),
+    ]
+    goal = f"e2e test {name}: a result too large for the termination message"
+    return agentrun(name, steps, goal=goal, **spec)
 
 
 def create_step_account(kube: KubeClients, namespace: str) -> None:
     """ServiceAccount ``agent-steps``, allowed to create, get and list ConfigMaps."""
     kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": SERVICE_ACCOUNT}})
-    kube.rbac.create_namespaced_role(
+    rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "list"]}]
+    bind_role(
+        kube,
         namespace,
-        {
-            "metadata": {"name": SERVICE_ACCOUNT},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "verbs": ["create", "get", "list"],
-                }
-            ],
-        },
+        SERVICE_ACCOUNT,
+        rules,
+        [service_account_subject(SERVICE_ACCOUNT, namespace)],
     )
-    kube.rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": SERVICE_ACCOUNT},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": SERVICE_ACCOUNT,
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": namespace}
-            ],
-        },
-    )
-
-
-def create(kube: KubeClients, namespace: str, run: Run) -> Run:
-    created: Run = kube.custom.create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, run
-    )
-    return created
-
-
-def wait_terminal(kube: KubeClients, namespace: str, name: str) -> Run:
-    last: dict[str, Any] = {}
-
-    def check() -> Run | None:
-        run: Run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        status = run.get("status") or {}
-        last.update(phase=status.get("phase"), message=status.get("message"))
-        return run if status.get("phase") in TERMINAL else None
-
-    try:
-        return wait_for(f"{name} to finish", check, timeout=TIMEOUT)
-    except TimeoutError as e:
-        raise AssertionError(f"{e}; last status: {last}") from None
-
-
-def step_status(run: Run, name: str) -> dict[str, Any]:
-    for st in (run.get("status") or {}).get("steps") or []:
-        if st["name"] == name:
-            found: dict[str, Any] = st
-            return found
-    return {}
 
 
 def test_large_result_goes_through_a_configmap_to_the_next_step(
@@ -145,14 +82,11 @@ def test_large_result_goes_through_a_configmap_to_the_next_step(
 ) -> None:
     create_step_account(kube, namespace)
     name = "large-result"
-    created = create(
-        kube, namespace, agentrun(name, stepTemplate={"serviceAccountName": SERVICE_ACCOUNT})
-    )
+    template = {"serviceAccountName": SERVICE_ACCOUNT}
+    created = create(kube, namespace, large_result_run(name, stepTemplate=template))
     uid = created["metadata"]["uid"]
 
-    run = wait_terminal(kube, namespace, name)
-    status = run["status"]
-    assert status["phase"] == "Succeeded", status.get("message")
+    run = wait_phase(kube, namespace, name, "Succeeded")
 
     produce = step_status(run, "produce")
     assert produce["phase"] == "Succeeded", produce
@@ -179,11 +113,9 @@ def test_large_result_without_a_serviceaccount_fails_naming_the_fix(
     operator: OperatorProcess, kube: KubeClients, namespace: str
 ) -> None:
     name = "large-result-no-sa"
-    create(kube, namespace, agentrun(name))
+    create(kube, namespace, large_result_run(name))
 
-    run = wait_terminal(kube, namespace, name)
-    status = run["status"]
-    assert status["phase"] == "Failed", status.get("message")
+    run = wait_phase(kube, namespace, name, "Failed")
     produce = step_status(run, "produce")
     assert produce["phase"] == "Failed", produce
     error = produce.get("error") or {}

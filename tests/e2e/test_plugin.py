@@ -16,29 +16,35 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from kubernetes.client.exceptions import ApiException
 
-from agentrun.api.models import GROUP, PLURAL, VERSION
+from agentrun.api.models import GROUP, PLURAL
 from agentrun.core.naming import job_name
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
+from tests.support.admission import APPROVERS, policies_bound_to
+from tests.support.cluster import bind_role, mint_user, user_subject
+from tests.support.runs import (
+    TIMEOUT,
+    Run,
+    agentrun,
+    audit_record,
+    create,
+    delete,
+    envelope,
+    get,
+    gone,
+    jobs_of,
+    step,
+    step_status,
+)
+from tests.support.waiting import wait_step_phase, wait_until
 
-IMAGE = "busybox:1.36"
-TIMEOUT = 120.0
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
 VENV_BIN = Path(sys.executable).parent
-APPROVERS = "agentrun-approvers"
-ADMISSION_DIR = Path(__file__).resolve().parents[2] / "manifests" / "admission"
-SCOPE_LABEL = "agentrun.dev/admission-test"
-
-Run = dict[str, Any]
 
 
 # -- running the plugin ---------------------------------------------------------------------------
@@ -80,42 +86,7 @@ def fails(proc: subprocess.CompletedProcess[str], code: int = 1) -> str:
     return proc.stderr
 
 
-# -- building and reading runs --------------------------------------------------------------------
-
-
-def envelope(summary: str, result: Any = None) -> str:
-    data: dict[str, Any] = {"ok": True, "summary": summary}
-    if result is not None:
-        data["result"] = result
-    text = json.dumps(data)
-    assert "'" not in text
-    return f"printf '%s' '{text}' > /dev/termination-log"
-
-
-def step(name: str, script: str, *, after: Iterable[str] = (), **fields: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "name": name,
-        "container": {"image": IMAGE, "command": ["sh", "-c", script]},
-        **fields,
-    }
-    if list(after):
-        spec["dependsOn"] = list(after)
-    return spec
-
-
-def create(
-    kube: KubeClients, namespace: str, name: str, steps: list[dict[str, Any]], **spec: Any
-) -> Run:
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {"goal": f"e2e test of kubectl agentrun: {name}", "plan": {"steps": steps}, **spec},
-    }
-    created: Run = kube.custom.create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, body
-    )
-    return created
+# -- runs and users -------------------------------------------------------------------------------
 
 
 def gated(kube: KubeClients, namespace: str, name: str) -> Run:
@@ -123,83 +94,22 @@ def gated(kube: KubeClients, namespace: str, name: str) -> Run:
     return create(
         kube,
         namespace,
-        name,
-        [
-            step(
-                "check-health", "echo 'health check failing for 12 minutes' > /dev/termination-log"
-            ),
-            step(
-                "restart-service",
-                "echo 'restarted deployment/checkout' > /dev/termination-log",
-                after=["check-health"],
-                risk="external",
-            ),
-        ],
-        policy={"approvalRequiredFor": ["write", "external"]},
-    )
-
-
-def get(kube: KubeClients, namespace: str, name: str) -> Run:
-    run: Run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    return run
-
-
-def step_status(run: Run, name: str) -> dict[str, Any]:
-    for st in (run.get("status") or {}).get("steps") or []:
-        if st["name"] == name:
-            found: dict[str, Any] = st
-            return found
-    return {}
-
-
-def wait_until(
-    kube: KubeClients, namespace: str, name: str, what: str, predicate: Callable[[Run], bool]
-) -> Run:
-    last: dict[str, Any] = {}
-
-    def check() -> Run | None:
-        run = get(kube, namespace, name)
-        last["status"] = {k: (run.get("status") or {}).get(k) for k in ("phase", "message")}
-        return run if predicate(run) else None
-
-    try:
-        return wait_for(f"{name}: {what}", check, timeout=TIMEOUT)
-    except TimeoutError as e:
-        raise AssertionError(f"{e}; last status: {last.get('status')}") from None
-
-
-def wait_step(kube: KubeClients, namespace: str, name: str, step_name: str, phase: str) -> Run:
-    return wait_until(
-        kube,
-        namespace,
-        name,
-        f"step {step_name} {phase}",
-        lambda r: (
-            step_status(r, step_name).get("phase") == phase
-            or (r.get("status") or {}).get("phase") in TERMINAL
-        ),
-    )
-
-
-def allow(kube: KubeClients, namespace: str, user: str, verbs: list[str]) -> None:
-    """A Role for ``user`` on AgentRuns (``verbs``) and read access to ConfigMaps."""
-    kube.rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": user},
-            "rules": [
-                {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": verbs},
-                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]},
+        agentrun(
+            name,
+            [
+                step(
+                    "check-health",
+                    "echo 'health check failing for 12 minutes' > /dev/termination-log",
+                ),
+                step(
+                    "restart-service",
+                    "echo 'restarted deployment/checkout' > /dev/termination-log",
+                    after=["check-health"],
+                    risk="external",
+                ),
             ],
-        },
-    )
-    kube.rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": user},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        },
+            policy={"approvalRequiredFor": ["write", "external"]},
+        ),
     )
 
 
@@ -211,22 +121,16 @@ def user_kubeconfig(
     verbs: list[str],
     groups: Iterable[str] = (APPROVERS,),
 ) -> Path:
-    """A kubeconfig of ``user`` allowed ``verbs`` on AgentRuns here, copied away at once
-    (minting the same user again, in another test, overwrites the minted file)."""
-    if cluster.external:
-        pytest.skip("minting user certificates needs the local control plane")
-    allow(kube, namespace, user, verbs)
-    minted = cluster.mint_user_kubeconfig(user, list(groups))
-    path = minted.with_name(f"{namespace}-{user}.kubeconfig")
-    path.write_bytes(minted.read_bytes())
-    return path
-
-
-def has_audit_record(kube: KubeClients, namespace: str, uid: str) -> bool:
-    found = kube.core.list_namespaced_config_map(
-        namespace, label_selector=f"{LABEL_RUN_UID}={uid},{LABEL_KIND}=audit"
-    )
-    return bool(found.items)
+    """A kubeconfig of ``user`` in ``groups``, allowed ``verbs`` on AgentRuns here and to read
+    ConfigMaps."""
+    to = cluster.kubeconfig.with_name(f"{namespace}-{user}.kubeconfig")
+    kubeconfig = mint_user(cluster, user, groups, to)
+    rules = [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": verbs},
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]},
+    ]
+    bind_role(kube, namespace, user, rules, [user_subject(user)])
+    return kubeconfig
 
 
 def line_with(text: str, *parts: str) -> str:
@@ -248,7 +152,7 @@ def test_approve_lets_the_gated_step_run_and_status_and_history_show_it(
 ) -> None:
     alice = user_kubeconfig(cluster, kube, namespace, "alice", APPROVER)
     uid = gated(kube, namespace, "remediate")["metadata"]["uid"]
-    run = wait_step(kube, namespace, "remediate", "restart-service", "WaitingForApproval")
+    run = wait_step_phase(kube, namespace, "remediate", "restart-service", "WaitingForApproval")
     h = step_status(run, "restart-service")["argsHash"]
 
     status = ok(plugin(cluster, "status", "remediate", "-n", namespace))
@@ -299,7 +203,7 @@ def test_approve_lets_the_gated_step_run_and_status_and_history_show_it(
     assert line_with(timeline, "(run)", "-> Succeeded")
 
     verified = plugin(cluster, "history", "remediate", "--verify", "-n", namespace)
-    if has_audit_record(kube, namespace, uid):
+    if audit_record(kube, namespace, uid):
         assert re.search(r"^audit record intact: \d+ entries$", ok(verified), re.M), verified
     else:  # the operator keeps no record yet: the plugin says so, from status.history
         assert "has no audit record" in fails(verified)
@@ -312,7 +216,7 @@ def test_reject_ends_the_run_with_the_reason_and_refusals_are_reported(
     alice = user_kubeconfig(cluster, kube, namespace, "alice", APPROVER)
     bob = user_kubeconfig(cluster, kube, namespace, "bob", ["get", "list"])
     gated(kube, namespace, "risky")
-    run = wait_step(kube, namespace, "risky", "restart-service", "WaitingForApproval")
+    run = wait_step_phase(kube, namespace, "risky", "restart-service", "WaitingForApproval")
     h = step_status(run, "restart-service")["argsHash"]
 
     # bob may read the run but not change it: the API server's refusal, in its own words.
@@ -350,16 +254,12 @@ def test_result_prints_a_config_map_result_and_an_inline_one_raw(
     operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
 ) -> None:
     big = "z" * 1024
-    create(
-        kube,
-        namespace,
-        "results",
-        [
-            step("big", envelope("a kibibyte", big)),
-            step("small", "printf 'small result' > /dev/termination-log"),
-            step("quiet", "true"),
-        ],
-    )
+    steps = [
+        step("big", envelope("a kibibyte", big)),
+        step("small", "printf 'small result' > /dev/termination-log"),
+        step("quiet", "true"),
+    ]
+    create(kube, namespace, agentrun("results", steps))
     ok(plugin(cluster, "wait", "results", "-n", namespace))
     run = get(kube, namespace, "results")
     assert step_status(run, "big").get("resultRef"), "1 KiB must be kept in a ConfigMap"
@@ -380,19 +280,15 @@ def test_result_prints_a_config_map_result_and_an_inline_one_raw(
 def test_suspend_resume_cancel_and_wait(
     operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
 ) -> None:
-    create(
-        kube,
-        namespace,
-        "pausable",
-        [
-            step("first", f"sleep 4; {envelope('first')}"),
-            step("second", envelope("second"), after=["first"]),
-        ],
-    )
-    wait_step(kube, namespace, "pausable", "first", "Running")
+    steps = [
+        step("first", f"sleep 4; {envelope('first')}"),
+        step("second", envelope("second"), after=["first"]),
+    ]
+    create(kube, namespace, agentrun("pausable", steps))
+    wait_step_phase(kube, namespace, "pausable", "first", "Running")
     suspended = ok(plugin(cluster, "suspend", "pausable", "-n", namespace))
     assert suspended.startswith("suspended agentrun/pausable (spec.suspend: true)")
-    run = wait_until(
+    wait_until(
         kube, namespace, "pausable", "Suspended with first done",
         lambda r: (r.get("status") or {}).get("phase") == "Suspended"
         and step_status(r, "first").get("phase") == "Succeeded",
@@ -415,10 +311,9 @@ def test_suspend_resume_cancel_and_wait(
     create(
         kube,
         namespace,
-        "endless",
-        [step("long", "sleep 120"), step("next", "true", after=["long"])],
+        agentrun("endless", [step("long", "sleep 120"), step("next", "true", after=["long"])]),
     )
-    wait_step(kube, namespace, "endless", "long", "Running")
+    wait_step_phase(kube, namespace, "endless", "long", "Running")
     timed_out = fails(plugin(cluster, "wait", "endless", "--timeout", "2s", "-n", namespace))
     assert "timed out after 2s waiting for agentrun/endless to finish (phase Running" in timed_out
     cancelled = ok(plugin(cluster, "cancel", "endless", "-n", namespace))
@@ -436,7 +331,7 @@ def test_suspend_resume_cancel_and_wait(
 def test_wait_fails_for_a_failed_run(
     operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
 ) -> None:
-    create(kube, namespace, "broken", [step("boom", "echo 'disk full' >&2; exit 3")])
+    create(kube, namespace, agentrun("broken", [step("boom", "echo 'disk full' >&2; exit 3")]))
     waited = plugin(cluster, "wait", "broken", "--timeout", "120", "-n", namespace)
     fails(waited)
     assert waited.stdout.startswith("agentrun/broken Failed")
@@ -448,23 +343,18 @@ def test_fork_runs_the_step_and_what_follows_and_keeps_earlier_results(
     operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
 ) -> None:
     big = "q" * 1024
-    old = create(
-        kube,
-        namespace,
-        "source",
-        [
-            step("gather", envelope("gathered", big)),
-            step(
-                "analyse",
-                'printf "analysed %s bytes" "${#GATHERED}" > /dev/termination-log',
-                after=["gather"],
-                inputs=[{"name": "GATHERED", "fromStep": "gather"}],
-            ),
-            step("report", envelope("reported", "done"), after=["analyse"]),
-            step("side", envelope("side", "independent")),
-        ],
-        retention={"keepJobs": "all"},
-    )
+    steps = [
+        step("gather", envelope("gathered", big)),
+        step(
+            "analyse",
+            'printf "analysed %s bytes" "${#GATHERED}" > /dev/termination-log',
+            after=["gather"],
+            inputs=[{"name": "GATHERED", "fromStep": "gather"}],
+        ),
+        step("report", envelope("reported", "done"), after=["analyse"]),
+        step("side", envelope("side", "independent")),
+    ]
+    old = create(kube, namespace, agentrun("source", steps, retention={"keepJobs": "all"}))
     ok(plugin(cluster, "wait", "source", "-n", namespace))
     old_ref = step_status(get(kube, namespace, "source"), "gather")["resultRef"]
 
@@ -474,16 +364,8 @@ def test_fork_runs_the_step_and_what_follows_and_keeps_earlier_results(
     assert "carried gather, side" in forked.stderr
 
     # The carried result must outlive the run it came from.
-    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "source")
-
-    def source_gone() -> bool:
-        try:
-            get(kube, namespace, "source")
-        except ApiException as e:
-            return bool(e.status == 404)
-        return False
-
-    wait_for("the source run to be deleted", source_gone, timeout=TIMEOUT)
+    delete(kube, namespace, "source")
+    wait_for("the source run to be deleted", lambda: gone(kube, namespace, "source"), TIMEOUT)
     wait_for(
         "the source run's result ConfigMap to be collected",
         lambda: (
@@ -505,7 +387,7 @@ def test_fork_runs_the_step_and_what_follows_and_keeps_earlier_results(
     assert step_status(run, "analyse")["result"] == "analysed 1024 bytes"
     assert step_status(run, "report")["attempt"] == 1
 
-    jobs = kube.batch.list_namespaced_job(namespace, label_selector=f"{LABEL_RUN_UID}={uid}").items
+    jobs = jobs_of(kube, namespace, uid)
     assert sorted(j.metadata.name for j in jobs) == sorted(
         job_name(new, uid, s, 1) for s in ("analyse", "report")
     )
@@ -573,30 +455,8 @@ def test_missing_runs_and_bad_usage_give_readable_errors(
 def admission_policies(cluster: TestCluster, namespace: str) -> Iterator[None]:
     """The policies of manifests/admission, as copies bound only to this test's namespace (the
     rest of the session creates runs and signs approvals freely)."""
-    docs: list[dict[str, Any]] = []
-    for path in sorted(ADMISSION_DIR.glob("*.yaml")):
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
-    if not docs:
-        pytest.skip("manifests/admission holds no policies")
-    for doc in docs:
-        doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
-        if doc["kind"].endswith("Binding"):
-            doc["spec"]["policyName"] = f"{doc['spec']['policyName']}-{namespace}"
-            doc["spec"]["matchResources"] = {
-                "namespaceSelector": {"matchLabels": {SCOPE_LABEL: namespace}}
-            }
-    cluster.kubectl("label", "namespace", namespace, f"{SCOPE_LABEL}={namespace}")
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-    probe = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AgentRun",
-        "metadata": {"name": "probe"},
-        "spec": {
-            "goal": "probe",
-            "plan": {"steps": [{"name": "s", "container": {"image": IMAGE}}]},
-            "approvals": [{"step": "s", "decision": "approve", "argsHash": "a" * 64, "by": "x"}],
-        },
-    }
+    approval = {"step": "s", "decision": "approve", "argsHash": "a" * 64, "by": "x"}
+    probe = agentrun("probe", [step("s")], goal="probe", approvals=[approval])
 
     def enforced() -> bool:
         proc = cluster.kubectl(
@@ -605,15 +465,8 @@ def admission_policies(cluster: TestCluster, namespace: str) -> Iterator[None]:
         )  # fmt: skip
         return proc.returncode != 0 and "must be signed by the requesting user" in proc.stderr
 
-    try:
-        wait_for(f"the admission policies to act on {namespace}", enforced, timeout=60)
+    with policies_bound_to(cluster, namespace, enforced):
         yield
-    finally:
-        for doc in reversed(docs):
-            cluster.kubectl(
-                "delete", f"{doc['kind'].lower()}.admissionregistration.k8s.io",
-                doc["metadata"]["name"], "--ignore-not-found", "--wait=false", check=False,
-            )  # fmt: skip
 
 
 def test_admission_refusals_come_through_and_a_fork_needs_a_new_approval(
@@ -627,27 +480,19 @@ def test_admission_refusals_come_through_and_a_fork_needs_a_new_approval(
     alice = user_kubeconfig(cluster, kube, namespace, "alice", editor)
     bob = user_kubeconfig(cluster, kube, namespace, "bob", editor)
     carol = user_kubeconfig(cluster, kube, namespace, "carol", APPROVER, groups=["dev"])
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AgentRun",
-        "metadata": {"name": "guarded"},
-        "spec": {
-            "goal": "restart checkout, with a second person's approval",
-            "policy": {
-                "approvalRequiredFor": ["external"],
-                "approverGroups": [APPROVERS],
-                "requireSecondPerson": True,
-            },
-            "plan": {
-                "steps": [
-                    step("check-health", envelope("failing")),
-                    step("restart", envelope("restarted"), after=["check-health"], risk="external"),
-                ]
-            },
-        },
+    steps = [
+        step("check-health", envelope("failing")),
+        step("restart", envelope("restarted"), after=["check-health"], risk="external"),
+    ]
+    policy = {
+        "approvalRequiredFor": ["external"],
+        "approverGroups": [APPROVERS],
+        "requireSecondPerson": True,
     }
+    goal = "restart checkout, with a second person's approval"
+    body = agentrun("guarded", steps, goal=goal, policy=policy)
     cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(body), kubeconfig=alice)
-    wait_step(kube, namespace, "guarded", "restart", "WaitingForApproval")
+    wait_step_phase(kube, namespace, "guarded", "restart", "WaitingForApproval")
 
     def approve(run: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
         return plugin(cluster, "approve", run, "restart", "-n", namespace, kubeconfig=kubeconfig)
@@ -675,7 +520,7 @@ def test_admission_refusals_come_through_and_a_fork_needs_a_new_approval(
     )  # fmt: skip
     new = ok(forked).strip()
     assert new == "guarded-again"
-    run = wait_step(kube, namespace, new, "restart", "WaitingForApproval")
+    run = wait_step_phase(kube, namespace, new, "restart", "WaitingForApproval")
     assert run["metadata"]["annotations"]["agentrun.dev/created-by"] == "bob"
     assert step_status(run, "check-health")["phase"] == "Succeeded"
     assert "requireSecondPerson: bob created this run" in fails(approve(new, bob))

@@ -17,8 +17,6 @@ on ``agentruns/finalizers``; it shows the chart's rules pass, and fail without t
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,53 +29,35 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.settings import LABEL_RUN_UID, RUN_FINALIZER
-from agentrun_devcluster import binaries
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.node import NodeProcess
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support.cluster import (
+    OPERATOR_TEST_ENV,
+    TEST_LABELS,
+    create_namespace,
+    delete_namespace,
+)
+from tests.support.helm import Docs, Helm, without_hooks
+from tests.support.paths import CRDS_DIR, EXAMPLES_DIR
+from tests.support.runs import agentrun, get, step
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "agentrun-operator"
-CRDS = ROOT / "crds"
-EXAMPLE = ROOT / "examples" / "incident-investigation.yaml"
+EXAMPLE = EXAMPLES_DIR / "incident-investigation.yaml"
 EXAMPLE_RUN = "investigate-latency"
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-OPERATOR_ENV = {"AGENTRUN_RESYNC_SECONDS": "5", "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "2"}
-
-Docs = list[dict[str, Any]]
 
 
 # -- the chart's RBAC -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def helm_binary() -> Path:
-    return binaries.helm_binary()
-
-
-def render_rbac(
-    helm_binary: Path, tmp_path: Path, release: str, namespace: str, *values: str
-) -> Docs:
+def render_rbac(helm: Helm, release: str, namespace: str, *values: str) -> Docs:
     """The chart's ServiceAccount and RBAC objects for release ``release`` in ``namespace``."""
-    home = tmp_path / "helm-home"
-    env = {
-        **os.environ,
-        **{f"HELM_{d}_HOME": str(home / d.lower()) for d in ("CONFIG", "CACHE", "DATA")},
-    }
-    args = ["template", release, str(CHART), "-n", namespace]
-    args += ["--set", f"fullnameOverride={release}", "--set", "admissionPolicies.enabled=false"]
-    proc = subprocess.run(
-        [str(helm_binary), *args, *values], capture_output=True, text=True, env=env, check=False
-    )
-    assert proc.returncode == 0, proc.stderr
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if isinstance(d, dict)]
-    return [
-        d
-        for d in docs
-        if d["kind"] in RBAC_KINDS
-        and "helm.sh/hook" not in (d["metadata"].get("annotations") or {})
-    ]
+    docs = helm.template(
+        "--set", f"fullnameOverride={release}", "--set", "admissionPolicies.enabled=false",
+        *values, release=release, namespace=namespace,
+    )  # fmt: skip
+    return [d for d in without_hooks(docs) if d["kind"] in RBAC_KINDS]
 
 
 @dataclass
@@ -97,9 +77,7 @@ InstallRbac = Callable[..., Identity]
 
 
 @pytest.fixture
-def install_chart_rbac(
-    cluster: TestCluster, helm_binary: Path, tmp_path: Path
-) -> Iterator[InstallRbac]:
+def install_chart_rbac(cluster: TestCluster, helm: Helm) -> Iterator[InstallRbac]:
     """``install_chart_rbac(release_namespace, *helm_values, edit=None, on=cluster)``: apply the
     chart's RBAC objects (``edit`` may change them first) and return the identity. Cluster-scoped
     objects are deleted afterwards (the namespaced ones go with their namespaces)."""
@@ -113,7 +91,7 @@ def install_chart_rbac(
     ) -> Identity:
         target = on or cluster
         release = f"ar-{release_namespace}"[:50]
-        docs = render_rbac(helm_binary, tmp_path, release, release_namespace, *values)
+        docs = render_rbac(helm, release, release_namespace, *values)
         if edit is not None:
             docs = edit(docs)
         target.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
@@ -157,28 +135,13 @@ def forbidden_in(log: str) -> list[str]:
 
 def short_lived_run(name: str) -> str:
     """A one-step run that the operator deletes 1 s after it finishes (retention)."""
-    return yaml.safe_dump(
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "AgentRun",
-            "metadata": {"name": name},
-            "spec": {
-                "goal": "one step, then deleted by the operator",
-                "retention": {"ttlSecondsAfterFinished": 1},
-                "plan": {
-                    "steps": [
-                        {
-                            "name": "report",
-                            "container": {
-                                "image": "busybox:1.36",
-                                "command": ["sh", "-c", "echo done > /dev/termination-log"],
-                            },
-                        }
-                    ]
-                },
-            },
-        }
+    run = agentrun(
+        name,
+        [step("report", "echo done > /dev/termination-log")],
+        goal="one step, then deleted by the operator",
+        retention={"ttlSecondsAfterFinished": 1},
     )
+    return yaml.safe_dump(run)
 
 
 def exercise_operator(cluster: TestCluster, kube: KubeClients, namespace: str) -> None:
@@ -199,8 +162,7 @@ def exercise_operator(cluster: TestCluster, kube: KubeClients, namespace: str) -
     cluster.kubectl(
         "-n", namespace, "wait", "--for=delete", "agentrun/short-lived", "--timeout=60s", timeout=90
     )
-    run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, EXAMPLE_RUN)
-    uid = run["metadata"]["uid"]
+    uid = get(kube, namespace, EXAMPLE_RUN)["metadata"]["uid"]
     wait_for(
         "the example's finished Jobs to be deleted after their grace period",
         lambda: not kube.batch.list_namespaced_job(namespace, label_selector=LABEL_RUN_UID).items,
@@ -217,10 +179,25 @@ def exercise_operator(cluster: TestCluster, kube: KubeClients, namespace: str) -
 def operator_as(identity: Identity, tmp_path: Path, **kwargs: Any) -> OperatorProcess:
     return OperatorProcess(
         identity.kubeconfig,
-        env=OPERATOR_ENV,
+        env=OPERATOR_TEST_ENV,
         log_path=tmp_path / f"operator-{identity.name}.log",
         **kwargs,
     )
+
+
+def exercise_as(
+    operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    """Start ``operator``, :func:`exercise_operator` it, stop it; if anything fails, its log
+    tail is printed."""
+    try:
+        operator.start()
+        exercise_operator(cluster, kube, namespace)
+    except BaseException:
+        print(operator.logs(lines=200))
+        raise
+    finally:
+        operator.stop()
 
 
 @contextlib.contextmanager
@@ -266,14 +243,7 @@ def test_operator_runs_with_the_charts_cluster_role(
     identity = install_chart_rbac(namespace)
     operator = operator_as(identity, tmp_path, all_namespaces=True)
     with foreign_runs_restored(kube, namespace):
-        try:
-            operator.start()
-            exercise_operator(cluster, kube, namespace)
-        except BaseException:
-            print(operator.logs(lines=200))
-            raise
-        finally:
-            operator.stop()
+        exercise_as(operator, cluster, kube, namespace)
     assert forbidden_in(operator.log_text()) == [], operator.logs(lines=200)
 
 
@@ -292,7 +262,7 @@ def test_charts_cluster_role_grants_nothing_more(
     ):
         assert can_i(cluster, me, *args), f"{me.user} should be allowed to {' '.join(args)}"
     # What it must never do.
-    for args in (
+    for never in (
         ("get", "secrets", ns),
         ("list", "secrets", "--all-namespaces"),
         ("watch", "secrets", ns),
@@ -307,7 +277,7 @@ def test_charts_cluster_role_grants_nothing_more(
         ("create", "deployments.apps", ns),
         ("impersonate", "users"),
     ):
-        assert not can_i(cluster, me, *args), f"{me.user} must not {' '.join(args)}"
+        assert not can_i(cluster, me, *never), f"{me.user} must not {' '.join(never)}"
     # And the API server refuses the real requests.
     proc = cluster.kubectl("-n", namespace, "get", "secrets", kubeconfig=me.kubeconfig, check=False)
     assert proc.returncode != 0 and "forbidden" in proc.stderr, proc.stderr
@@ -333,23 +303,9 @@ def test_charts_cluster_role_grants_nothing_more(
 @pytest.fixture
 def home_namespace(kube: KubeClients, namespace: str) -> Iterator[str]:
     """The operator's own namespace in namespaced mode (like agentrun-system), not watched."""
-    name = f"{namespace[:50]}-home"
-    kube.core.create_namespace(
-        body={"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}}
-    )
-    wait_for(f"ServiceAccount {name}/default", lambda: _has_default_sa(kube, name))
+    name = create_namespace(kube, f"{namespace[:50]}-home", labels=TEST_LABELS)
     yield name
-    kube.core.delete_namespace(name, propagation_policy="Background")
-
-
-def _has_default_sa(kube: KubeClients, namespace: str) -> bool:
-    try:
-        kube.core.read_namespaced_service_account("default", namespace)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise
+    delete_namespace(kube, name)
 
 
 @pytest.mark.usefixtures("crd_installed")
@@ -363,14 +319,7 @@ def test_operator_runs_with_the_charts_namespaced_roles(
 ) -> None:
     me = install_chart_rbac(home_namespace, "--set", f"watchNamespaces={{{namespace}}}")
     operator = operator_as(me, tmp_path, namespaces=[namespace])
-    try:
-        operator.start()
-        exercise_operator(cluster, kube, namespace)
-    except BaseException:
-        print(operator.logs(lines=200))
-        raise
-    finally:
-        operator.stop()
+    exercise_as(operator, cluster, kube, namespace)
     log = operator.log_text()
     assert forbidden_in(log) == [], operator.logs(lines=200)
 
@@ -431,7 +380,7 @@ def strict_cluster(cluster: TestCluster, tmp_path: Path) -> Iterator[TestCluster
             control_plane=cp,
             node=node,
         )
-        strict.kubectl("apply", "--server-side", f"-f={CRDS}")
+        strict.kubectl("apply", "--server-side", f"-f={CRDS_DIR}")
         strict.kubectl(
             "wait",
             "--for=condition=Established",
@@ -444,12 +393,6 @@ def strict_cluster(cluster: TestCluster, tmp_path: Path) -> Iterator[TestCluster
         if node is not None:
             node.stop()
         cp.stop()
-
-
-def _namespace_on(target: TestCluster, kube: KubeClients, name: str) -> str:
-    kube.core.create_namespace(body={"metadata": {"name": name}})
-    wait_for(f"ServiceAccount {name}/default", lambda: _has_default_sa(kube, name))
-    return name
 
 
 def _without_finalizers_rule(docs: Docs) -> Docs:
@@ -466,14 +409,14 @@ def test_owner_references_need_the_finalizers_rule(
     try:
         # The chart's rules: the example succeeds although every Job and ConfigMap the operator
         # creates names the run as a blocking owner.
-        ns = _namespace_on(strict_cluster, kube, "strict-chart-rules")
+        ns = create_namespace(kube, "strict-chart-rules")
         me = install_chart_rbac(ns, "--set", f"watchNamespaces={{{ns}}}", on=strict_cluster)
         with operator_as(me, tmp_path, namespaces=[ns]) as operator:
             exercise_operator(strict_cluster, kube, ns)
         assert forbidden_in(operator.log_text()) == []
 
         # Without `update agentruns/finalizers` the plugin refuses the first step's Job.
-        ns = _namespace_on(strict_cluster, kube, "strict-no-finalizers-rule")
+        ns = create_namespace(kube, "strict-no-finalizers-rule")
         me = install_chart_rbac(
             ns,
             "--set",

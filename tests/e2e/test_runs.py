@@ -1,8 +1,8 @@
 """AgentRuns carried through by the real operator process against a real control plane.
 
-Each test builds its AgentRun here, with ``sh -c`` busybox steps (run as local processes by
-the stand-in node, or as real containers on a real cluster), and polls with generous
-timeouts. Nothing asserts on speed.
+Each test builds its AgentRun with :mod:`tests.support.runs` (``sh -c`` busybox steps, run as
+local processes by the stand-in node, or as real containers on a real cluster) and polls with
+generous timeouts. Nothing asserts on speed.
 """
 
 from __future__ import annotations
@@ -10,14 +10,11 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
-from datetime import datetime
-from typing import Any
+from collections.abc import Iterable
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import job_name
 from agentrun.settings import LABEL_RUN_UID, RUN_FINALIZER
 from agentrun_devcluster.operator import OperatorProcess
@@ -28,172 +25,35 @@ from agentrun_devcluster.testing import (
     job_deletions,
     wait_for,
 )
+from tests.support.cluster import Kubectl
+from tests.support.jobs import job_manifest
+from tests.support.runs import (
+    IMAGE,
+    TERMINAL,
+    TIMEOUT,
+    Run,
+    agentrun,
+    condition,
+    create,
+    delete,
+    envelope,
+    event_reasons,
+    get,
+    gone,
+    jobs_of,
+    patch_spec,
+    status_of,
+    step,
+    step_status,
+    timestamp,
+)
+from tests.support.waiting import (
+    wait_phase,
+    wait_step_phase,
+    wait_until,
+)
 
-IMAGE = "busybox:1.36"
-TIMEOUT = 120.0
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
-
-Run = dict[str, Any]
-
-
-# -- building runs --------------------------------------------------------------------------
-
-
-def envelope(summary: str, result: Any = None, tokens: int | None = None) -> str:
-    """A ``sh`` command writing a result envelope to the termination log."""
-    data: dict[str, Any] = {"ok": True, "summary": summary}
-    if result is not None:
-        data["result"] = result
-    if tokens is not None:
-        data["usage"] = {"tokens": tokens}
-    text = json.dumps(data)
-    assert "'" not in text
-    return f"printf '%s' '{text}' > /dev/termination-log"
-
-
-def step(name: str, script: str, *, after: Iterable[str] = (), **fields: Any) -> dict[str, Any]:
-    """A plan step running ``sh -c script``."""
-    spec: dict[str, Any] = {
-        "name": name,
-        "container": {"image": IMAGE, "command": ["sh", "-c", script]},
-        **fields,
-    }
-    deps = list(after)
-    if deps:
-        spec["dependsOn"] = deps
-    return spec
-
-
-def agentrun(name: str, steps: list[dict[str, Any]], **spec: Any) -> Run:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {"goal": f"e2e test {name}", "plan": {"steps": steps}, **spec},
-    }
-
-
-# -- reading runs ---------------------------------------------------------------------------
-
-
-def create(kube: KubeClients, namespace: str, run: Run) -> Run:
-    created: Run = kube.custom.create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, run
-    )
-    return created
-
-
-def get(kube: KubeClients, namespace: str, name: str) -> Run:
-    run: Run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    return run
-
-
-def gone(kube: KubeClients, namespace: str, name: str) -> bool:
-    try:
-        get(kube, namespace, name)
-    except ApiException as e:
-        if e.status == 404:
-            return True
-        raise
-    return False
-
-
-def patch_spec(kubectl: Callable[..., Any], namespace: str, name: str, **spec: Any) -> None:
-    kubectl(
-        "-n", namespace, "patch", f"agentrun/{name}", "--type=merge",
-        "-p", json.dumps({"spec": spec}),
-    )  # fmt: skip
-
-
-def status_of(run: Run) -> dict[str, Any]:
-    status: dict[str, Any] = run.get("status") or {}
-    return status
-
-
-def step_status(run: Run, name: str) -> dict[str, Any]:
-    for st in status_of(run).get("steps") or []:
-        if st["name"] == name:
-            result: dict[str, Any] = st
-            return result
-    return {}
-
-
-def condition(run: Run, ctype: str = "Succeeded") -> dict[str, Any]:
-    for cond in status_of(run).get("conditions") or []:
-        if cond["type"] == ctype:
-            result: dict[str, Any] = cond
-            return result
-    return {}
-
-
-def wait_until(
-    kube: KubeClients,
-    namespace: str,
-    name: str,
-    what: str,
-    predicate: Callable[[Run], bool],
-    timeout: float = TIMEOUT,
-) -> Run:
-    """Poll the run until ``predicate`` holds; the error shows the last phase and message."""
-    last: dict[str, Any] = {}
-
-    def check() -> Run | None:
-        run = get(kube, namespace, name)
-        last["status"] = {
-            k: status_of(run).get(k) for k in ("phase", "message", "progress", "currentStep")
-        }
-        return run if predicate(run) else None
-
-    try:
-        return wait_for(f"{name}: {what}", check, timeout=timeout)
-    except TimeoutError as e:
-        raise AssertionError(f"{e}; last status: {last.get('status')}") from None
-
-
-def wait_phase(
-    kube: KubeClients, namespace: str, name: str, *phases: str, timeout: float = TIMEOUT
-) -> Run:
-    run = wait_until(
-        kube,
-        namespace,
-        name,
-        f"phase in {phases}",
-        lambda r: status_of(r).get("phase") in phases or status_of(r).get("phase") in TERMINAL,
-        timeout,
-    )
-    phase = status_of(run).get("phase")
-    assert phase in phases, f"{name} ended {phase}: {status_of(run).get('message')}"
-    return run
-
-
-def wait_step_phase(
-    kube: KubeClients, namespace: str, name: str, step_name: str, *phases: str
-) -> Run:
-    return wait_until(
-        kube,
-        namespace,
-        name,
-        f"step {step_name} in {phases}",
-        lambda r: step_status(r, step_name).get("phase") in phases,
-    )
-
-
-def jobs_of(kube: KubeClients, namespace: str, uid: str) -> list[Any]:
-    items: list[Any] = kube.batch.list_namespaced_job(
-        namespace, label_selector=f"{LABEL_RUN_UID}={uid}"
-    ).items
-    return items
-
-
-def timestamp(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def event_reasons(kube: KubeClients, namespace: str, name: str) -> set[str]:
-    events = kube.core.list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}"
-    ).items
-    return {e.reason for e in events if e.involved_object.kind == "AgentRun"}
+# -- the audit log --------------------------------------------------------------------------
 
 
 def check_jobs_created_once(cluster: TestCluster, namespace: str, expected: Iterable[str]) -> None:
@@ -465,7 +325,7 @@ def test_large_result_is_kept_in_a_config_map_and_read_by_the_next_step(
 
 
 def test_suspend_holds_the_next_step_and_resume_finishes_the_run(
-    operator: OperatorProcess, kubectl: Any, kube: KubeClients, namespace: str
+    operator: OperatorProcess, kubectl: Kubectl, kube: KubeClients, namespace: str
 ) -> None:
     name = "suspend"
     created = create(
@@ -504,7 +364,7 @@ def test_suspend_holds_the_next_step_and_resume_finishes_the_run(
 
 
 def test_cancel_stops_the_running_step_and_ends_the_run_cancelled(
-    operator: OperatorProcess, kubectl: Any, kube: KubeClients, namespace: str
+    operator: OperatorProcess, kubectl: Kubectl, kube: KubeClients, namespace: str
 ) -> None:
     name = "cancel"
     created = create(
@@ -557,7 +417,7 @@ def test_deleting_a_run_mid_run_leaves_nothing_behind(
     run = get(kube, namespace, name)
     assert RUN_FINALIZER in run["metadata"].get("finalizers", [])
 
-    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    delete(kube, namespace, name)
     wait_for(f"{name} to be gone (finalizer released)", lambda: gone(kube, namespace, name))
 
     def leftovers() -> list[str]:
@@ -621,18 +481,7 @@ def test_audit_log_counts_every_job_creation(
     """The helper behind the test above: a refused create (AlreadyExists) is no creation; a
     Job deleted and created again under the same name was created twice."""
     cluster.require_audit_log()
-    body = {
-        "metadata": {"name": "audited"},
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "main", "image": IMAGE, "command": ["true"]}],
-                }
-            },
-        },
-    }
+    body = job_manifest("audited", ["true"])
     kube.batch.create_namespaced_job(namespace, body)
     with pytest.raises(ApiException) as refused:
         kube.batch.create_namespaced_job(namespace, body)

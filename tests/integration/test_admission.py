@@ -6,8 +6,8 @@ stricter after creation, and what the steps run as (spec.stepTemplate) and the r
 into the run (spec.carriedResults) are fixed at creation.
 
 Other tests of the session create runs as the admin user and sign approvals with any name, so
-the shipped policies are never bound cluster-wide here: each test installs copies under names
-of its own, bound only to its namespace (by a label), and deletes them afterwards.
+the shipped policies are never bound cluster-wide here: each test binds copies of its own to its
+namespace only (:func:`tests.support.admission.policies_bound_to`).
 """
 
 from __future__ import annotations
@@ -21,55 +21,28 @@ from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
-import yaml
 
 from agentrun.api import models as m
 from agentrun_devcluster.testing import TestCluster, wait_for
+from tests.support import runs
+from tests.support.admission import (
+    APPROVERS,
+    SCOPE_LABEL,
+    policies_bound_to,
+    shipped_policies,
+)
+from tests.support.cluster import mint_user
+from tests.support.paths import ADMISSION_DIR
 
-ROOT = Path(__file__).resolve().parents[2]
-ADMISSION_DIR = ROOT / "manifests" / "admission"
-SCOPE_LABEL = "agentrun.dev/admission-test"
-APPROVERS = "agentrun-approvers"
 HASH = "a" * 64
 ANNOTATION_CREATED_BY_GROUPS = "agentrun.dev/created-by-groups"
 """The creator's groups, as a JSON array of strings (manifests/admission/mutating-policy.yaml)."""
 pytestmark = pytest.mark.usefixtures("crd_installed")
 
 
-def _docs() -> list[dict[str, Any]]:
-    docs: list[dict[str, Any]] = []
-    for path in sorted(ADMISSION_DIR.glob("*.yaml")):
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
-    return docs
-
-
-def _scoped_copies(namespace: str) -> list[dict[str, Any]]:
-    """The shipped policies and bindings, renamed ``<name>-<namespace>``, the bindings
-    restricted to the namespace labelled ``SCOPE_LABEL=namespace``."""
-    out = []
-    for doc in _docs():
-        doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
-        if doc["kind"].endswith("Binding"):
-            doc["spec"]["policyName"] = f"{doc['spec']['policyName']}-{namespace}"
-            doc["spec"]["matchResources"] = {
-                "namespaceSelector": {"matchLabels": {SCOPE_LABEL: namespace}}
-            }
-        out.append(doc)
-    return out
-
-
 def _run(name: str, **spec: Any) -> dict[str, Any]:
     annotations = spec.pop("annotations", None)
-    body: dict[str, Any] = {
-        "apiVersion": m.API_VERSION,
-        "kind": m.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "goal": "check approvals at admission",
-            "plan": {"steps": [{"name": "deploy", "container": {"image": "busybox:1.36"}}]},
-            **spec,
-        },
-    }
+    body = runs.agentrun(name, [runs.step("deploy")], goal="check approvals at admission", **spec)
     if annotations:
         body["metadata"]["annotations"] = annotations
     return body
@@ -185,8 +158,7 @@ class Admission:
     def with_user(self, user: str, groups: list[str], directory: Path) -> Admission:
         """The same namespace with one more user, minted in ``groups`` and allowed to edit runs
         there. The kubeconfig is copied to ``directory`` (minting the name again overwrites)."""
-        path = directory / f"{user}.kubeconfig"
-        path.write_bytes(self.cluster.mint_user_kubeconfig(user, groups).read_bytes())
+        path = mint_user(self.cluster, user, groups, directory / f"{user}.kubeconfig")
         self.cluster.kubectl(
             "create",
             "rolebinding",
@@ -203,22 +175,17 @@ class Admission:
 def users(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Client-certificate kubeconfigs: alice and bob are approvers, carol is not. Copied away
     at once: minting the same user name again (another test) overwrites the minted file."""
-    if cluster.external:
-        pytest.skip("minting user certificates needs the local control plane")
     groups = {"alice": [APPROVERS], "bob": [APPROVERS, "sre"], "carol": ["dev"]}
     out = tmp_path_factory.mktemp("users")
-    paths = {}
-    for user, user_groups in groups.items():
-        path = out / f"{user}.kubeconfig"
-        path.write_bytes(cluster.mint_user_kubeconfig(user, user_groups).read_bytes())
-        paths[user] = path
-    return paths
+    return {
+        user: mint_user(cluster, user, user_groups, out / f"{user}.kubeconfig")
+        for user, user_groups in groups.items()
+    }
 
 
 @pytest.fixture
 def admission(cluster: TestCluster, namespace: str, users: dict[str, Path]) -> Iterator[Admission]:
     kubectl = cluster.kubectl
-    kubectl("label", "namespace", namespace, f"{SCOPE_LABEL}={namespace}")
     kubectl(
         "create",
         "role",
@@ -237,24 +204,9 @@ def admission(cluster: TestCluster, namespace: str, users: dict[str, Path]) -> I
         "--role=agentrun-editor",
         *(f"--user={u}" for u in users),
     )
-    docs = _scoped_copies(namespace)
-    manifest = yaml.safe_dump_all(docs)
-    kubectl("apply", "-f", "-", input=manifest)
     adm = Admission(cluster, namespace, users)
-    try:
-        wait_for(f"the admission policies to act on {namespace}", adm.enforced, timeout=60)
+    with policies_bound_to(cluster, namespace, adm.enforced):
         yield adm
-    finally:
-        for doc in reversed(docs):
-            kind = doc["kind"].lower()
-            kubectl(
-                "delete",
-                f"{kind}.admissionregistration.k8s.io",
-                doc["metadata"]["name"],
-                "--ignore-not-found",
-                "--wait=false",
-                check=False,
-            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +216,7 @@ def admission(cluster: TestCluster, namespace: str, users: dict[str, Path]) -> I
 
 def test_shipped_manifests_are_accepted_by_the_api_server(cluster: TestCluster) -> None:
     out = cluster.kubectl("apply", "--dry-run=server", "-f", str(ADMISSION_DIR)).stdout
-    for doc in _docs():
+    for doc in shipped_policies():
         assert doc["metadata"]["name"] in ("agentrun-identity", "agentrun-approvals")
         if doc["kind"].endswith("Binding"):
             assert "matchResources" not in doc["spec"], "the shipped bindings are cluster-wide"
@@ -272,7 +224,7 @@ def test_shipped_manifests_are_accepted_by_the_api_server(cluster: TestCluster) 
         assert re.search(
             rf"^{re.escape(ref)} (created|configured|unchanged) \(server dry run\)$", out, re.M
         ), out
-    kinds = sorted(d["kind"] for d in _docs())
+    kinds = sorted(d["kind"] for d in shipped_policies())
     assert kinds == [
         "MutatingAdmissionPolicy",
         "MutatingAdmissionPolicyBinding",

@@ -12,53 +12,16 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-
-Kubectl = Callable[..., CompletedProcess[str]]
-TIMEOUT = 60.0
-IMAGE = "busybox:1.36"  # ignored by the local node; real on kind
-
-
-def job_manifest(
-    name: str,
-    command: list[str],
-    *,
-    backoff_limit: int = 0,
-    active_deadline: int | None = None,
-    env: list[dict[str, Any]] | None = None,
-    env_from: list[dict[str, Any]] | None = None,
-    labels: dict[str, str] | None = None,
-    owner: dict[str, Any] | None = None,
-    termination_message_policy: str | None = None,
-) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": IMAGE, "command": command}
-    if env:
-        container["env"] = env
-    if env_from:
-        container["envFrom"] = env_from
-    if termination_message_policy:
-        container["terminationMessagePolicy"] = termination_message_policy
-    spec: dict[str, Any] = {
-        "backoffLimit": backoff_limit,
-        "template": {
-            "metadata": {"labels": labels or {}},
-            "spec": {"restartPolicy": "Never", "containers": [container]},
-        },
-    }
-    if active_deadline is not None:
-        spec["activeDeadlineSeconds"] = active_deadline
-    metadata: dict[str, Any] = {"name": name}
-    if owner:
-        metadata["ownerReferences"] = [owner]
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+from tests.support.cluster import Kubectl
+from tests.support.jobs import TIMEOUT, job_manifest, job_pods, terminated_container
+from tests.support.runs import IMAGE
 
 
 def job_condition(kube: KubeClients, namespace: str, name: str, ctype: str) -> Any:
@@ -67,24 +30,6 @@ def job_condition(kube: KubeClients, namespace: str, name: str, ctype: str) -> A
         if cond.type == ctype and cond.status == "True":
             return cond
     return None
-
-
-def job_pods(kube: KubeClients, namespace: str, job: str) -> list[Any]:
-    pods = kube.core.list_namespaced_pod(namespace, label_selector=f"job-name={job}")
-    return list(pods.items)
-
-
-def terminated_state(kube: KubeClients, namespace: str, job: str) -> Any:
-    """The terminated state of the Job's (first) pod's container, once reported."""
-
-    def get() -> Any:
-        for pod in job_pods(kube, namespace, job):
-            for cs in pod.status.container_statuses or []:
-                if cs.state and cs.state.terminated:
-                    return cs.state.terminated
-        return None
-
-    return wait_for(f"a terminated container of job {job}", get, TIMEOUT)
 
 
 def processes_matching(marker: str) -> list[int]:
@@ -109,7 +54,7 @@ def test_job_completes_with_termination_message(kube: KubeClients, namespace: st
     wait_for(
         "Job Complete", lambda: job_condition(kube, namespace, "writes-message", "Complete"), 60
     )
-    term = terminated_state(kube, namespace, "writes-message")
+    _, term = terminated_container(kube, namespace, "writes-message")
     assert term.exit_code == 0
     assert term.reason == "Completed"
     assert term.message.strip() == "done"
@@ -122,7 +67,8 @@ def test_termination_message_path_env(kube: KubeClients, namespace: str) -> None
     script = 'printf via-env > "$AGENTRUN_TERMINATION_MESSAGE_PATH"'
     kube.batch.create_namespaced_job(namespace, job_manifest("via-env", ["sh", "-c", script]))
     wait_for("Job Complete", lambda: job_condition(kube, namespace, "via-env", "Complete"), 60)
-    assert terminated_state(kube, namespace, "via-env").message == "via-env"
+    _, term = terminated_container(kube, namespace, "via-env")
+    assert term.message == "via-env"
 
 
 def test_failing_job_reports_exit_code(kube: KubeClients, namespace: str) -> None:
@@ -138,7 +84,7 @@ def test_failing_job_reports_exit_code(kube: KubeClients, namespace: str) -> Non
         "Job Failed", lambda: job_condition(kube, namespace, "exits-one", "Failed"), TIMEOUT
     )
     assert cond.reason == "BackoffLimitExceeded"
-    term = terminated_state(kube, namespace, "exits-one")
+    _, term = terminated_container(kube, namespace, "exits-one")
     assert term.exit_code == 1
     assert term.reason == "Error"
     assert term.message.strip() == "boom"  # FallbackToLogsOnError: tail of the output
@@ -155,7 +101,7 @@ def test_container_without_command_fails_clearly(
     del job["spec"]["template"]["spec"]["containers"][0]["command"]
     kube.batch.create_namespaced_job(namespace, job)
     wait_for("Job Failed", lambda: job_condition(kube, namespace, "no-command", "Failed"), TIMEOUT)
-    term = terminated_state(kube, namespace, "no-command")
+    _, term = terminated_container(kube, namespace, "no-command")
     assert term.reason == "NoCommand"
     assert "runs commands, not images" in term.message
 
@@ -283,7 +229,7 @@ def test_env_from_field_refs_config_maps_and_secrets(kube: KubeClients, namespac
         job_manifest("env", ["sh", "-c", script], env=env, env_from=env_from, labels={"team": "a"}),
     )
     wait_for("Job Complete", lambda: job_condition(kube, namespace, "env", "Complete"), TIMEOUT)
-    term = terminated_state(kube, namespace, "env")
+    _, term = terminated_container(kube, namespace, "env")
     (pod,) = job_pods(kube, namespace, "env")
     assert term.message == f"{pod.metadata.name}|{namespace}|a|blue|s3cret|hi-a|xl"
 

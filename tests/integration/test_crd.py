@@ -13,47 +13,23 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
+from agentrun_devcluster.testing import KubeClients
+from tests.support.cluster import Kubectl
+from tests.support.paths import EXAMPLES_DIR
+from tests.support.runs import Run, agentrun, create, step
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
 pytestmark = pytest.mark.usefixtures("crd_installed")
 
 
-def _run(name: str = "r", steps: list[dict[str, Any]] | None = None, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": m.API_VERSION,
-        "kind": m.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "goal": "check admission",
-            "plan": {
-                "steps": steps
-                if steps is not None
-                else [{"name": "a", "container": {"image": "busybox:1.36"}}]
-            },
-            **spec,
-        },
-    }
-
-
-def _step(name: str, *deps: str, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"name": name, "container": {"image": "busybox:1.36"}}
-    if deps:
-        body["dependsOn"] = list(deps)
-    body.update(extra)
-    return body
-
-
-def _create(kube: Any, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = kube.custom.create_namespaced_custom_object(
-        m.GROUP, m.VERSION, namespace, m.PLURAL, body
-    )
-    return result
+def _run(name: str = "r", steps: list[dict[str, Any]] | None = None, **spec: Any) -> Run:
+    plan = steps if steps is not None else [step("a")]
+    return agentrun(name, plan, goal="check admission", **spec)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_is_accepted_by_kubectl_apply(
-    path: Path, kubectl: Any, namespace: str
+    path: Path, kubectl: Kubectl, namespace: str
 ) -> None:
     out = kubectl("apply", "-n", namespace, "-f", str(path))
     name = yaml.safe_load(path.read_text())["metadata"]["name"]
@@ -64,37 +40,37 @@ def test_every_example_is_accepted_by_kubectl_apply(
 
 
 INVALID = [
-    ("duplicate-step-names", [_step("a"), _step("a")], {}, "Duplicate value"),
+    ("duplicate-step-names", [step("a"), step("a")], {}, "Duplicate value"),
     (
         "missing-dependency",
-        [_step("deploy", "build")],
+        [step("deploy", after=["build"])],
         {},
         "every dependsOn entry must name a step of this plan",
     ),
-    ("self-dependency", [_step("a", "a")], {}, "a step cannot depend on itself"),
-    ("bad-step-name", [_step("Build_Image")], {}, "should match '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'"),
+    ("self-dependency", [step("a", after=["a"])], {}, "a step cannot depend on itself"),
+    ("bad-step-name", [step("Build_Image")], {}, "should match '^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'"),
     (
         "negative-retry-limit",
-        [_step("a", retry={"limit": -1})],
+        [step("a", retry={"limit": -1})],
         {},
         "should be greater than or equal to 0",
     ),
     (
         "unknown-risk",
-        [_step("a", risk="dangerous")],
+        [step("a", risk="dangerous")],
         {},
         'supported values: "read", "write", "external"',
     ),
     (
         "input-not-a-dependency",
-        [_step("a"), _step("b", inputs=[{"name": "X", "fromStep": "a"}])],
+        [step("a"), step("b", inputs=[{"name": "X", "fromStep": "a"}])],
         {},
         "every inputs[].fromStep must be listed in dependsOn",
     ),
     (
         "env-value-and-valueFrom",
         [
-            _step(
+            step(
                 "a",
                 container={
                     "image": "i",
@@ -112,7 +88,7 @@ INVALID = [
         "an env var sets exactly one of value and valueFrom",
     ),
     ("no-steps", [], {}, "should have at least 1 items"),
-    ("zero-timeout", [_step("a", timeoutSeconds=0)], {}, "should be greater than or equal to 1"),
+    ("zero-timeout", [step("a", timeoutSeconds=0)], {}, "should be greater than or equal to 1"),
     (
         "bad-args-hash",
         None,
@@ -125,7 +101,7 @@ INVALID = [
 
 @pytest.mark.parametrize(("case", "steps", "spec", "message"), INVALID, ids=[c[0] for c in INVALID])
 def test_invalid_runs_are_rejected_at_admission_with_a_clear_message(
-    kube: Any,
+    kube: KubeClients,
     namespace: str,
     case: str,
     steps: list[dict[str, Any]] | None,
@@ -133,14 +109,15 @@ def test_invalid_runs_are_rejected_at_admission_with_a_clear_message(
     message: str,
 ) -> None:
     with pytest.raises(ApiException) as info:
-        _create(kube, namespace, _run(case, steps, **spec))
-    assert info.value.status == 422, info.value.body
-    said = json.loads(info.value.body)["message"]
+        create(kube, namespace, _run(case, steps, **spec))
+    body = info.value.body
+    assert info.value.status == 422 and body, body
+    said = json.loads(body)["message"]
     assert message in said, said
 
 
 def test_missing_goal_is_rejected_by_kubectl_with_the_field_named(
-    kubectl: Any, namespace: str
+    kubectl: Kubectl, namespace: str
 ) -> None:
     body = _run("no-goal")
     del body["spec"]["goal"]
@@ -149,7 +126,7 @@ def test_missing_goal_is_rejected_by_kubectl_with_the_field_named(
     assert "spec.goal: Required value" in out.stderr
 
 
-def test_unknown_fields_are_refused_by_kubectl(kubectl: Any, namespace: str) -> None:
+def test_unknown_fields_are_refused_by_kubectl(kubectl: Kubectl, namespace: str) -> None:
     body = _run("typo")
     body["spec"]["plan"]["steps"][0]["dependson"] = ["x"]
     out = kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), check=False)
@@ -158,9 +135,9 @@ def test_unknown_fields_are_refused_by_kubectl(kubectl: Any, namespace: str) -> 
 
 
 def test_get_shows_the_printer_columns_and_short_names(
-    kube: Any, kubectl: Any, namespace: str
+    kube: KubeClients, kubectl: Kubectl, namespace: str
 ) -> None:
-    body = _create(kube, namespace, _run("columns"))
+    body = create(kube, namespace, _run("columns"))
     status = {
         "phase": "Running",
         "progress": "1/3",
@@ -179,7 +156,7 @@ def test_get_shows_the_printer_columns_and_short_names(
     assert body["metadata"]["generation"] == 1
 
 
-def test_explain_teaches_the_api(kubectl: Any) -> None:
+def test_explain_teaches_the_api(kubectl: Kubectl) -> None:
     out = kubectl("explain", "agentrun.spec.plan.steps").stdout
     assert "One step of the plan" in out
     assert "dependsOn" in out and "Names of steps that must succeed before this one starts" in out
@@ -189,9 +166,9 @@ def test_explain_teaches_the_api(kubectl: Any) -> None:
 
 
 def test_status_writes_cannot_change_spec_and_spec_writes_cannot_change_status(
-    kube: Any, namespace: str
+    kube: KubeClients, namespace: str
 ) -> None:
-    created = _create(kube, namespace, _run("split"))
+    created = create(kube, namespace, _run("split"))
     body = copy.deepcopy(created)
     body["spec"]["goal"] = "changed through /status"
     body["status"] = {"phase": "Running", "message": "from status"}
@@ -213,8 +190,10 @@ def test_status_writes_cannot_change_spec_and_spec_writes_cannot_change_status(
     assert after_spec["metadata"]["generation"] == 2
 
 
-def test_status_update_with_a_stale_resource_version_gets_409(kube: Any, namespace: str) -> None:
-    created = _create(kube, namespace, _run("occ"))
+def test_status_update_with_a_stale_resource_version_gets_409(
+    kube: KubeClients, namespace: str
+) -> None:
+    created = create(kube, namespace, _run("occ"))
     stale = copy.deepcopy(created)
     fresh = copy.deepcopy(created)
     fresh["status"] = {"phase": "Running", "message": "first writer"}
@@ -233,13 +212,15 @@ def test_status_update_with_a_stale_resource_version_gets_409(kube: Any, namespa
     assert current["status"]["message"] == "first writer"
 
 
-def test_status_written_by_the_core_is_accepted_by_the_schema(kube: Any, namespace: str) -> None:
+def test_status_written_by_the_core_is_accepted_by_the_schema(
+    kube: KubeClients, namespace: str
+) -> None:
     """A status derived by the state machine round-trips through the API server unchanged."""
     from datetime import UTC, datetime
 
     from agentrun.core import Observed, reconcile
 
-    created = _create(kube, namespace, _run("core", [_step("a"), _step("b", "a")]))
+    created = create(kube, namespace, _run("core", [step("a"), step("b", after=["a"])]))
     run = m.AgentRun.model_validate(created)
     decision = reconcile(run, Observed(), datetime.now(UTC))
     body = copy.deepcopy(created)

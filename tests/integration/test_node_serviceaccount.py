@@ -21,8 +21,10 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support import jobs
+from tests.support.cluster import bind_role, service_account_subject
+from tests.support.jobs import TIMEOUT, run_job
 
-TIMEOUT = 60.0
 IMAGE = "python:3.12-alpine"  # ignored by the local node; real on kind
 SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -76,50 +78,9 @@ printf '%s|%s|%s' "${AGENTRUN_SERVICEACCOUNT_DIR-unset}" "${KUBERNETES_SERVICE_H
 """
 
 
-def job_manifest(
-    name: str,
-    command: list[str],
-    *,
-    service_account: str | None = None,
-    automount: bool | None = None,
-    env: list[dict[str, Any]] | None = None,
-    volumes: list[dict[str, Any]] | None = None,
-    mounts: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": IMAGE, "command": command}
-    if env:
-        container["env"] = env
-    if mounts:
-        container["volumeMounts"] = mounts
-    pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-    if service_account:
-        pod["serviceAccountName"] = service_account
-    if automount is not None:
-        pod["automountServiceAccountToken"] = automount
-    if volumes:
-        pod["volumes"] = volumes
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name},
-        "spec": {"backoffLimit": 0, "template": {"spec": pod}},
-    }
-
-
-def run_job(kube: KubeClients, namespace: str, job: dict[str, Any]) -> tuple[Any, Any]:
-    """Create ``job``, wait for its pod's container to terminate; (pod, terminated state)."""
-    name = job["metadata"]["name"]
-    kube.batch.create_namespaced_job(namespace, job)
-
-    def terminated() -> tuple[Any, Any] | None:
-        pods = kube.core.list_namespaced_pod(namespace, label_selector=f"job-name={name}").items
-        for pod in pods:
-            for cs in pod.status.container_statuses or []:
-                if cs.state and cs.state.terminated:
-                    return pod, cs.state.terminated
-        return None
-
-    return wait_for(f"a terminated container of job {name}", terminated, TIMEOUT)
+def job_manifest(name: str, command: list[str], **options: Any) -> dict[str, Any]:
+    """A Job of the ``python`` image (the scripts here need python3 on a real cluster)."""
+    return jobs.job_manifest(name, command, image=IMAGE, **options)
 
 
 def succeeded(term: Any) -> Any:
@@ -141,28 +102,11 @@ def create_reader(kube: KubeClients, namespace: str, name: str, **sa_fields: Any
     kube.core.create_namespaced_service_account(
         namespace, {"metadata": {"name": name}, **sa_fields}
     )
-    kube.rbac.create_namespaced_role(
-        namespace,
-        {
-            "metadata": {"name": name},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "resourceNames": ["greeting"],
-                    "verbs": ["get"],
-                }
-            ],
-        },
-    )
-    kube.rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-        },
-    )
+    rules = [
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["greeting"],
+         "verbs": ["get"]},
+    ]  # fmt: skip
+    bind_role(kube, namespace, name, rules, [service_account_subject(name, namespace)])
 
 
 def test_pod_reads_a_configmap_with_its_serviceaccount_token(

@@ -22,9 +22,7 @@ build, which takes a few minutes).
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,63 +31,13 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from agentrun_devcluster import binaries
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support.cluster import TEST_LABELS, create_namespace, delete_namespace, read_or_none
+from tests.support.helm import Docs, Helm, without_hooks
+from tests.support.paths import CHART, CRD_FILE, MANIFESTS, REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "agentrun-operator"
-MANIFESTS = ROOT / "manifests"
-CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
 CRD_NAME = "agentruns.agentrun.dev"
 SYNC_HINT = "run hack/helm/sync-crds.sh (after `make crds`) to refresh the copy"
-
-Docs = list[dict[str, Any]]
-
-
-# -- helm ---------------------------------------------------------------------------------------
-
-
-class Helm:
-    """helm with its own config, cache and data dirs (the user's are never touched)."""
-
-    def __init__(self, binary: Path, home: Path, kubeconfig: Path | None = None) -> None:
-        self.binary = binary
-        self.kubeconfig = kubeconfig
-        self.env = {
-            **os.environ,
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        cmd = [str(self.binary), *args]
-        if self.kubeconfig is not None:
-            cmd.append(f"--kubeconfig={self.kubeconfig}")
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=self.env, stdin=subprocess.DEVNULL, timeout=300
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"helm {' '.join(args)} exited with {proc.returncode}\n"
-                f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
-            )
-        return proc
-
-    def template(self, *args: str, namespace: str = "agentrun-system") -> Docs:
-        proc = self.run("template", "agentrun-operator", str(CHART), "-n", namespace, *args)
-        return [d for d in yaml.safe_load_all(proc.stdout) if isinstance(d, dict)]
-
-
-@pytest.fixture(scope="session")
-def helm_binary() -> Path:
-    return binaries.helm_binary()
-
-
-@pytest.fixture(scope="session")
-def helm(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    """helm without a cluster (lint, template)."""
-    return Helm(helm_binary, tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture
@@ -114,14 +62,6 @@ def container_args(docs: Docs) -> list[str]:
     return args
 
 
-def without_hooks(docs: Docs) -> Docs:
-    return [
-        d
-        for d in docs
-        if "helm.sh/hook" not in ((d.get("metadata") or {}).get("annotations") or {})
-    ]
-
-
 # -- copies and references (no cluster) -------------------------------------------------------
 
 
@@ -131,9 +71,9 @@ def without_hooks(docs: Docs) -> Docs:
     ids=["chart", "manifests"],
 )
 def test_crd_copy_equals_the_generated_crd(copy: Path) -> None:
-    assert copy.is_file(), f"{copy.relative_to(ROOT)} is missing: {SYNC_HINT}"
+    assert copy.is_file(), f"{copy.relative_to(REPO_ROOT)} is missing: {SYNC_HINT}"
     assert copy.read_bytes() == CRD_FILE.read_bytes(), (
-        f"{copy.relative_to(ROOT)} differs from crds/{CRD_FILE.name}: {SYNC_HINT}"
+        f"{copy.relative_to(REPO_ROOT)} differs from crds/{CRD_FILE.name}: {SYNC_HINT}"
     )
     for directory in (CHART / "crds", MANIFESTS / "crds"):
         names = sorted(p.name for p in directory.iterdir())
@@ -400,12 +340,9 @@ def test_admission_policies_need_kubernetes_1_36(helm: Helm) -> None:
 @pytest.fixture
 def other_namespace(kube: KubeClients, namespace: str) -> Iterator[str]:
     """A second fresh namespace (deleted afterwards)."""
-    name = f"{namespace[:50]}-b{secrets.token_hex(2)}"
-    kube.core.create_namespace(
-        body={"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}}
-    )
+    name = create_namespace(kube, f"{namespace[:50]}-b{secrets.token_hex(2)}", labels=TEST_LABELS)
     yield name
-    kube.core.delete_namespace(name, propagation_policy="Background")
+    delete_namespace(kube, name)
 
 
 def _dry_run(cluster: TestCluster, docs: Docs) -> str:
@@ -451,7 +388,7 @@ def system_namespace(kube: KubeClients) -> Iterator[str]:
             raise
     yield name
     if created:
-        kube.core.delete_namespace(name, propagation_policy="Background")
+        delete_namespace(kube, name)
 
 
 def test_kubectl_apply_k_manifests_dry_run(
@@ -479,13 +416,15 @@ def test_kubectl_apply_k_manifests_dry_run(
     assert proc.returncode == 0, f"the API server refused:\n{proc.stderr}\n{proc.stdout}"
 
 
-def _get(kube: KubeClients, read: Any, *args: str) -> Any:
-    try:
-        return read(*args)
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
+def install_without_operator_pod(helm: Helm, release: str, namespace: str, *values: str) -> None:
+    """``helm install`` of the chart with no operator pod (the local node runs commands, not
+    images), no uninstall hook (its Job runs the operator image too; its command is run in
+    tests/e2e/test_namespace_deletion.py) and no admission policies (they are cluster-wide)."""
+    helm.install(
+        release, namespace, "--set", f"fullnameOverride={release}", "--set", "replicaCount=0",
+        "--set", "admissionPolicies.enabled=false", "--set", "uninstall.releaseRuns=false",
+        *values,
+    )  # fmt: skip
 
 
 def test_helm_install_cluster_wide(
@@ -496,24 +435,7 @@ def test_helm_install_cluster_wide(
     namespace: str,
 ) -> None:
     release = f"ar-{namespace}"[:53]
-    cluster_helm.run(
-        "install",
-        release,
-        str(CHART),
-        "-n",
-        namespace,
-        "--wait",
-        "--timeout",
-        "2m",
-        "--set",
-        f"fullnameOverride={release}",
-        "--set",
-        "replicaCount=0",
-        "--set",
-        "admissionPolicies.enabled=false",
-        "--set",
-        "uninstall.releaseRuns=false",  # its Job runs the image, as the operator pod would
-    )
+    install_without_operator_pod(cluster_helm, release, namespace)
     try:
         status = json.loads(
             cluster_helm.run("status", release, "-n", namespace, "-o", "json").stdout
@@ -533,9 +455,9 @@ def test_helm_install_cluster_wide(
         assert binding.subjects[0].namespace == namespace
         assert kube.apiext.read_custom_resource_definition(CRD_NAME)
     finally:
-        cluster_helm.run("uninstall", release, "-n", namespace, "--wait")
-    assert _get(kube, kube.rbac.read_cluster_role, release) is None
-    assert _get(kube, kube.rbac.read_cluster_role_binding, release) is None
+        cluster_helm.uninstall(release, namespace)
+    assert read_or_none(kube.rbac.read_cluster_role, release) is None
+    assert read_or_none(kube.rbac.read_cluster_role_binding, release) is None
     # Helm never deletes the CRDs it installed (nor the runs they hold).
     assert kube.apiext.read_custom_resource_definition(CRD_NAME)
 
@@ -549,33 +471,16 @@ def test_helm_install_namespaced(
     other_namespace: str,
 ) -> None:
     release = f"ar-{namespace}"[:53]
-    cluster_helm.run(
-        "install",
-        release,
-        str(CHART),
-        "-n",
-        namespace,
-        "--wait",
-        "--timeout",
-        "2m",
-        "--set",
-        f"fullnameOverride={release}",
-        "--set",
-        "replicaCount=0",
-        "--set",
-        "admissionPolicies.enabled=false",
-        "--set",
-        "uninstall.releaseRuns=false",
-        "--set",
-        f"watchNamespaces={{{other_namespace}}}",
+    install_without_operator_pod(
+        cluster_helm, release, namespace, "--set", f"watchNamespaces={{{other_namespace}}}"
     )
     try:
         role = kube.rbac.read_namespaced_role(release, other_namespace)
         assert any("agentruns" in r.resources for r in role.rules)
         binding = kube.rbac.read_namespaced_role_binding(release, other_namespace)
         assert binding.subjects[0].namespace == namespace
-        assert _get(kube, kube.rbac.read_cluster_role, release) is None
-        assert _get(kube, kube.rbac.read_namespaced_role, release, namespace) is None
+        assert read_or_none(kube.rbac.read_cluster_role, release) is None
+        assert read_or_none(kube.rbac.read_namespaced_role, release, namespace) is None
         discovery = kube.rbac.read_cluster_role(f"{release}-discovery")
         assert {v for r in discovery.rules for v in r.verbs} == {"list", "watch"}
         deployment = json.loads(
@@ -584,9 +489,9 @@ def test_helm_install_namespaced(
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args == ["run", "--namespace", other_namespace]
     finally:
-        cluster_helm.run("uninstall", release, "-n", namespace, "--wait")
-    assert _get(kube, kube.rbac.read_cluster_role, f"{release}-discovery") is None
+        cluster_helm.uninstall(release, namespace)
+    assert read_or_none(kube.rbac.read_cluster_role, f"{release}-discovery") is None
     wait_for(
         f"Role {other_namespace}/{release} to be gone",
-        lambda: _get(kube, kube.rbac.read_namespaced_role, release, other_namespace) is None,
+        lambda: read_or_none(kube.rbac.read_namespaced_role, release, other_namespace) is None,
     )

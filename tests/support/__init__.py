@@ -1,5 +1,12 @@
 """What the tests share, in one place: test modules import from here and never from each other
 (fixtures live in the conftest.py files).
 
+* :mod:`tests.support.paths`: where the repository's files are (chart, CRDs, manifests).
+* :mod:`tests.support.runs`: AgentRun, step and result-envelope builders; reading runs.
+* :mod:`tests.support.waiting`: waiting for a run or step to get somewhere.
+* :mod:`tests.support.cluster`: namespaces, roles, minted users, the fixture types.
+* :mod:`tests.support.jobs`: plain Jobs for testing the local node and control plane.
+* :mod:`tests.support.helm`: helm with a home of its own, and rendered charts.
+* :mod:`tests.support.admission`: the shipped admission policies, bound to one namespace.
 * :mod:`tests.support.sim`: an in-memory cluster and ledger driving the pure core.
 """

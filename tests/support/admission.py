@@ -1,0 +1,68 @@
+"""The admission policies of manifests/admission, bound to one test's namespace.
+
+Other tests of the session create runs as the admin user and sign approvals with any name, so
+the shipped policies are never bound cluster-wide in tests: a test installs copies under names
+of its own, bound only to its namespace (by a label), and deletes them afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import yaml
+
+from agentrun_devcluster.testing import TestCluster, wait_for
+
+from .paths import ADMISSION_DIR
+
+SCOPE_LABEL = "agentrun.dev/admission-test"
+APPROVERS = "agentrun-approvers"
+"""The approver group of the tests' runs (``policy.approverGroups``)."""
+
+Docs = list[dict[str, Any]]
+
+
+def shipped_policies() -> Docs:
+    """The policies and bindings of manifests/admission, as shipped."""
+    docs: Docs = []
+    for path in sorted(ADMISSION_DIR.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict))
+    return docs
+
+
+def scoped_copies(namespace: str) -> Docs:
+    """The shipped policies and bindings, renamed ``<name>-<namespace>``, the bindings
+    restricted to the namespace labelled ``SCOPE_LABEL=namespace``."""
+    out = []
+    for doc in shipped_policies():
+        doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
+        if doc["kind"].endswith("Binding"):
+            doc["spec"]["policyName"] = f"{doc['spec']['policyName']}-{namespace}"
+            doc["spec"]["matchResources"] = {
+                "namespaceSelector": {"matchLabels": {SCOPE_LABEL: namespace}}
+            }
+        out.append(doc)
+    return out
+
+
+@contextlib.contextmanager
+def policies_bound_to(
+    cluster: TestCluster, namespace: str, enforced: Callable[[], bool]
+) -> Iterator[Docs]:
+    """Apply :func:`scoped_copies` for ``namespace``, wait until ``enforced()`` (policies
+    take a moment to act), and delete them again afterwards."""
+    docs = scoped_copies(namespace)
+    assert docs, f"{ADMISSION_DIR} holds no policies"
+    cluster.kubectl("label", "namespace", namespace, f"{SCOPE_LABEL}={namespace}")
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    try:
+        wait_for(f"the admission policies to act on {namespace}", enforced, timeout=60)
+        yield docs
+    finally:
+        for doc in reversed(docs):
+            cluster.kubectl(
+                "delete", f"{doc['kind'].lower()}.admissionregistration.k8s.io",
+                doc["metadata"]["name"], "--ignore-not-found", "--wait=false", check=False,
+            )  # fmt: skip

@@ -1,0 +1,115 @@
+"""Cluster objects tests set up around what they test: namespaces, roles, minted users; and
+the types of the session fixtures (tests/conftest.py, tests/e2e/conftest.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any, Protocol, TypeVar
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+
+_T = TypeVar("_T")
+
+#: The ``kubectl`` fixture: ``kubectl(*args, input=None, check=True) -> CompletedProcess``.
+Kubectl = Callable[..., CompletedProcess[str]]
+
+#: Labels of the namespaces tests create.
+TEST_LABELS = {"agentrun.dev/test": "true"}
+
+#: Environment of every operator under test: short resync and Job-deletion grace.
+OPERATOR_TEST_ENV: dict[str, str] = {
+    "AGENTRUN_RESYNC_SECONDS": "5",
+    "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "2",
+}
+
+
+class StartOperator(Protocol):
+    """The ``start_operator`` fixture of tests/e2e."""
+
+    def __call__(
+        self,
+        *,
+        namespaces: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> OperatorProcess: ...
+
+
+def read_or_none(read: Callable[..., _T], *args: Any) -> _T | None:
+    """``read(*args)``, or None if the object does not exist (404)."""
+    try:
+        return read(*args)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+# -- namespaces ---------------------------------------------------------------------------------
+
+
+def create_namespace(
+    kube: KubeClients, name: str, *, labels: Mapping[str, str] | None = None
+) -> str:
+    """Create namespace ``name`` and wait for its ``default`` ServiceAccount (pods need it)."""
+    kube.core.create_namespace(body={"metadata": {"name": name, "labels": dict(labels or {})}})
+    wait_for(
+        f"ServiceAccount {name}/default",
+        lambda: read_or_none(kube.core.read_namespaced_service_account, "default", name),
+    )
+    return name
+
+
+def delete_namespace(kube: KubeClients, name: str) -> None:
+    """Delete namespace ``name`` in the background (gone already is fine)."""
+    try:
+        kube.core.delete_namespace(name, propagation_policy="Background")
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+# -- who may do what ------------------------------------------------------------------------------
+
+
+def user_subject(name: str) -> dict[str, str]:
+    return {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}
+
+
+def service_account_subject(name: str, namespace: str) -> dict[str, str]:
+    return {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+
+
+def bind_role(
+    kube: KubeClients,
+    namespace: str,
+    name: str,
+    rules: list[dict[str, Any]],
+    subjects: Iterable[dict[str, str]],
+) -> None:
+    """A Role ``name`` with ``rules`` in ``namespace``, and a RoleBinding of it to ``subjects``."""
+    kube.rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": rules})
+    kube.rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": list(subjects),
+        },
+    )
+
+
+def mint_user(cluster: TestCluster, user: str, groups: Iterable[str], to: Path) -> Path:
+    """A client-certificate kubeconfig of ``user`` in ``groups``, copied to ``to`` at once
+    (minting the same user again, in another test, overwrites the minted file). Skips the test
+    on an external cluster: minting needs the local control plane's CA."""
+    if cluster.external:
+        pytest.skip("minting user certificates needs the local control plane")
+    to.write_bytes(cluster.mint_user_kubeconfig(user, list(groups)).read_bytes())
+    return to

@@ -1,0 +1,84 @@
+"""Waiting for a run to get somewhere.
+
+Waiters poll with generous timeouts (:func:`agentrun_devcluster.testing.wait_for` underneath)
+and fail with the run's last phase and message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agentrun_devcluster.testing import KubeClients, wait_for
+
+from .runs import TERMINAL, TIMEOUT, Run, get, status_of, step_status
+
+
+def wait_until(
+    kube: KubeClients,
+    namespace: str,
+    name: str,
+    what: str,
+    predicate: Callable[[Run], bool],
+    timeout: float = TIMEOUT,
+) -> Run:
+    """Poll the run until ``predicate`` holds; the error shows the last phase and message."""
+    last: dict[str, Any] = {}
+
+    def check() -> Run | None:
+        run = get(kube, namespace, name)
+        last["status"] = {
+            k: status_of(run).get(k) for k in ("phase", "message", "progress", "currentStep")
+        }
+        return run if predicate(run) else None
+
+    try:
+        return wait_for(f"{name}: {what}", check, timeout=timeout)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; last status: {last.get('status')}") from None
+
+
+def wait_phase(
+    kube: KubeClients, namespace: str, name: str, *phases: str, timeout: float = TIMEOUT
+) -> Run:
+    """Wait until the run is in one of ``phases``; fail at once if it ends in another."""
+    run = wait_until(
+        kube,
+        namespace,
+        name,
+        f"phase in {phases}",
+        lambda r: status_of(r).get("phase") in phases or status_of(r).get("phase") in TERMINAL,
+        timeout,
+    )
+    phase = status_of(run).get("phase")
+    assert phase in phases, f"{name} ended {phase}: {status_of(run).get('message')}"
+    return run
+
+
+def wait_step_phase(
+    kube: KubeClients,
+    namespace: str,
+    name: str,
+    step_name: str,
+    *phases: str,
+    timeout: float = TIMEOUT,
+) -> Run:
+    """Wait until step ``step_name`` is in one of ``phases``; fail at once if the run ends
+    with the step elsewhere."""
+    run = wait_until(
+        kube,
+        namespace,
+        name,
+        f"step {step_name} in {phases}",
+        lambda r: (
+            step_status(r, step_name).get("phase") in phases
+            or status_of(r).get("phase") in TERMINAL
+        ),
+        timeout,
+    )
+    step_phase = step_status(run, step_name).get("phase")
+    assert step_phase in phases, (
+        f"{name} ended {status_of(run).get('phase')} with step {step_name} {step_phase}: "
+        f"{status_of(run).get('message')}"
+    )
+    return run
