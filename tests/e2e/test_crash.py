@@ -52,6 +52,7 @@ from agentrun_devcluster.testing import (
 )
 from tests.support.cluster import StartOperator
 from tests.support.runs import TERMINAL, Run, agentrun, create, get, status_of, step
+from tests.support.waiting import assert_holds
 
 pytestmark = pytest.mark.e2e
 
@@ -399,6 +400,25 @@ def check_results(
             assert got == want, f"{where}/{spec.name}: result {got!r}, step printed {want!r}"
 
 
+def assert_settled(
+    cluster: TestCluster, namespace: str, operators: Iterable[OperatorProcess], context: str
+) -> None:
+    """For :data:`SETTLE_SECONDS` after the runs ended (two resyncs and the Job-deletion
+    grace, time for a late duplicate to show): every operator stays alive, and no Job is
+    created a second time or after its deletion."""
+    operators = list(operators)
+
+    def settled() -> None:
+        for op in operators:
+            assert op.alive(), f"{context}: an operator died\n{op.logs()}"
+        twice = {n: c for n, c in job_creations(cluster, namespace).items() if c > 1}
+        assert not twice, f"{context}: Jobs created more than once: {twice}"
+        late = creates_after_deletion(cluster, namespace)
+        assert not late, f"{context}: Jobs created again after their deletion (answers): {late}"
+
+    assert_holds(settled, seconds=SETTLE_SECONDS, interval=1.0)
+
+
 def count_lines(text: str, needle: str) -> int:
     return sum(1 for line in text.splitlines() if needle in line)
 
@@ -552,8 +572,7 @@ def test_runs_survive_an_operator_killed_at_every_crash_point(
     driver.op.env.pop("AGENTRUN_CRASH_AT", None)
     driver.op.start()
     wait_all_terminal(kube, namespace, uids, FINISH_TIMEOUT, f"{context}\n{lives}")
-    time.sleep(SETTLE_SECONDS)
-    assert driver.op.alive(), f"{context}: the last life died\n{driver.op.logs()}"
+    assert_settled(cluster, namespace, [driver.op], f"{context} (the last life)\n{lives}")
 
     creations = check_job_creations(cluster, namespace, plans, uids, f"{context}\n{lives}")
     executions = check_executions(ledger, plans, f"{context}\n{lives}")
@@ -593,9 +612,7 @@ def test_two_operators_at_once_create_every_job_once_and_resolve_conflicts(
     uids = create_runs(kube, namespace, plans, ledger)
 
     wait_all_terminal(kube, namespace, names, FINISH_TIMEOUT, "two operators")
-    time.sleep(SETTLE_SECONDS)
-    for op in (first, second):
-        assert op.alive(), f"an operator died\n{op.logs()}"
+    assert_settled(cluster, namespace, (first, second), "two operators")
 
     conflicts = [count_lines(op.log_text(), CONFLICT_LINE) for op in (first, second)]
     context = f"two operators (conflicts seen: {conflicts})"

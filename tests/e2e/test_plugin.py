@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from tests.support.runs import (
     step,
     step_status,
 )
-from tests.support.waiting import wait_step_phase, wait_until
+from tests.support.waiting import assert_holds, wait_step_phase, wait_until
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -293,10 +292,13 @@ def test_suspend_resume_cancel_and_wait(
         lambda r: (r.get("status") or {}).get("phase") == "Suspended"
         and step_status(r, "first").get("phase") == "Succeeded",
     )  # fmt: skip
-    time.sleep(6)  # more than a resync: the second step stays put
-    run = get(kube, namespace, "pausable")
-    assert run["status"]["phase"] == "Suspended"
-    assert step_status(run, "second")["phase"] == "Pending"
+
+    def second_step_held() -> None:
+        run = get(kube, namespace, "pausable")
+        assert run["status"]["phase"] == "Suspended"
+        assert step_status(run, "second")["phase"] == "Pending"
+
+    assert_holds(second_step_held, seconds=6)  # more than a resync: the second step stays put
     status = ok(plugin(cluster, "status", "pausable", "-n", namespace))
     assert "phase:    Suspended" in status and "spec.suspend is true" in status
     assert "already suspended" in ok(plugin(cluster, "suspend", "pausable", "-n", namespace))

@@ -17,7 +17,6 @@ on ``agentruns/finalizers``; it shows the chart's rules pass, and fail without t
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from tests.support.cluster import (
 from tests.support.helm import Docs, Helm, without_hooks
 from tests.support.paths import CRDS_DIR, EXAMPLES_DIR
 from tests.support.runs import agentrun, get, step
+from tests.support.waiting import assert_holds
 
 EXAMPLE = EXAMPLES_DIR / "incident-investigation.yaml"
 EXAMPLE_RUN = "investigate-latency"
@@ -431,8 +431,12 @@ def test_owner_references_need_the_finalizers_rule(
                 lambda: "cannot set blockOwnerDeletion" in operator.log_text(),
                 timeout=60,
             )
-            time.sleep(2)
-            assert not kube.batch.list_namespaced_job(ns).items
+
+            def no_job() -> None:
+                jobs = kube.batch.list_namespaced_job(ns).items
+                assert not jobs, [j.metadata.name for j in jobs]
+
+            assert_holds(no_job, seconds=2)
             kube.custom.patch_namespaced_custom_object(
                 GROUP, VERSION, ns, PLURAL, EXAMPLE_RUN, {"metadata": {"finalizers": None}}
             )

@@ -8,7 +8,6 @@ generous timeouts. Nothing asserts on speed.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Iterable
 
@@ -48,6 +47,7 @@ from tests.support.runs import (
     timestamp,
 )
 from tests.support.waiting import (
+    assert_holds,
     wait_phase,
     wait_step_phase,
     wait_until,
@@ -347,16 +347,17 @@ def test_suspend_holds_the_next_step_and_resume_finishes_the_run(
     run = wait_step_phase(kube, namespace, name, "first", "Succeeded")
     assert status_of(run)["phase"] == "Suspended"
 
-    # Two resync periods and more: the second step must not start while suspended.
     second_job = job_name(name, uid, "second", 1)
-    hold_until = time.monotonic() + 12
-    while time.monotonic() < hold_until:
+
+    def second_step_held() -> None:
         run = get(kube, namespace, name)
         assert status_of(run)["phase"] == "Suspended", status_of(run)
         assert step_status(run, "second").get("attempt", 0) == 0, step_status(run, "second")
         assert step_status(run, "second")["phase"] == "Pending"
         assert second_job not in {j.metadata.name for j in jobs_of(kube, namespace, uid)}
-        time.sleep(0.5)
+
+    # Two resync periods and more: the second step must not start while suspended.
+    assert_holds(second_step_held, seconds=12, interval=0.5)
 
     patch_spec(kubectl, namespace, name, suspend=False)
     run = wait_phase(kube, namespace, name, "Succeeded")

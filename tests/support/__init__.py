@@ -3,7 +3,8 @@
 
 * :mod:`tests.support.paths`: where the repository's files are (chart, CRDs, manifests).
 * :mod:`tests.support.runs`: AgentRun, step and result-envelope builders; reading runs.
-* :mod:`tests.support.waiting`: waiting for a run or step to get somewhere.
+* :mod:`tests.support.waiting`: waiting for a run or step to get somewhere, and
+  :func:`~tests.support.waiting.assert_holds` for "nothing happens" over a window.
 * :mod:`tests.support.cluster`: namespaces, roles, minted users, the fixture types.
 * :mod:`tests.support.jobs`: plain Jobs for testing the local node and control plane.
 * :mod:`tests.support.helm`: helm with a home of its own, and rendered charts.

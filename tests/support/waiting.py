@@ -1,11 +1,14 @@
-"""Waiting for a run to get somewhere.
+"""Waiting for a run to get somewhere, and asserting that something holds over a window.
 
 Waiters poll with generous timeouts (:func:`agentrun_devcluster.testing.wait_for` underneath)
-and fail with the run's last phase and message.
+and fail with the run's last phase and message. "Nothing happens" is never a bare sleep:
+:func:`assert_holds` checks it again and again for the whole window and fails at the first
+violation.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,3 +85,24 @@ def wait_step_phase(
         f"{status_of(run).get('message')}"
     )
     return run
+
+
+def assert_holds(check: Callable[[], None], *, seconds: float, interval: float = 0.5) -> int:
+    """Run ``check`` (which asserts) at once, then every ``interval`` seconds until ``seconds``
+    have passed, the last time at the end of the window. The first failure is raised with a
+    note of when in the window it came; returns how many times ``check`` held."""
+    start = time.monotonic()
+    end = start + seconds
+    held = 0
+    while True:
+        try:
+            check()
+        except AssertionError as e:
+            into = time.monotonic() - start
+            e.add_note(f"held {held} times, then failed {into:.1f}s into a {seconds:g}s window")
+            raise
+        held += 1
+        now = time.monotonic()
+        if now >= end:
+            return held
+        time.sleep(min(interval, end - now))
