@@ -49,6 +49,10 @@ test: lint controlplane ## everything CI runs: lint, types, unit, property, inte
 demo: sync controlplane ## control plane, node, operator and an example run carried to Succeeded
 	$(RUN) python -m agentrun_devcluster.demo
 
+.PHONY: walkthrough
+walkthrough: sync controlplane ## docs/approvals.md's walkthrough, end to end on a cluster of its own
+	hack/walkthrough-approvals.sh
+
 .PHONY: cluster
 cluster: sync controlplane ## start a local control plane and node in the foreground
 	$(RUN) agentrun devcluster up

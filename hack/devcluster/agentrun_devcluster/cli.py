@@ -8,7 +8,8 @@ Commands:
 
 * ``up [--state-dir DIR] [--bin-dir DIR] [--no-node] [--node-name N]``: start etcd,
   kube-apiserver, kube-controller-manager and (unless ``--no-node``) the local node; print
-  the admin kubeconfig; stay in the foreground until SIGINT/SIGTERM, then shut down.
+  the admin kubeconfig and an ``export`` line for a shell (KUBECONFIG, and PATH with kubectl
+  and ``kubectl-agentrun``); stay in the foreground until SIGINT/SIGTERM, then shut down.
 * ``node --kubeconfig PATH [--name N] [--state-dir DIR]``: run only the local node.
 * ``kubeconfig --state-dir DIR --user U [--group G ...]``: mint a client-certificate
   kubeconfig for a cluster started with ``up --state-dir DIR``;
@@ -20,8 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import shlex
 import signal
 import sys
+import sysconfig
 import threading
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,15 @@ def _setup_logging(verbose: bool = False) -> None:
     )
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+
+
+def shell_environment(kubeconfig: Path, bin_dir: Path) -> str:
+    """The ``export`` line that sets a shell up for the cluster: KUBECONFIG, and on PATH the
+    control plane's kubectl, then the scripts of this Python environment (``agentrun`` and
+    ``kubectl-agentrun``, so that ``kubectl agentrun`` is found)."""
+    scripts = sysconfig.get_path("scripts")
+    path = os.pathsep.join(shlex.quote(str(d)) for d in dict.fromkeys([bin_dir, Path(scripts)]))
+    return f"export KUBECONFIG={shlex.quote(str(kubeconfig))} PATH={path}:$PATH"
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -89,7 +102,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         if node is not None:
             print(f"local node: {node.name} (log {node.log_path})")
         print(f"kubeconfig: {cp.kubeconfig}")
-        print(f"export KUBECONFIG={cp.kubeconfig} PATH={bin_dir}:$PATH")
+        print(shell_environment(cp.kubeconfig, bin_dir))
         print("press Ctrl-C to stop", flush=True)
         while not stop.wait(1.0):
             try:
