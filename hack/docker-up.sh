@@ -52,6 +52,12 @@ overlay_works() {
 
 answers && exit 0
 
+# One starter at a time: a second caller waits for the first one's engine instead of racing it.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/docker-up.lock"
+flock -w "$((WAIT * 2))" 9 || unavailable "another hack/docker-up.sh holds $CACHE/docker-up.lock"
+answers && exit 0
+
 # A previous run of this script may have started the engine and it is still coming up.
 if [[ -f $PIDFILE ]] && kill -0 "$(<"$PIDFILE")" 2>/dev/null; then
     mine=$(<"$PIDFILE")
