@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from agentrun.api import models as m
-from agentrun.core import CreateJob, DeleteJob, DeleteRun, StoreResult, reconcile
+from agentrun.core import CreateJob, DeleteJob, DeleteRun, StoreResult, naming, reconcile
 from agentrun.core.backoff import backoff_seconds
+from agentrun.core.naming import sha256_text
 from agentrun.core.observed import Observed
 from tests.support.sim import T0, Sim, make_run, step
 
@@ -648,3 +650,120 @@ def test_history_keeps_what_the_audit_record_has_not_stored() -> None:
     done = reconcile(long, Observed((), recorded_seq=199, record_name="r"), sim.now)
     assert len(done.status.history or []) == m.MAX_HISTORY
     assert done.status.audit is not None and done.status.audit.recorded_seq == 199
+
+
+# -- approvals cover what runs and as whom ----------------------------------------------------
+
+
+def test_args_hash_covers_pod_settings_and_keeps_plain_steps_unchanged() -> None:
+    args: tuple[str, list[str], list[str], list[dict[str, Any]], dict[str, str]] = (
+        "img",
+        ["sh"],
+        ["-c", "x"],
+        [{"name": "A", "value": "1"}],
+        {"I": "d"},
+    )
+    plain = naming.args_hash(*args)
+    payload = {
+        "image": "img",
+        "command": ["sh"],
+        "args": ["-c", "x"],
+        "env": ['{"name":"A","value":"1"}'],
+        "inputs": {"I": "d"},
+    }
+    assert plain == sha256_text(naming.canonical_json(payload)), "plain steps keep their hash"
+    variants = [
+        naming.args_hash(*args, working_dir="/tmp"),
+        naming.args_hash(*args, resources={"limits": {"cpu": "1"}}),
+        naming.args_hash(*args, service_account_name="deployer"),
+        naming.args_hash(*args, security_context={"runAsUser": 0}),
+        naming.args_hash(*args, container_security_context={"privileged": True}),
+    ]
+    assert len({plain, *variants}) == 6
+
+
+def test_a_step_template_change_changes_the_args_hash_of_every_step() -> None:
+    sim = Sim(make_run([step("a", approval="required")]))
+    sim.tick()
+    before = sim.step_status("a").args_hash
+    sim.spec_update(step_template=m.StepTemplate(service_account_name="deployer"))
+    sim.tick()
+    after = sim.step_status("a").args_hash
+    assert before and after and before != after
+    changed = [t for t in sim.status.history or [] if t.reason == "ArgsChanged"]
+    assert len(changed) == 1 and f"{before[:12]} -> {after[:12]}" in (changed[0].message or "")
+
+
+def approve(sim: Sim, name: str, by: str = "alice") -> str:
+    """Append an approval of the step's current args hash; returns the hash."""
+    h = sim.step_status(name).args_hash or ""
+    approval = m.Approval(step=name, decision=m.ApprovalDecision.APPROVE, args_hash=h, by=by)
+    sim.spec_update(approvals=[*(sim.run.spec.approvals or []), approval])
+    return h
+
+
+def test_a_retry_as_another_service_account_needs_a_new_approval() -> None:
+    sim = Sim(make_run([step("deploy", approval="required", retry={"limit": 2})]))
+    sim.tick()
+    first = approve(sim, "deploy")
+    sim.tick()
+    key = sim.step_status("deploy").idempotency_key
+    sim.finish(sim.job_of("deploy").name, ok=False)
+    sim.tick()
+    assert sim.step_status("deploy").phase == SP.BACKING_OFF
+    sim.spec_update(step_template=m.StepTemplate(service_account_name="cluster-admin"))
+    sim.advance(3600)
+    sim.tick()
+    st = sim.step_status("deploy")
+    assert st.phase == SP.WAITING_FOR_APPROVAL and st.attempt == 1
+    assert st.args_hash != first and len(sim.creations) == 1, "no retry on the old approval"
+    second = approve(sim, "deploy", by="bob")
+    sim.tick()
+    st = sim.step_status("deploy")
+    assert st.phase == SP.LAUNCHING and st.attempt == 2 and st.args_hash == second
+    assert st.idempotency_key != key and second in (st.idempotency_key or "")
+    assert sim.created_specs[st.job_name or ""].args_hash == second
+
+
+def test_a_retry_in_another_working_directory_needs_a_new_approval() -> None:
+    sim = Sim(make_run([step("deploy", approval="required", retry={"limit": 1})]))
+    sim.tick()
+    approve(sim, "deploy")
+    sim.tick()
+    sim.finish(sim.job_of("deploy").name, ok=False)
+    sim.tick()
+    moved = step("deploy", approval="required", retry={"limit": 1})
+    moved["container"]["workingDir"] = "/etc"
+    sim.spec_update(plan=m.Plan.model_validate({"steps": [moved]}))
+    sim.advance(3600)
+    sim.tick()
+    assert sim.step_status("deploy").phase == SP.WAITING_FOR_APPROVAL
+    assert len(sim.creations) == 1
+
+
+def test_an_intent_whose_step_changed_before_its_job_was_created_is_dropped() -> None:
+    sim = Sim(make_run([step("deploy", approval="required")]))
+    sim.tick()
+    approved = approve(sim, "deploy")
+    decision, version = sim.decide()
+    assert sim.commit(decision, version)  # crash: the Job of the intent is never created
+    old_job = sim.step_status("deploy").job_name
+    sim.spec_update(step_template=m.StepTemplate(service_account_name="cluster-admin"))
+    decision = sim.tick()
+    assert not sim.creations, "the Job must not be created from a spec nobody approved"
+    st = sim.step_status("deploy")
+    assert st.phase == SP.WAITING_FOR_APPROVAL and st.args_hash != approved
+    assert any(t.reason == "IntentDropped" for t in sim.status.history or [])
+    approve(sim, "deploy")
+    sim.tick()
+    st = sim.step_status("deploy")
+    assert st.attempt == 2 and st.job_name != old_job and list(sim.creations) == [st.job_name]
+
+
+def test_an_unchanged_intent_is_still_created_after_a_crash() -> None:
+    sim = Sim(make_run([step("a")]))
+    decision, version = sim.decide()
+    assert sim.commit(decision, version)
+    sim.spec_update(goal="another goal")  # not covered by the hash
+    sim.tick()
+    assert list(sim.creations) == [sim.step_status("a").job_name]

@@ -719,7 +719,12 @@ class StepStatus(ApiModel):
     job_name: str | None = Field(default=None, description="Job of the current or last attempt.")
     args_hash: str | None = Field(
         default=None,
-        description="sha256 of the step's resolved arguments; approvals must name it.",
+        description=(
+            "sha256 of everything that decides what the step runs and as whom: image, "
+            "command, args, env (references, never secret values), inputs, workingDir, "
+            "resources, and stepTemplate's serviceAccountName and security contexts. "
+            "Approvals must name it; any change needs a new approval."
+        ),
     )
     idempotency_key: str | None = Field(
         default=None,

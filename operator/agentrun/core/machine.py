@@ -265,7 +265,7 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
     job = b.observed.job(st.job_name or "")
     if job is None:
         if st.phase == SP.LAUNCHING:
-            b.after.append(_create_job(b, step, st))
+            _reissue_create(b, step, st)
         else:
             _attempt_failed(
                 b,
@@ -454,13 +454,18 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
             b.stop("InputMissing", f"step {step.name}: {resolved}")
             return
         input_env, input_digests = resolved
-        h = naming.args_hash(
-            step.container.image,
-            step.container.command or [],
-            step.container.args or [],
-            [e.to_wire() for e in step.container.env or []],
-            input_digests,
-        )
+        # Recomputed for every attempt: a retry whose arguments, ServiceAccount or any other
+        # covered field changed since the last attempt gets a new hash, so a gated step needs
+        # a new approval (and the attempt a new idempotency key).
+        h = _args_hash(b.run, step, input_digests)
+        if st.args_hash is not None and st.args_hash != h:
+            b.record(
+                step.name,
+                st.phase,
+                st.phase,
+                "ArgsChanged",
+                f"step {step.name}: arguments changed (args {st.args_hash[:12]} -> {h[:12]})",
+            )
         st.args_hash = h
         decision = None
         if _needs_approval(b.run, step):
@@ -575,12 +580,52 @@ def _commit_launch_intent(
     b.after.append(CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env))
 
 
-def _create_job(b: _Builder, step: m.Step, st: m.StepStatus) -> CreateJob:
-    """Re-issue the create of a committed intent whose Job is not observed (yet)."""
+def _args_hash(run: m.AgentRun, step: m.Step, input_digests: dict[str, str]) -> str:
+    """The step's args hash: everything that decides what its pod runs and as whom (see
+    :func:`naming.args_hash` for exactly what is covered)."""
+    template = run.spec.step_template or m.StepTemplate()
+    resources = step.container.resources or template.resources
+    return naming.args_hash(
+        step.container.image,
+        step.container.command or [],
+        step.container.args or [],
+        [e.to_wire() for e in step.container.env or []],
+        input_digests,
+        working_dir=step.container.working_dir,
+        resources=resources.to_wire() if resources is not None else None,
+        service_account_name=template.service_account_name,
+        security_context=template.security_context,
+        container_security_context=template.container_security_context,
+    )
+
+
+def _reissue_create(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
+    """Re-issue the create of a committed intent whose Job is not observed (yet).
+
+    The Job is built from the spec as read now, so it is created only while that spec still
+    gives the committed args hash: an intent whose step changed in between (new arguments, a
+    new ServiceAccount) is dropped, and the step starts again from the launch path, which
+    asks for a new approval when the step is gated. Its next attempt gets a new Job name, so
+    the dropped Job, should a stalled operator still create it, is not taken for it.
+    """
     resolved = _resolve_inputs(b, step)
-    input_env = resolved[0] if not isinstance(resolved, str) else ()
-    return CreateJob(
-        step, st.attempt, st.job_name or "", st.idempotency_key or "", st.args_hash or "", input_env
+    if isinstance(resolved, str):
+        why = resolved
+    else:
+        input_env, input_digests = resolved
+        h = _args_hash(b.run, step, input_digests)
+        if h == st.args_hash:
+            key = st.idempotency_key or ""
+            b.after.append(CreateJob(step, st.attempt, st.job_name or "", key, h, input_env))
+            return
+        why = f"args {h[:12]}"
+    st.attempt_started_at = None
+    b.move(
+        st,
+        SP.PENDING,
+        "IntentDropped",
+        f"the step changed before the Job of attempt {st.attempt} was created "
+        f"(committed args {(st.args_hash or '')[:12]}, now {why}); it starts again",
     )
 
 

@@ -59,19 +59,47 @@ def args_hash(
     args: Sequence[str],
     env: Sequence[Mapping[str, Any]],
     inputs: Mapping[str, str],
+    *,
+    working_dir: str | None = None,
+    resources: Mapping[str, Any] | None = None,
+    service_account_name: str | None = None,
+    security_context: Mapping[str, Any] | None = None,
+    container_security_context: Mapping[str, Any] | None = None,
 ) -> str:
-    """sha256 of everything that decides what a step attempt does.
+    """sha256 of everything that decides what a step attempt does, and as whom.
 
-    ``env`` holds literal values and the *references* of valueFrom entries (never secret
-    values); ``inputs`` maps input names to what they resolve to (a value's digest).
+    The hashed payload is the canonical JSON of an object with these members:
+
+    - ``image``, ``command``, ``args``: the step's container, as written;
+    - ``env``: the step's env entries (each as canonical JSON, sorted): literal values and the
+      *references* of valueFrom entries (never secret values);
+    - ``inputs``: input names mapped to what they resolve to (a value's digest);
+    - ``workingDir``: the container's working directory;
+    - ``resources``: the compute resources the container gets (the step's own, else the
+      stepTemplate's);
+    - ``serviceAccountName``, ``securityContext``, ``containerSecurityContext``: from
+      spec.stepTemplate, as written (unset means the restricted defaults and no token).
+
+    The last five are members only when set, so a step that uses none of them keeps the hash
+    it had before they were covered. Approvals bind to this hash: changing any of these
+    (say, the ServiceAccount between two retries) needs a new approval, and gives a new
+    idempotency key.
     """
-    payload = {
+    payload: dict[str, Any] = {
         "image": image,
         "command": list(command),
         "args": list(args),
         "env": sorted(canonical_json(e) for e in env),
         "inputs": dict(sorted(inputs.items())),
     }
+    pod: dict[str, Any] = {
+        "workingDir": working_dir,
+        "resources": resources,
+        "serviceAccountName": service_account_name,
+        "securityContext": security_context,
+        "containerSecurityContext": container_security_context,
+    }
+    payload.update({k: v for k, v in pod.items() if v is not None})
     return sha256_text(canonical_json(payload))
 
 
