@@ -22,13 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
-from agentrun.settings import JOB_FINALIZER, LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.support.cluster import OPERATOR_TEST_ENV, StartOperator
+from tests.support.cluster import OPERATOR_TEST_ENV, StartOperator, release_finalizers
 
 _HERE = Path(__file__).resolve().parent
 
@@ -112,7 +110,7 @@ def start_operator(
     finally:
         for op in reversed(started):
             op.stop()
-        _release_finalizers(kube, namespace)
+        release_finalizers(kube, namespace)
 
 
 def _delete_runs(kube: KubeClients, namespace: str, timeout: float = 60.0) -> None:
@@ -129,23 +127,6 @@ def _delete_runs(kube: KubeClients, namespace: str, timeout: float = 60.0) -> No
             ),
             timeout=timeout,
         )
-
-
-def _release_finalizers(kube: KubeClients, namespace: str) -> None:
-    """Last resort once no operator runs: drop the operator's finalizers from whatever is
-    left, so the namespace can go."""
-    remove = {"metadata": {"finalizers": None}}
-    with contextlib.suppress(ApiException):
-        for run in kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)[
-            "items"
-        ]:
-            kube.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, run["metadata"]["name"], remove
-            )
-    with contextlib.suppress(ApiException):
-        for job in kube.batch.list_namespaced_job(namespace, label_selector=LABEL_RUN_UID).items:
-            if JOB_FINALIZER in (job.metadata.finalizers or []):
-                kube.batch.patch_namespaced_job(job.metadata.name, namespace, remove)
 
 
 @pytest.fixture

@@ -12,13 +12,11 @@ a finalizer.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,20 +25,25 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
 from agentrun.settings import JOB_FINALIZER, LABEL_RUN_UID, RUN_FINALIZER
-from agentrun_devcluster import binaries
-from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support.cluster import (
+    TEST_LABELS,
+    StartOperator,
+    create_namespace,
+    foreign_runs_restored,
+    read_or_none,
+    release_finalizers,
+)
+from tests.support.helm import Docs, Helm, hooks
+from tests.support.runs import agentrun, create, step
+from tests.support.waiting import assert_holds
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "agentrun-operator"
 DELETION_BOUND = 120.0
 """Seconds a namespace may take to go once nothing stops it (measured times are printed)."""
 STUCK_FOR = 15.0
 """Seconds a namespace is shown to stay Terminating while nobody releases the finalizers."""
 RELEASE = [sys.executable, "-m", "agentrun.cli", "release"]
 PLUGIN = [sys.executable, "-c", "import sys; from agentrun.plugin import main; sys.exit(main())"]
-
-StartOperator = Callable[..., OperatorProcess]
 
 
 # -- namespaces and runs ----------------------------------------------------------------------
@@ -50,83 +53,35 @@ StartOperator = Callable[..., OperatorProcess]
 def doomed(kube: KubeClients, crd_installed: list[str]) -> Iterator[str]:
     """A namespace of the test's own, to be deleted by the test. If it is still there at the
     end (the test failed), the operator's finalizers are removed so that it can go."""
-    name = f"doomed-{secrets.token_hex(3)}"
-    kube.core.create_namespace(
-        body={"metadata": {"name": name, "labels": {"agentrun.dev/test": "true"}}}
-    )
-    wait_for(f"ServiceAccount {name}/default", lambda: _exists(kube, name, "default"))
+    name = create_namespace(kube, f"doomed-{secrets.token_hex(3)}", labels=TEST_LABELS)
     yield name
     if namespace_phase(kube, name) is not None:
-        _drop_finalizers(kube, name)
+        release_finalizers(kube, name)
         with contextlib.suppress(ApiException):
             kube.core.delete_namespace(name, propagation_policy="Background")
 
 
-def _exists(kube: KubeClients, namespace: str, account: str) -> bool:
-    try:
-        kube.core.read_namespaced_service_account(account, namespace)
-        return True
-    except ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-
-
-def _drop_finalizers(kube: KubeClients, namespace: str) -> None:
-    remove = {"metadata": {"finalizers": None}}
-    with contextlib.suppress(ApiException):
-        for run in kube.custom.list_namespaced_custom_object(
-            m.GROUP, m.VERSION, namespace, m.PLURAL
-        )["items"]:
-            kube.custom.patch_namespaced_custom_object(
-                m.GROUP, m.VERSION, namespace, m.PLURAL, run["metadata"]["name"], remove
-            )
-    with contextlib.suppress(ApiException):
-        for job in kube.batch.list_namespaced_job(namespace, label_selector=LABEL_RUN_UID).items:
-            kube.batch.patch_namespaced_job(job.metadata.name, namespace, remove)
-
-
 def namespace_phase(kube: KubeClients, name: str) -> str | None:
     """The namespace's phase (Active, Terminating), None once it is gone."""
-    try:
-        return str(kube.core.read_namespace(name).status.phase)
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
+    found = read_or_none(kube.core.read_namespace, name)
+    return None if found is None else str(found.status.phase)
 
 
 def long_run(name: str) -> dict[str, Any]:
     """Two long steps side by side, and a third after them."""
-
-    def sleeping(step: str, **more: Any) -> dict[str, Any]:
-        container = {"image": "busybox:1.36", "command": ["sh", "-c", "sleep 600"]}
-        return {"name": step, "container": container, **more}
-
-    return {
-        "apiVersion": m.API_VERSION,
-        "kind": m.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "goal": "run long enough to be deleted with its namespace",
-            "plan": {
-                "steps": [
-                    sleeping("left"),
-                    sleeping("right"),
-                    sleeping("after", dependsOn=["left", "right"]),
-                ]
-            },
-        },
-    }
+    steps = [
+        step("left", "sleep 600"),
+        step("right", "sleep 600"),
+        step("after", "sleep 600", after=["left", "right"]),
+    ]
+    return agentrun(name, steps, goal="run long enough to be deleted with its namespace")
 
 
 def start_steps(kube: KubeClients, namespace: str, names: tuple[str, ...] = ("long",)) -> None:
     """Create the runs and wait until each has two step pods running (its Jobs holding the
     operator's finalizer)."""
     for name in names:
-        kube.custom.create_namespaced_custom_object(
-            m.GROUP, m.VERSION, namespace, m.PLURAL, long_run(name)
-        )
+        create(kube, namespace, long_run(name))
     want = 2 * len(names)
 
     def running() -> bool:
@@ -171,9 +126,12 @@ def delete_and_time(kube: KubeClients, namespace: str, what: str) -> float:
 def assert_stuck(kube: KubeClients, namespace: str) -> None:
     """The namespace stays Terminating while nobody releases the operator's finalizers."""
     kube.core.delete_namespace(namespace)
-    time.sleep(STUCK_FOR)
-    assert namespace_phase(kube, namespace) == "Terminating"
-    assert held(kube, namespace), "nothing holds the namespace: the test shows nothing"
+
+    def stuck() -> None:
+        assert namespace_phase(kube, namespace) == "Terminating"
+        assert held(kube, namespace), "nothing holds the namespace: the test shows nothing"
+
+    assert_holds(stuck, seconds=STUCK_FOR)
 
 
 # -- with the operator running ---------------------------------------------------------------
@@ -183,8 +141,9 @@ def assert_stuck(kube: KubeClients, namespace: str) -> None:
 def test_namespace_with_running_steps_is_deleted_while_the_operator_runs(
     kube: KubeClients, doomed: str, start_operator: StartOperator, scope: str
 ) -> None:
-    with foreign_runs_restored(kube, doomed, enabled=scope == "cluster-wide"):
-        if scope == "cluster-wide":
+    cluster_wide = scope == "cluster-wide"
+    with foreign_runs_restored(kube, doomed) if cluster_wide else contextlib.nullcontext():
+        if cluster_wide:
             operator = start_operator(namespaces=[], all_namespaces=True)
         else:
             operator = start_operator(namespaces=[doomed])
@@ -276,23 +235,13 @@ def test_release_of_a_namespace_already_terminating(
 # -- uninstalled: the Helm chart's pre-delete hook ---------------------------------------------
 
 
-def render_hook(tmp_path: Path, release: str, *values: str) -> list[dict[str, Any]]:
+def render_hook(helm: Helm, release: str, *values: str) -> Docs:
     """The chart's pre-delete hook objects for release ``release``."""
-    home = tmp_path / "helm-home"
-    env = {f"HELM_{d}_HOME": str(home / d.lower()) for d in ("CONFIG", "CACHE", "DATA")}
-    proc = subprocess.run(
-        [str(binaries.helm_binary()), "template", release, str(CHART), "-n", release,
-         "--set", f"fullnameOverride={release}", "--set", "admissionPolicies.enabled=false",
-         *values],
-        capture_output=True, text=True, env={**os.environ, **env}, check=False, timeout=300,
+    docs = helm.template(
+        "--set", f"fullnameOverride={release}", "--set", "admissionPolicies.enabled=false",
+        *values, release=release, namespace=release,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    docs = [d for d in yaml.safe_load_all(proc.stdout) if isinstance(d, dict)]
-    return [
-        d
-        for d in docs
-        if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"
-    ]
+    return hooks(docs, "pre-delete")
 
 
 def test_the_charts_uninstall_hook_releases_the_watched_namespaces_with_its_own_rights(
@@ -301,13 +250,13 @@ def test_the_charts_uninstall_hook_releases_the_watched_namespaces_with_its_own_
     doomed: str,
     namespace: str,
     start_operator: StartOperator,
-    tmp_path: Path,
+    helm: Helm,
 ) -> None:
     """The hook's Job command, run as the hook's ServiceAccount under the hook's Role (the
     local node runs commands, not the operator image): every run of the watched namespace is
     released, with no refusal; the release's own namespace is the fixture's."""
     release = namespace
-    hook = render_hook(tmp_path, release, "--set", f"watchNamespaces={{{doomed}}}")
+    hook = render_hook(helm, release, "--set", f"watchNamespaces={{{doomed}}}")
     kinds = sorted(d["kind"] for d in hook)
     assert kinds == ["Job", "Role", "RoleBinding", "ServiceAccount"], kinds
     (job,) = (d for d in hook if d["kind"] == "Job")
@@ -338,41 +287,3 @@ def test_the_charts_uninstall_hook_releases_the_watched_namespaces_with_its_own_
     assert f"released agentrun {doomed}/long" in proc.stdout, proc.stdout
     assert held(kube, doomed) == []
     delete_and_time(kube, doomed, "after the chart's uninstall hook, no operator")
-
-
-# -- cluster-wide operators in a shared cluster ------------------------------------------------
-
-
-@contextlib.contextmanager
-def foreign_runs_restored(kube: KubeClients, namespace: str, *, enabled: bool) -> Iterator[None]:
-    """A cluster-wide operator also puts its finalizer on runs that other tests left in other
-    namespaces; take it off again after the block (which stops the operator)."""
-    if not enabled:
-        yield
-        return
-
-    def finalized() -> dict[str, tuple[str, str]]:
-        items = kube.custom.list_cluster_custom_object(m.GROUP, m.VERSION, m.PLURAL)["items"]
-        return {
-            i["metadata"]["uid"]: (i["metadata"]["namespace"], i["metadata"]["name"])
-            for i in items
-            if i["metadata"]["namespace"] != namespace
-            and RUN_FINALIZER in (i["metadata"].get("finalizers") or [])
-        }
-
-    before = finalized()
-    try:
-        yield
-    finally:
-        for uid, (ns, name) in finalized().items():
-            if uid in before:
-                continue
-            with contextlib.suppress(ApiException):
-                run = kube.custom.get_namespaced_custom_object(
-                    m.GROUP, m.VERSION, ns, m.PLURAL, name
-                )
-                left = [f for f in run["metadata"]["finalizers"] if f != RUN_FINALIZER]
-                kube.custom.patch_namespaced_custom_object(
-                    m.GROUP, m.VERSION, ns, m.PLURAL, name,
-                    {"metadata": {"finalizers": left or None}},
-                )  # fmt: skip

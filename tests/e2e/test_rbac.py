@@ -16,7 +16,6 @@ on ``agentruns/finalizers``; it shows the chart's rules pass, and fail without t
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +23,9 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
-from agentrun.settings import LABEL_RUN_UID, RUN_FINALIZER
+from agentrun.settings import LABEL_RUN_UID
 from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.node import NodeProcess
 from agentrun_devcluster.operator import OperatorProcess
@@ -37,6 +35,7 @@ from tests.support.cluster import (
     TEST_LABELS,
     create_namespace,
     delete_namespace,
+    foreign_runs_restored,
 )
 from tests.support.helm import Docs, Helm, without_hooks
 from tests.support.paths import CRDS_DIR, EXAMPLES_DIR
@@ -198,35 +197,6 @@ def exercise_as(
         raise
     finally:
         operator.stop()
-
-
-@contextlib.contextmanager
-def foreign_runs_restored(kube: KubeClients, namespace: str) -> Iterator[None]:
-    """An operator watching every namespace also puts its finalizer on runs other tests left
-    behind (e.g. in namespaces still being deleted); take it off again once it has stopped."""
-
-    def finalized() -> dict[str, tuple[str, str]]:
-        items = kube.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-        return {
-            i["metadata"]["uid"]: (i["metadata"]["namespace"], i["metadata"]["name"])
-            for i in items
-            if i["metadata"]["namespace"] != namespace
-            and RUN_FINALIZER in (i["metadata"].get("finalizers") or [])
-        }
-
-    before = finalized()
-    try:
-        yield
-    finally:
-        for uid, (ns, name) in finalized().items():
-            if uid in before:
-                continue
-            with contextlib.suppress(ApiException):
-                run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-                left = [f for f in run["metadata"]["finalizers"] if f != RUN_FINALIZER]
-                kube.custom.patch_namespaced_custom_object(
-                    GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": left or None}}
-                )
 
 
 # -- cluster-wide ---------------------------------------------------------------------------

@@ -13,14 +13,8 @@ import pytest
 import yaml
 
 from agentrun_devcluster.testing import TestCluster
-from tests.support.helm import Docs, Helm, without_hooks
+from tests.support.helm import Helm, one, without_hooks
 from tests.support.paths import CHART, MANIFESTS
-
-
-def one(docs: Docs, kind: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, got {[d['kind'] for d in docs]}"
-    return found[0]
 
 
 def manifest(name: str) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import json
 import secrets
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -33,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.cluster import TEST_LABELS, create_namespace, delete_namespace, read_or_none
-from tests.support.helm import Docs, Helm, without_hooks
+from tests.support.helm import Docs, Helm, hooks, kinds, one, without_hooks
 from tests.support.paths import CHART, CRD_FILE, MANIFESTS, REPO_ROOT
 
 CRD_NAME = "agentruns.agentrun.dev"
@@ -44,16 +43,6 @@ SYNC_HINT = "run hack/helm/sync-crds.sh (after `make crds`) to refresh the copy"
 def cluster_helm(helm_binary: Path, cluster: TestCluster, tmp_path: Path) -> Helm:
     """helm against the test cluster."""
     return Helm(helm_binary, tmp_path / "helm-home", cluster.kubeconfig)
-
-
-def kinds(docs: Docs) -> list[str]:
-    return [d["kind"] for d in docs]
-
-
-def one(docs: Docs, kind: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}: {kinds(docs)}"
-    return found[0]
 
 
 def container_args(docs: Docs) -> list[str]:
@@ -233,15 +222,9 @@ def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
         assert manifest_pod["containers"][0][key] == chart_pod["containers"][0][key], key
 
 
-def hooks_of(docs: Docs, event: str) -> Docs:
-    return [
-        d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == event
-    ]
-
-
 def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
     # Cluster-wide: a ClusterRole of its own, for the ServiceAccount of its own, before the Job.
-    hook = hooks_of(helm.template(), "pre-delete")
+    hook = hooks(helm.template(), "pre-delete")
     assert sorted(kinds(hook)) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
     for doc in hook:
         annotations = doc["metadata"]["annotations"]
@@ -272,7 +255,7 @@ def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
         ("", "configmaps"),
     }
     # Namespaced: a Role in each watched namespace, and the Job releases just those.
-    hook = hooks_of(helm.template("--set", "watchNamespaces={team-a,team-b}"), "pre-delete")
+    hook = hooks(helm.template("--set", "watchNamespaces={team-a,team-b}"), "pre-delete")
     assert sorted(r["metadata"]["namespace"] for r in hook if r["kind"] == "Role") == [
         "team-a",
         "team-b",
@@ -282,11 +265,11 @@ def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
         "release", "--namespace", "team-a", "--namespace", "team-b",
     ]  # fmt: skip
     # Without RBAC of the chart's making, the Job runs as the operator's ServiceAccount.
-    hook = hooks_of(helm.template("--set", "rbac.create=false"), "pre-delete")
+    hook = hooks(helm.template("--set", "rbac.create=false"), "pre-delete")
     assert kinds(hook) == ["Job"]
     assert hook[0]["spec"]["template"]["spec"]["serviceAccountName"] == "agentrun-operator"
     # Turned off: no hook at all.
-    assert not hooks_of(helm.template("--set", "uninstall.releaseRuns=false"), "pre-delete")
+    assert not hooks(helm.template("--set", "uninstall.releaseRuns=false"), "pre-delete")
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from tests.support.admission import APPROVERS, policies_bound_to
 from tests.support.cluster import mint_user, read_or_none, user_subject
 from tests.support.helm import Docs, Helm
 from tests.support.paths import MANIFESTS
+from tests.support.runs import agentrun
 
 pytestmark = pytest.mark.usefixtures("crd_installed")
 
@@ -200,16 +201,7 @@ class Team:
 
 
 def run_body(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": m.API_VERSION,
-        "kind": m.KIND,
-        "metadata": {"name": name},
-        "spec": {
-            "goal": "check who may do what",
-            "plan": {"steps": [DEPLOY]},
-            **spec,
-        },
-    }
+    return agentrun(name, [DEPLOY], goal="check who may do what", **spec)
 
 
 def forbidden(proc: CompletedProcess[str]) -> str:

@@ -3,7 +3,8 @@ the types of the session fixtures (tests/conftest.py, tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any, Protocol, TypeVar
@@ -11,6 +12,8 @@ from typing import Any, Protocol, TypeVar
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from agentrun.api.models import GROUP, PLURAL, VERSION
+from agentrun.settings import JOB_FINALIZER, LABEL_RUN_UID, RUN_FINALIZER
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 
@@ -113,3 +116,52 @@ def mint_user(cluster: TestCluster, user: str, groups: Iterable[str], to: Path) 
         pytest.skip("minting user certificates needs the local control plane")
     to.write_bytes(cluster.mint_user_kubeconfig(user, list(groups)).read_bytes())
     return to
+
+
+# -- the operator's finalizers ----------------------------------------------------------------
+
+
+def release_finalizers(kube: KubeClients, namespace: str) -> None:
+    """Last resort once no operator runs: drop the finalizers of the runs in ``namespace`` and
+    of the step Jobs that hold the operator's, so that they and the namespace can go."""
+    remove = {"metadata": {"finalizers": None}}
+    with contextlib.suppress(ApiException):
+        runs = kube.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        for run in runs["items"]:
+            kube.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, run["metadata"]["name"], remove
+            )
+    with contextlib.suppress(ApiException):
+        for job in kube.batch.list_namespaced_job(namespace, label_selector=LABEL_RUN_UID).items:
+            if JOB_FINALIZER in (job.metadata.finalizers or []):
+                kube.batch.patch_namespaced_job(job.metadata.name, namespace, remove)
+
+
+@contextlib.contextmanager
+def foreign_runs_restored(kube: KubeClients, namespace: str) -> Iterator[None]:
+    """An operator watching every namespace also puts its finalizer on runs other tests left
+    behind (e.g. in namespaces still being deleted); take it off again after the block, which
+    stops that operator."""
+
+    def finalized() -> dict[str, tuple[str, str]]:
+        items = kube.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+        return {
+            i["metadata"]["uid"]: (i["metadata"]["namespace"], i["metadata"]["name"])
+            for i in items
+            if i["metadata"]["namespace"] != namespace
+            and RUN_FINALIZER in (i["metadata"].get("finalizers") or [])
+        }
+
+    before = finalized()
+    try:
+        yield
+    finally:
+        for uid, (ns, name) in finalized().items():
+            if uid in before:
+                continue
+            with contextlib.suppress(ApiException):
+                run = kube.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+                left = [f for f in run["metadata"]["finalizers"] if f != RUN_FINALIZER]
+                kube.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": left or None}}
+                )

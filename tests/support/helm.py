@@ -73,3 +73,23 @@ def without_hooks(docs: Docs) -> Docs:
         for d in docs
         if "helm.sh/hook" not in ((d.get("metadata") or {}).get("annotations") or {})
     ]
+
+
+def kinds(docs: Docs) -> list[str]:
+    return [d["kind"] for d in docs]
+
+
+def one(docs: Docs, kind: str) -> dict[str, Any]:
+    """The one object of ``kind`` among ``docs``."""
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}: {kinds(docs)}"
+    return found[0]
+
+
+def hooks(docs: Docs, event: str) -> Docs:
+    """The objects of helm hook ``event`` (e.g. ``pre-delete``)."""
+    return [
+        d
+        for d in docs
+        if ((d.get("metadata") or {}).get("annotations") or {}).get("helm.sh/hook") == event
+    ]
