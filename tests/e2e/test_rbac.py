@@ -16,6 +16,7 @@ on ``agentruns/finalizers``; it shows the chart's rules pass, and fail without t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,11 +121,15 @@ def can_i(cluster: TestCluster, who: Identity, *args: str) -> bool:
     return answer == "yes"
 
 
+#: HTTP 403 as a status code, not inside a port number or a timestamp's milliseconds.
+HTTP_403 = re.compile(r"(?<![\w.:+-])403(?!\w)")
+
+
 def forbidden_in(log: str) -> list[str]:
     """Lines of an operator log that report a refused request."""
     hits = []
     for line in log.splitlines():
-        if "403" in line or "orbidden" in line or "Not enough permissions" in line:
+        if HTTP_403.search(line) or "orbidden" in line or "Not enough permissions" in line:
             hits.append(line[:600])
     return hits
 
