@@ -463,7 +463,11 @@ class Budget(ApiModel):
         default=None,
         ge=1,
         description=(
-            "Most tokens the steps may report in total; once reached no further step starts."
+            "Most tokens the steps may report in total (model turns report the prompt and "
+            "completion tokens of the endpoint's usage); once reached no further step starts. "
+            "An agent run is paused instead (reason BudgetExhausted) before a model turn the "
+            "tokens left may not cover (maxOutputTokens plus the prompt, estimated at 4 bytes a "
+            "token); raising it resumes the run."
         ),
     )
 
@@ -616,9 +620,19 @@ class AgentRunSpec(ApiModel):
                     "message": "carriedResults can only be set when the run is created",
                 },
                 {
-                    "rule": "!has(self.carriedResults) || self.carriedResults.all(c, "
-                    "self.plan.steps.exists(s, s.name == c.step))",
+                    "rule": "!has(self.carriedResults) || (has(self.plan) && "
+                    "self.carriedResults.all(c, self.plan.steps.exists(s, s.name == c.step)))",
                     "message": "every carriedResults entry must name a step of this plan",
+                },
+                {
+                    "rule": "has(self.plan) || has(self.agent)",
+                    "message": "a run needs spec.plan, spec.agent or both",
+                },
+                {
+                    "rule": "!has(self.agent) || !has(self.plan) || "
+                    "self.plan.steps.all(s, !s.name.matches('^t[0-9]+-'))",
+                    "message": "in a run with spec.agent, plan step names may not look like "
+                    "t<number>-... (the names of model turns and tool calls)",
                 },
             ]
         }
@@ -630,7 +644,24 @@ class AgentRunSpec(ApiModel):
     actor: str | None = Field(
         default=None, description="Who or what asked for the run (agent or person).", max_length=253
     )
-    plan: Plan = Field(description="The steps to run.")
+    plan: Plan = Field(
+        # Unset (in a run with spec.agent only) reads as a plan of no steps.
+        default_factory=lambda: Plan.model_construct(steps=[]),
+        exclude_if=lambda plan: not plan.steps,
+        description=(
+            "The steps to run. Optional when spec.agent is set: the plan then runs first, and "
+            "the agent starts once every plan step succeeded (or was skipped), with the plan's "
+            "results in its first message."
+        ),
+    )
+    agent: Agent | None = Field(
+        default=None,
+        description=(
+            "A model that decides the next steps at run time: it proposes tool calls, the "
+            "operator validates and runs them as steps, and the run succeeds with the model's "
+            "answer."
+        ),
+    )
     budget: Budget | None = Field(default=None, description="Limits of the run.")
     policy: Policy | None = Field(default=None, description="Approval and image rules.")
     suspend: bool | None = Field(
@@ -831,6 +862,9 @@ class AgentRunStatus(ApiModel):
     )
     history_seq: int | None = Field(default=None, description="seq of the latest transition.")
     audit: AuditStatus | None = Field(default=None, description="The full audit record.")
+    agent: AgentStatus | None = Field(
+        default=None, description="The agent loop, in runs with spec.agent."
+    )
 
 
 class ObjectMeta(ApiModel):
@@ -868,3 +902,12 @@ class AgentRun(ApiModel):
     def step(self, name: str) -> Step | None:
         """The plan's step called ``name``, if any."""
         return next((s for s in self.spec.plan.steps if s.name == name), None)
+
+
+# The agent loop's models build on the ones above (agentrun/api/agent.py imports this module),
+# so they are imported last; agentrun/api/__init__.py imports this module first.
+from agentrun.api.agent import Agent, AgentStatus  # noqa: E402
+
+AgentRunSpec.model_rebuild()
+AgentRunStatus.model_rebuild()
+AgentRun.model_rebuild()

@@ -1,0 +1,371 @@
+"""The agent loop's part of the API: ``spec.agent`` and ``status.agent``.
+
+An agent run has a model (any OpenAI-compatible Chat Completions endpoint) and tools (containers,
+described to the model by a JSON Schema of their arguments). The operator runs the model as a
+step Job (a *model turn*), validates every tool call the model proposes, runs the valid ones as
+steps of their own (a *tool call*: committed intent, deterministic Job, idempotency key, approval
+bound to the arguments when the tool is gated), answers every call to the model on the next turn,
+and ends the run when the model answers without calling a tool.
+
+These models are part of :mod:`agentrun.api.models` (which imports them at its end); they live
+here to keep the loop's API in one place. Every field carries a description for ``kubectl
+explain``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from agentrun.api.models import (
+    ApiModel,
+    ApprovalMode,
+    ContainerAction,
+    ResultRef,
+    RetryPolicy,
+    Risk,
+    SecretKeySelector,
+)
+
+MAX_TOOLS = 32
+MAX_TURNS = 1000
+MAX_CALLS_PER_TURN = 16
+MAX_TOOL_ARGUMENTS = 4096
+"""Longest arguments (JSON text, in bytes) a tool call may have; a longer call is answered to
+the model as invalid. They are kept in status while the call is current, and passed to the
+tool's container in an environment variable."""
+MIN_CONTEXT_BYTES = 4096
+MAX_CONTEXT_BYTES = 256 * 1024
+"""The context is handed to the model turn's pod in environment variables (from a ConfigMap),
+which the kernel limits to 128 KiB each and about 2 MiB in all; 256 KiB stays well inside."""
+DEFAULT_CONTEXT_BYTES = 64 * 1024
+MAX_RECENT_TURNS = 10
+MAX_ANSWER = 4096
+"""Longest answer kept in status; a longer one is kept in the last turn's transcript record."""
+MAX_SUMMARY = 1024
+TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,47}$"
+"""A function name as Chat Completions accepts it, at most 48 characters (so that the tool call's
+step name, ``t{turn}-{index}-{tool}``, stays a DNS label)."""
+DYNAMIC_NAME_RULE = "^t[0-9]+-"
+"""Plan steps of an agent run may not have names like this: they are the names of model turns
+(``t3-model``) and tool calls (``t3-0-search``)."""
+
+
+class ModelEndpoint(ApiModel):
+    """An OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp's server,
+    LiteLLM, KubeAI, ...)."""
+
+    base_url: str = Field(
+        alias="baseURL",
+        description=(
+            "Base URL of the API, up to and including its version path, e.g. "
+            "https://api.openai.com/v1 or http://vllm.models.svc:8000/v1. The model turn's pod "
+            "calls {baseURL}/chat/completions."
+        ),
+        min_length=1,
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+    )
+    name: str = Field(
+        description="The model, as the endpoint names it (e.g. gpt-4o-mini, qwen2.5:7b).",
+        min_length=1,
+        max_length=253,
+    )
+    api_key_secret_ref: SecretKeySelector | None = Field(
+        default=None,
+        description=(
+            "The API key: a key of a Secret in the run's namespace, given to the model turn's "
+            "pod as an environment variable (never written to status, events or logs). No key "
+            "is sent when unset (a local server)."
+        ),
+    )
+    temperature: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature; the endpoint's default when unset.",
+    )
+    max_output_tokens: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Most tokens one model turn may produce (max_tokens of the request). The token "
+            "budget counts it before a turn starts."
+        ),
+    )
+    timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=86400,
+        description="Deadline of one model turn attempt (the Job's activeDeadlineSeconds).",
+    )
+    retry: RetryPolicy | None = Field(
+        default=None,
+        description=(
+            "Retries of a failed model turn (the endpoint down, an error or an answer that is "
+            "not a chat completion); the turn runs once when unset. A turn that fails after "
+            "its retries fails the run."
+        ),
+    )
+
+
+class AgentTool(ApiModel):
+    """A tool the model may call: a container that receives the call's arguments as JSON."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.parameters.type) && self.parameters.type == 'object'",
+                    "message": "parameters must be a JSON Schema of an object (type: object)",
+                },
+            ]
+        }
+    )
+
+    name: str = Field(
+        description=(
+            "The function name the model calls, unique among the tools: a letter, then "
+            "letters, digits, '_' or '-' (at most 48)."
+        ),
+        min_length=1,
+        max_length=48,
+        pattern=TOOL_NAME_PATTERN,
+    )
+    description: str = Field(
+        description="What the tool does and when to use it, for the model.",
+        min_length=1,
+        max_length=4096,
+    )
+    parameters: dict[str, Any] = Field(
+        description=(
+            "JSON Schema of the arguments (an object), as in the function-calling format: "
+            "{type: object, properties: {...}, required: [...]}. Every call's arguments are "
+            "validated against it; a call that does not match is not run and the model is told "
+            "what was wrong."
+        ),
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            # Declared so that the CEL rule can read it; everything else is kept as written.
+            "properties": {"type": {"type": "string", "description": "The JSON type: object."}},
+        },
+    )
+    container: ContainerAction = Field(
+        description=(
+            "The container that runs a call. Besides the usual AGENTRUN_* identity and "
+            "idempotency variables it gets AGENTRUN_TOOL_ARGS (the arguments, JSON text), "
+            "AGENTRUN_TOOL_NAME, AGENTRUN_TOOL_CALL_ID and AGENTRUN_TURN; under `agentrun step "
+            "--` the arguments are also in the file named by AGENTRUN_TOOL_ARGS_FILE. Its "
+            "result envelope (or output) is the answer the model reads."
+        )
+    )
+    risk: Risk = Field(
+        default=Risk.READ,
+        description=(
+            "read, write or external, as for plan steps: policy.approvalRequiredFor decides "
+            "which risks need approval."
+        ),
+    )
+    approval: ApprovalMode = Field(
+        default=ApprovalMode.AUTO,
+        description=(
+            "required: every call waits for an approval in spec.approvals naming the call's "
+            "step and argsHash (kubectl agentrun approve RUN STEP); a rejection is answered to "
+            "the model as the call's result."
+        ),
+    )
+    timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=7 * 86400,
+        description="Deadline of one attempt of a call (the Job's activeDeadlineSeconds).",
+    )
+    retry: RetryPolicy | None = Field(
+        default=None,
+        description=(
+            "Retries of a failed call; none when unset. A call that still fails is answered to "
+            "the model as an error; the run goes on."
+        ),
+    )
+
+
+class Agent(ApiModel):
+    """A model that decides the next steps while the run runs, and the tools it may call."""
+
+    model: ModelEndpoint = Field(description="The model that reasons.")
+    instructions: str | None = Field(
+        default=None,
+        description="The system prompt. The run's goal (and the plan's results) is the first "
+        "user message.",
+        max_length=32768,
+    )
+    tools: list[AgentTool] | None = Field(
+        default=None,
+        description="The tools the model may call; none: the model only answers.",
+        max_length=MAX_TOOLS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    max_turns: int = Field(
+        default=20,
+        ge=1,
+        le=MAX_TURNS,
+        description=(
+            "Most model turns. A model that still calls tools in its last turn fails the run "
+            "with reason MaxTurnsReached."
+        ),
+    )
+    max_tool_calls_per_turn: int = Field(
+        default=4,
+        ge=1,
+        le=MAX_CALLS_PER_TURN,
+        description=(
+            "Most tool calls run per turn; further calls of the same turn are answered to the "
+            "model as invalid."
+        ),
+    )
+    context_bytes: int = Field(
+        default=DEFAULT_CONTEXT_BYTES,
+        ge=MIN_CONTEXT_BYTES,
+        le=MAX_CONTEXT_BYTES,
+        description=(
+            "Most bytes of messages sent to the model in one turn. Older tool results are "
+            "replaced by their summaries first, then the oldest turns are left out; the full "
+            "transcript stays in the run's ConfigMaps (kubectl agentrun transcript)."
+        ),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Status
+# --------------------------------------------------------------------------------------------
+
+
+class AgentStage(StrEnum):
+    """Where the agent loop is."""
+
+    WAITING = "Waiting"
+    """The plan's steps run first."""
+    READY = "Ready"
+    """The next turn's context is assembled; the turn starts when the budget allows."""
+    PAUSED = "Paused"
+    """The token budget does not cover the next turn: raise spec.budget.maxTokens."""
+    THINKING = "Thinking"
+    """A model turn is running."""
+    ACTING = "Acting"
+    """The turn's tool calls are running or waiting for approval."""
+    ANSWERED = "Answered"
+    """The model answered without calling a tool: the answer is the run's result."""
+    STOPPED = "Stopped"
+    """The loop ended without an answer (the run failed or was cancelled)."""
+
+
+class ToolCallStatus(ApiModel):
+    """One tool call of the current turn."""
+
+    id: str = Field(description="The call's id, as the model gave it.", max_length=128)
+    tool: str = Field(description="The tool the model called (as it named it).", max_length=128)
+    step: str | None = Field(
+        default=None,
+        description="The step that runs the call (t{turn}-{index}-{tool}); unset when invalid.",
+        max_length=63,
+    )
+    arguments: str = Field(
+        default="",
+        description=(
+            f"The arguments (JSON text) as the model wrote them, up to {MAX_TOOL_ARGUMENTS} "
+            "bytes (an invalid call's are cut short)."
+        ),
+        max_length=MAX_TOOL_ARGUMENTS,
+    )
+    problem: str | None = Field(
+        default=None,
+        description=(
+            "Why the call is invalid and was not run (unknown tool, arguments not valid against "
+            "the tool's parameters, image not allowed, too many calls, budget); answered to the "
+            "model as the call's result."
+        ),
+        max_length=1024,
+    )
+
+
+class ContextStatus(ApiModel):
+    """The context the current (or next) model turn is given."""
+
+    turn: int = Field(ge=1, description="The turn it was assembled for.")
+    name: str = Field(description="The ConfigMap holding it.", max_length=253)
+    parts: int = Field(ge=1, description="Keys part-0 ... of that ConfigMap.")
+    digest: str = Field(description="sha256 of the context (parts and tools).", max_length=64)
+    bytes: int = Field(ge=0, description="Size of the messages as sent to the model.")
+    messages: int = Field(ge=0, description="Messages sent.")
+    paged_results: int = Field(
+        default=0, ge=0, description="Tool results replaced by their summaries to fit."
+    )
+    omitted_turns: int = Field(
+        default=0, ge=0, description="Oldest turns left out to fit contextBytes."
+    )
+
+
+class TurnSummary(ApiModel):
+    """What one finished turn did."""
+
+    turn: int = Field(ge=1, description="The turn.")
+    tool_calls: int = Field(default=0, ge=0, description="Calls the model made.")
+    invalid_calls: int = Field(default=0, ge=0, description="Calls not run because invalid.")
+    tokens: int = Field(default=0, ge=0, description="Tokens the model reported.")
+    finish_reason: str | None = Field(
+        default=None, description="The model's finish reason.", max_length=64
+    )
+    summary: str | None = Field(
+        default=None, description="The first line of what the model said.", max_length=MAX_SUMMARY
+    )
+
+
+class AgentStatus(ApiModel):
+    """The agent loop: bounded counters and the current turn; the transcript is kept by
+    reference in ConfigMaps owned by the run (label agentrun.dev/object=transcript)."""
+
+    stage: AgentStage = Field(default=AgentStage.WAITING, description="Where the loop is.")
+    turn: int = Field(
+        default=0, ge=0, description="The current (or last) model turn; 0 before the first."
+    )
+    context: ContextStatus | None = Field(
+        default=None, description="The context of the current or next turn."
+    )
+    calls: list[ToolCallStatus] | None = Field(
+        default=None,
+        description="The tool calls of the current turn, once the model proposed them.",
+        max_length=64,
+    )
+    finish_reason: str | None = Field(
+        default=None, description="The current turn's finish reason.", max_length=64
+    )
+    tool_calls: int = Field(default=0, ge=0, description="Tool calls proposed in all turns.")
+    invalid_tool_calls: int = Field(
+        default=0, ge=0, description="Tool calls not run because they were invalid."
+    )
+    prompt_tokens: int = Field(default=0, ge=0, description="Prompt tokens of all turns.")
+    completion_tokens: int = Field(default=0, ge=0, description="Completion tokens of all turns.")
+    recent: list[TurnSummary] | None = Field(
+        default=None,
+        description=f"The last {MAX_RECENT_TURNS} finished turns, oldest first.",
+        max_length=MAX_RECENT_TURNS,
+    )
+    answer: str | None = Field(
+        default=None,
+        description="The model's final answer (the run's result), when small enough.",
+        max_length=MAX_ANSWER,
+    )
+    answer_ref: ResultRef | None = Field(
+        default=None, description="Where the whole answer is kept."
+    )
+    answer_digest: str | None = Field(
+        default=None, description="sha256 of the whole answer.", max_length=64
+    )
+    transcript: str | None = Field(
+        default=None,
+        description="Name prefix of the run's transcript ConfigMaps (one per finished turn).",
+        max_length=253,
+    )

@@ -1,0 +1,219 @@
+"""spec.agent and status.agent against a real kube-apiserver: admission (schema and CEL rules),
+kubectl explain, and a status with an agent loop written through the status subresource."""
+
+from __future__ import annotations
+
+import copy
+import json
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from agentrun.api import models as m
+from agentrun_devcluster.testing import KubeClients, TestCluster
+from tests.support.admission import policies_bound_to
+from tests.support.cluster import Kubectl
+from tests.support.runs import Run, create, step
+
+pytestmark = pytest.mark.usefixtures("crd_installed")
+
+
+def tool(name: str = "search", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": name,
+        "description": f"the {name} tool",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        "container": {"image": "busybox:1.36", "command": ["true"]},
+    }
+    body.update(extra)
+    return body
+
+
+def agent_run(name: str, *, plan: list[dict[str, Any]] | None = None, **agent: Any) -> Run:
+    spec: dict[str, Any] = {
+        "goal": "check admission of agent runs",
+        "agent": {
+            "model": {"baseURL": "http://127.0.0.1:1/v1", "name": "scripted"},
+            "tools": [tool()],
+            **agent,
+        },
+    }
+    if plan is not None:
+        spec["plan"] = {"steps": plan}
+    return {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": {"name": name}, "spec": spec}
+
+
+def test_a_run_with_only_an_agent_is_accepted_and_defaulted(
+    kube: KubeClients, namespace: str
+) -> None:
+    created = create(kube, namespace, agent_run("only-agent"))
+    agent = created["spec"]["agent"]
+    assert "plan" not in created["spec"]
+    assert (agent["maxTurns"], agent["maxToolCallsPerTurn"], agent["contextBytes"]) == (
+        20,
+        4,
+        65536,
+    )
+    assert agent["model"]["maxOutputTokens"] == 1024
+    assert agent["tools"][0]["risk"] == "read"
+    # The tool's JSON Schema is kept whole (preserve-unknown-fields), not pruned.
+    assert agent["tools"][0]["parameters"]["properties"] == {"q": {"type": "string"}}
+
+
+def test_a_plan_may_run_before_the_agent(kube: KubeClients, namespace: str) -> None:
+    created = create(kube, namespace, agent_run("plan-first", plan=[step("gather")]))
+    assert [s["name"] for s in created["spec"]["plan"]["steps"]] == ["gather"]
+
+
+def _refused(kube: KubeClients, namespace: str, body: Run) -> str:
+    with pytest.raises(ApiException) as info:
+        create(kube, namespace, body)
+    body_text = info.value.body
+    assert info.value.status == 422 and body_text, body_text
+    said: str = json.loads(body_text)["message"]
+    return said
+
+
+def test_a_run_needs_a_plan_or_an_agent(kube: KubeClients, namespace: str) -> None:
+    body = agent_run("neither")
+    del body["spec"]["agent"]
+    assert "a run needs spec.plan, spec.agent or both" in _refused(kube, namespace, body)
+
+
+INVALID = [
+    ("duplicate-tools", {"tools": [tool(), tool()]}, "Duplicate value"),
+    (
+        "parameters-not-an-object",
+        {"tools": [tool(parameters={"type": "string"})]},
+        "parameters must be a JSON Schema of an object (type: object)",
+    ),
+    (
+        "parameters-without-type",
+        {"tools": [tool(parameters={"properties": {}})]},
+        "parameters must be a JSON Schema of an object (type: object)",
+    ),
+    (
+        "no-parameters",
+        {"tools": [{k: v for k, v in tool().items() if k != "parameters"}]},
+        "parameters: Required value",
+    ),
+    ("bad-tool-name", {"tools": [tool("9lives")]}, "should match"),
+    ("too-many-calls", {"maxToolCallsPerTurn": 17}, "should be less than or equal to 16"),
+    ("zero-turns", {"maxTurns": 0}, "should be greater than or equal to 1"),
+    ("small-context", {"contextBytes": 100}, "should be greater than or equal to 4096"),
+    (
+        "bad-base-url",
+        {"model": {"baseURL": "localhost:8000", "name": "m"}},
+        "should match '^https?://",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "agent", "message"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_agents_are_refused_with_a_clear_message(
+    kube: KubeClients, namespace: str, case: str, agent: dict[str, Any], message: str
+) -> None:
+    said = _refused(kube, namespace, agent_run(case, **agent))
+    assert message in said, said
+
+
+def test_plan_steps_may_not_take_the_names_of_turns_and_calls(
+    kube: KubeClients, namespace: str
+) -> None:
+    said = _refused(kube, namespace, agent_run("reserved", plan=[step("t1-model")]))
+    assert "plan step names may not look like t<number>-..." in said
+    # Without an agent the name is an ordinary step name.
+    plain = agent_run("plain", plan=[step("t1-model")])
+    del plain["spec"]["agent"]
+    assert create(kube, namespace, plain)["spec"]["plan"]["steps"][0]["name"] == "t1-model"
+
+
+def test_explain_teaches_the_agent(kubectl: Kubectl) -> None:
+    out = kubectl("explain", "agentrun.spec.agent").stdout
+    assert "A model that decides the next steps at run time" in out
+    for field in ("instructions", "maxTurns", "maxToolCallsPerTurn", "contextBytes", "tools"):
+        assert field in out, field
+    tools = kubectl("explain", "agentrun.spec.agent.tools").stdout
+    assert "AGENTRUN_TOOL_ARGS" in tools and "JSON Schema of the arguments" in tools
+    model = kubectl("explain", "agentrun.spec.agent.model.apiKeySecretRef").stdout
+    assert "never written to status" in model
+    status = kubectl("explain", "agentrun.status.agent").stdout
+    assert "transcript" in status and "stage" in status
+
+
+def test_a_status_with_an_agent_loop_round_trips(kube: KubeClients, namespace: str) -> None:
+    created = create(kube, namespace, agent_run("status"))
+    body = copy.deepcopy(created)
+    body["status"] = {
+        "phase": "Running",
+        "agent": {
+            "stage": "Acting",
+            "turn": 2,
+            "context": {
+                "turn": 2,
+                "name": "status-context-2",
+                "parts": 1,
+                "digest": "a" * 64,
+                "bytes": 900,
+                "messages": 5,
+                "pagedResults": 1,
+                "omittedTurns": 0,
+            },
+            "calls": [
+                {"id": "c1", "tool": "search", "step": "t2-0-search", "arguments": '{"q":"x"}'},
+                {"id": "c2", "tool": "nope", "problem": "unknown tool 'nope'"},
+            ],
+            "toolCalls": 3,
+            "invalidToolCalls": 1,
+            "recent": [{"turn": 1, "toolCalls": 1, "tokens": 30, "finishReason": "tool_calls"}],
+        },
+    }
+    stored = kube.custom.replace_namespaced_custom_object_status(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "status", body
+    )
+    # The API server fills in the schema's defaults; nothing else changes.
+    written = m.AgentRunStatus.model_validate(body["status"]).to_wire()["agent"]
+    assert stored["status"]["agent"] == written
+    parsed = m.AgentRun.model_validate(stored)
+    assert parsed.status is not None and parsed.status.agent is not None
+    assert parsed.status.agent.calls is not None
+    assert parsed.status.agent.calls[1].problem == "unknown tool 'nope'"
+
+
+def test_the_admission_policies_take_agent_runs_and_keep_their_tools_gated(
+    cluster: TestCluster, namespace: str
+) -> None:
+    """The shipped policies accept a run without a plan, and refuse an update that lowers the
+    approval a tool's calls need (rule g, for tools)."""
+
+    def kubectl(*args: str, input: str | None = None) -> CompletedProcess[str]:
+        return cluster.kubectl(*args, "-n", namespace, input=input, check=False)
+
+    def enforced() -> bool:
+        forged = agent_run("probe")
+        forged["spec"]["approvals"] = [
+            {"step": "t1-0-search", "decision": "approve", "argsHash": "a" * 64, "by": "nobody"}
+        ]
+        proc = kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(forged))
+        return proc.returncode != 0 and "must be signed by the requesting user" in proc.stderr
+
+    gated = agent_run("gated", tools=[tool(approval="required", risk="external")])
+    with policies_bound_to(cluster, namespace, enforced):
+        created = kubectl("create", "-f", "-", "-o", "json", input=json.dumps(gated))
+        assert created.returncode == 0, created.stderr
+        assert "agentrun.dev/created-by" in json.loads(created.stdout)["metadata"]["annotations"]
+        lowered = [
+            {"op": "replace", "path": "/spec/agent/tools/0/approval", "value": "auto"},
+            {"op": "replace", "path": "/spec/agent/tools/0/risk", "value": "read"},
+        ]
+        denied = kubectl("patch", "agentrun/gated", "--type=json", "-p", json.dumps(lowered))
+        assert denied.returncode != 0
+        assert (
+            "spec.agent.tools[search]: cannot go from approval required, risk external to "
+            "approval auto, risk read after creation"
+        ) in denied.stderr, denied.stderr
+        goal = [{"op": "replace", "path": "/spec/goal", "value": "a new goal"}]
+        changed = kubectl("patch", "agentrun/gated", "--type=json", "-p", json.dumps(goal))
+        assert changed.returncode == 0, changed.stderr
