@@ -12,7 +12,7 @@ from agentrun.core import CreateJob, DeleteJob, DeleteRun, StoreResult, naming, 
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.naming import sha256_text
 from agentrun.core.observed import Observed
-from tests.support.sim import T0, Sim, make_run, step
+from tests.support.sim import T0, Sim, SimJob, make_run, step
 
 SP = m.StepPhase
 
@@ -31,7 +31,12 @@ def test_first_reconcile_commits_intent_before_any_job_exists() -> None:
 def test_sequential_plan_runs_in_dependency_order_and_succeeds() -> None:
     sim = Sim(make_run([step("c", "b"), step("a"), step("b", "a")]))
     order: list[str] = []
-    sim.run_to_end(lambda job: (order.append(job.step) is None, f"{job.step} ok"))
+
+    def record(job: SimJob) -> tuple[bool, str]:
+        order.append(job.step)
+        return True, f"{job.step} ok"
+
+    sim.run_to_end(record)
     assert order == ["a", "b", "c"]
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     assert sim.status.progress == "3/3"
@@ -75,7 +80,7 @@ def test_committed_intent_without_job_is_created_again_with_the_same_name() -> N
     decision, version = sim.decide()
     assert sim.commit(decision, version)  # crash: the after-commit create never happens
     name = sim.step_status("a").job_name
-    assert not sim.jobs
+    assert name is not None and not sim.jobs
     sim.tick()
     assert list(sim.creations) == [name] and sim.creations[name] == 1
 
@@ -165,7 +170,8 @@ def test_independent_running_step_finishes_before_the_run_fails() -> None:
     sim.tick()
     sim.finish(sim.job_of("a").name, ok=False, message="boom")
     sim.tick()
-    assert sim.status.phase == m.RunPhase.RUNNING and "stopping" in (sim.status.message or "")
+    stopping = sim.status
+    assert stopping.phase == m.RunPhase.RUNNING and "stopping" in (stopping.message or "")
     sim.finish(sim.job_of("b").name, message="b result")
     sim.tick()
     assert sim.status.phase == m.RunPhase.FAILED
@@ -236,8 +242,9 @@ def test_max_attempts_budget_counts_retries() -> None:
     sim.run_to_end(lambda job: (False, "nope"))
     assert sum(sim.creations.values()) == 3
     assert sim.status.phase == m.RunPhase.FAILED
-    assert sim.step_status("a").error is not None
-    assert sim.step_status("a").error.reason == "BudgetExceeded"
+    error = sim.step_status("a").error
+    assert error is not None
+    assert error.reason == "BudgetExceeded"
 
 
 def test_token_budget_stops_launching_more_steps() -> None:
@@ -321,7 +328,8 @@ def test_suspend_starts_nothing_and_resume_continues() -> None:
     sim.spec_update(suspend=True)
     sim.finish(sim.job_of("a").name)
     sim.tick()
-    assert sim.status.phase == m.RunPhase.SUSPENDED
+    suspended = sim.status
+    assert suspended.phase == m.RunPhase.SUSPENDED
     assert sim.step_status("a").phase == SP.SUCCEEDED, "a running step finishes while suspended"
     assert sim.step_status("b").phase == SP.PENDING and len(sim.jobs) == 1
     sim.spec_update(suspend=False)
@@ -421,8 +429,9 @@ def test_image_policy_rejects_other_images() -> None:
     sim = Sim(make_run([step("a")], policy={"allowedImages": ["ghcr.io/acme/"]}))
     sim.tick()
     assert sim.status.phase == m.RunPhase.FAILED
-    assert sim.step_status("a").error is not None
-    assert sim.step_status("a").error.reason == "ImageNotAllowed"
+    error = sim.step_status("a").error
+    assert error is not None
+    assert error.reason == "ImageNotAllowed"
     assert not sim.creations
 
 
@@ -445,8 +454,9 @@ def test_job_deleted_before_it_was_observed_is_not_created_again() -> None:
     first = sim.step_status("a").job_name or ""
     sim.lose(first)  # deleted while Launching: the finalizer keeps it visible
     decision = sim.tick()
-    assert sim.step_status("a").error is not None
-    assert sim.step_status("a").error.reason == "JobLost"
+    error = sim.step_status("a").error
+    assert error is not None
+    assert error.reason == "JobLost"
     assert sim.creations[first] == 1
     decision = sim.tick()
     assert DeleteJob(first, "Deleted") in decision.after_commit
