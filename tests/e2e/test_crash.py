@@ -10,7 +10,7 @@ result and still carry every run to the end.
   standalone operators drive the same runs at once; their status writes collide (409) and are
   re-derived.
 
-Both check invariant 1 twice over, so they need the local control plane:
+Both check invariant 1 of docs/design.md twice over, so they need the local control plane:
 
 * Job creations in the API server's audit log (a Job deleted and created again under the same
   name counts twice). A create whose client was SIGKILLed mid-request may be stored and still

@@ -57,8 +57,9 @@ from tests.support.waiting import (
 
 
 def check_jobs_created_once(cluster: TestCluster, namespace: str, expected: Iterable[str]) -> None:
-    """Invariant 1 where the audit log is readable: each expected Job created exactly once,
-    no other Job created. (A test of its own skips on external clusters.)"""
+    """Invariant 1 of docs/design.md where the audit log is readable: each expected Job
+    created exactly once, no other Job created. (A test of its own skips on external
+    clusters.)"""
     if cluster.external:
         return
     want = {name: 1 for name in expected}
