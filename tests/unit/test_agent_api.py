@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from agentrun.api import agent as a
 from agentrun.api import crd
 from agentrun.api import models as m
-from tests.unit.test_api import VALIDATOR
-from tests.unit.test_crd import CRD_FILE
+from tests.support.paths import CRD_FILE
+from tests.support.schema import VALIDATOR
 
 
 def tool(name: str = "search", **extra: Any) -> dict[str, Any]:

@@ -6,32 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from agentrun.api import crd
 from agentrun.api import models as m
 from agentrun.core.graph import plan_problems
+from tests.support.paths import EXAMPLES_DIR
+from tests.support.schema import VALIDATOR
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-
-
-def _openapi_to_jsonschema(node: Any) -> Any:
-    """Drop Kubernetes' x- extensions so a JSON Schema validator can read the schema."""
-    if isinstance(node, dict):
-        out = {k: _openapi_to_jsonschema(v) for k, v in node.items() if not k.startswith("x-")}
-        if node.get("x-kubernetes-int-or-string"):
-            out.pop("pattern", None)
-        return out
-    if isinstance(node, list):
-        return [_openapi_to_jsonschema(v) for v in node]
-    return node
-
-
-VALIDATOR = jsonschema.Draft202012Validator(_openapi_to_jsonschema(crd.openapi_schema()))
+EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
 
 
 def test_there_are_examples_for_each_feature() -> None:
