@@ -16,6 +16,7 @@ from typing import Any
 
 from agentrun.api import models as m
 from agentrun.core import (
+    CarriedSource,
     CoreConfig,
     CreateJob,
     Decision,
@@ -84,6 +85,8 @@ class Sim:
     events: list[tuple[str, str]] = field(default_factory=list)
     deleted: bool = False
     commits: int = 0
+    carried_sources: dict[str, CarriedSource] = field(default_factory=dict)
+    """What the runs named by spec.carriedResults committed, as the shell would read it."""
 
     # -- the cluster ---------------------------------------------------------------------
 
@@ -102,7 +105,8 @@ class Sim:
                     deleting=j.deleting,
                 )
                 for j in self.jobs.values()
-            )
+            ),
+            carried_sources=dict(self.carried_sources),
         )
 
     def finish(

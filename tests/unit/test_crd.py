@@ -66,3 +66,18 @@ def test_list_keys_and_cel_rules_are_present() -> None:
     rules = [r["message"] for r in steps["items"]["x-kubernetes-validations"]]
     assert "a step cannot depend on itself" in rules
     assert "every dependsOn entry must name a step of this plan" in text
+
+
+def _spec_schema() -> dict[str, Any]:
+    crd_body = yaml.safe_load(CRD_FILE.read_text())
+    schema: dict[str, Any] = crd_body["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_new_carried_results_need_an_args_hash_and_old_runs_stay_updatable() -> None:
+    carried = _spec_schema()["properties"]["spec"]["properties"]["carriedResults"]
+    assert carried["items"]["properties"]["argsHash"]["pattern"] == models.ARGS_HASH_PATTERN
+    (rule,) = [r for r in carried["x-kubernetes-validations"] if "argsHash" in r["rule"]]
+    # Evaluated when there is no old value (creation) only: runs created before argsHash
+    # existed keep accepting updates such as approvals.
+    assert rule["optionalOldSelf"] is True and rule["rule"].startswith("oldSelf.hasValue() ||")

@@ -11,7 +11,8 @@ from agentrun.api import models as m
 from agentrun.core import CreateJob, DeleteJob, DeleteRun, StoreResult, naming, reconcile
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.naming import sha256_text
-from agentrun.core.observed import Observed
+from agentrun.core.observed import CarriedSource, Observed
+from agentrun.plugin import fork
 from tests.support.sim import T0, Sim, SimJob, make_run, step
 
 SP = m.StepPhase
@@ -607,15 +608,29 @@ def test_approver_is_recorded_on_the_launch() -> None:
     assert launch[-1].by == "alice" and "approved by alice" in (launch[-1].message or "")
 
 
+def plain_hash(body: dict[str, Any]) -> str:
+    """The args hash of a plan step that has no env, inputs or pod settings."""
+    c = body["container"]
+    return naming.args_hash(c["image"], c.get("command", []), c.get("args", []), [], {})
+
+
 def test_carried_results_count_as_succeeded_and_do_not_run() -> None:
+    a_hash = plain_hash(step("a"))
     sim = Sim(
         make_run(
             [step("a"), step("b", "a", inputs=[{"name": "A", "fromStep": "a"}])],
             carriedResults=[
-                {"step": "a", "result": "earlier", "summary": "s", "fromRun": "default/old"}
+                {
+                    "step": "a",
+                    "result": "earlier",
+                    "summary": "s",
+                    "fromRun": "default/old",
+                    "argsHash": a_hash,
+                }
             ],
         )
     )
+    sim.carried_sources["a"] = CarriedSource("default/old", a_hash, sha256_text("earlier"), "s")
     sim.run_to_end()
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     a = sim.step_status("a")
@@ -777,3 +792,154 @@ def test_an_unchanged_intent_is_still_created_after_a_crash() -> None:
     sim.spec_update(goal="another goal")  # not covered by the hash
     sim.tick()
     assert list(sim.creations) == [sim.step_status("a").job_name]
+
+
+# -- carried results ---------------------------------------------------------------------------
+
+
+def forked(
+    steps: list[dict[str, Any]], from_step: str, approvals: list[m.Approval] | None = None
+) -> tuple[Sim, Sim]:
+    """Run ``steps`` to the end in a source run, then fork it at ``from_step`` the way
+    ``kubectl agentrun fork`` does, with the sources the shell would read."""
+    source = Sim(make_run(steps, name="old"))
+    source.run_to_end(lambda job: (True, json.dumps({"ok": True, "summary": job.step})))
+    plan = fork.plan(source.run, from_step, "new")
+    carried = [fork.carried_result(plan, c, None) for c in plan.carry]
+    new = Sim(make_run(steps, name="new", carriedResults=carried, approvals=approvals))
+    for c in plan.carry:
+        found = CarriedSource.from_step_status(plan.source, c.status)
+        assert found is not None
+        new.carried_sources[c.step] = found
+    return source, new
+
+
+def refusal(sim: Sim, name: str) -> str:
+    found = [t for t in sim.status.history or [] if t.reason == "CarriedResultRefused"]
+    mine = [t for t in found if t.step == name]
+    assert len(mine) == 1, found
+    return mine[0].message or ""
+
+
+def test_a_fork_carries_what_its_source_committed_for_the_same_args() -> None:
+    steps = [step("a"), step("b", "a", inputs=[{"name": "A", "fromStep": "a"}]), step("c", "b")]
+    _, new = forked(steps, "c")
+    new.run_to_end()
+    assert new.status.phase == m.RunPhase.SUCCEEDED
+    assert [s.step.name for s in new.created_specs.values()] == ["c"]
+    assert new.step_status("b").args_hash, "a carried step shows the args it was carried for"
+
+
+def test_a_carried_result_for_other_args_is_refused_and_the_step_runs() -> None:
+    source = Sim(make_run([step("a")], name="old"))
+    source.run_to_end()
+    plan = fork.plan(source.run, "a", "new")
+    entry = fork.carried_result(plan, fork.Carry("a", source.step_status("a")), None)
+    changed = step("a")
+    changed["container"]["args"] = ["--other"]
+    sim = Sim(make_run([changed], name="new", carriedResults=[entry]))
+    sim.carried_sources["a"] = CarriedSource("default/old", entry["argsHash"], None, None)
+    sim.run_to_end()
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    assert sim.step_status("a").attempt == 1 and len(sim.creations) == 1
+    assert "the step now has args" in refusal(sim, "a")
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"argsHash": None}, "no argsHash"),
+        ({"fromRun": "other-namespace/old"}, "namespace default"),
+        ({"fromRun": None}, "namespace default"),
+        ({"result": "forged"}, "not the result"),
+        ({"summary": "forged"}, "not the result"),
+        ({"resultDigest": "0" * 64}, "resultDigest is not the digest of result"),
+    ],
+)
+def test_a_carried_result_that_is_not_what_its_source_committed_is_refused(
+    change: dict[str, Any], why: str
+) -> None:
+    a_hash = plain_hash(step("a"))
+    entry: dict[str, Any] = {
+        "step": "a",
+        "fromRun": "default/old",
+        "argsHash": a_hash,
+        "summary": "s",
+        "result": "r",
+    }
+    entry.update(change)
+    sim = Sim(make_run([step("a")], carriedResults=[entry]))
+    sim.carried_sources["a"] = CarriedSource("default/old", a_hash, sha256_text("r"), "s")
+    decision = sim.tick()
+    st = sim.step_status("a")
+    assert st.phase == SP.LAUNCHING and st.attempt == 1, "refused: the step runs instead"
+    assert st.error is None and sim.status.phase == m.RunPhase.RUNNING
+    assert why in refusal(sim, "a")
+    assert any(
+        getattr(x, "reason", "") == "CarriedResultRefused" and getattr(x, "type", "") == "Warning"
+        for x in decision.after_commit
+    )
+
+
+def test_a_carried_result_whose_source_was_not_verified_is_refused() -> None:
+    _, new = forked([step("a"), step("b", "a")], "b")
+    new.carried_sources.clear()  # the shell found no such run, or it committed nothing there
+    new.tick()
+    assert new.step_status("a").phase == SP.LAUNCHING
+    assert "default/old has no committed result" in refusal(new, "a")
+
+
+def test_a_source_that_committed_other_args_is_refused() -> None:
+    _, new = forked([step("a"), step("b", "a")], "b")
+    source = new.carried_sources["a"]
+    new.carried_sources["a"] = CarriedSource(source.run, "1" * 64, source.result_digest, None)
+    new.tick()
+    assert "committed it for other args" in refusal(new, "a")
+
+
+def test_a_gated_step_is_carried_only_when_this_run_approves_its_args() -> None:
+    steps = [step("deploy", approval="required"), step("report", "deploy")]
+    source = Sim(make_run(steps, name="old"))
+    source.tick()
+    approve(source, "deploy")
+    source.run_to_end()
+    assert source.status.phase == m.RunPhase.SUCCEEDED
+
+    def fork_with(approvals: list[m.Approval] | None) -> Sim:
+        plan = fork.plan(source.run, "report", "new")
+        carried = [fork.carried_result(plan, c, None) for c in plan.carry]
+        sim = Sim(make_run(steps, name="new", carriedResults=carried, approvals=approvals))
+        for c in plan.carry:
+            found = CarriedSource.from_step_status(plan.source, c.status)
+            assert found is not None
+            sim.carried_sources[c.step] = found
+        return sim
+
+    unapproved = fork_with(None)
+    unapproved.tick()
+    assert unapproved.step_status("deploy").phase == SP.WAITING_FOR_APPROVAL
+    assert "needs approval" in refusal(unapproved, "deploy") and not unapproved.creations
+
+    h = source.step_status("deploy").args_hash or ""
+    rejected = fork_with(
+        [m.Approval(step="deploy", decision=m.ApprovalDecision.REJECT, args_hash=h, by="bob")]
+    )
+    rejected.tick()
+    assert "needs approval" in refusal(rejected, "deploy")
+
+    approved = fork_with(
+        [m.Approval(step="deploy", decision=m.ApprovalDecision.APPROVE, args_hash=h, by="bob")]
+    )
+    approved.run_to_end()
+    assert approved.status.phase == m.RunPhase.SUCCEEDED
+    assert [s.step.name for s in approved.created_specs.values()] == ["report"]
+
+
+def test_a_step_whose_dependency_was_refused_runs_too() -> None:
+    steps = [step("a"), step("b", "a", inputs=[{"name": "A", "fromStep": "a"}]), step("c", "b")]
+    _, new = forked(steps, "c")
+    del new.carried_sources["a"]
+    new.run_to_end()
+    assert new.status.phase == m.RunPhase.SUCCEEDED
+    assert "dependency a was not carried" in refusal(new, "b")
+    assert [s.step.name for s in new.created_specs.values()] == ["a", "b", "c"]

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import audit, objects
 from agentrun.api import models as m
-from agentrun.core import graph, naming
+from agentrun.core import CarriedSource, graph, naming
 from agentrun.plugin import cli, render
 from agentrun.plugin import fork as forking
 from agentrun.plugin.kube import PluginError, strip_kind
@@ -254,8 +254,13 @@ def test_status_tree_shows_errors_as_reason_and_message_and_durations() -> None:
 
 
 def test_carried_steps_say_where_their_result_came_from() -> None:
-    carried = [{"step": "a", "fromRun": "ns/old", "summary": "big", "result": "r"}]
-    sim = Sim(make_run([step("a"), step("b", "a")], carriedResults=carried))
+    container = step("a")["container"]
+    h = naming.args_hash(container["image"], container["command"], [], [], {})
+    carried = [{"step": "a", "fromRun": "ns/old", "summary": "big", "result": "r", "argsHash": h}]
+    run = make_run([step("a"), step("b", "a")], carriedResults=carried)
+    run.metadata.namespace = "ns"
+    sim = Sim(run)
+    sim.carried_sources["a"] = CarriedSource("ns/old", h, naming.sha256_text("r"), "big")
     sim.run_to_end()
     text = "\n".join(render.status_lines(sim.run, sim.now))
     assert "big (carried from ns/old)" in text

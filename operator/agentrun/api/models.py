@@ -550,8 +550,22 @@ class CarriedResult(ApiModel):
     step: str = Field(description="The step of this plan the result belongs to.", max_length=63)
     from_run: str | None = Field(
         default=None,
-        description="namespace/name of the run it was committed in.",
+        description=(
+            "namespace/name of the run it was committed in; it must be in this run's "
+            "namespace, and still hold the result when this run starts."
+        ),
         max_length=317,
+    )
+    args_hash: str | None = Field(
+        default=None,
+        description=(
+            "The step's argsHash when fromRun committed the result (status.steps[].argsHash "
+            "there). Required for new entries. The result is carried only when this equals "
+            "the step's argsHash in this run, fromRun committed exactly this result for it, "
+            "and, for a step that needs approval, spec.approvals of this run approves these "
+            "arguments; otherwise the step runs (transition reason CarriedResultRefused)."
+        ),
+        pattern=ARGS_HASH_PATTERN,
     )
     summary: str | None = Field(default=None, description="Short summary.", max_length=1024)
     result: str | None = Field(
@@ -689,7 +703,15 @@ class AgentRunSpec(ApiModel):
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["step"],
             "x-kubernetes-validations": [
-                {"rule": "self == oldSelf", "message": "carriedResults cannot change"}
+                {"rule": "self == oldSelf", "message": "carriedResults cannot change"},
+                {
+                    # Checked when the entries are written (at creation) only, so runs made
+                    # before argsHash existed stay updatable (their entries are refused).
+                    "rule": "oldSelf.hasValue() || self.all(c, has(c.argsHash))",
+                    "optionalOldSelf": True,
+                    "message": "every carriedResults entry needs argsHash (the step's "
+                    "argsHash in the run it comes from)",
+                },
             ],
         },
     )

@@ -14,10 +14,11 @@ from agentrun.core.actions import (
     StoreResult,
 )
 from agentrun.core.machine import CoreConfig, Decision, reconcile
-from agentrun.core.observed import JobState, Observed, ObservedJob
+from agentrun.core.observed import CarriedSource, JobState, Observed, ObservedJob
 
 __all__ = [
     "Action",
+    "CarriedSource",
     "CoreConfig",
     "CreateJob",
     "Decision",

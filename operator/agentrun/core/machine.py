@@ -136,7 +136,7 @@ class _Builder:
                 seq=seq,
             )
         )
-        warning = new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith("Exceeded")
+        warning = new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith(("Exceeded", "Refused"))
         self.events.append(EmitEvent("Warning" if warning else "Normal", reason, _truncate(msg)))
 
     def move(
@@ -185,11 +185,13 @@ def reconcile(
         return _finish(b)
 
     carried = {c.step: c for c in run.spec.carried_results or []}
+    to_carry: list[m.Step] = []
     for step in run.spec.plan.steps:
         if step.name not in steps:
             steps[step.name] = m.StepStatus(name=step.name, phase=SP.PENDING)
             if step.name in carried:
-                _carry(b, steps[step.name], carried[step.name])
+                to_carry.append(step)
+    _carry_results(b, to_carry, carried)
     _forget_removed_steps(b)
 
     for step in run.spec.plan.steps:
@@ -248,6 +250,80 @@ def reconcile(
 # ---------------------------------------------------------------------------------------------
 # Observing attempts
 # ---------------------------------------------------------------------------------------------
+
+
+def _carry_results(
+    b: _Builder, to_carry: Sequence[m.Step], carried: dict[str, m.CarriedResult]
+) -> None:
+    """Accept or refuse, once, the carried results of steps seen for the first time.
+
+    Dependencies first: a step's args hash covers its inputs, which are its dependencies'
+    results, so it is known only once they are carried (or not).
+    """
+    pending = list(to_carry)
+    while pending:
+        waiting = {s.name for s in pending}
+        ready = [s for s in pending if not waiting & set(s.depends_on or [])]
+        if not ready:  # pragma: no cover - the plan is acyclic (plan_problems ran first)
+            ready = pending[:1]
+        for step in ready:
+            pending.remove(step)
+            st = b.steps[step.name]
+            refused = _refuse_carried(b, step, st, carried[step.name])
+            if refused is None:
+                _carry(b, st, carried[step.name])
+            else:
+                origin = carried[step.name].from_run or "an unnamed run"
+                text = _truncate(
+                    f"step {step.name}: the result carried from {origin} is refused "
+                    f"({refused}); the step runs",
+                    256,
+                )
+                st.message = _truncate(f"carried result refused: {refused}")
+                b.record(step.name, None, SP.PENDING, "CarriedResultRefused", text)
+
+
+def _refuse_carried(
+    b: _Builder, step: m.Step, st: m.StepStatus, carried: m.CarriedResult
+) -> str | None:
+    """Why a carried result cannot be accepted, or None when it can: it must be what its
+    source run committed for the step's current arguments, and a gated step's arguments must
+    be approved in this run."""
+    not_carried = [d for d in step.depends_on or [] if b.steps[d].phase != SP.SUCCEEDED]
+    if not_carried:
+        return f"dependency {not_carried[0]} was not carried"
+    if carried.args_hash is None:
+        return "the entry has no argsHash"
+    resolved = _resolve_inputs(b, step)
+    if isinstance(resolved, str):  # pragma: no cover - every dependency succeeded
+        return resolved
+    h = _args_hash(b.run, step, resolved[1])
+    st.args_hash = h
+    if carried.args_hash != h:
+        return f"it is for args {carried.args_hash[:12]}, the step now has args {h[:12]}"
+    namespace = (carried.from_run or "").partition("/")[0]
+    if not carried.from_run or namespace != b.run.metadata.namespace:
+        return f"fromRun must name a run in namespace {b.run.metadata.namespace}"
+    source = b.observed.carried_sources.get(step.name)
+    if source is None or source.run != carried.from_run:
+        return f"{carried.from_run} has no committed result of this step"
+    if source.args_hash != carried.args_hash:
+        return f"{carried.from_run} committed it for other args"
+    digest = carried.result_digest
+    if carried.result is not None:
+        inline = naming.sha256_text(carried.result)
+        if digest is not None and digest != inline:
+            return "resultDigest is not the digest of result"
+        digest = inline
+    if digest != source.result_digest or (carried.summary or None) != (
+        source.summary[:1024] if source.summary else None
+    ):
+        return f"it is not the result {carried.from_run} committed"
+    if _needs_approval(b.run, step):
+        decision = _decision_for(b.run, step.name, h)
+        if decision is None or decision.decision != m.ApprovalDecision.APPROVE:
+            return f"the step needs approval and spec.approvals does not approve args {h[:12]}"
+    return None
 
 
 def _carry(b: _Builder, st: m.StepStatus, carried: m.CarriedResult) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+
+from agentrun.api import models as m
+from agentrun.core.naming import sha256_text
 
 
 class JobState(StrEnum):
@@ -35,6 +38,36 @@ class ObservedJob:
 
 
 @dataclass(frozen=True)
+class CarriedSource:
+    """What the run a carried result claims to come from (its ``fromRun``) really committed
+    for that step, as the shell read it from that run's status (same namespace).
+
+    The core accepts a carried result only when it matches this: a fork may carry what its
+    source committed, and nothing else.
+    """
+
+    run: str
+    """``namespace/name`` of the run read."""
+    args_hash: str | None
+    """The step's committed argsHash in that run."""
+    result_digest: str | None
+    """sha256 of the step's full committed result (of the inline result when it was kept in
+    status); None when the step committed no result."""
+    summary: str | None = None
+
+    @classmethod
+    def from_step_status(cls, run: str, st: m.StepStatus) -> CarriedSource | None:
+        """The source of a step that Succeeded in ``run``; None for any other phase (nothing
+        was committed that could be carried)."""
+        if st.phase != m.StepPhase.SUCCEEDED:
+            return None
+        digest = st.result_digest
+        if st.result_ref is None and st.result is not None:
+            digest = sha256_text(st.result)
+        return cls(run=run, args_hash=st.args_hash, result_digest=digest, summary=st.summary)
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything observed for one run."""
 
@@ -43,6 +76,12 @@ class Observed:
     """The highest transition seq stored in the run's audit record; None when the shell
     keeps no record (then the history is a plain ring)."""
     record_name: str | None = None
+    carried_sources: Mapping[str, CarriedSource] = field(default_factory=dict)
+    """Keyed by step name: for each of the run's spec.carriedResults, what its ``fromRun``
+    committed for that step (:meth:`CarriedSource.from_step_status`), read by the shell from
+    that run in the run's own namespace. A step left out (source not found, not Succeeded
+    there) has its carried result refused. Only read on the pass that first sees the run's
+    steps, when carried results are accepted or refused once and for all."""
 
     def job(self, name: str) -> ObservedJob | None:
         return next((j for j in self.jobs if j.name == name), None)

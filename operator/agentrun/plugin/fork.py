@@ -107,6 +107,8 @@ def carried_result(fork: ForkPlan, carry: Carry, content: str | None) -> dict[st
     (read from the old run's ConfigMap for results kept by reference)."""
     st = carry.status
     entry: dict[str, Any] = {"step": carry.step, "fromRun": fork.source}
+    if st.args_hash:  # the operator carries the result only for these same arguments
+        entry["argsHash"] = st.args_hash
     if st.summary:
         entry["summary"] = st.summary[:1024]
     if carry.copy_name is not None and st.result_ref is not None:
