@@ -943,3 +943,38 @@ def test_a_step_whose_dependency_was_refused_runs_too() -> None:
     assert new.status.phase == m.RunPhase.SUCCEEDED
     assert "dependency a was not carried" in refusal(new, "b")
     assert [s.step.name for s in new.created_specs.values()] == ["a", "b", "c"]
+
+
+# -- removing a step and adding it back -------------------------------------------------------
+
+
+def test_a_step_removed_and_added_back_starts_again_as_a_new_attempt() -> None:
+    steps = [step("a"), step("b")]
+    sim = Sim(make_run(steps))
+    sim.tick()
+    first_job = sim.step_status("b").job_name
+    sim.spec_update(plan=m.Plan.model_validate({"steps": steps[:1]}))
+    sim.tick()
+    assert sim.step_status("b").phase == SP.CANCELLED and first_job not in sim.jobs
+    sim.spec_update(plan=m.Plan.model_validate({"steps": steps}))
+    sim.tick()
+    st = sim.step_status("b")
+    assert st.phase == SP.LAUNCHING and st.attempt == 2 and st.job_name != first_job
+    back = [t for t in sim.status.history or [] if t.reason == "ReAddedToPlan"]
+    assert len(back) == 1 and back[0].from_phase == SP.CANCELLED
+    assert back[0].to_phase == SP.PENDING and "attempt 2" in (back[0].message or "")
+    sim.run_to_end()
+    assert sim.status.phase == m.RunPhase.SUCCEEDED and sim.status.progress == "2/2"
+    assert sim.creations[st.job_name or ""] == 1
+
+
+def test_a_pending_step_removed_and_added_back_runs_once() -> None:
+    steps = [step("a"), step("b", "a")]
+    sim = Sim(make_run(steps))
+    sim.tick()
+    sim.spec_update(plan=m.Plan.model_validate({"steps": steps[:1]}))
+    sim.tick()
+    sim.spec_update(plan=m.Plan.model_validate({"steps": steps}))
+    sim.run_to_end()
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    assert sim.step_status("b").attempt == 1 and len(sim.creations) == 2

@@ -191,6 +191,10 @@ def reconcile(
             steps[step.name] = m.StepStatus(name=step.name, phase=SP.PENDING)
             if step.name in carried:
                 to_carry.append(step)
+        elif steps[step.name].phase == SP.CANCELLED:
+            # Only removal from the plan cancels a step of a run that goes on (every other
+            # cancellation ends the run): the step is back, so it starts again.
+            _restart_readded(b, steps[step.name])
     _carry_results(b, to_carry, carried)
     _forget_removed_steps(b)
 
@@ -782,6 +786,28 @@ def _forget_removed_steps(b: _Builder) -> None:
             b.after.append(DeleteJob(st.job_name, "RemovedFromPlan"))
         st.finished_at = b.now
         b.move(st, SP.CANCELLED, "RemovedFromPlan", "the step was removed from the plan")
+
+
+def _restart_readded(b: _Builder, st: m.StepStatus) -> None:
+    """A step removed from the plan and added back: it starts again, from its next attempt
+    number (so a new Job name: the Job of its last attempt may still be going away). Its
+    attempts so far still count against retry.limit and the budget."""
+    st.error = None
+    st.summary = None
+    st.result = None
+    st.result_ref = None
+    st.result_digest = None
+    st.finished_at = None
+    st.next_attempt_at = None
+    st.attempt_started_at = None
+    st.approval_requested_at = None
+    st.decided_by = None
+    b.move(
+        st,
+        SP.PENDING,
+        "ReAddedToPlan",
+        f"the step is back in the plan; it starts again as attempt {st.attempt + 1}",
+    )
 
 
 def _modified_by(run: m.AgentRun) -> str | None:
