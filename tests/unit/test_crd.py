@@ -81,3 +81,23 @@ def test_new_carried_results_need_an_args_hash_and_old_runs_stay_updatable() -> 
     # Evaluated when there is no old value (creation) only: runs created before argsHash
     # existed keep accepting updates such as approvals.
     assert rule["optionalOldSelf"] is True and rule["rule"].startswith("oldSelf.hasValue() ||")
+
+
+def test_every_status_text_the_core_writes_from_step_output_is_bounded() -> None:
+    status = _spec_schema()["properties"]["status"]["properties"]
+    step = status["steps"]["items"]["properties"]
+    transition = status["history"]["items"]["properties"]
+    bounded = {
+        "steps[].summary": step["summary"],
+        "steps[].result": step["result"],
+        "steps[].message": step["message"],
+        "steps[].error.reason": step["error"]["properties"]["reason"],
+        "steps[].error.message": step["error"]["properties"]["message"],
+        "history[].reason": transition["reason"],
+        "history[].message": transition["message"],
+        "message": status["message"],
+    }
+    for path, node in bounded.items():
+        assert "maxLength" in node, path
+    assert step["usage"]["properties"]["tokens"]["maximum"] == models.MAX_TOKENS
+    assert status["usage"]["properties"]["tokens"]["maximum"] == models.MAX_TOKENS

@@ -77,3 +77,57 @@ def test_backoff_grows_caps_and_is_reproducible() -> None:
     assert delays != [
         backoff_seconds(policy, k, seed=2, run_uid="u", step="s") for k in range(1, 8)
     ]
+
+
+def test_deeply_nested_envelopes_fail_instead_of_raising() -> None:
+    nested = '{"ok": true, "result": ' + "[" * 5000 + "]" * 5000 + "}"
+    env = envelope.parse(nested)
+    assert not env.ok and env.problem is not None and "nested too deeply" in env.problem
+    plain = "[" * 5000 + "]" * 5000  # not an object: a plain-text result, as any other text
+    assert envelope.parse(plain).ok
+
+
+def test_token_counts_are_clamped_and_must_be_whole_numbers() -> None:
+    def tokens(value: str) -> envelope.Envelope:
+        return envelope.parse('{"ok": true, "usage": {"tokens": ' + value + "}}")
+
+    assert tokens(str(2**70)).tokens == envelope.MAX_TOKENS
+    assert tokens("12").tokens == 12 and tokens("null").tokens == 0
+    for bad in ("-1", "1.5", "1e400", "NaN", "Infinity", '"12"', "true", "[1]"):
+        env = tokens(bad)
+        assert not env.ok and env.problem is not None and "usage.tokens" in env.problem, bad
+    huge = tokens("9" * 5000)  # more digits than Python converts
+    assert not huge.ok and huge.problem is not None
+
+
+def test_fields_of_the_wrong_type_fail_the_envelope() -> None:
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"summary": 3}, "summary"),
+        ({"usage": [1]}, "usage"),
+        ({"resultRef": "cm"}, "resultRef"),
+        ({"resultRef": {"name": "Not A Name", "key": "k"}}, "resultRef.name"),
+        ({"resultRef": {"name": "cm", "key": "a/b"}}, "resultRef.key"),
+        ({"resultDigest": "x" * 65}, "resultDigest"),
+        ({"resultDigest": 7}, "resultDigest"),
+    ]
+    for body, field in cases:
+        env = envelope.parse(json.dumps({"ok": True, **body}))
+        assert not env.ok and env.problem is not None and field in env.problem, body
+
+
+def test_invalid_unicode_is_replaced_before_it_reaches_status() -> None:
+    env = envelope.parse('{"ok": true, "summary": "a\\ud800b", "result": {"k": "\\udfff"}}')
+    assert env.ok and env.summary == "a\ufffdb" and env.result == '{"k":"\ufffd"}'
+    raw = envelope.parse("bytes \udcff here")  # how undecodable bytes arrive (surrogateescape)
+    assert raw.result == "bytes \ufffd here"
+    assert dict(envelope.result_object_data('{"k": "\\ud800"}'))["field.k"] == "\ufffd"
+
+
+def test_a_message_longer_than_any_kubelet_keeps_fails_the_envelope() -> None:
+    env = envelope.parse("x" * (envelope.MESSAGE_LIMIT + 1))
+    assert not env.ok and env.problem is not None and "more than" in env.problem
+
+
+def test_result_object_fields_are_valid_config_map_keys() -> None:
+    data = dict(envelope.result_object_data(json.dumps({"ok-1": 1, "é": 2, "a/b": 3})))
+    assert set(data) == {"result", "field.ok-1"}

@@ -978,3 +978,30 @@ def test_a_pending_step_removed_and_added_back_runs_once() -> None:
     sim.run_to_end()
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     assert sim.step_status("b").attempt == 1 and len(sim.creations) == 2
+
+
+# -- bad step output ---------------------------------------------------------------------------
+
+
+def test_an_invalid_envelope_fails_the_attempt_with_the_reason() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, True, json.dumps({"ok": True, "usage": {"tokens": -5}}))
+    sim.tick()
+    st = sim.step_status("a")
+    assert st.phase == SP.FAILED and st.error is not None
+    assert st.error.reason == "InvalidEnvelope" and "usage.tokens" in st.error.message
+    assert sim.status.phase == m.RunPhase.FAILED
+
+
+def test_token_counts_are_clamped_so_status_stays_writable() -> None:
+    sim = Sim(make_run([step("a"), step("b")]))
+    sim.tick()
+    for name in ("a", "b"):
+        sim.finish(
+            sim.job_of(name).name, True, json.dumps({"ok": True, "usage": {"tokens": 10**30}})
+        )
+    sim.tick()
+    usage = sim.status.usage
+    assert usage is not None and usage.tokens == m.MAX_TOKENS
+    assert (sim.step_status("a").usage or m.StepUsage()).tokens == m.MAX_TOKENS

@@ -45,6 +45,13 @@ MAX_APPROVALS = 64
 MAX_HISTORY = 50
 MAX_HISTORY_HARD = 1000
 """History keeps entries the audit record has not stored yet, up to this many."""
+MAX_INLINE_RESULT = 4096
+"""Longest result kept in status (spec.carriedResults[].result has the same bound)."""
+MAX_SUMMARY = 1024
+MAX_MESSAGE = 1024
+MAX_REASON = 128
+MAX_TOKENS = 2**53 - 1
+"""Token counts in status are clamped to this (exact in any JSON reader, within int64)."""
 ANNOTATION_CREATED_BY = f"{GROUP}/created-by"
 """Set at admission (MutatingAdmissionPolicy) to the user who created the run."""
 ANNOTATION_MODIFIED_BY = f"{GROUP}/last-modified-by"
@@ -567,11 +574,11 @@ class CarriedResult(ApiModel):
         ),
         pattern=ARGS_HASH_PATTERN,
     )
-    summary: str | None = Field(default=None, description="Short summary.", max_length=1024)
+    summary: str | None = Field(default=None, description="Short summary.", max_length=MAX_SUMMARY)
     result: str | None = Field(
         default=None,
         description="The result, when small enough to keep inline.",
-        max_length=4096,
+        max_length=MAX_INLINE_RESULT,
     )
     result_ref: ResultRef | None = Field(
         default=None, description="Where a larger result is kept (a ConfigMap of this run)."
@@ -748,7 +755,7 @@ class StepError(ApiModel):
     """Why the last attempt of a step failed."""
 
     reason: str = Field(
-        description="CamelCase reason, e.g. Error, DeadlineExceeded.", max_length=128
+        description="CamelCase reason, e.g. Error, DeadlineExceeded.", max_length=MAX_REASON
     )
     message: str = Field(default="", description="Details, truncated.", max_length=1024)
     exit_code: int | None = Field(default=None, description="Exit code of the container.")
@@ -758,7 +765,9 @@ class StepError(ApiModel):
 class StepUsage(ApiModel):
     """What a step consumed, as reported by the step."""
 
-    tokens: int = Field(default=0, ge=0, description="Tokens reported by the step.")
+    tokens: int = Field(
+        default=0, ge=0, le=MAX_TOKENS, description="Tokens reported by the step (clamped)."
+    )
 
 
 class StepStatus(ApiModel):
@@ -795,23 +804,33 @@ class StepStatus(ApiModel):
     next_attempt_at: Timestamp | None = Field(
         default=None, description="When the next attempt starts (while BackingOff)."
     )
-    summary: str | None = Field(default=None, description="Short summary of the result.")
+    summary: str | None = Field(
+        default=None, description="Short summary of the result.", max_length=MAX_SUMMARY
+    )
     result: str | None = Field(
-        default=None, description="The result, when small enough to keep inline."
+        default=None,
+        description="The result, when small enough to keep inline.",
+        max_length=MAX_INLINE_RESULT,
     )
     result_ref: ResultRef | None = Field(default=None, description="Where a larger result is kept.")
     result_digest: str | None = Field(
-        default=None, description="sha256 of the full result, when it is kept by reference."
+        default=None,
+        description="sha256 of the full result, when it is kept by reference.",
+        max_length=64,
     )
     error: StepError | None = Field(default=None, description="Why the last attempt failed.")
     approval_requested_at: Timestamp | None = Field(
         default=None, description="Since when the step waits for approval."
     )
     decided_by: str | None = Field(
-        default=None, description="Who approved or rejected the step's current arguments."
+        default=None,
+        description="Who approved or rejected the step's current arguments.",
+        max_length=253,
     )
     usage: StepUsage | None = Field(default=None, description="What the step consumed.")
-    message: str | None = Field(default=None, description="Human readable state.")
+    message: str | None = Field(
+        default=None, description="Human readable state.", max_length=MAX_MESSAGE
+    )
 
 
 class Usage(ApiModel):
@@ -819,7 +838,9 @@ class Usage(ApiModel):
 
     steps: int = Field(default=0, ge=0, description="Distinct steps started.")
     attempts: int = Field(default=0, ge=0, description="Step attempts (Jobs) launched.")
-    tokens: int = Field(default=0, ge=0, description="Tokens reported by steps.")
+    tokens: int = Field(
+        default=0, ge=0, le=MAX_TOKENS, description="Tokens reported by steps (clamped)."
+    )
     wall_time_seconds: int = Field(default=0, ge=0, description="Seconds since the run started.")
 
 
@@ -832,9 +853,11 @@ class Transition(ApiModel):
         default=None, alias="from", description="Phase before (unset when new)."
     )
     to_phase: str = Field(alias="to", description="Phase after.")
-    reason: str = Field(description="CamelCase reason.")
-    message: str | None = Field(default=None, description="Details.")
-    by: str | None = Field(default=None, description="Who caused it, when a person did.")
+    reason: str = Field(description="CamelCase reason.", max_length=MAX_REASON)
+    message: str | None = Field(default=None, description="Details.", max_length=MAX_MESSAGE)
+    by: str | None = Field(
+        default=None, description="Who caused it, when a person did.", max_length=253
+    )
     seq: int = Field(default=0, ge=0, description="Sequence number of the transition in the run.")
 
 
@@ -861,10 +884,14 @@ class AgentRunStatus(ApiModel):
         description="Succeeded (Unknown, True or False with a reason) and ApprovalPending.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    message: str | None = Field(default=None, description="Human readable state of the run.")
+    message: str | None = Field(
+        default=None, description="Human readable state of the run.", max_length=MAX_MESSAGE
+    )
     progress: str | None = Field(default=None, description="Succeeded steps / all steps, e.g. 2/5.")
     current_step: str | None = Field(
-        default=None, description="The step(s) running or waiting now, comma separated."
+        default=None,
+        description="The step(s) running or waiting now, comma separated.",
+        max_length=MAX_MESSAGE,
     )
     started_at: Timestamp | None = Field(default=None, description="When the run started.")
     completed_at: Timestamp | None = Field(default=None, description="When the run finished.")

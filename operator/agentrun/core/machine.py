@@ -36,13 +36,21 @@ from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming
 from agentrun.core.actions import Action, CreateJob, DeleteJob, DeleteRun, EmitEvent, StoreResult
 from agentrun.core.backoff import backoff_seconds
-from agentrun.core.envelope import Envelope, parse, result_object_data
+from agentrun.core.envelope import MAX_TOKENS, Envelope, clean, parse, result_object_data
 from agentrun.core.graph import plan_problems
 from agentrun.core.observed import JobState, Observed, ObservedJob
 
 SUCCEEDED = "Succeeded"
 APPROVAL_PENDING = "ApprovalPending"
 MESSAGE_LIMIT = 512
+REASON_LIMIT = 128
+"""StepError.reason's maxLength; reasons also become condition and transition reasons."""
+USER_LIMIT = 253
+INLINE_RESULT_MAX = m.MAX_INLINE_RESULT
+"""Results are kept inline only up to this many bytes, whatever the configured limit:
+status.steps[].result's maxLength."""
+EXIT_CODES = range(-(2**31), 2**31)
+TTL_LIMIT = 100 * 365 * 86400
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,10 @@ class Decision:
 
 
 def _truncate(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """``text`` fit for status: valid Unicode, at most ``limit`` characters."""
+    if len(text) <= limit:
+        return clean(text)
+    return clean(text[: limit - 1]) + "…"
 
 
 def _floor_seconds(t: datetime) -> datetime:
@@ -132,7 +143,7 @@ class _Builder:
                 to_phase=new,
                 reason=reason,
                 message=_truncate(msg, 256) or None,
-                by=by,
+                by=_truncate(by, USER_LIMIT) if by is not None else None,
                 seq=seq,
             )
         )
@@ -302,6 +313,8 @@ def _refuse_carried(
     if isinstance(resolved, str):  # pragma: no cover - every dependency succeeded
         return resolved
     h = _args_hash(b.run, step, resolved[1])
+    if h is None:
+        return UNHASHABLE
     st.args_hash = h
     if carried.args_hash != h:
         return f"it is for args {carried.args_hash[:12]}, the step now has args {h[:12]}"
@@ -371,9 +384,13 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
             b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
         _check_step_timeout(b, step, st, job)
         return
+    code = job.exit_code
+    exit_code = code if type(code) is int and code in EXIT_CODES else None  # an int32, or unknown
     if job.state == JobState.SUCCEEDED:
         envelope = parse(job.termination_message)
-        if envelope.ok:
+        if envelope.problem is not None:
+            _attempt_failed(b, step, st, "InvalidEnvelope", envelope.problem, exit_code)
+        elif envelope.ok:
             _attempt_succeeded(b, step, st, job, envelope)
         else:
             _attempt_failed(
@@ -382,19 +399,19 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
                 st,
                 "StepReportedFailure",
                 envelope.summary or "the step reported ok: false",
-                job.exit_code,
+                exit_code,
             )
         return
-    reason, message = _failure_of(job)
-    _attempt_failed(b, step, st, reason, message, job.exit_code)
+    reason, message = _failure_of(job, exit_code)
+    _attempt_failed(b, step, st, reason, message, exit_code)
 
 
-def _failure_of(job: ObservedJob) -> tuple[str, str]:
+def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
     if job.reason == "DeadlineExceeded":
         return "StepTimeout", "the attempt ran past timeoutSeconds"
-    detail = (job.termination_message or job.message or "").strip()
-    if job.exit_code is not None:
-        text = f"exit code {job.exit_code}" + (f": {detail}" if detail else "")
+    detail = (job.termination_message or job.message or "")[: 2 * MESSAGE_LIMIT].strip()
+    if exit_code is not None:
+        text = f"exit code {exit_code}" + (f": {detail}" if detail else "")
         return "Error", text
     return job.reason or "Error", detail or "the Job failed"
 
@@ -430,7 +447,8 @@ def _attempt_succeeded(
         st.result_ref = m.ResultRef(name=env.result_ref[0], key=env.result_ref[1])
         st.result_digest = env.result_digest
     elif env.result is not None:
-        if len(env.result.encode()) <= b.config.inline_result_limit:
+        inline_limit = min(b.config.inline_result_limit, INLINE_RESULT_MAX)
+        if len(env.result.encode()) <= inline_limit:
             st.result = env.result  # its digest is implied; status stays small
         else:
             st.result_digest = naming.sha256_text(env.result)
@@ -442,12 +460,15 @@ def _attempt_succeeded(
             )
             st.result_ref = m.ResultRef(name=name, key="result")
     if env.tokens:
-        st.usage = m.StepUsage(tokens=(st.usage.tokens if st.usage else 0) + env.tokens)
+        # Clamped: a sum past int64 would make every later status write fail validation.
+        step_tokens = (st.usage.tokens if st.usage else 0) + env.tokens
+        st.usage = m.StepUsage(tokens=min(step_tokens, MAX_TOKENS))
         usage = b.status.usage or m.Usage()
-        usage.tokens += env.tokens
+        usage.tokens = min(usage.tokens + env.tokens, MAX_TOKENS)
         b.status.usage = usage
     st.error = None
-    st.finished_at = _floor_seconds(job.finished_at) if job.finished_at else b.now
+    # Never later than now: a finish time from the future would only postpone retention.
+    st.finished_at = min(_floor_seconds(job.finished_at), b.now) if job.finished_at else b.now
     st.next_attempt_at = None
     st.attempt_started_at = None
     b.move(st, SP.SUCCEEDED, "StepSucceeded", f"attempt {st.attempt} succeeded")
@@ -457,7 +478,10 @@ def _attempt_failed(
     b: _Builder, step: m.Step, st: m.StepStatus, reason: str, message: str, exit_code: int | None
 ) -> None:
     st.error = m.StepError(
-        reason=reason, message=_truncate(message, 1024), exit_code=exit_code, at=b.now
+        reason=_truncate(reason, REASON_LIMIT),
+        message=_truncate(message, 1024),
+        exit_code=exit_code,
+        at=b.now,
     )
     limit = step.retry.limit if step.retry else 0
     budget = b.run.spec.budget or m.Budget()
@@ -529,7 +553,9 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         resolved = _resolve_inputs(b, step)
         if isinstance(resolved, str):
             st.finished_at = b.now
-            st.error = m.StepError(reason="InputMissing", message=resolved, at=b.now)
+            st.error = m.StepError(
+                reason="InputMissing", message=_truncate(resolved, 1024), at=b.now
+            )
             b.move(st, SP.FAILED, "InputMissing", resolved)
             b.stop("InputMissing", f"step {step.name}: {resolved}")
             return
@@ -538,6 +564,12 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         # covered field changed since the last attempt gets a new hash, so a gated step needs
         # a new approval (and the attempt a new idempotency key).
         h = _args_hash(b.run, step, input_digests)
+        if h is None:
+            st.finished_at = b.now
+            st.error = m.StepError(reason="InvalidStep", message=UNHASHABLE, at=b.now)
+            b.move(st, SP.FAILED, "InvalidStep", UNHASHABLE)
+            b.stop("InvalidStep", f"step {step.name}: {UNHASHABLE}")
+            return
         if st.args_hash is not None and st.args_hash != h:
             b.record(
                 step.name,
@@ -660,23 +692,33 @@ def _commit_launch_intent(
     b.after.append(CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env))
 
 
-def _args_hash(run: m.AgentRun, step: m.Step, input_digests: dict[str, str]) -> str:
+UNHASHABLE = (
+    "the step's settings cannot be hashed for approval (stepTemplate.securityContext or "
+    "containerSecurityContext nested too deeply)"
+)
+
+
+def _args_hash(run: m.AgentRun, step: m.Step, input_digests: dict[str, str]) -> str | None:
     """The step's args hash: everything that decides what its pod runs and as whom (see
-    :func:`naming.args_hash` for exactly what is covered)."""
+    :func:`naming.args_hash` for exactly what is covered); None when a free-form setting is
+    nested too deeply to serialize (such a step cannot run: nothing could approve it)."""
     template = run.spec.step_template or m.StepTemplate()
     resources = step.container.resources or template.resources
-    return naming.args_hash(
-        step.container.image,
-        step.container.command or [],
-        step.container.args or [],
-        [e.to_wire() for e in step.container.env or []],
-        input_digests,
-        working_dir=step.container.working_dir,
-        resources=resources.to_wire() if resources is not None else None,
-        service_account_name=template.service_account_name,
-        security_context=template.security_context,
-        container_security_context=template.container_security_context,
-    )
+    try:
+        return naming.args_hash(
+            step.container.image,
+            step.container.command or [],
+            step.container.args or [],
+            [e.to_wire() for e in step.container.env or []],
+            input_digests,
+            working_dir=step.container.working_dir,
+            resources=resources.to_wire() if resources is not None else None,
+            service_account_name=template.service_account_name,
+            security_context=template.security_context,
+            container_security_context=template.container_security_context,
+        )
+    except (RecursionError, ValueError):
+        return None
 
 
 def _reissue_create(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
@@ -694,11 +736,11 @@ def _reissue_create(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
     else:
         input_env, input_digests = resolved
         h = _args_hash(b.run, step, input_digests)
-        if h == st.args_hash:
+        if h is not None and h == st.args_hash:
             key = st.idempotency_key or ""
             b.after.append(CreateJob(step, st.attempt, st.job_name or "", key, h, input_env))
             return
-        why = f"args {h[:12]}"
+        why = f"args {h[:12]}" if h is not None else UNHASHABLE
     st.attempt_started_at = None
     b.move(
         st,
@@ -756,7 +798,7 @@ def _resolve_inputs(b: _Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], di
         if inp.key is not None:
             try:
                 parsed = json.loads(value)
-            except ValueError:
+            except (ValueError, RecursionError):
                 parsed = None
             if not isinstance(parsed, dict) or inp.key not in parsed:
                 return (
@@ -991,7 +1033,7 @@ def _retention(b: _Builder) -> None:
         if keep:
             continue
         since = (st.finished_at if st and st.finished_at else None) or job.finished_at or b.now
-        due = _floor_seconds(since) + grace
+        due = min(_floor_seconds(since), b.now) + grace
         if b.now >= due:
             b.after.append(DeleteJob(job.name, "Retention"))
         else:
@@ -999,7 +1041,8 @@ def _retention(b: _Builder) -> None:
     status = b.status
     ttl = retention.ttl_seconds_after_finished
     if status.phase in m.TERMINAL_RUN_PHASES and ttl is not None and status.completed_at:
-        due = status.completed_at + timedelta(seconds=ttl)
+        # The API allows any int64; past a century it means "keep", and stays a valid date.
+        due = status.completed_at + timedelta(seconds=min(ttl, TTL_LIMIT))
         if b.now >= due:
             b.after.append(DeleteRun(f"ttlSecondsAfterFinished ({ttl}s) passed"))
         else:

@@ -50,7 +50,9 @@ def canonical_json(value: Any) -> str:
 
 
 def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    """sha256 of ``text`` as UTF-8 (lone surrogates, which no API object holds but a hostile
+    input may, are hashed as their code points instead of failing)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def args_hash(
