@@ -59,7 +59,8 @@ flock -w "$((WAIT * 2))" 9 || unavailable "another hack/docker-up.sh holds $CACH
 answers && exit 0
 
 # A previous run of this script may have started the engine and it is still coming up.
-if [[ -f $PIDFILE ]] && kill -0 "$(<"$PIDFILE")" 2>/dev/null; then
+# (Checked by name: after a reboot the pid may belong to something else.)
+if [[ -f $PIDFILE ]] && [[ $(cat "/proc/$(<"$PIDFILE")/comm" 2>/dev/null) == dockerd ]]; then
     mine=$(<"$PIDFILE")
 else
     mine=""
