@@ -44,6 +44,22 @@ class StoreResult:
 
 
 @dataclass(frozen=True)
+class StoreRecord:
+    """Write a ConfigMap of an agent run's memory, owned by the run: a finished turn's
+    transcript record (``kind`` "transcript") or a turn's context (``kind`` "context").
+
+    Runs *before* the status that references it is committed. Idempotent: the name is a
+    function of the content (a context) or of committed records only (a transcript record),
+    so a repeated create meets AlreadyExists with the same content.
+    """
+
+    name: str
+    kind: str
+    turn: int
+    data: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class EmitEvent:
     """A Kubernetes Event on the run."""
 
@@ -59,4 +75,4 @@ class DeleteRun:
     reason: str
 
 
-Action = CreateJob | DeleteJob | StoreResult | EmitEvent | DeleteRun
+Action = CreateJob | DeleteJob | StoreResult | StoreRecord | EmitEvent | DeleteRun

@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
+from agentrun.core import agent as agent_loop
 from agentrun.core import naming
 from agentrun.core.actions import Action, CreateJob, DeleteJob, DeleteRun, EmitEvent, StoreResult
 from agentrun.core.backoff import backoff_seconds
@@ -64,6 +65,8 @@ class CoreConfig:
     job_deletion_grace_seconds: int = 30
     step_timeout_grace_seconds: int = 30
     """After a step's timeout plus this, the core stops waiting for the Job's own deadline."""
+    agent: agent_loop.AgentConfig = field(default_factory=agent_loop.AgentConfig)
+    """Settings of the agent loop (model turns' image and command)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,7 @@ def reconcile(
     _carry_results(b, to_carry, carried)
     _forget_removed_steps(b)
 
-    for step in run.spec.plan.steps:
+    for step in _all_steps(b):
         st = steps[step.name]
         if st.phase in (SP.LAUNCHING, SP.RUNNING):
             _observe_attempt(b, step, st)
@@ -241,12 +244,18 @@ def reconcile(
 
     usage = status.usage or m.Usage()
     status.usage = usage
-    if budget.max_tokens is not None and usage.tokens >= budget.max_tokens:
+    tokens_pause = agent_loop.pauses_for_tokens(run, status)  # the agent pauses instead
+    if budget.max_tokens is not None and usage.tokens >= budget.max_tokens and not tokens_pause:
         b.stop(
             "BudgetExceeded",
             f"token budget of {budget.max_tokens} (budget.maxTokens) used up: {usage.tokens}",
         )
-    failed = [s for s in run.spec.plan.steps if steps[s.name].phase == SP.FAILED]
+    # A failed tool call is answered to the model; a failed plan step or model turn fails.
+    failed = [
+        s
+        for s in _all_steps(b)
+        if steps[s.name].phase == SP.FAILED and not agent_loop.is_tool_step(status.agent, s.name)
+    ]
     if failed:
         first = steps[failed[0].name]
         why = first.message or (first.error.message if first.error else None)
@@ -255,6 +264,8 @@ def reconcile(
             f"step {first.name} failed: {why or 'no message'}",
         )
 
+    if b.halt is None:
+        agent_loop.advance(b, config.agent)
     if b.halt is None and not run.spec.suspend:
         _launch_ready_steps(b, budget)
 
@@ -522,11 +533,16 @@ def _attempt_failed(
 # ---------------------------------------------------------------------------------------------
 
 
+def _all_steps(b: _Builder) -> list[m.Step]:
+    """The plan's steps and, in an agent run, the current turn's (model turn, tool calls)."""
+    return [*b.run.spec.plan.steps, *agent_loop.current_steps(b, b.config.agent)]
+
+
 def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
     steps = b.steps
     usage = b.status.usage or m.Usage()
     b.status.usage = usage
-    for step in b.run.spec.plan.steps:
+    for step in _all_steps(b):
         st = steps[step.name]
         if st.phase not in (SP.PENDING, SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF):
             continue
@@ -540,7 +556,9 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         if st.phase == SP.BACKING_OFF and st.next_attempt_at and b.now < st.next_attempt_at:
             b.timer(st.next_attempt_at)
             continue
-        if not _image_allowed(b.run, step):
+        if not agent_loop.image_exempt(b.status.agent, step.name) and not _image_allowed(
+            b.run, step
+        ):
             st.finished_at = b.now
             st.error = m.StepError(
                 reason="ImageNotAllowed",
@@ -671,9 +689,9 @@ def _commit_launch_intent(
         usage.steps += 1
         st.started_at = b.now
     st.job_name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt)
-    st.idempotency_key = naming.idempotency_key(
-        b.run.metadata.uid, step.name, step.container.image, h
-    )
+    st.idempotency_key = agent_loop.idempotency_key(
+        b.run, b.status.agent, step.name, h
+    ) or naming.idempotency_key(b.run.metadata.uid, step.name, step.container.image, h)
     st.attempt_started_at = b.now
     st.next_attempt_at = None
     st.approval_requested_at = None
@@ -820,7 +838,7 @@ def _resolve_inputs(b: _Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], di
 
 def _forget_removed_steps(b: _Builder) -> None:
     """Steps removed from the plan keep their record; running ones are stopped."""
-    names = {s.name for s in b.run.spec.plan.steps}
+    names = {s.name for s in b.run.spec.plan.steps} | agent_loop.dynamic_names(b.status.agent)
     for name, st in b.steps.items():
         if name in names or st.phase in m.TERMINAL_STEP_PHASES:
             continue
@@ -892,12 +910,12 @@ def _end_run(
 
 def _settle(b: _Builder) -> None:
     """Derive the run's phase, progress and message from its steps."""
-    plan = b.run.spec.plan.steps
-    sts = [b.steps[s.name] for s in plan]
+    sts = [b.steps[s.name] for s in _all_steps(b)]
     active = [s for s in sts if s.phase in m.ACTIVE_STEP_PHASES]
     backing = [s for s in sts if s.phase == SP.BACKING_OFF]
     waiting = [s for s in sts if s.phase == SP.WAITING_FOR_APPROVAL]
     status = b.status
+    loop = agent_loop.settled(b.run, status, b.config.agent)  # None: not an agent run (yet)
 
     if b.halt is not None:
         if not active:
@@ -905,7 +923,12 @@ def _settle(b: _Builder) -> None:
             return
         phase, reason = m.RunPhase.RUNNING, "Stopping"
         message = f"stopping ({b.halt.message}); waiting for {_names(active)} to finish"
-    elif all(s.phase in (SP.SUCCEEDED, SP.SKIPPED) for s in sts):
+    elif loop is not None and loop.done:
+        _end_run(b, loop.phase, loop.reason, loop.message)
+        return
+    elif not agent_loop.is_agent_run(b.run) and all(
+        s.phase in (SP.SUCCEEDED, SP.SKIPPED) for s in sts
+    ):
         skipped = sum(1 for s in sts if s.phase == SP.SKIPPED)
         message = f"all {len(sts)} steps succeeded"
         if skipped:
@@ -917,6 +940,8 @@ def _settle(b: _Builder) -> None:
         message = "suspended: no new step starts until spec.suspend is false"
         if active:
             message += f"; {_names(active)} still running"
+    elif loop is not None and loop.phase == m.RunPhase.SUSPENDED and not active:
+        phase, reason, message = loop.phase, loop.reason, loop.message
     elif waiting and not active and not backing:
         phase, reason = m.RunPhase.WAITING_FOR_APPROVAL, "WaitingForApproval"
         message = "waiting for approval of " + ", ".join(
@@ -932,6 +957,8 @@ def _settle(b: _Builder) -> None:
         if waiting:
             parts.append(f"waiting for approval of {_names(waiting)}")
         message = "; ".join(parts)
+    elif loop is not None:
+        phase, reason, message = loop.phase, loop.reason, loop.message
     else:  # pragma: no cover - every non-terminal plan has one of the above
         phase, reason, message = m.RunPhase.PENDING, "Pending", "nothing to run yet"
 
@@ -1021,7 +1048,9 @@ def _retention(b: _Builder) -> None:
             if st is None or st.phase not in m.ACTIVE_STEP_PHASES:
                 b.after.append(DeleteJob(job.name, "NotCurrentAttempt"))
             continue
-        if not _outcome_committed(committed.get(job.step), job):
+        if not _outcome_committed(committed.get(job.step), job) and not agent_loop.compacted(
+            b.run, job.step
+        ):
             continue
         if job.deleting:  # deleted by someone else: release it now that its outcome is recorded
             b.after.append(DeleteJob(job.name, "Deleted"))
@@ -1088,6 +1117,7 @@ def _finish(b: _Builder) -> Decision:
     status.steps = ordered or None
     done = sum(1 for n in plan_names if n in b.steps and b.steps[n].phase == SP.SUCCEEDED)
     status.progress = f"{done}/{len(plan_names)}"
+    agent_loop.finish(b.run, status)
     if status.phase in m.TERMINAL_RUN_PHASES:
         status.current_step = None
     if b.observed.recorded_seq is not None:

@@ -1,0 +1,389 @@
+"""What a model turn sees and says: the context document, its paging, and the turn's output.
+
+The **context document** of turn N is what the operator assembled for it from committed records
+only, stored as JSON in a ConfigMap owned by the run (keys ``part-0`` ... ``part-{k-1}``: the
+text split so that each part fits one environment variable). It holds the messages in Chat
+Completions form, each with a few bookkeeping members whose names start with ``x-``
+(``x-turn``: the turn a message belongs to; ``x-summary``: a tool result's summary;
+``x-paged``: the result was replaced by its summary) and the tools::
+
+    {"turn": N, "messages": [...], "tools": [...], "omittedTurns": k, "pagedResults": p}
+
+``agentrun step llm`` drops the ``x-`` members and sends the rest. The context of turn N+1 is
+the one of turn N, plus turn N's assistant message and one tool message per call, paged to
+``spec.agent.contextBytes`` (bytes of the messages as sent):
+
+1. the tool results of older turns are replaced by their summaries, oldest first;
+2. if that is not enough, the oldest turns are left out whole (a note says which), then the
+   newest turn's results are replaced by their summaries too;
+3. as a last resort the longest message is cut short (a turn whose tool call arguments alone
+   exceed the limit stays over it: arguments are never cut).
+
+The system message (``spec.agent.instructions``) and the first user message (the goal and the
+plan's results) always stay.
+
+The **output** of a model turn is the result of its step: JSON
+``{"content": ..., "toolCalls": [{"id", "name", "arguments"}], "finishReason": ...,
+"usage": {"promptTokens", "completionTokens", "totalTokens"}, "model": ...}`` (written by
+:func:`output_result`, read back by :func:`parse_output`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrun.core.envelope import clean, summary_line
+from agentrun.core.naming import canonical_json, sha256_text
+
+PART_BYTES = 96 * 1024
+"""Most bytes of one part of a context document (one environment variable of the pod; the
+kernel allows 128 KiB per variable)."""
+MAX_CALLS_KEPT = 64
+"""Tool calls of one turn beyond this many are dropped from the output (never run, never
+shown to the model again)."""
+NOTE = "x-note"
+
+Message = dict[str, Any]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def sendable(message: Mapping[str, Any]) -> dict[str, Any]:
+    """``message`` as sent to the model: without the ``x-`` bookkeeping members."""
+    return {k: v for k, v in message.items() if not k.startswith("x-")}
+
+
+def message_bytes(message: Mapping[str, Any]) -> int:
+    return len(_json(sendable(message)).encode())
+
+
+def messages_bytes(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Bytes of the messages as a JSON array, the way they are sent."""
+    if not messages:
+        return 2
+    return 2 + sum(message_bytes(m) for m in messages) + len(messages) - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The turn's output
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model proposed."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a model turn returned."""
+
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str | None = None
+    dropped_calls: int = 0
+
+
+def output_result(output: Output) -> dict[str, Any]:
+    """The JSON result of a model turn's step (see the module docstring)."""
+    body: dict[str, Any] = {
+        "content": output.content,
+        "toolCalls": [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in output.tool_calls
+        ],
+        "finishReason": output.finish_reason,
+        "usage": {
+            "promptTokens": output.prompt_tokens,
+            "completionTokens": output.completion_tokens,
+            "totalTokens": output.prompt_tokens + output.completion_tokens,
+        },
+    }
+    if output.model:
+        body["model"] = output.model
+    return body
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return min(value, 2**53 - 1)
+    return 0
+
+
+def parse_output(text: str, turn: int) -> Output | str:
+    """The output of turn ``turn`` from its step's result; or why it is not one.
+
+    Call ids are made usable: an empty, overlong or repeated id is replaced by
+    ``t{turn}-call-{index}``, so that every call gets exactly one answer.
+    """
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return "the model turn's result is not JSON"
+    if not isinstance(data, dict):
+        return "the model turn's result is not a JSON object"
+    content = data.get("content")
+    if content is not None and not isinstance(content, str):
+        return "content is not a string"
+    raw_calls = data.get("toolCalls") or []
+    if not isinstance(raw_calls, list):
+        return "toolCalls is not a list"
+    calls: list[ToolCall] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_calls[:MAX_CALLS_KEPT]):
+        if not isinstance(raw, dict):
+            return f"toolCalls[{index}] is not an object"
+        name, arguments, call_id = raw.get("name"), raw.get("arguments"), raw.get("id")
+        if not isinstance(name, str):
+            return f"toolCalls[{index}].name is not a string"
+        if arguments is None:
+            arguments = ""
+        if not isinstance(arguments, str):
+            arguments = canonical_json(arguments)
+        if not isinstance(call_id, str) or not call_id or len(call_id) > 128 or call_id in seen:
+            call_id = f"t{turn}-call-{index}"
+        seen.add(call_id)
+        calls.append(ToolCall(clean(call_id), clean(name)[:128], clean(arguments)))
+    raw_usage = data.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    finish = data.get("finishReason")
+    model = data.get("model")
+    return Output(
+        content=clean(content or ""),
+        tool_calls=tuple(calls),
+        finish_reason=clean(finish)[:64] if isinstance(finish, str) else None,
+        prompt_tokens=_count(usage.get("promptTokens")),
+        completion_tokens=_count(usage.get("completionTokens")),
+        model=clean(model)[:253] if isinstance(model, str) else None,
+        dropped_calls=max(len(raw_calls) - MAX_CALLS_KEPT, 0),
+    )
+
+
+def output_summary(output: Output) -> str:
+    """One line saying what the turn did."""
+    if output.tool_calls:
+        names = ", ".join(c.name for c in output.tool_calls[:5])
+        more = f" and {len(output.tool_calls) - 5} more" if len(output.tool_calls) > 5 else ""
+        said = summary_line(output.content)
+        return summary_line(f"calls {names}{more}" + (f": {said}" if said else ""))
+    return summary_line(output.content) or "(an empty answer)"
+
+
+# ---------------------------------------------------------------------------------------------
+# The context document
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """A context document (see the module docstring)."""
+
+    turn: int
+    messages: list[Message]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    omitted_turns: int = 0
+    paged_results: int = 0
+
+    def to_json(self) -> str:
+        return _json(
+            {
+                "turn": self.turn,
+                "messages": self.messages,
+                "tools": self.tools,
+                "omittedTurns": self.omitted_turns,
+                "pagedResults": self.paged_results,
+            }
+        )
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the messages as sent."""
+        return messages_bytes(self.messages)
+
+    @property
+    def tools_bytes(self) -> int:
+        return len(_json(self.tools).encode())
+
+    def parts(self) -> list[str]:
+        """The document split into parts of at most :data:`PART_BYTES` bytes each."""
+        return split_bytes(self.to_json(), PART_BYTES)
+
+    def digest(self) -> str:
+        return sha256_text(self.to_json())
+
+    @classmethod
+    def from_parts(cls, parts: Iterable[str]) -> Context | str:
+        """The document from its parts; or why it cannot be read."""
+        try:
+            data = json.loads("".join(parts))
+        except (ValueError, RecursionError):
+            return "the context document is not JSON"
+        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+            return "the context document has no messages"
+        messages = [m for m in data["messages"] if isinstance(m, dict)]
+        tools = [t for t in data.get("tools") or [] if isinstance(t, dict)]
+        return cls(
+            turn=_count(data.get("turn")),
+            messages=messages,
+            tools=tools,
+            omitted_turns=_count(data.get("omittedTurns")),
+            paged_results=_count(data.get("pagedResults")),
+        )
+
+
+def split_bytes(text: str, limit: int) -> list[str]:
+    """``text`` cut into pieces of at most ``limit`` UTF-8 bytes, never inside a character."""
+    parts: list[str] = []
+    data = text.encode("utf-8", "surrogatepass")
+    start = 0
+    while start < len(data):
+        end = min(start + limit, len(data))
+        while end < len(data) and (data[end] & 0xC0) == 0x80:  # a continuation byte
+            end -= 1
+        parts.append(data[start:end].decode("utf-8", "surrogatepass"))
+        start = end
+    return parts or [""]
+
+
+def tool_definitions(tools: Iterable[tuple[str, str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Tools as Chat Completions wants them, from (name, description, parameters)."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": dict(params)},
+        }
+        for name, description, params in tools
+    ]
+
+
+def first_messages(instructions: str | None, first_user_message: str) -> list[Message]:
+    """The messages every context starts with."""
+    messages: list[Message] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    messages.append({"role": "user", "content": first_user_message})
+    return messages
+
+
+def assistant_message(turn: int, output: Output) -> Message:
+    message: Message = {"role": "assistant", "content": output.content or None, "x-turn": turn}
+    if output.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in output.tool_calls
+        ]
+    return message
+
+
+def tool_message(turn: int, call_id: str, content: str, summary: str) -> Message:
+    return {
+        "role": "tool",
+        "tool_call_id": call_id,
+        "content": content,
+        "x-turn": turn,
+        "x-summary": summary,
+    }
+
+
+def _turn_of(message: Mapping[str, Any]) -> int | None:
+    turn = message.get("x-turn")
+    return turn if isinstance(turn, int) and not isinstance(turn, bool) else None
+
+
+def _note(first: int, last: int) -> Message:
+    turns = f"turn {first} was" if first == last else f"turns {first} to {last} were"
+    return {
+        "role": "user",
+        "content": f"[Earlier {turns} left out here to fit the context limit.]",
+        NOTE: [first, last],
+    }
+
+
+def page(context: Context, limit: int) -> Context:
+    """``context`` fit into ``limit`` bytes of messages (see the module docstring)."""
+    messages = [dict(m) for m in context.messages]
+    sizes = [message_bytes(m) for m in messages]
+
+    def total() -> int:
+        return 2 + sum(sizes) + max(len(sizes) - 1, 0)
+
+    paged = context.paged_results
+    turns = sorted({t for m in messages if (t := _turn_of(m)) is not None})
+    newest = turns[-1] if turns else None
+
+    def page_results(newest_too: bool) -> int:
+        count = 0
+        for i, message in enumerate(messages):
+            if total() <= limit:
+                break
+            if message.get("role") != "tool" or message.get("x-paged"):
+                continue
+            if not newest_too and _turn_of(message) == newest:
+                continue
+            summary = str(message.get("x-summary") or "")
+            replacement = f"[result paged out to fit the context; its summary: {summary}]"
+            if len(replacement.encode()) >= len(str(message.get("content", "")).encode()):
+                continue
+            message["content"] = replacement
+            message["x-paged"] = True
+            sizes[i] = message_bytes(message)
+            count += 1
+        return count
+
+    # 1. Old tool results by their summaries, oldest first.
+    paged += page_results(newest_too=False)
+    # 2. The oldest turns left out whole (never the newest), one note standing for them.
+    omitted = context.omitted_turns
+    for turn in turns[:-1]:
+        if total() <= limit:
+            break
+        first = turn
+        old_note = next((i for i, m in enumerate(messages) if m.get(NOTE)), None)
+        if old_note is not None:
+            noted = messages[old_note][NOTE]
+            if isinstance(noted, list) and noted and isinstance(noted[0], int):
+                first = min(first, noted[0])
+        keep = [i for i, m in enumerate(messages) if _turn_of(m) != turn and not m.get(NOTE)]
+        messages = [messages[i] for i in keep]
+        sizes = [sizes[i] for i in keep]
+        omitted += 1
+        at = next((i + 1 for i, m in enumerate(messages) if m.get("role") == "user"), 0)
+        note = _note(first, turn)
+        messages.insert(at, note)
+        sizes.insert(at, message_bytes(note))
+    # 2b. Then the newest turn's results too.
+    paged += page_results(newest_too=True)
+    # 3. Cut the longest message short until it fits.
+    while total() > limit:
+        longest = max(range(len(messages)), key=lambda i: sizes[i])
+        content = messages[longest].get("content")
+        if not isinstance(content, str) or not content:
+            break
+        excess = total() - limit
+        keep_chars = max(len(content) - excess - 64, 0)
+        messages[longest]["content"] = content[:keep_chars] + " …[cut to fit the context]"
+        sizes[longest] = message_bytes(messages[longest])
+        if keep_chars == 0:
+            break
+    return Context(
+        turn=context.turn,
+        messages=messages,
+        tools=context.tools,
+        omitted_turns=omitted,
+        paged_results=paged,
+    )

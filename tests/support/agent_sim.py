@@ -1,0 +1,206 @@
+"""The in-memory cluster of :mod:`tests.support.sim`, for agent runs: it also keeps the loop's
+records (transcript and context ConfigMaps) and hands the core exactly the documents it asks
+for, as the shell does. Helpers build agent runs and the envelopes of model turns and tools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrun.api import models as m
+from agentrun.core import Observed
+from agentrun.core import agent as loop
+from agentrun.core import context as cx
+from agentrun.core.actions import StoreRecord
+
+from .sim import UID, Sim, SimJob
+
+SEARCH = {
+    "name": "search",
+    "description": "search the logs",
+    "parameters": {
+        "type": "object",
+        "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    "container": {"image": "ghcr.io/acme/search:1", "command": ["search"]},
+}
+RESTART = {
+    "name": "restart",
+    "description": "restart a service",
+    "parameters": {
+        "type": "object",
+        "properties": {"service": {"type": "string"}},
+        "required": ["service"],
+    },
+    "risk": "external",
+    "approval": "required",
+    "container": {"image": "ghcr.io/acme/ops:1", "command": ["restart"]},
+}
+
+
+def agent_run(
+    *,
+    tools: Sequence[dict[str, Any]] = (SEARCH,),
+    plan: Sequence[dict[str, Any]] = (),
+    name: str = "agent",
+    model: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,
+    **agent: Any,
+) -> m.AgentRun:
+    """An agent run with these tools (and plan steps before the agent)."""
+    body: dict[str, Any] = {
+        "goal": "find out why checkout is slow",
+        "agent": {
+            "model": model or {"baseURL": "http://127.0.0.1:9/v1", "name": "scripted"},
+            "instructions": "You are an SRE. Use the tools.",
+            "tools": list(tools),
+            **agent,
+        },
+        **(spec or {}),
+    }
+    if plan:
+        body["plan"] = {"steps": list(plan)}
+    return m.AgentRun.model_validate(
+        {
+            "metadata": {"name": name, "namespace": "default", "uid": UID, "generation": 1},
+            "spec": body,
+        }
+    )
+
+
+def call(name: str, arguments: Any, call_id: str | None = None) -> cx.ToolCall:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return cx.ToolCall(call_id or f"call-{name}-{abs(hash(text)) % 10_000}", name, text)
+
+
+def turn_envelope(
+    content: str = "",
+    calls: Sequence[cx.ToolCall] = (),
+    prompt: int = 100,
+    completion: int = 20,
+) -> str:
+    """The termination message of a model turn, as ``agentrun step llm`` writes it."""
+    output = cx.Output(
+        content=content,
+        tool_calls=tuple(calls),
+        finish_reason="tool_calls" if calls else "stop",
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        model="scripted",
+    )
+    return json.dumps(
+        {
+            "ok": True,
+            "summary": cx.output_summary(output),
+            "result": cx.output_result(output),
+            "usage": {"tokens": prompt + completion},
+        }
+    )
+
+
+def tool_envelope(result: str, summary: str | None = None) -> str:
+    body: dict[str, Any] = {"ok": True, "result": result}
+    if summary is not None:
+        body["summary"] = summary
+    return json.dumps(body)
+
+
+@dataclass
+class AgentSim(Sim):
+    records: dict[str, dict[str, str]] = field(default_factory=dict)
+    record_kinds: dict[str, str] = field(default_factory=dict)
+    asked: list[tuple[str, str]] = field(default_factory=list)
+
+    def observed(self) -> Observed:
+        base = super().observed()
+        stored = {**self.results, **self.records}
+        documents: dict[tuple[str, str], str] = {}
+        for key in loop.wanted_documents(self.run):
+            self.asked.append(key)
+            value = stored.get(key[0], {}).get(key[1])
+            if value is not None:
+                documents[key] = value
+        return dataclasses.replace(base, documents=documents)
+
+    def apply(self, action: object) -> None:
+        if isinstance(action, StoreRecord):
+            existing = self.records.get(action.name)
+            assert existing is None or existing == dict(action.data), "a record changed"
+            self.records[action.name] = dict(action.data)
+            self.record_kinds[action.name] = action.kind
+            return
+        super().apply(action)
+
+    # -- reading the loop ---------------------------------------------------------------------
+
+    @property
+    def agent(self) -> Any:
+        assert self.status.agent is not None
+        return self.status.agent
+
+    def model_job(self) -> SimJob | None:
+        return next((j for j in self.active() if j.step.endswith("-model")), None)
+
+    def tool_jobs(self) -> list[SimJob]:
+        return [j for j in self.active() if not j.step.endswith("-model")]
+
+    def transcript(self) -> list[dict[str, Any]]:
+        """The turn records, in turn order."""
+        names = sorted(n for n, k in self.record_kinds.items() if k == loop.KIND_TRANSCRIPT)
+        return [json.loads(self.records[n]["turn"]) for n in names]
+
+    def context(self, turn: int | None = None) -> cx.Context:
+        """The context document of ``turn`` (the current one by default)."""
+        ctx = self.agent.context
+        assert ctx is not None
+        if turn is not None and turn != ctx.turn:
+            found = [
+                n
+                for n, k in self.record_kinds.items()
+                if k == loop.KIND_CONTEXT and n.endswith(f"-{turn:04d}")
+            ]
+            assert len(found) == 1, found
+            data = self.records[found[0]]
+        else:
+            data = self.records[ctx.name]
+        parts = [data[f"part-{i}"] for i in range(len(data))]
+        doc = cx.Context.from_parts(parts)
+        assert isinstance(doc, cx.Context), doc
+        return doc
+
+    # -- driving it ---------------------------------------------------------------------------
+
+    def settle(self, limit: int = 20) -> None:
+        """Tick until nothing changes (and no Job is left to create)."""
+        for _ in range(limit):
+            before = (self.version, len(self.jobs))
+            self.tick()
+            if (self.version, len(self.jobs)) == before:
+                return
+        raise AssertionError("the run did not settle")
+
+    def answer(self, content: str = "", calls: Sequence[cx.ToolCall] = (), **usage: int) -> None:
+        """The running model turn returns; then the run settles."""
+        self.settle()
+        job = self.model_job()
+        assert job is not None, f"no model turn running: {self.status.message}"
+        self.finish(job.name, True, turn_envelope(content, calls, **usage))
+        self.settle()
+
+    def tools_return(self, outcome: Any = None) -> None:
+        """Every running tool call returns (``outcome(job) -> (ok, message)``, default: ok
+        with a result naming the call); then the run settles."""
+        self.settle()
+        for job in self.tool_jobs():
+            if outcome is None:
+                ok, message = True, tool_envelope(f"result of {job.step}", f"{job.step} done")
+            else:
+                ok, message = outcome(job)
+            self.finish(job.name, ok, message)
+        self.settle()
