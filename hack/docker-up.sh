@@ -90,9 +90,10 @@ if [[ -z $mine ]]; then
         overlay_works && driver=overlay2
     fi
     log "starting dockerd --storage-driver=$driver (log: $LOG)"
-    # setsid: the engine outlives this script and is not killed with the caller's process group.
+    # setsid: the engine outlives this script and is not killed with the caller's process group;
+    # it does not inherit the lock (fd 9).
     setsid dockerd --storage-driver="$driver" --data-root="$CACHE/data" --pidfile="$PIDFILE" \
-        </dev/null >>"$LOG" 2>&1 &
+        </dev/null >>"$LOG" 2>&1 9>&- &
     mine=$!
 fi
 
