@@ -15,9 +15,11 @@
 ARG BASE_IMAGE=debian:bookworm-slim
 
 # --- Debian's Python: the interpreter of both stages (the venv's symlinks point at it) --------
+# ca-certificates: the system trust store, for HTTPS from the operator's and steps' code.
 FROM ${BASE_IMAGE} AS python
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        ca-certificates python3 \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
     && groupadd --gid 65532 nonroot \
@@ -27,8 +29,7 @@ RUN apt-get update \
 # --- builder: a virtualenv at /opt/agentrun, exactly as uv.lock pins it -------------------------
 FROM python AS builder
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        ca-certificates python3-venv \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv \
     && rm -rf /var/lib/apt/lists/*
 # Certificate authorities (PEM) to trust for the downloads below, on networks whose HTTPS goes
 # through an intercepting proxy: hack/build-images.sh passes the ones the building machine
