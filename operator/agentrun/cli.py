@@ -80,6 +80,10 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _step(args: argparse.Namespace) -> int:
+    if args.command[:1] == ["llm"]:
+        from agentrun import llm
+
+        return llm.main(args.command[1:])
     from agentrun import runner
 
     return runner.main(args.command)
@@ -170,10 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a step's command inside its pod and report its result to the operator",
         description=(
             "Run COMMAND as the step of an AgentRun: its result (what it writes to "
-            "$AGENTRUN_RESULT_FILE, else its stdout) becomes the step's result envelope."
+            "$AGENTRUN_RESULT_FILE, else its stdout) becomes the step's result envelope. "
+            "`agentrun step llm` is a model turn of an agent run instead: it calls the "
+            "model with the context the operator assembled and reports the model's message "
+            "and proposed tool calls (it runs no tool)."
         ),
     )
-    step_parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    step_parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ... | llm")
     step_parser.set_defaults(func=_step)
     _register_extensions(sub)
     return parser

@@ -6,6 +6,8 @@ operator reads it (the termination message, at most 4 KiB by kubelet's rule):
 * the result is what the command wrote to ``$AGENTRUN_RESULT_FILE`` or, if it wrote nothing
   there, its standard output (also passed through to the pod's log);
 * a result that fits is sent inline: ``{"ok": ..., "summary": ..., "result": ...}``;
+* a tool call of an agent run gets its arguments (``$AGENTRUN_TOOL_ARGS``, set by the
+  operator) also as a file, named by ``$AGENTRUN_TOOL_ARGS_FILE``;
 * a larger one is written to a ConfigMap owned by the run (``result`` and ``field.<name>``
   entries, like the operator's own result objects) and the envelope carries ``resultRef`` and
   ``resultDigest``. That needs API access: the pod's ServiceAccount (``stepTemplate.
@@ -45,6 +47,10 @@ DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 LABEL_KEY_HASH = f"{m.GROUP}/idempotency-key-hash"
 ANNOTATION_COMPLETE = f"{m.GROUP}/complete"
 ANNOTATION_SUMMARY = f"{m.GROUP}/summary"
+ENV_TOOL_ARGS = "AGENTRUN_TOOL_ARGS"
+"""A tool call's arguments (JSON text), set by the operator on the tool's container."""
+ENV_TOOL_ARGS_FILE = "AGENTRUN_TOOL_ARGS_FILE"
+"""Set by the runner for a tool call's command: a file holding the same arguments."""
 
 
 class StepIdentity:
@@ -164,9 +170,13 @@ def run_step(
 
     with tempfile.TemporaryDirectory(prefix="agentrun-step-") as tmp:
         result_file = Path(tmp) / "result"
+        command_env = {**env, s.ENV_RESULT_FILE: str(result_file)}
+        if ENV_TOOL_ARGS in env:  # a tool call of an agent run: its arguments as a file too
+            args_file = Path(tmp) / "tool-args.json"
+            args_file.write_text(env[ENV_TOOL_ARGS])
+            command_env[ENV_TOOL_ARGS_FILE] = str(args_file)
         proc = subprocess.run(
-            list(command), env={**env, s.ENV_RESULT_FILE: str(result_file)},
-            stdout=subprocess.PIPE, text=True, check=False,
+            list(command), env=command_env, stdout=subprocess.PIPE, text=True, check=False,
         )  # fmt: skip
         sys.stdout.write(proc.stdout)
         sys.stdout.flush()

@@ -123,7 +123,10 @@ def test_the_model_turn_runs_the_operator_image_with_the_context_by_reference() 
     assert key is not None and key.secret_key_ref is not None
     assert (key.secret_key_ref.name, key.secret_key_ref.key) == ("llm", "token")
     ctx = sim.agent.context
-    part = env[f"{loop.ENV_CONTEXT_PART}0"].value_from
+    # The context comes by reference to the run's own ConfigMap, like an input.
+    assert f"{loop.ENV_CONTEXT_PART}0" not in env
+    inputs = {e.name: e for e in create.input_env}
+    part = inputs[f"{loop.ENV_CONTEXT_PART}0"].value_from
     assert part is not None and part.config_map_key_ref is not None
     assert part.config_map_key_ref.name == ctx.name
     assert env[loop.ENV_CONTEXT_SHA256].value == ctx.digest

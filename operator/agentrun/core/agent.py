@@ -76,6 +76,8 @@ ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
 ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
 ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
 """``AGENTRUN_CONTEXT_PART_0`` ... : the parts of the context document."""
+CONTEXT_INPUT = "AGENTRUN_CONTEXT"
+"""The name the context's digest has among a model turn's inputs (in its args hash)."""
 RESERVED_ENV = frozenset(
     {ENV_TOOL_ARGS, ENV_TOOL_NAME, ENV_TOOL_CALL_ID, ENV_TURN}
 )  # a tool's own env may not set these
@@ -235,15 +237,6 @@ def model_turn_step(run: m.AgentRun, ctx: a.ContextStatus, config: AgentConfig) 
                 ),
             )
         )
-    for i in range(ctx.parts):
-        env.append(
-            m.EnvVar(
-                name=f"{ENV_CONTEXT_PART}{i}",
-                value_from=m.EnvVarSource(
-                    config_map_key_ref=m.ConfigMapKeySelector(name=ctx.name, key=f"part-{i}")
-                ),
-            )
-        )
     container = m.ContainerAction.model_construct(
         image=config.llm_image, command=list(config.llm_command), env=env
     )
@@ -257,6 +250,28 @@ def model_turn_step(run: m.AgentRun, ctx: a.ContextStatus, config: AgentConfig) 
         retry=model.retry,
         timeout_seconds=model.timeout_seconds,
     )
+
+
+def context_inputs(
+    status: a.AgentStatus | None, step: str
+) -> tuple[list[m.EnvVar], dict[str, str]]:
+    """The inputs of a model turn's step: the parts of its context, by reference to the
+    run's own ConfigMap (``AGENTRUN_CONTEXT_PART_{i}``), and their digest for the args hash.
+    Nothing for any other step. Like the inputs of plan steps, they name an object the
+    operator wrote, so they are not checked against the creator's rights."""
+    ctx = status.context if status is not None else None
+    if status is None or ctx is None or step != model_step(status.turn) or ctx.turn != status.turn:
+        return [], {}
+    env = [
+        m.EnvVar(
+            name=f"{ENV_CONTEXT_PART}{i}",
+            value_from=m.EnvVarSource(
+                config_map_key_ref=m.ConfigMapKeySelector(name=ctx.name, key=f"part-{i}")
+            ),
+        )
+        for i in range(ctx.parts)
+    ]
+    return env, {CONTEXT_INPUT: ctx.digest}
 
 
 def tool_call_step(turn: int, call: a.ToolCallStatus, tool: a.AgentTool) -> m.Step:

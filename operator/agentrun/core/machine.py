@@ -828,6 +828,11 @@ def _resolve_inputs(b: _Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], di
             )
         env.append(m.EnvVar(name=inp.name, value=value))
         digests[inp.name] = naming.sha256_text(value)
+    # A model turn's context: the run's own record, passed like an input of a result kept
+    # by reference (by the ConfigMap's keys; its digest is in the args hash).
+    context_env, context_digests = agent_loop.context_inputs(b.status.agent, step.name)
+    env += context_env
+    digests.update(context_digests)
     return tuple(env), digests
 
 

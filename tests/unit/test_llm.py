@@ -1,0 +1,229 @@
+"""``agentrun step llm``: one model turn against a scripted OpenAI-compatible server over real
+HTTP (on 127.0.0.1), through the official ``openai`` client."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun import llm, runner
+from agentrun import settings as s
+from agentrun.core import agent as loop
+from agentrun.core import context as cx
+from agentrun.core.naming import sha256_text
+from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
+from tests.unit.test_runner import FakeStore
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as server:
+        yield server
+
+
+def _context() -> cx.Context:
+    messages = cx.first_messages("You are an SRE.", "why is checkout slow?")
+    messages += [
+        cx.assistant_message(1, cx.Output("", (cx.ToolCall("c1", "search", '{"q":"x"}'),))),
+        cx.tool_message(1, "c1", "p99 is 2s", "p99 is 2s"),
+    ]
+    tools = cx.tool_definitions([("search", "search logs", {"type": "object"})])
+    return cx.Context(turn=2, messages=messages, tools=tools)
+
+
+def _env(tmp_path: Path, base_url: str, context: cx.Context | None = None) -> dict[str, str]:
+    ctx = context or _context()
+    parts = cx.split_bytes(ctx.to_json(), 200)  # several parts, as a large context has
+    env = {
+        s.ENV_RUN: "r", s.ENV_NAMESPACE: "ns", s.ENV_RUN_UID: "uid", s.ENV_STEP: "t2-model",
+        s.ENV_ATTEMPT: "1", s.ENV_IDEMPOTENCY_KEY: "uid:2:model:abc",
+        s.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination-log"),
+        loop.ENV_TURN: "2",
+        loop.ENV_MODEL_BASE_URL: base_url,
+        loop.ENV_MODEL_NAME: "scripted",
+        loop.ENV_MODEL_MAX_OUTPUT_TOKENS: "300",
+        loop.ENV_CONTEXT_PARTS: str(len(parts)),
+        loop.ENV_CONTEXT_SHA256: sha256_text("".join(parts)),
+    }  # fmt: skip
+    env.update({f"{loop.ENV_CONTEXT_PART}{i}": part for i, part in enumerate(parts)})
+    return env
+
+
+def _termination(env: dict[str, str]) -> str:
+    return Path(env[s.ENV_TERMINATION_MESSAGE_PATH]).read_text()
+
+
+def _no_store(identity: runner.StepIdentity, env: dict[str, str]) -> None:
+    return None
+
+
+def test_a_turn_sends_the_context_and_reports_the_proposed_calls(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    model.add(
+        reply(
+            "let me look",
+            [tool_call("search", {"q": "db"}, "c2"), tool_call("search", {"q": "cache"}, "c3")],
+            prompt_tokens=120,
+            completion_tokens=30,
+        )
+    )
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    envelope = json.loads(_termination(env))
+    assert envelope["ok"] is True
+    assert envelope["usage"] == {"tokens": 150}
+    assert envelope["summary"] == "calls search, search: let me look"
+    output = cx.parse_output(json.dumps(envelope["result"]), 2)
+    assert isinstance(output, cx.Output)
+    assert output.tool_calls == (
+        cx.ToolCall("c2", "search", '{"q": "db"}'),
+        cx.ToolCall("c3", "search", '{"q": "cache"}'),
+    )
+    assert (output.prompt_tokens, output.completion_tokens) == (120, 30)
+    assert output.finish_reason == "tool_calls"
+    (request,) = model.completions()
+    # The bookkeeping members never reach the model.
+    assert all(not k.startswith("x-") for msg in request.messages for k in msg)
+    assert [msg["role"] for msg in request.messages] == ["system", "user", "assistant", "tool"]
+    assert request.tool_answers == {"c1": "p99 is 2s"}
+    assert request.body["tools"][0]["function"]["name"] == "search"
+    assert request.body["max_tokens"] == 300
+    assert request.body["model"] == "scripted"
+    assert request.authorization == "Bearer none"
+
+
+def test_the_api_key_comes_from_the_environment_and_is_never_printed(
+    tmp_path: Path, model: ScriptedModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model.add(Status(401, "bad key"))
+    env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_API_KEY: "sk-secret-value"}
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    assert model.completions()[0].authorization == "Bearer sk-secret-value"
+    said = _termination(env)
+    assert said == f"the model endpoint {model.base_url} answered HTTP 401: bad key"
+    out = capsys.readouterr()
+    assert "sk-secret-value" not in out.out + out.err + said
+
+
+def test_an_answer_without_calls(tmp_path: Path, model: ScriptedModel) -> None:
+    model.add(reply("the cache is cold"))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    envelope = json.loads(_termination(env))
+    assert envelope["result"]["content"] == "the cache is cold"
+    assert envelope["result"]["toolCalls"] == []
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_an_endpoint_that_is_down_fails_the_turn_with_the_reason(tmp_path: Path) -> None:
+    base_url = f"http://127.0.0.1:{_closed_port()}/v1"
+    env = _env(tmp_path, base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    assert _termination(env).startswith(f"the model endpoint {base_url} cannot be reached")
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (Status(500, "overloaded"), "answered HTTP 500: overloaded"),
+        (
+            Raw(b"<html>bad gateway</html>", "text/html"),
+            "not a chat completion (ValueError: the body is not JSON: <html>bad gateway</html>)",
+        ),
+        (Raw(b'{"choices": []}'), "answered with something that is not a chat completion"),
+        (Raw(b'{"object": "nonsense"}'), "answered with something that is not a chat completion"),
+        (
+            Raw(b'{"choices": [{"index": 0, "message": {"content": 5}}]}'),
+            "not a chat completion",
+        ),
+    ],
+)
+def test_garbage_from_the_endpoint_fails_the_turn_with_the_reason(
+    tmp_path: Path, model: ScriptedModel, answer: Any, said: str
+) -> None:
+    model.add(answer)
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    message = _termination(env)
+    assert message.startswith(f"the model endpoint {model.base_url} "), message
+    assert said in message
+
+
+def test_a_context_changed_after_it_was_committed_is_refused(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    env = _env(tmp_path, model.base_url)
+    env[f"{loop.ENV_CONTEXT_PART}0"] = env[f"{loop.ENV_CONTEXT_PART}0"].replace("SRE", "CFO")
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    assert "the context does not match the digest the operator committed" in _termination(env)
+    assert model.completions() == []
+
+
+def test_without_a_context_it_says_what_it_is_for(tmp_path: Path) -> None:
+    env = {s.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "t")}
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    assert "runs as a model turn of an agent run" in _termination(env)
+
+
+def test_a_large_output_goes_to_a_config_map(tmp_path: Path, model: ScriptedModel) -> None:
+    model.add(reply("w" * 5000))
+    env = _env(tmp_path, model.base_url)
+    stores: list[FakeStore] = []
+
+    def store(identity: runner.StepIdentity, env: dict[str, str]) -> FakeStore:
+        stores.append(FakeStore(identity))
+        return stores[-1]
+
+    assert llm.run_turn(env, store_factory=store) == 0
+    envelope = json.loads(_termination(env))
+    ref = envelope["resultRef"]
+    stored = stores[0].objects[ref["name"]]["result"]
+    assert envelope["resultDigest"] == sha256_text(stored)
+    assert json.loads(stored)["content"] == "w" * 5000
+    # Without API access it says what to do.
+    model.add(reply("w" * 5000))
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    assert "give steps a ServiceAccount" in _termination(env)
+
+
+def test_the_runner_hands_a_tool_its_arguments_as_a_file(tmp_path: Path) -> None:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        s.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination-log"),
+        loop.ENV_TOOL_ARGS: '{"query": "latency"}',
+    }
+    code = runner.run_step(
+        ["sh", "-c", 'cat "$AGENTRUN_TOOL_ARGS_FILE"; echo " $AGENTRUN_TOOL_ARGS"'],
+        env,
+        lambda i, e: None,
+    )
+    assert code == 0
+    said = json.loads(_termination(env))["result"]
+    assert said == '{"query": "latency"} {"query": "latency"}'
+    assert runner.ENV_TOOL_ARGS == loop.ENV_TOOL_ARGS
+
+
+def test_agentrun_step_llm_is_the_cli_of_a_turn(
+    tmp_path: Path, model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentrun import cli
+
+    model.add(reply("done"))
+    env = _env(tmp_path, model.base_url)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(s.ENV_SERVICEACCOUNT_DIR, str(tmp_path / "no-token"))
+    assert cli.main(["step", "llm"]) == 0
+    assert json.loads(_termination(env))["result"]["content"] == "done"
