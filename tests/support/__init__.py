@@ -11,5 +11,7 @@
 * :mod:`tests.support.helm`: helm with a home of its own, and rendered charts.
 * :mod:`tests.support.admission`: the shipped admission policies, bound to one namespace.
 * :mod:`tests.support.sim`: an in-memory cluster and ledger driving the pure core.
+* :mod:`tests.support.phases`: a run in each phase (in memory or in the API server), and the
+  conditions, kstatus and Argo CD health expected of it.
 * :mod:`tests.support.schema`: the CRD's schema as a JSON Schema validator.
 """

@@ -43,6 +43,11 @@ from agentrun.core.observed import JobState, Observed, ObservedJob
 
 SUCCEEDED = "Succeeded"
 APPROVAL_PENDING = "ApprovalPending"
+READY = "Ready"
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+"""Ready, Reconciling and Stalled follow kstatus (sigs.k8s.io/cli-utils/pkg/kstatus), the
+library behind Flux's health checks and Helm 4's ``--wait``: see :func:`_set_conditions`."""
 MESSAGE_LIMIT = 512
 REASON_LIMIT = 128
 """StepError.reason's maxLength; reasons also become condition and transition reasons."""
@@ -191,6 +196,8 @@ def reconcile(
         status.started_at = now
 
     if status.phase in m.TERMINAL_RUN_PHASES:
+        if not any(c.type == READY for c in status.conditions or []):
+            _set_conditions(b, _ended_reason(status))  # finished before Ready existed
         return _finish(b)
 
     problems = plan_problems(run.spec.plan.steps)
@@ -982,15 +989,40 @@ def _names(sts: Sequence[m.StepStatus]) -> str:
 
 
 def _set_conditions(b: _Builder, reason: str) -> None:
+    """The run's conditions, from its phase; ``reason`` is the phase's.
+
+    ``Succeeded`` (Unknown, then True or False) is what ``kubectl wait`` waits for. ``Ready``,
+    ``Reconciling`` and ``Stalled`` follow kstatus, so tools that compute a resource's status
+    read a run as Current once it succeeded, InProgress while it moves, and Failed once it
+    cannot go on:
+
+    * Ready: True only when the run Succeeded.
+    * Reconciling: True while the run moves (Pending, Running, WaitingForApproval, and
+      Running while stopping). False once it ended, and while Suspended: nothing starts until
+      someone acts.
+    * Stalled: True when the run Failed or was Cancelled, and when the agent loop paused it
+      for want of budget (Suspended without spec.suspend): it cannot go on by itself. A user's
+      spec.suspend is a choice, not a stall: Stalled stays False (kstatus then reads the run
+      as InProgress, from Ready False).
+    """
     status = b.status
     phase = status.phase
+    message = status.message or ""
     if phase == m.RunPhase.SUCCEEDED:
         value = m.ConditionStatus.TRUE
     elif phase in (m.RunPhase.FAILED, m.RunPhase.CANCELLED):
         value = m.ConditionStatus.FALSE
     else:
         value = m.ConditionStatus.UNKNOWN
-    _condition(b, SUCCEEDED, value, reason, status.message or "")
+    _condition(b, SUCCEEDED, value, reason, message)
+    ready = phase == m.RunPhase.SUCCEEDED
+    moving = phase not in m.TERMINAL_RUN_PHASES and phase != m.RunPhase.SUSPENDED
+    stalled = phase in (m.RunPhase.FAILED, m.RunPhase.CANCELLED) or (
+        phase == m.RunPhase.SUSPENDED and not b.run.spec.suspend
+    )
+    _condition(b, READY, _truth(ready), reason, message)
+    _condition(b, RECONCILING, _truth(moving), reason, message if moving else "")
+    _condition(b, STALLED, _truth(stalled), reason, message if stalled else "")
     waiting = [s for s in b.steps.values() if s.phase == SP.WAITING_FOR_APPROVAL]
     if waiting:
         _condition(
@@ -1002,6 +1034,16 @@ def _set_conditions(b: _Builder, reason: str) -> None:
         )
     elif any(c.type == APPROVAL_PENDING for c in status.conditions or []):
         _condition(b, APPROVAL_PENDING, m.ConditionStatus.FALSE, "NoApprovalPending", "")
+
+
+def _truth(value: bool) -> m.ConditionStatus:
+    return m.ConditionStatus.TRUE if value else m.ConditionStatus.FALSE
+
+
+def _ended_reason(status: m.AgentRunStatus) -> str:
+    """The reason a finished run ended with, as its Succeeded condition recorded it."""
+    done = next((c for c in status.conditions or [] if c.type == SUCCEEDED), None)
+    return done.reason if done is not None else str(status.phase)
 
 
 def _condition(b: _Builder, ctype: str, value: m.ConditionStatus, reason: str, msg: str) -> None:
