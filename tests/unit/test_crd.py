@@ -51,8 +51,21 @@ def test_names_columns_and_subresources() -> None:
     assert spec["names"]["categories"] == ["agents"]
     (version,) = spec["versions"]
     assert version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Progress", "Step", "Age", "Message"]
+    columns = version["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if not c.get("priority")] == [
+        "Phase",
+        "Progress",
+        "Step",
+        "Age",
+        "Message",
+    ]
+    # kubectl get -o wide adds these.
+    assert [c["name"] for c in columns if c.get("priority") == 1] == [
+        "Attempts",
+        "Tokens",
+        "Waiting",
+        "Reason",
+    ]
 
 
 def test_list_keys_and_cel_rules_are_present() -> None:

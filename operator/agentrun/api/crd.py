@@ -42,6 +42,35 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.currentStep",
         "description": "The step(s) running or waiting now.",
     },
+    # -o wide only (priority 1): what a run used, how long a gate waits, why it ended.
+    {
+        "name": "Attempts",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.usage.attempts",
+        "description": "Step attempts (Jobs) launched.",
+    },
+    {
+        "name": "Tokens",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.usage.tokens",
+        "description": "Tokens reported by steps.",
+    },
+    {
+        "name": "Waiting",
+        "type": "date",
+        "priority": 1,
+        "jsonPath": '.status.steps[?(@.phase=="WaitingForApproval")].approvalRequestedAt',
+        "description": "Since when the first step waiting for approval waits.",
+    },
+    {
+        "name": "Reason",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "description": "Reason of the Ready condition: the run's last phase change.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Message",
