@@ -5,6 +5,8 @@ One implementation for every client that decides: ``kubectl agentrun approve|rej
 
 * names the step's current ``argsHash`` (from status), so it covers exactly the arguments the
   person saw; a step without one cannot be decided yet;
+* names a step of the plan, or a step of an agent run's current turn (a tool call such as
+  ``t3-0-restart``);
 * is signed (``by``) by the user the API server knows the caller as; the admission policies
   refuse any other signature (manifests/admission/validating-policy.yaml);
 * is appended by a JSON patch whose first op tests ``metadata.resourceVersion``: the patch
@@ -28,6 +30,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
+from agentrun.core import agent as agent_loop
 
 CONFLICT_RETRIES = 5
 """Fresh reads before giving up on a run that keeps changing under the decision."""
@@ -68,8 +71,9 @@ def decidable(
     :class:`DecisionRefused` saying why not. ``force`` accepts a step that is not waiting for
     approval (or a finished run), as long as it has an argsHash; ``force_hint`` is how the
     caller's user asks for that (a flag, an argument)."""
-    if run.step(step) is None:
-        names = ", ".join(s.name for s in run.spec.plan.steps)
+    current = agent_loop.dynamic_names(run.status.agent if run.status else None)
+    if run.step(step) is None and step not in current:
+        names = ", ".join([*(s.name for s in run.spec.plan.steps), *sorted(current)])
         raise DecisionRefused(
             f"step '{step}' is not a step of {_ref(run)} in namespace "
             f"'{run.metadata.namespace}' (its steps: {names})"

@@ -13,7 +13,9 @@ Everything here is synchronous (the official kubernetes client); kopf runs it in
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -39,6 +41,8 @@ from agentrun.core import (
     naming,
     reconcile,
 )
+from agentrun.core import agent as agent_loop
+from agentrun.core.actions import StoreRecord
 from agentrun.kubeapi import finalizer_removal, list_items, tolerate
 from agentrun.ledger import Conflict, Ledger
 
@@ -109,6 +113,9 @@ class Reconciler:
         self.config = CoreConfig(
             jitter_seed=settings.jitter_seed,
             job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
+            agent=agent_loop.AgentConfig(
+                llm_image=settings.llm_image, llm_command=settings.llm_command
+            ),
         )
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -211,6 +218,7 @@ class Reconciler:
                 return Outcome(None, None, conflicts)  # the deletion handler cleans up
             run = m.AgentRun.model_validate(body)
             observed, record = self._observe(run)
+            observed = self._with_documents(run, observed)
             decision = reconcile(run, observed, self.clock(), self.config)
             try:
                 self._commit(body, run, decision)
@@ -230,7 +238,7 @@ class Reconciler:
         return Outcome(1.0, None, conflicts)
 
     def _commit(self, body: dict[str, Any], run: m.AgentRun, decision: Decision) -> None:
-        stores = [a for a in decision.before_commit if isinstance(a, StoreResult)]
+        stores = [a for a in decision.before_commit if isinstance(a, StoreResult | StoreRecord)]
         self._act(run, decision.before_commit)
         if stores:
             self.checkpoint("after-result-store")
@@ -270,6 +278,8 @@ class Reconciler:
             log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=_ctx(run))
         elif isinstance(action, StoreResult):
             self._store_result(run, action)
+        elif isinstance(action, StoreRecord):
+            self._store_record(run, action)
         elif isinstance(action, EmitEvent):
             self._event(run, action)
         elif isinstance(action, DeleteRun):
@@ -316,6 +326,34 @@ class Reconciler:
         )
         with tolerate(409):  # written by an earlier pass from the same Job: same content
             self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
+
+    def _store_record(self, run: m.AgentRun, action: StoreRecord) -> None:
+        """A ConfigMap of an agent run's memory: a turn's transcript record or context."""
+        labels = {s.LABEL_KIND: action.kind, s.LABEL_TURN: str(action.turn)}
+        body = objects.owned_config_map(objects.RunRef.of(run), action.name, labels, action.data)
+        with tolerate(409):  # written by an earlier pass: its name stands for its content
+            self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
+
+    def _with_documents(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """The records an agent run's loop asks for (agentrun.core.agent.wanted_documents),
+        read from the run's ConfigMaps; one read per ConfigMap, none for other runs. Their
+        content is checked by the core against committed digests."""
+        wanted = agent_loop.wanted_documents(run)
+        if not wanted:
+            return observed
+        maps: dict[str, dict[str, Any]] = {}
+        documents: dict[tuple[str, str], str] = {}
+        for name, key in wanted:
+            if name not in maps:
+                with tolerate(404) as missing:
+                    found = self.apis.core.read_namespaced_config_map(
+                        name, run.metadata.namespace, _preload_content=False
+                    )
+                maps[name] = {} if missing else (json.loads(found.data).get("data") or {})
+            value = maps[name].get(key)
+            if isinstance(value, str):
+                documents[(name, key)] = value
+        return dataclasses.replace(observed, documents=documents)
 
     def _event(self, run: m.AgentRun, action: EmitEvent) -> None:
         self.post_event(run.metadata.namespace, run.metadata.name, run.metadata.uid, action)

@@ -6,6 +6,7 @@ Settings come from the environment (``AGENTRUN_*``) and from ``agentrun run`` fl
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 
 from agentrun.api.models import GROUP
@@ -26,9 +27,14 @@ ANNOTATION_RUN_NAME = f"{GROUP}/run-name"
 LABEL_RUN_UID = f"{GROUP}/run-uid"
 LABEL_STEP = f"{GROUP}/step"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
-LABEL_KIND = f"{GROUP}/object"  # "step-job" or "result"
+LABEL_KIND = f"{GROUP}/object"  # "step-job", "result", "audit", "transcript" or "context"
+LABEL_TURN = f"{GROUP}/turn"
+"""On an agent run's transcript records and contexts: the model turn."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agentrun-operator"
+
+DEFAULT_LLM_IMAGE = "agentrun-operator:0.1.0"
+DEFAULT_LLM_COMMAND = ("agentrun", "step", "llm")
 
 # Environment of step pods ---------------------------------------------------------------------
 
@@ -51,6 +57,11 @@ ENV_SERVICEACCOUNT_DIR = "AGENTRUN_SERVICEACCOUNT_DIR"
 def _env_list(name: str) -> tuple[str, ...]:
     raw = os.environ.get(name, "")
     return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _env_command(name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    raw = os.environ.get(name, "").strip()
+    return tuple(shlex.split(raw)) if raw else default
 
 
 def _env_int(name: str, default: int) -> int:
@@ -89,3 +100,12 @@ class Settings:
     job_deletion_grace_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_JOB_DELETION_GRACE_SECONDS", 30)
     )
+    llm_image: str = field(
+        default_factory=lambda: os.environ.get("AGENTRUN_LLM_IMAGE") or DEFAULT_LLM_IMAGE
+    )
+    """Image of agent runs' model turns: the operator's own (the chart sets it to the image
+    the operator runs), which has ``agentrun step llm``."""
+    llm_command: tuple[str, ...] = field(
+        default_factory=lambda: _env_command("AGENTRUN_LLM_COMMAND", DEFAULT_LLM_COMMAND)
+    )
+    """Command of model turns (AGENTRUN_LLM_COMMAND, split like a shell line)."""

@@ -262,7 +262,8 @@ def test_the_budget_pauses_before_a_turn_and_raising_it_resumes() -> None:
     sim.spec_update(budget=m.Budget(max_tokens=10_000))
     sim.settle()
     assert sim.agent.stage == a.AgentStage.THINKING
-    assert sim.status.phase == m.RunPhase.RUNNING
+    resumed: m.RunPhase | None = sim.status.phase  # (read again: mypy narrowed it above)
+    assert resumed == m.RunPhase.RUNNING
     started = [t for t in sim.status.history or [] if t.reason == "TurnStarted"][-1]
     assert "resumed" in (started.message or "") and "of budget.maxTokens 10000 left" in (
         started.message or ""
@@ -477,3 +478,20 @@ def test_token_counts_are_clamped() -> None:
     sim.settle()
     assert sim.agent.prompt_tokens == MAX_TOKENS
     assert sim.status.usage is not None and sim.status.usage.tokens == MAX_TOKENS
+
+
+def test_a_new_step_of_the_loop_launches_only_once_committed() -> None:
+    """The shell checks a step's Secrets and env against the creator's rights from the status
+    as read (agentrun.authz); a turn's new steps wait one pass, so that they are checked."""
+    sim = AgentSim(agent_run())
+    sim.tick()
+    assert sim.agent.stage == a.AgentStage.THINKING and not sim.jobs
+    sim.tick()
+    job = sim.model_job()
+    assert job is not None
+    sim.finish(job.name, True, turn_envelope("", [call("search", {"query": "x"}, "c")]))
+    sim.tick()
+    assert sim.step_status("t1-0-search").phase == SP.PENDING
+    assert sim.tool_jobs() == []
+    sim.tick()
+    assert [j.step for j in sim.tool_jobs()] == ["t1-0-search"]

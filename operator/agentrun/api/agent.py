@@ -15,7 +15,7 @@ explain``.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
@@ -333,6 +333,17 @@ class AgentStatus(ApiModel):
     )
     context: ContextStatus | None = Field(
         default=None, description="The context of the current or next turn."
+    )
+    turn_image: str | None = Field(
+        default=None,
+        description=(
+            "Image of the current turn's model step (the operator's own, as configured when "
+            "the turn started)."
+        ),
+        max_length=512,
+    )
+    turn_command: list[Annotated[str, Field(max_length=1024)]] | None = Field(
+        default=None, description="Command of the current turn's model step.", max_length=16
     )
     calls: list[ToolCallStatus] | None = Field(
         default=None,

@@ -212,10 +212,15 @@ def _env(name: str, value: str) -> m.EnvVar:
     return m.EnvVar.model_construct(name=name, value=value, value_from=None)
 
 
-def model_turn_step(run: m.AgentRun, ctx: a.ContextStatus, config: AgentConfig) -> m.Step:
-    """The step of the model turn ``ctx`` was assembled for."""
+def model_turn_step(
+    run: m.AgentRun, status: a.AgentStatus, ctx: a.ContextStatus, config: AgentConfig
+) -> m.Step:
+    """The step of the model turn ``ctx`` was assembled for, with the image and command
+    committed when the turn started (the operator's settings before that)."""
     agent = run.spec.agent
     assert agent is not None
+    image = status.turn_image or config.llm_image
+    command = list(status.turn_command or config.llm_command)
     model = agent.model
     env = [
         _env(ENV_TURN, str(ctx.turn)),
@@ -237,9 +242,7 @@ def model_turn_step(run: m.AgentRun, ctx: a.ContextStatus, config: AgentConfig) 
                 ),
             )
         )
-    container = m.ContainerAction.model_construct(
-        image=config.llm_image, command=list(config.llm_command), env=env
-    )
+    container = m.ContainerAction.model_construct(image=image, command=command, env=env)
     return m.Step.model_construct(
         name=model_step(ctx.turn),
         description=f"model turn {ctx.turn}",
@@ -320,7 +323,7 @@ def _dynamic(
     found: list[m.Step] = []
     ctx = status.context
     if model_step(status.turn) in steps and ctx is not None and ctx.turn == status.turn:
-        found.append(model_turn_step(run, ctx, config))
+        found.append(model_turn_step(run, status, ctx, config))
     tools = {t.name: t for t in agent.tools or []}
     for call in status.calls or []:
         if call.step and call.step in steps and call.tool in tools:
@@ -359,6 +362,16 @@ def pauses_for_tokens(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
     """Whether the token budget pauses the loop instead of failing the run: once the agent
     has started (the plan before it is held to budget.maxTokens as plan runs are)."""
     return run.spec.agent is not None and status.agent is not None and status.agent.turn > 0
+
+
+def committed(run: m.AgentRun, step: str) -> bool:
+    """Whether ``step`` may be launched in this pass: a plan step always; a step of the loop
+    (a new turn's model step, a new tool call) only once the status as read has it, so that
+    the shell checked what it uses (the API key Secret, a tool's env) against the creator's
+    rights (agentrun.authz) before its launch is decided."""
+    if run.spec.agent is None or run.step(step) is not None:
+        return True
+    return any(st.name == step for st in (run.status.steps if run.status else None) or [])
 
 
 def compacted(run: m.AgentRun, step: str) -> bool:
@@ -584,6 +597,8 @@ def _begin_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
         f"needs up to {need} tokens{note}",
     )
     ag.stage = a.AgentStage.THINKING
+    ag.turn_image = config.llm_image
+    ag.turn_command = list(config.llm_command)
     ag.calls = None
     ag.finish_reason = None
 

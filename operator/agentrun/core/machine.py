@@ -553,6 +553,8 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         st = steps[step.name]
         if st.phase not in (SP.PENDING, SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF):
             continue
+        if not agent_loop.committed(b.run, step.name):
+            continue  # a new step of the loop starts once committed (and checked by the shell)
         skipped = [d for d in step.depends_on or [] if steps[d].phase == SP.SKIPPED]
         if skipped:
             st.finished_at = b.now

@@ -1,0 +1,374 @@
+"""Agent runs end to end: the operator as its own process, model turns running ``agentrun step
+llm`` on the local node against a scripted OpenAI-compatible server over real HTTP, tools as
+busybox scripts.
+
+The model server answers from a script and records what it was sent, so each test checks both
+sides: what the run did, and what the model saw (the validation errors, the tool results).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster
+from tests.support.cluster import Kubectl, StartOperator
+from tests.support.runs import (
+    Run,
+    condition,
+    create,
+    event_reasons,
+    get,
+    patch_spec,
+    status_of,
+    step_status,
+)
+from tests.support.waiting import wait_phase, wait_step_phase
+
+VENV_BIN = Path(sys.executable).parent
+LLM_COMMAND = (
+    [str(VENV_BIN / "agentrun"), "step", "llm"]
+    if (VENV_BIN / "agentrun").exists()
+    else [sys.executable, "-m", "agentrun.cli", "step", "llm"]
+)
+"""``agentrun step llm`` as the local node's processes can run it (the operator image's own
+command on a real cluster)."""
+
+
+def _tool_script(name: str) -> str:
+    """A tool that answers with its name and the arguments it got (plain text result)."""
+    return f'echo "{name} got $AGENTRUN_TOOL_ARGS" > /dev/termination-log'
+
+
+SEARCH = {
+    "name": "search",
+    "description": "Search the service's logs.",
+    "parameters": {
+        "type": "object",
+        "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    "container": {"image": "busybox:1.36", "command": ["sh", "-c", _tool_script("search")]},
+}
+RESTART = {
+    "name": "restart",
+    "description": "Restart a service.",
+    "parameters": {
+        "type": "object",
+        "properties": {"service": {"type": "string"}},
+        "required": ["service"],
+    },
+    "risk": "external",
+    "approval": "required",
+    "container": {"image": "busybox:1.36", "command": ["sh", "-c", _tool_script("restart")]},
+}
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    with ScriptedModel() as server:
+        yield server
+
+
+@pytest.fixture
+def agent_operator(cluster: TestCluster, start_operator: StartOperator) -> OperatorProcess:
+    if cluster.external:
+        pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
+    return start_operator(env={"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND)})
+
+
+def agent_run(
+    name: str,
+    model: ScriptedModel | str,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    model_extra: dict[str, Any] | None = None,
+    **spec: Any,
+) -> Run:
+    base_url = model if isinstance(model, str) else model.base_url
+    agent = {
+        "model": {"baseURL": base_url, "name": "scripted", **(model_extra or {})},
+        "instructions": "You are an SRE. Use the tools, then answer.",
+        "tools": tools if tools is not None else [SEARCH],
+        **spec.pop("agent", {}),
+    }
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {"goal": "find out why checkout is slow", "agent": agent, **spec},
+    }
+
+
+def _history(run: Run) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = status_of(run).get("history") or []
+    return history
+
+
+def _launches(run: Run) -> dict[str, int]:
+    """How often each step was launched, from the run's history."""
+    found: dict[str, int] = {}
+    for t in _history(run):
+        if t.get("reason") == "Launching" and t.get("step"):
+            found[t["step"]] = found.get(t["step"], 0) + 1
+    return found
+
+
+def _transcript(kube: KubeClients, namespace: str, uid: str) -> list[dict[str, Any]]:
+    items = kube.core.list_namespaced_config_map(
+        namespace, label_selector=f"agentrun.dev/run-uid={uid},agentrun.dev/object=transcript"
+    ).items
+    records = [json.loads(cm.data["turn"]) for cm in items]
+    return sorted(records, key=lambda r: int(r["turn"]))
+
+
+def test_a_loop_of_turns_with_parallel_tool_calls_ends_with_the_answer(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(
+        reply(
+            "two searches at once",
+            [
+                tool_call("search", {"query": "latency"}, "c1"),
+                tool_call("search", {"query": "db"}, "c2"),
+            ],
+        ),
+        reply("one more", [tool_call("search", {"query": "cache"}, "c3")]),
+        reply("Checkout is slow because the cache is cold.", prompt_tokens=300),
+    )
+    created = create(kube, namespace, agent_run("loop", model))
+    run = wait_phase(kube, namespace, "loop", "Succeeded")
+
+    status = status_of(run)
+    agent = status["agent"]
+    assert agent["stage"] == "Answered"
+    assert agent["answer"] == "Checkout is slow because the cache is cold."
+    assert status["message"].startswith("the model answered in turn 3")
+    assert status["progress"] == "turn 3/20"
+    assert (agent["toolCalls"], agent["invalidToolCalls"]) == (3, 0)
+    assert status["usage"]["tokens"] == 60 + 60 + 310
+    # The model saw every tool's result, and each call was answered exactly once.
+    first, second, third = model.completions()
+    assert [m["role"] for m in first.messages] == ["system", "user"]
+    assert first.messages[1]["content"] == "find out why checkout is slow"
+    assert second.tool_answers == {
+        "c1": 'search got {"query": "latency"}',
+        "c2": 'search got {"query": "db"}',
+    }
+    assert third.tool_answers["c3"] == 'search got {"query": "cache"}'
+    assert first.body["tools"][0]["function"]["name"] == "search"
+    # Every model turn and tool call was launched once; closed turns left status.
+    launches = _launches(run)
+    assert launches == {
+        "t1-model": 1,
+        "t1-0-search": 1,
+        "t1-1-search": 1,
+        "t2-model": 1,
+        "t2-0-search": 1,
+        "t3-model": 1,
+    }
+    assert [s["name"] for s in status["steps"]] == ["t3-model"]
+    records = _transcript(kube, namespace, created["metadata"]["uid"])
+    assert [r["turn"] for r in records] == [1, 2, 3]
+    assert [c["id"] for c in records[0]["toolCalls"]] == ["c1", "c2"]
+    assert records[2]["answer"] is True
+
+
+def test_invalid_arguments_are_answered_with_the_error_and_the_model_corrects_them(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(
+        reply("", [tool_call("search", {"query": "x", "limit": 0}, "bad")]),
+        reply("", [tool_call("search", {"query": "x", "limit": 5}, "good")]),
+        reply("done"),
+    )
+    create(kube, namespace, agent_run("fix-args", model))
+    run = wait_phase(kube, namespace, "fix-args", "Succeeded")
+    _, second, third = model.completions()
+    assert second.tool_answers["bad"] == (
+        "error: the call was not run: the arguments do not match the tool's parameters: "
+        "limit: 0 is less than the minimum of 1"
+    )
+    assert third.tool_answers["good"] == 'search got {"query": "x", "limit": 5}'
+    assert "t1-0-search" not in _launches(run), "the invalid call ran"
+    assert _launches(run)["t2-0-search"] == 1
+    reasons = [t["reason"] for t in _history(run)]
+    assert "ToolCallRefused" in reasons
+    assert status_of(run)["agent"]["invalidToolCalls"] == 1
+
+
+def test_an_unknown_tool_is_answered_with_the_tools_there_are(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(reply("", [tool_call("drop_database", {}, "c1")]), reply("fine"))
+    create(kube, namespace, agent_run("unknown-tool", model))
+    wait_phase(kube, namespace, "unknown-tool", "Succeeded")
+    assert model.completions()[1].tool_answers["c1"] == (
+        "error: the call was not run: there is no tool 'drop_database' (the tools: search)"
+    )
+
+
+def test_a_risky_call_waits_for_approval_and_changed_arguments_need_a_new_one(
+    cluster: TestCluster,
+    kube: KubeClients,
+    kubectl: Kubectl,
+    namespace: str,
+    agent_operator: OperatorProcess,
+    model: ScriptedModel,
+) -> None:
+    model.add(
+        reply("", [tool_call("restart", {"service": "checkout"}, "r1")]),
+        reply("", [tool_call("restart", {"service": "payments"}, "r2")]),
+        reply("both restarted"),
+    )
+    create(kube, namespace, agent_run("gated", model, tools=[SEARCH, RESTART]))
+    run = wait_step_phase(kube, namespace, "gated", "t1-0-restart", "WaitingForApproval")
+    assert status_of(run)["phase"] == "WaitingForApproval"
+    first_hash = step_status(run, "t1-0-restart")["argsHash"]
+    # kubectl agentrun approve works for the call's step as for a plan step.
+    proc = kubectl_agentrun(cluster, "approve", "gated", "t1-0-restart", "-n", namespace)
+    assert proc.returncode == 0, proc.stderr
+    assert f"approved step t1-0-restart of agentrun/gated (args {first_hash[:12]})" in proc.stdout
+
+    run = wait_step_phase(kube, namespace, "gated", "t2-0-restart", "WaitingForApproval")
+    second_hash = step_status(run, "t2-0-restart")["argsHash"]
+    assert second_hash != first_hash
+    assert model.completions()[1].tool_answers["r1"] == 'restart got {"service": "checkout"}'
+    patch_spec(kubectl, namespace, "gated", approvals=[
+        *(get(kube, namespace, "gated")["spec"].get("approvals") or []),
+        {"step": "t2-0-restart", "decision": "approve", "argsHash": second_hash, "by": "admin"},
+    ])  # fmt: skip
+    run = wait_phase(kube, namespace, "gated", "Succeeded")
+    assert _launches(run)["t2-0-restart"] == 1
+
+
+def kubectl_agentrun(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl agentrun ARGS``, the plugin found on PATH as kubectl finds it."""
+    env = cluster.env()
+    env["PATH"] = os.pathsep.join([str(VENV_BIN), env["PATH"]])
+    return subprocess.run(
+        [cluster.kubectl_path, "agentrun", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_the_token_budget_pauses_the_run_and_raising_it_resumes(
+    kube: KubeClients, kubectl: Kubectl, namespace: str, agent_operator: OperatorProcess,
+    model: ScriptedModel,
+) -> None:  # fmt: skip
+    model.add(
+        reply("", [tool_call("search", {"query": "x"}, "c1")], prompt_tokens=450,
+              completion_tokens=100),
+        reply("the answer"),
+    )  # fmt: skip
+    # Turn 1 needs 100 output tokens plus its prompt (about 100 tokens of context: under
+    # 700); it reports 550 used, and turn 2 (100 output tokens plus a larger prompt) does not
+    # fit in the 150 left.
+    body = agent_run(
+        "budget", model, model_extra={"maxOutputTokens": 100}, budget={"maxTokens": 700}
+    )
+    create(kube, namespace, body)
+    run = wait_phase(kube, namespace, "budget", "Suspended")
+    status = status_of(run)
+    assert status["agent"]["stage"] == "Paused"
+    assert condition(run)["reason"] == "BudgetExhausted"
+    assert "raise spec.budget.maxTokens to resume" in status["message"]
+    assert "BudgetExhausted" in event_reasons(kube, namespace, "budget")
+    assert len(model.completions()) == 1
+    patch_spec(kubectl, namespace, "budget", budget={"maxTokens": 5000})
+    run = wait_phase(kube, namespace, "budget", "Succeeded")
+    assert status_of(run)["agent"]["answer"] == "the answer"
+    started = [t for t in _history(run) if t["reason"] == "TurnStarted"][-1]
+    assert "resumed" in started["message"]
+
+
+def test_max_turns_ends_the_run_with_a_clear_reason(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(
+        reply("", [tool_call("search", {"query": "a"}, "c1")]),
+        reply("", [tool_call("search", {"query": "b"}, "c2")]),
+    )
+    create(kube, namespace, agent_run("turns", model, agent={"maxTurns": 2}))
+    run = wait_phase(kube, namespace, "turns", "Failed")
+    assert status_of(run)["message"] == (
+        "the model was still calling tools in turn 2, the last one (spec.agent.maxTurns 2), "
+        "and gave no answer"
+    )
+    assert condition(run)["reason"] == "MaxTurnsReached"
+    assert len(model.completions()) == 2
+
+
+def test_an_endpoint_answering_errors_and_garbage_is_retried_per_policy(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(Status(503, "overloaded"), Raw(b"<html>bad gateway</html>", "text/html"))
+    model.add(reply("answered on the third attempt"))
+    retry = {"retry": {"limit": 2, "backoff": {"initialSeconds": 1, "maxSeconds": 2}}}
+    create(kube, namespace, agent_run("flaky", model, model_extra=retry))
+    run = wait_phase(kube, namespace, "flaky", "Succeeded")
+    assert step_status(run, "t1-model")["attempt"] == 3
+    retries = [t["message"] for t in _history(run) if t["reason"] == "RetryScheduled"]
+    assert len(retries) == 2
+    assert f"the model endpoint {model.base_url} answered HTTP 503: overloaded" in retries[0]
+    assert "not a chat completion" in retries[1]
+    assert len(model.completions()) == 3
+    assert agent_operator.alive()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_an_endpoint_that_is_down_fails_the_run_and_the_operator_goes_on(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    down = f"http://127.0.0.1:{_closed_port()}/v1"
+    create(kube, namespace, agent_run("down", down))
+    run = wait_phase(kube, namespace, "down", "Failed")
+    message = status_of(run)["message"]
+    assert message.startswith("step t1-model failed: ")
+    assert f"the model endpoint {down} cannot be reached" in message
+    # The operator is fine and goes on with other runs.
+    assert agent_operator.alive()
+    model.add(reply("still here"))
+    create(kube, namespace, agent_run("after", model))
+    wait_phase(kube, namespace, "after", "Succeeded")
+
+
+def test_a_plan_runs_first_and_its_results_open_the_conversation(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(reply("p99 is 2s, so: the cache"))
+    gather = {
+        "name": "gather",
+        "container": {
+            "image": "busybox:1.36",
+            "command": ["sh", "-c", "echo 'p99 latency is 2s' > /dev/termination-log"],
+        },
+    }
+    create(kube, namespace, agent_run("plan-first", model, plan={"steps": [gather]}))
+    run = wait_phase(kube, namespace, "plan-first", "Succeeded")
+    (request,) = model.completions()
+    user = request.messages[1]["content"]
+    assert "# Results of the plan's steps, which ran before you" in user
+    assert "## step gather: succeeded" in user and "p99 latency is 2s" in user
+    assert step_status(run, "gather")["phase"] == "Succeeded"
