@@ -269,7 +269,8 @@ def test_the_budget_pauses_before_a_turn_and_raising_it_resumes() -> None:
         started.message or ""
     )
     sim.answer("done")
-    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    ended: m.RunPhase | None = sim.status.phase
+    assert ended == m.RunPhase.SUCCEEDED
 
 
 def test_max_turns_ends_the_run_with_a_clear_reason() -> None:
