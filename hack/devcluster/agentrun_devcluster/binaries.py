@@ -12,6 +12,7 @@ __all__ = [
     "BinariesError",
     "build_script",
     "helm_binary",
+    "kstatus_bin_dir",
     "resolve_bin_dir",
     "run_build_script",
 ]
@@ -85,3 +86,12 @@ def helm_binary() -> Path:
     if script is None:
         raise BinariesError("hack/build-helm.sh not found")
     return run_build_script(script) / "helm"
+
+
+def kstatus_bin_dir() -> Path:
+    """The bin dir of ``kstatus`` and ``argocd-health``, built by ``hack/build-kstatus.sh``
+    (sigs.k8s.io/cli-utils and gopher-lua at the versions pinned in hack/kstatus, cached)."""
+    script = build_script(name="build-kstatus.sh")
+    if script is None:
+        raise BinariesError("hack/build-kstatus.sh not found")
+    return run_build_script(script)
