@@ -1,0 +1,542 @@
+"""Observation from watches: an in-memory view of step Jobs, their pods and the refusals of
+their pods, kept current by list+watch (an informer), so that a reconcile pass reads memory,
+not the API server.
+
+What is watched, in each watched namespace (or in all of them):
+
+* Jobs carrying the label ``agentrun.dev/run-uid`` (step Jobs, and anything made to look
+  like one), indexed by the uid of their *controller* owner reference (the run's uid) and by
+  namespace/name;
+* pods carrying that label (the operator puts it on the pod template), indexed by the uid of
+  their controller owner reference (the Job's uid); a pod that merely carries a Job's name in a
+  label is not that Job's pod;
+* Events with reason ``FailedCreate`` about Jobs (the Job controller posts one when the API
+  server refuses a Job's pod: Pod Security admission, a missing ServiceAccount, a quota),
+  indexed by the uid of the Job they are about.
+
+Each (kind, namespace) pair has a reflector thread: it lists (in pages), replaces its part of
+the view at once, then watches from the list's resourceVersion with bookmarks, resuming from
+the last version seen each time the server ends the watch, and lists again when that version
+is too old (410 Gone). Every change wakes the run it belongs to (``wake(namespace, name,
+uid)``); a relist wakes the runs whose objects changed, appeared or vanished.
+
+A pass must never derive from a view that has not been listed yet: a running step whose Job
+is not in the view would be taken for a lost one. :meth:`ClusterView.wait_synced` blocks until
+every reflector has completed its first list. After that, the view may lag the API server by
+a moment, which is harmless for decisions that end in a status write (the resourceVersion
+fence turns a stale decision into a 409) and is checked with a direct read where it is not
+(see :mod:`agentrun.adoption`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun import settings as s
+from agentrun.jobs import CONTAINER_NAME
+
+log = logging.getLogger("agentrun.observer")
+
+JOBS = "jobs"
+PODS = "pods"
+EVENTS = "events"
+KINDS = (JOBS, PODS, EVENTS)
+
+STEP_SELECTOR = s.LABEL_RUN_UID
+"""Label selector of the Jobs and pods watched: the run-uid label is present."""
+REFUSAL_SELECTOR = "involvedObject.kind=Job,reason=FailedCreate"
+"""Field selector of the Events watched: the Job controller could not create a pod."""
+
+Obj = dict[str, Any]
+Wake = Callable[[str, str, str], None]
+"""``wake(namespace, run name, run uid)``: something of that run changed."""
+
+PAGE = 500
+WATCH_SECONDS = 300
+"""How long one watch request lasts before the server ends it and it is resumed."""
+
+
+def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference marked ``controller: true``, if any."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref  # type: ignore[no-any-return]
+    return None
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    ref = controller_ref(obj)
+    return str(ref["uid"]) if ref is not None and ref.get("uid") else None
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def _owner_key(kind: str, obj: Mapping[str, Any]) -> str | None:
+    """What the object is indexed by: its controller's uid, or for an Event its Job's uid."""
+    if kind == EVENTS:
+        uid = (obj.get("involvedObject") or {}).get("uid")
+        return str(uid) if uid else None
+    return controller_uid(obj)
+
+
+def _slim(kind: str, obj: Obj) -> Obj:
+    """What the view keeps of an object: Jobs whole (their spec is compared), pods without
+    their spec, Events with what names their Job and says what went wrong."""
+    meta = dict(_meta(obj))
+    meta.pop("managedFields", None)
+    if kind == JOBS:
+        return {**obj, "metadata": meta}
+    if kind == PODS:
+        return {"metadata": meta, "status": obj.get("status") or {}}
+    keep = ("involvedObject", "reason", "message", "type", "count", "lastTimestamp", "eventTime")
+    return {"metadata": meta, **{k: obj[k] for k in keep if k in obj}}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One reflector's part of the view: a kind in one namespace, or in all (None)."""
+
+    kind: str
+    namespace: str | None
+
+    def covers(self, obj: Mapping[str, Any]) -> bool:
+        return self.namespace is None or _meta(obj).get("namespace") == self.namespace
+
+
+class ClusterView:
+    """The view: thread-safe, fed by :class:`Informer` (or directly, in tests)."""
+
+    def __init__(self, sources: Iterable[Source] = ()) -> None:
+        self._lock = threading.Lock()
+        self._objects: dict[str, dict[str, Obj]] = {k: {} for k in KINDS}
+        self._owned: dict[str, dict[str, set[str]]] = {k: {} for k in KINDS}
+        self._job_names: dict[tuple[str, str], str] = {}
+        self._expected: set[Source] = set(sources)
+        self._listed: set[Source] = set()
+        self._synced = threading.Event()
+        if not self._expected:
+            self._synced.set()
+
+    # -- feeding -----------------------------------------------------------------------------
+
+    def expect(self, source: Source) -> None:
+        """Passes wait until ``source`` has been listed once."""
+        with self._lock:
+            self._expected.add(source)
+            if source not in self._listed:
+                self._synced.clear()
+
+    def replace(self, source: Source, items: Iterable[Obj]) -> list[Obj]:
+        """The result of a list: the source's objects become exactly ``items``, at once.
+        Returns the objects that changed, appeared or vanished (as last known) in a way that
+        can matter to a pass (:func:`matters`)."""
+        changed: list[Obj] = []
+        with self._lock:
+            store = self._objects[source.kind]
+            old = {uid: o for uid, o in store.items() if source.covers(o)}
+            new: dict[str, Obj] = {}
+            for item in items:
+                uid = _meta(item).get("uid")
+                if uid:
+                    new[str(uid)] = _slim(source.kind, item)
+            for uid, obj in old.items():
+                if uid not in new:
+                    self._remove(source.kind, uid)
+                    if matters(source.kind, obj, None):
+                        changed.append(obj)
+            for uid, obj in new.items():
+                before = old.get(uid)
+                if before is None or _version(before) != _version(obj):
+                    self._put(source.kind, obj)
+                    if matters(source.kind, before, obj):
+                        changed.append(obj)
+            self._listed.add(source)
+            if self._expected <= self._listed:
+                self._synced.set()
+        return changed
+
+    def apply(self, kind: str, event_type: str, obj: Obj) -> Obj | None:
+        """One watch event (ADDED, MODIFIED, DELETED). Returns the object as stored (for
+        DELETED: as it was last seen) when the change can matter to a pass (:func:`matters`),
+        else None."""
+        uid = _meta(obj).get("uid")
+        if not uid:
+            return None
+        slim = _slim(kind, obj)
+        with self._lock:
+            before = self._objects[kind].get(str(uid))
+            if event_type == "DELETED":
+                self._remove(kind, str(uid))
+                after = None
+            else:
+                self._put(kind, slim)
+                after = slim
+        return slim if matters(kind, before, after) else None
+
+    def _put(self, kind: str, obj: Obj) -> None:
+        uid = str(_meta(obj)["uid"])
+        if uid in self._objects[kind]:
+            self._remove(kind, uid)
+        self._objects[kind][uid] = obj
+        owner = _owner_key(kind, obj)
+        if owner:
+            self._owned[kind].setdefault(owner, set()).add(uid)
+        if kind == JOBS:
+            self._job_names[(_meta(obj).get("namespace", ""), _meta(obj).get("name", ""))] = uid
+
+    def _remove(self, kind: str, uid: str) -> None:
+        obj = self._objects[kind].pop(uid, None)
+        if obj is None:
+            return
+        owner = _owner_key(kind, obj)
+        if owner:
+            uids = self._owned[kind].get(owner)
+            if uids is not None:
+                uids.discard(uid)
+                if not uids:
+                    del self._owned[kind][owner]
+        if kind == JOBS:
+            key = (_meta(obj).get("namespace", ""), _meta(obj).get("name", ""))
+            if self._job_names.get(key) == uid:
+                del self._job_names[key]
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def size(self) -> int:
+        """How many objects the view holds."""
+        with self._lock:
+            return sum(len(objs) for objs in self._objects.values())
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """Block until every source has been listed once; False on timeout."""
+        return self._synced.wait(timeout)
+
+    def _owned_by(self, kind: str, owner: str) -> list[Obj]:
+        with self._lock:
+            return [self._objects[kind][uid] for uid in self._owned[kind].get(owner, ())]
+
+    def jobs_of_run(self, run_uid: str) -> list[Obj]:
+        """Jobs whose controller is the run ``run_uid``."""
+        return self._owned_by(JOBS, run_uid)
+
+    def job(self, uid: str) -> Obj | None:
+        with self._lock:
+            return self._objects[JOBS].get(uid)
+
+    def job_named(self, namespace: str, name: str) -> Obj | None:
+        """The watched Job of that name, whoever controls it."""
+        with self._lock:
+            uid = self._job_names.get((namespace, name))
+            return self._objects[JOBS].get(uid) if uid else None
+
+    def pods_of_job(self, job_uid: str) -> list[Obj]:
+        """Pods whose controller is the Job ``job_uid``."""
+        return self._owned_by(PODS, job_uid)
+
+    def pod_refusal(self, job_uid: str) -> str | None:
+        """The message of the latest FailedCreate Event about Job ``job_uid``, if any."""
+        events = self._owned_by(EVENTS, job_uid)
+        if not events:
+            return None
+        latest = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+        return str(latest.get("message") or "the API server refused the Job's pod")
+
+    def run_of(self, kind: str, obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
+        """(namespace, name, uid) of the run an object belongs to, as far as the view knows:
+        a Job's controlling run; a pod's or an Event's Job's."""
+        if kind != JOBS:
+            owner = _owner_key(kind, obj)
+            job = self.job(owner) if owner else None
+            if job is None:
+                return None
+            obj = job
+        ref = controller_ref(obj)
+        if ref is None or ref.get("kind") != "AgentRun" or not ref.get("uid"):
+            return None
+        return str(_meta(obj).get("namespace", "")), str(ref.get("name", "")), str(ref["uid"])
+
+
+def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
+    """Whether a change can make a pass decide differently, so is worth waking the run for:
+    a Job appearing, vanishing, finishing, starting, being deleted or changing its spec or
+    owner; a pod's step container terminating (its outcome); any pod refusal. Other changes
+    (a pod being scheduled, a finalizer removed, counters) wake nobody."""
+    if kind == EVENTS:
+        return True
+    if kind == PODS:
+        return _step_terminated(after) and not _step_terminated(before)
+    if before is None or after is None:
+        return True
+    return _essence(before) != _essence(after)
+
+
+def _essence(job: Mapping[str, Any]) -> tuple[Any, ...]:
+    meta, status = _meta(job), job.get("status") or {}
+    ended = sorted(
+        str(c.get("type"))
+        for c in status.get("conditions") or []
+        if c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
+    )
+    return (
+        tuple(ended),
+        bool(meta.get("deletionTimestamp")),
+        status.get("startTime"),
+        status.get("completionTime"),
+        meta.get("generation"),
+        controller_uid(job),
+        (meta.get("labels") or {}).get(s.LABEL_RUN_UID),
+    )
+
+
+def _step_terminated(pod: Mapping[str, Any] | None) -> bool:
+    if pod is None:
+        return False
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER_NAME and (cs.get("state") or {}).get("terminated"):
+            return True
+    return False
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    return str(_meta(obj).get("resourceVersion", ""))
+
+
+# -- the informer ---------------------------------------------------------------------------
+
+
+class Expired(Exception):
+    """The resourceVersion to resume from is too old (410 Gone): list again."""
+
+
+ListCall = Callable[..., Any]
+
+
+class Reflector:
+    """Keeps one :class:`Source` of the view current: list, then watch, in a thread."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        source: Source,
+        call: ListCall,
+        wake: Wake,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        watch_seconds: int = WATCH_SECONDS,
+    ) -> None:
+        self.view = view
+        self.source = source
+        self.call = call
+        self.wake = wake
+        self.selectors: dict[str, str] = {}
+        if label_selector:
+            self.selectors["label_selector"] = label_selector
+        if field_selector:
+            self.selectors["field_selector"] = field_selector
+        self.watch_seconds = watch_seconds
+        self.stopping = threading.Event()
+        self.lists = 0
+        """How many times the source was listed (1 + relists)."""
+        self._response: Any = None
+        self._thread: threading.Thread | None = None
+        view.expect(source)
+
+    def start(self) -> None:
+        where = self.source.namespace or "all namespaces"
+        self._thread = threading.Thread(
+            target=self.run, name=f"watch {self.source.kind} in {where}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        response = self._response
+        if response is not None:  # unblock a read in progress
+            sock = getattr(getattr(response, "connection", None), "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        backoff = 1.0
+        while not self.stopping.is_set():
+            try:
+                version = self.relist()
+                backoff = 1.0
+                while not self.stopping.is_set():
+                    version = self.watch(version)
+            except Expired:
+                log.info("%s: resourceVersion expired; listing again", self._name())
+            except Exception as error:
+                if self.stopping.is_set():
+                    return
+                log.warning("%s failed (%s); retrying in %.0fs", self._name(), error, backoff)
+                self.stopping.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _name(self) -> str:
+        return f"watch of {self.source.kind} in {self.source.namespace or 'all namespaces'}"
+
+    def relist(self) -> str:
+        """List the source (in pages) and replace it in the view; the list's version."""
+        items: list[Obj] = []
+        token: str | None = None
+        version = ""
+        while True:
+            kwargs: dict[str, Any] = {**self.selectors, "limit": PAGE}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                response = self.call(_preload_content=False, **kwargs)
+            except Exception as error:
+                if getattr(error, "status", None) == 410:
+                    raise Expired() from error
+                raise
+            page = json.loads(response.data)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            version = str(meta.get("resourceVersion", ""))
+            token = meta.get("continue")
+            if not token:
+                break
+        self.lists += 1
+        self._wake_all(self.view.replace(self.source, items))
+        return version
+
+    def watch(self, version: str) -> str:
+        """One watch request from ``version``; returns the version to resume from."""
+        try:
+            response = self.call(
+                _preload_content=False,
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_seconds,
+                _request_timeout=(10, self.watch_seconds + 30),
+                **self.selectors,
+            )
+        except Exception as error:
+            if getattr(error, "status", None) == 410:
+                raise Expired() from error
+            raise
+        self._response = response
+        try:
+            for line in _lines(response):
+                if self.stopping.is_set():
+                    break
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Expired()
+                    raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+                version = _version(obj) or version
+                if kind == "BOOKMARK":
+                    continue
+                stored = self.view.apply(self.source.kind, str(kind), obj)
+                if stored is not None:
+                    self._wake_all([stored])
+        finally:
+            self._response = None
+            response.close()
+            response.release_conn()
+        return version
+
+    def _wake_all(self, objs: Sequence[Obj]) -> None:
+        runs = {self.view.run_of(self.source.kind, o) for o in objs}
+        for run in runs:
+            if run is not None:
+                try:
+                    self.wake(*run)
+                except Exception:
+                    log.exception("waking run %s/%s failed", run[0], run[1])
+
+
+def _lines(response: Any) -> Iterator[str]:
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        buffer += chunk if isinstance(chunk, bytes) else str(chunk).encode()
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line.decode("utf-8", "replace")
+    if buffer.strip():
+        yield buffer.decode("utf-8", "replace")
+
+
+class Informer:
+    """The reflectors of every watched namespace (or of all namespaces) and one view."""
+
+    def __init__(
+        self, apis: Any, namespaces: Sequence[str], wake: Wake, view: ClusterView | None = None
+    ) -> None:
+        """``apis``: an object with ``.core`` (CoreV1Api) and ``.batch`` (BatchV1Api)."""
+        self.view = view or ClusterView()
+        self.reflectors: list[Reflector] = []
+        scopes: Sequence[str | None] = list(namespaces) or [None]
+        for ns in scopes:
+            self.reflectors += [
+                Reflector(
+                    self.view,
+                    Source(JOBS, ns),
+                    _scoped(apis.batch, "job", ns),
+                    wake,
+                    label_selector=STEP_SELECTOR,
+                ),
+                Reflector(
+                    self.view,
+                    Source(PODS, ns),
+                    _scoped(apis.core, "pod", ns),
+                    wake,
+                    label_selector=STEP_SELECTOR,
+                ),
+                Reflector(
+                    self.view,
+                    Source(EVENTS, ns),
+                    _scoped(apis.core, "event", ns),
+                    wake,
+                    field_selector=REFUSAL_SELECTOR,
+                ),
+            ]
+
+    def start(self) -> None:
+        for reflector in self.reflectors:
+            reflector.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for reflector in self.reflectors:
+            reflector.stop()
+        for reflector in self.reflectors:
+            reflector.join(timeout)
+
+
+def _scoped(api: Any, kind: str, namespace: str | None) -> ListCall:
+    """The list call of ``kind`` in ``namespace``, or in all namespaces."""
+    if namespace is None:
+        all_namespaces: ListCall = getattr(api, f"list_{kind}_for_all_namespaces")
+        return all_namespaces
+    namespaced: ListCall = getattr(api, f"list_namespaced_{kind}")
+
+    def call(**kwargs: Any) -> Any:
+        return namespaced(namespace, **kwargs)
+
+    return call

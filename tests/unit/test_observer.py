@@ -1,0 +1,351 @@
+"""The watched view of step Jobs, their pods and their pods' refusals (agentrun.observer):
+indexing by controller, atomic relists, what wakes a run, and the reflector's list+watch loop
+(pages, resumption, 410 Gone) against a fake API."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentrun import settings as s
+from agentrun.observer import (
+    EVENTS,
+    JOBS,
+    PODS,
+    ClusterView,
+    Reflector,
+    Source,
+    matters,
+)
+
+RUN_UID = "run-uid-1"
+OTHER_RUN = "run-uid-2"
+
+
+def run_ref(uid: str = RUN_UID, name: str = "demo") -> dict[str, Any]:
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "name": name,
+        "uid": uid,
+        "controller": True,
+    }
+
+
+def job(
+    name: str,
+    uid: str,
+    *,
+    owner: dict[str, Any] | None = None,
+    ns: str = "ns",
+    version: str = "1",
+    conditions: list[dict[str, Any]] | None = None,
+    **status: Any,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ns,
+        "uid": uid,
+        "resourceVersion": version,
+        "labels": {s.LABEL_RUN_UID: RUN_UID},
+        "managedFields": [{"manager": "x"}],
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {"metadata": meta, "spec": {"x": 1}, "status": {"conditions": conditions, **status}}
+
+
+def pod(
+    name: str,
+    uid: str,
+    *,
+    job_uid: str | None,
+    job_name: str = "j1",
+    ns: str = "ns",
+    terminated: bool = False,
+    version: str = "1",
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ns,
+        "uid": uid,
+        "resourceVersion": version,
+        "labels": {s.LABEL_RUN_UID: RUN_UID, "batch.kubernetes.io/job-name": job_name},
+    }
+    if job_uid is not None:
+        meta["ownerReferences"] = [{"kind": "Job", "uid": job_uid, "controller": True}]
+    state = {"terminated": {"exitCode": 0, "message": "{}"}} if terminated else {"running": {}}
+    return {
+        "metadata": meta,
+        "spec": {"containers": [{"name": "step"}]},
+        "status": {"containerStatuses": [{"name": "step", "state": state}]},
+    }
+
+
+def refusal(uid: str, job_uid: str, message: str, at: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"e-{uid}", "namespace": "ns", "uid": uid, "resourceVersion": "1"},
+        "involvedObject": {"kind": "Job", "uid": job_uid, "name": "j1"},
+        "reason": "FailedCreate",
+        "message": message,
+        "lastTimestamp": at,
+    }
+
+
+def synced_view() -> ClusterView:
+    return ClusterView()  # no sources expected: synced from the start
+
+
+# -- indexing ------------------------------------------------------------------------------
+
+
+def test_jobs_are_indexed_by_their_controlling_run_and_by_name() -> None:
+    view = synced_view()
+    view.apply(JOBS, "ADDED", job("j1", "u1", owner=run_ref()))
+    view.apply(JOBS, "ADDED", job("j2", "u2", owner=run_ref(OTHER_RUN)))
+    not_controller = {**run_ref(), "controller": False}
+    view.apply(JOBS, "ADDED", job("j3", "u3", owner=not_controller))
+    view.apply(JOBS, "ADDED", job("j4", "u4"))  # no owner at all
+
+    assert [j["metadata"]["name"] for j in view.jobs_of_run(RUN_UID)] == ["j1"]
+    assert [j["metadata"]["name"] for j in view.jobs_of_run(OTHER_RUN)] == ["j2"]
+    found = view.job_named("ns", "j4")
+    assert found is not None and found["metadata"]["uid"] == "u4"
+    assert view.job_named("other-ns", "j4") is None
+    assert "managedFields" not in found["metadata"]
+
+
+def test_pods_belong_to_the_job_that_controls_them_not_to_the_one_their_label_names() -> None:
+    view = synced_view()
+    view.apply(JOBS, "ADDED", job("j1", "u1", owner=run_ref()))
+    view.apply(PODS, "ADDED", pod("p1", "pu1", job_uid="u1"))
+    view.apply(PODS, "ADDED", pod("forged", "pu2", job_uid=None, job_name="j1"))
+    view.apply(PODS, "ADDED", pod("other", "pu3", job_uid="u9", job_name="j1"))
+
+    assert [p["metadata"]["name"] for p in view.pods_of_job("u1")] == ["p1"]
+    assert "spec" not in view.pods_of_job("u1")[0]  # pods are kept without their spec
+
+
+def test_a_pod_refusal_is_the_latest_failed_create_event_of_the_job() -> None:
+    view = synced_view()
+    assert view.pod_refusal("u1") is None
+    view.apply(EVENTS, "ADDED", refusal("e1", "u1", "older", "2026-11-22T09:00:00Z"))
+    view.apply(EVENTS, "ADDED", refusal("e2", "u1", "newer", "2026-11-22T09:00:05Z"))
+    view.apply(EVENTS, "ADDED", refusal("e3", "u2", "another Job's", "2026-11-22T09:00:09Z"))
+    assert view.pod_refusal("u1") == "newer"
+    view.apply(EVENTS, "DELETED", refusal("e2", "u1", "newer", "2026-11-22T09:00:05Z"))
+    assert view.pod_refusal("u1") == "older"
+
+
+def test_deleting_removes_an_object_from_every_index() -> None:
+    view = synced_view()
+    view.apply(JOBS, "ADDED", job("j1", "u1", owner=run_ref()))
+    view.apply(PODS, "ADDED", pod("p1", "pu1", job_uid="u1"))
+    view.apply(JOBS, "DELETED", job("j1", "u1", owner=run_ref()))
+    view.apply(PODS, "DELETED", pod("p1", "pu1", job_uid="u1"))
+    assert view.jobs_of_run(RUN_UID) == [] and view.job_named("ns", "j1") is None
+    assert view.pods_of_job("u1") == [] and view.size() == 0
+
+
+def test_a_job_recreated_under_the_same_name_keeps_the_name_when_the_old_one_goes() -> None:
+    view = synced_view()
+    view.apply(JOBS, "ADDED", job("j1", "old", owner=run_ref()))
+    view.apply(JOBS, "ADDED", job("j1", "new", owner=run_ref()))
+    view.apply(JOBS, "DELETED", job("j1", "old", owner=run_ref()))
+    found = view.job_named("ns", "j1")
+    assert found is not None and found["metadata"]["uid"] == "new"
+
+
+def test_a_controller_reference_changed_moves_the_job_to_its_new_run() -> None:
+    view = synced_view()
+    view.apply(JOBS, "ADDED", job("j1", "u1", owner=run_ref()))
+    view.apply(JOBS, "MODIFIED", job("j1", "u1", owner=run_ref(OTHER_RUN), version="2"))
+    assert view.jobs_of_run(RUN_UID) == []
+    assert len(view.jobs_of_run(OTHER_RUN)) == 1
+
+
+def test_the_run_of_a_job_pod_or_refusal_is_the_jobs_controlling_run() -> None:
+    view = synced_view()
+    view.apply(JOBS, "ADDED", job("j1", "u1", owner=run_ref()))
+    assert view.run_of(JOBS, job("j1", "u1", owner=run_ref())) == ("ns", "demo", RUN_UID)
+    assert view.run_of(PODS, pod("p1", "pu1", job_uid="u1")) == ("ns", "demo", RUN_UID)
+    assert view.run_of(EVENTS, refusal("e1", "u1", "no", "t")) == ("ns", "demo", RUN_UID)
+    assert view.run_of(PODS, pod("p2", "pu2", job_uid="unknown")) is None
+    assert view.run_of(JOBS, job("j9", "u9")) is None
+
+
+# -- relisting -----------------------------------------------------------------------------
+
+
+def test_a_relist_replaces_its_source_at_once_and_reports_what_changed() -> None:
+    view = synced_view()
+    source = Source(JOBS, "ns")
+    first = [job("j1", "u1", owner=run_ref()), job("j2", "u2", owner=run_ref())]
+    assert len(view.replace(source, first)) == 2
+    view.apply(JOBS, "ADDED", job("elsewhere", "u9", owner=run_ref(), ns="other"))
+
+    unchanged = job("j1", "u1", owner=run_ref())
+    finished = job("j3", "u3", owner=run_ref(), conditions=[{"type": "Complete", "status": "True"}])
+    changed = view.replace(source, [unchanged, finished])
+
+    names = {j["metadata"]["name"] for j in view.jobs_of_run(RUN_UID)}
+    assert names == {"j1", "j3", "elsewhere"}, "j2 vanished; the other namespace is not touched"
+    assert {c["metadata"]["name"] for c in changed} == {"j2", "j3"}
+
+
+def test_passes_wait_until_every_source_has_been_listed() -> None:
+    jobs_source, pods_source = Source(JOBS, None), Source(PODS, None)
+    view = ClusterView([jobs_source, pods_source])
+    assert not view.synced and not view.wait_synced(timeout=0.01)
+    view.replace(jobs_source, [])
+    assert not view.synced
+    view.replace(pods_source, [])
+    assert view.synced and view.wait_synced(timeout=0)
+
+
+# -- what wakes a run ------------------------------------------------------------------------
+
+
+def test_only_changes_that_can_move_a_run_wake_it() -> None:
+    running = job("j1", "u1", owner=run_ref(), startTime="t0", active=1)
+    counted = job("j1", "u1", owner=run_ref(), startTime="t0", active=1, ready=1, version="2")
+    done = job(
+        "j1",
+        "u1",
+        owner=run_ref(),
+        startTime="t0",
+        conditions=[{"type": "Complete", "status": "True"}],
+        version="3",
+    )
+    assert matters(JOBS, None, running) and matters(JOBS, running, None)
+    assert not matters(JOBS, running, counted)
+    assert matters(JOBS, counted, done)
+    deleting = json.loads(json.dumps(done))
+    deleting["metadata"]["deletionTimestamp"] = "t9"
+    assert matters(JOBS, done, deleting)
+
+    started = pod("p1", "pu1", job_uid="u1")
+    ended = pod("p1", "pu1", job_uid="u1", terminated=True, version="2")
+    assert not matters(PODS, None, started)
+    assert matters(PODS, started, ended)
+    assert not matters(PODS, ended, None)
+    assert matters(EVENTS, None, refusal("e1", "u1", "no", "t"))
+
+
+# -- the reflector against a fake API ---------------------------------------------------------
+
+
+class FakeResponse:
+    def __init__(self, data: bytes = b"", lines: list[dict[str, Any]] | None = None) -> None:
+        self.data = data
+        self.lines = lines or []
+        self.closed = False
+
+    def stream(self, amt: Any = None, decode_content: bool = False) -> Iterator[bytes]:
+        text = "".join(json.dumps(line) + "\n" for line in self.lines).encode()
+        for i in range(0, len(text), 7):  # split lines across chunks
+            yield text[i : i + 7]
+
+    def close(self) -> None:
+        self.closed = True
+
+    def release_conn(self) -> None:
+        pass
+
+
+class FakeApi:
+    """Answers list and watch calls from scripted responses, recording each call."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers
+        self.calls: list[dict[str, Any]] = []
+        self.done = threading.Event()
+
+    def __call__(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        if not self.answers:
+            self.done.set()
+            raise RuntimeError("no more answers")
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def page(items: list[dict[str, Any]], version: str, token: str | None = None) -> FakeResponse:
+    meta: dict[str, Any] = {"resourceVersion": version}
+    if token:
+        meta["continue"] = token
+    return FakeResponse(json.dumps({"items": items, "metadata": meta}).encode())
+
+
+class Gone(Exception):
+    status = 410
+
+
+def test_the_reflector_lists_in_pages_watches_from_the_lists_version_and_relists_on_410() -> None:
+    j1, j2 = job("j1", "u1", owner=run_ref()), job("j2", "u2", owner=run_ref())
+    j1_done = job(
+        "j1",
+        "u1",
+        owner=run_ref(),
+        version="12",
+        conditions=[{"type": "Complete", "status": "True"}],
+    )
+    answers: list[Any] = [
+        page([j1], "10", token="more"),
+        page([j2], "10"),
+        FakeResponse(
+            lines=[
+                {"type": "MODIFIED", "object": j1_done},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}},
+            ]
+        ),
+        Gone(),  # resuming from 15 is too old
+        page([j1_done], "20"),  # j2 went meanwhile
+        FakeResponse(lines=[{"type": "ERROR", "object": {"code": 410, "message": "too old"}}]),
+        page([j1_done], "30"),
+    ]
+    api = FakeApi(answers)
+    woken: list[tuple[str, str, str]] = []
+    view = ClusterView()
+    reflector = Reflector(
+        view,
+        Source(JOBS, "ns"),
+        api,
+        lambda *run: woken.append(run),
+        label_selector=s.LABEL_RUN_UID,
+    )
+    assert not view.synced
+    reflector.start()
+    assert api.done.wait(10), "the reflector did not use up its answers"
+    reflector.stop()
+    reflector.join(5)
+
+    lists = [c for c in api.calls if not c.get("watch")]
+    watches = [c for c in api.calls if c.get("watch")]
+    assert lists[1]["_continue"] == "more" and all(c["limit"] == 500 for c in lists)
+    assert all(c["label_selector"] == s.LABEL_RUN_UID for c in api.calls)
+    assert [w["resource_version"] for w in watches[:3]] == ["10", "15", "20"]
+    assert reflector.lists == 3
+    assert view.synced
+    assert [j["metadata"]["name"] for j in view.jobs_of_run(RUN_UID)] == ["j1"]
+    assert ("ns", "demo", RUN_UID) in woken
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("connection reset"), Gone()])
+def test_a_failed_first_list_is_retried_and_the_view_stays_unsynced_until_then(
+    failure: Exception,
+) -> None:
+    api = FakeApi([failure, page([], "1")])
+    view = ClusterView()
+    reflector = Reflector(view, Source(PODS, None), api, lambda *run: None)
+    reflector.start()
+    assert view.wait_synced(timeout=10)
+    reflector.stop()
+    reflector.join(5)
+    assert reflector.lists == 1
