@@ -1,7 +1,14 @@
 """kopf wiring, and nothing else: every decision lives in the core, every write in the shell.
 
-* a daemon per AgentRun drives it: one reconcile pass, then sleep until the next timer, a wake-up
-  (an event on the run or one of its Jobs) or the periodic resync, whichever comes first;
+* a daemon per unfinished AgentRun drives it: one reconcile pass, then sleep until the next
+  timer, a wake-up (an event on the run, or a change the watches of its Jobs, their pods and
+  their pods' refusals report: agentrun/observer.py) or the periodic resync, whichever comes
+  first. No pass runs before those watches have listed once;
+* a finished run costs nothing at rest: its daemon ends with the pass that finishes it, and
+  what it still needs (deleting its Jobs after the grace, deleting itself past its retention
+  TTL) runs as a timer at the moment it is due, as does a pass for a change seen later (a Job
+  of it being deleted, an edit of its spec). At startup, a finished run is checked in memory
+  against the watched Jobs and gets a timer only when something is due;
 * the deletion handler removes what the run owns, and releases the run's finalizer within
   ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was left);
 * the janitor (agentrun/janitor.py), started with the operator, finishes the deletions that no
@@ -15,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -24,11 +31,13 @@ import kopf
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 
+from agentrun import jobs
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import EmitEvent
+from agentrun.core import EmitEvent, Observed, reconcile
 from agentrun.janitor import Janitor, keep_sweeping
-from agentrun.reconciler import Apis, Checkpoint, Reconciler
+from agentrun.observer import ClusterView, Informer
+from agentrun.reconciler import Apis, Checkpoint, Outcome, Reconciler
 
 log = logging.getLogger("agentrun.handlers")
 
@@ -40,8 +49,22 @@ class OperatorState:
     reconciler: Reconciler
     settings: s.Settings
     janitor: Janitor
+    informer: Informer
     wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    """One per running daemon (unfinished run)."""
+    timers: dict[tuple[str, str], asyncio.TimerHandle] = field(default_factory=dict)
+    """The next pass of a finished run, when one is due."""
     janitor_task: asyncio.Task[None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    synced: asyncio.Event | None = None
+    """Set once the watches have listed (passes wait for it)."""
+    unchecked: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """Finished runs seen before the watches listed, checked once they have."""
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @property
+    def view(self) -> ClusterView:
+        return self.informer.view
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
@@ -51,16 +74,168 @@ class OperatorState:
         if event is not None:
             event.set()
 
+    def observed(self, namespace: str, name: str, uid: str) -> None:
+        """A watched object of the run changed (called in the loop)."""
+        if (namespace, name) in self.wakeups:
+            self.wake(namespace, name)
+        elif self.loop is not None and _needs_pass(self.view.jobs_of_run(uid)):
+            # A moment later, and only if still so: a Job the operator deletes is seen being
+            # deleted before its finalizer, released in the same breath, is seen gone.
+            self.loop.call_later(SETTLE_SECONDS, self._recheck, namespace, name, uid)
+
+    def _recheck(self, namespace: str, name: str, uid: str) -> None:
+        if _needs_pass(self.view.jobs_of_run(uid)):
+            self.schedule_pass(namespace, name, 0.0)
+
+    def schedule_pass(self, namespace: str, name: str, delay: float) -> None:
+        """A pass of a run without a daemon in ``delay`` seconds (the earliest one wins)."""
+        loop = self.loop
+        if loop is None:
+            return
+        key = (namespace, name)
+        due = loop.time() + max(delay, 0.0)
+        pending = self.timers.get(key)
+        if pending is not None and pending.when() <= due:
+            return
+        if pending is not None:
+            pending.cancel()
+        self.timers[key] = loop.call_at(due, self._timer_fired, namespace, name)
+
+    def cancel_timer(self, namespace: str, name: str) -> None:
+        pending = self.timers.pop((namespace, name), None)
+        if pending is not None:
+            pending.cancel()
+
+    def _timer_fired(self, namespace: str, name: str) -> None:
+        self.timers.pop((namespace, name), None)
+        self.spawn(self._timed_pass(namespace, name))
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _timed_pass(self, namespace: str, name: str) -> None:
+        if (namespace, name) in self.wakeups:  # a daemon drives it
+            self.wake(namespace, name)
+            return
+        if self.synced is not None:
+            await self.synced.wait()
+        try:
+            outcome = await asyncio.to_thread(self.reconciler.reconcile, namespace, name)
+        except Exception:
+            log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
+            self.schedule_pass(namespace, name, 5.0)
+            return
+        self.after_pass(namespace, name, outcome)
+
+    def after_pass(self, namespace: str, name: str, outcome: Outcome) -> None:
+        """A finished run's next pass is due only at its next timer, if it has one."""
+        if outcome.phase in FINISHED and outcome.requeue_after is not None:
+            self.schedule_pass(namespace, name, outcome.requeue_after)
+
+    def finished_run_seen(self, body: Mapping[str, Any]) -> None:
+        """A finished run was listed or changed: a pass now or at its next timer, if the
+        watched Jobs or the run ask for one; otherwise nothing."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if self.synced is None or not self.synced.is_set():
+            self.unchecked[key] = dict(body)
+            return
+        if meta.get("deletionTimestamp"):
+            return
+        jobs_of_run = self.view.jobs_of_run(str(meta.get("uid", "")))
+        status = body.get("status") or {}
+        retention = (body.get("spec") or {}).get("retention") or {}
+        edited = meta.get("generation") != status.get("observedGeneration")
+        if not jobs_of_run and retention.get("ttlSecondsAfterFinished") is None and not edited:
+            return
+        self.spawn(self._check_finished(key, dict(body), jobs_of_run))
+
+    async def _check_finished(
+        self, key: tuple[str, str], body: dict[str, Any], found: list[dict[str, Any]]
+    ) -> None:
+        try:
+            delay = await asyncio.to_thread(_due_in, body, found, self.reconciler)
+        except Exception:
+            log.exception("could not check a finished run; passing it", extra=_ctx(*key))
+            delay = 0.0
+        if delay is not None:
+            self.schedule_pass(*key, delay)
+
+    async def watches_listed(self) -> None:
+        """Wait for the first list of every watch, then let passes run."""
+        await asyncio.to_thread(self.view.wait_synced)
+        assert self.synced is not None
+        self.synced.set()
+        log.info("watches of step Jobs, pods and pod refusals listed; %d objects seen",
+                 self.view.size())  # fmt: skip
+        unchecked, self.unchecked = self.unchecked, {}
+        for body in unchecked.values():
+            self.finished_run_seen(body)
+
+
+FINISHED = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
+SETTLE_SECONDS = 1.0
+
+
+def _ctx(namespace: str, name: str) -> dict[str, Any]:
+    return {"agentrun": {"run": f"{namespace}/{name}"}}
+
+
+def _needs_pass(found: list[dict[str, Any]]) -> bool:
+    """Whether a change of a finished run's Jobs may ask for a pass: a Job still running (a
+    late create, to be deleted) or one being deleted that still holds the outcome finalizer
+    (to be released)."""
+    for job in found:
+        meta = job.get("metadata") or {}
+        held = s.JOB_FINALIZER in (meta.get("finalizers") or [])
+        if (meta.get("deletionTimestamp") and held) or not jobs.is_finished(job):
+            return True
+    return False
+
+
+def _due_in(body: dict[str, Any], found: list[dict[str, Any]], rec: Reconciler) -> float | None:
+    """In memory: seconds until a finished run needs a pass (0: now), None if never. The
+    core is asked what it would do with the run and its watched Jobs (unverified: a pass
+    verifies them before acting)."""
+    run = m.AgentRun.model_validate(body)
+    observed = [o for o in (jobs.observe_job(j, []) for j in found) if o is not None]
+    decision = reconcile(run, Observed(tuple(observed)), rec.clock(), rec.config)
+    if decision.after_commit or decision.status_changed(run.status):
+        return 0.0
+    return decision.requeue_after
+
 
 def api_client() -> Any:
-    """A client from $KUBECONFIG (or ~/.kube/config), else the in-cluster ServiceAccount."""
+    """A client from $KUBECONFIG (or ~/.kube/config), else the in-cluster ServiceAccount.
+
+    Its User-Agent names the operator: the API server records a write that names no field
+    manager under the User-Agent's first word, so every write of the operator shows in
+    managedFields as ``agentrun-operator`` (the ledger also names it on status writes)."""
+    from agentrun import __version__
+
     from_file: Callable[..., Any] = kube_config.new_client_from_config
     in_cluster: Callable[[], None] = kube_config.load_incluster_config
     try:
-        return from_file()
+        client = from_file()
     except kube_config.ConfigException:
         in_cluster()
-        return kube_client.ApiClient()
+        client = kube_client.ApiClient()
+    client.user_agent = f"{s.FIELD_MANAGER}/{__version__}"
+    return client
+
+
+class _Waker:
+    """``wake(namespace, name, uid)`` from any thread: hands the change to the loop."""
+
+    def __init__(self) -> None:
+        self.state: OperatorState | None = None
+
+    def __call__(self, namespace: str, name: str, uid: str) -> None:
+        state = self.state
+        if state is not None and state.loop is not None and not state.loop.is_closed():
+            state.loop.call_soon_threadsafe(state.observed, namespace, name, uid)
 
 
 def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> OperatorState:
@@ -70,12 +245,17 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         batch=kube_client.BatchV1Api(client),
         custom=kube_client.CustomObjectsApi(client),
     )
+    view = ClusterView()
+    waker = _Waker()
     reconciler = (
-        Reconciler(apis, settings)
+        Reconciler(apis, settings, view=view, wake=waker)
         if checkpoint is None
-        else Reconciler(apis, settings, checkpoint=checkpoint)
+        else Reconciler(apis, settings, checkpoint=checkpoint, view=view, wake=waker)
     )
-    return OperatorState(reconciler, settings, Janitor(reconciler, settings.namespaces))
+    informer = Informer(apis, settings.namespaces, waker, view)
+    state = OperatorState(reconciler, settings, Janitor(reconciler, settings.namespaces), informer)
+    waker.state = state
+    return state
 
 
 def _state(memo: Any) -> OperatorState:
@@ -110,6 +290,24 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.startup()
+async def start_watching(memo: kopf.Memo, **_: Any) -> None:
+    """The watches of step Jobs, their pods and their refusals (threads of their own)."""
+    state = _state(memo)
+    state.loop = asyncio.get_running_loop()
+    state.synced = asyncio.Event()
+    state.informer.start()
+    state.spawn(state.watches_listed())
+
+
+@kopf.on.cleanup()
+async def stop_watching(memo: kopf.Memo, **_: Any) -> None:
+    state = _state(memo)
+    for key in list(state.timers):
+        state.cancel_timer(*key)
+    await asyncio.to_thread(state.informer.stop)
+
+
+@kopf.on.startup()
 async def start_janitor(memo: kopf.Memo, **_: Any) -> None:
     """Sweep now (runs deleted while the operator was down) and then periodically."""
     state = _state(memo)
@@ -132,20 +330,37 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return info
 
 
-@kopf.daemon(m.GROUP, m.VERSION, m.PLURAL, cancellation_backoff=5.0, cancellation_timeout=30.0)
+def _unfinished(status: kopf.Status, **_: Any) -> bool:
+    return status.get("phase") not in FINISHED
+
+
+@kopf.daemon(
+    m.GROUP,
+    m.VERSION,
+    m.PLURAL,
+    when=_unfinished,
+    cancellation_backoff=5.0,
+    cancellation_timeout=30.0,
+)
 async def drive_run(
     name: str, namespace: str | None, stopped: kopf.DaemonStopped, memo: Any, **_: Any
 ) -> None:
-    """Reconcile one run until it is deleted."""
+    """Reconcile one run until it is finished (then timers take over) or deleted."""
     assert namespace is not None, "AgentRuns are namespaced"
     state = _state(memo)
     wake = state.wakeup(namespace, name)
+    state.cancel_timer(namespace, name)
     resync = float(state.settings.resync_seconds)
     try:
+        if state.synced is not None:
+            await state.synced.wait()
         while not stopped:
             wake.clear()
             try:
                 outcome = await asyncio.to_thread(state.reconciler.reconcile, namespace, name)
+                if outcome.phase in FINISHED:
+                    state.after_pass(namespace, name, outcome)
+                    return
                 delay = min(outcome.requeue_after or resync, resync)
             except Exception:
                 log.exception(
@@ -170,20 +385,13 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float)
 
 
 @kopf.on.event(m.GROUP, m.VERSION, m.PLURAL)
-def run_changed(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    _state(memo).wake(namespace or "", name)
-
-
-@kopf.on.event("batch", "v1", "jobs", labels={s.LABEL_RUN: kopf.PRESENT})
-def job_changed(
-    labels: kopf.Labels,
-    annotations: kopf.Annotations,
-    namespace: str | None,
-    memo: Any,
-    **_: Any,
+async def run_changed(
+    name: str, namespace: str | None, body: kopf.Body, status: kopf.Status, memo: Any, **_: Any
 ) -> None:
-    name = annotations.get(s.ANNOTATION_RUN_NAME) or labels[s.LABEL_RUN]
-    _state(memo).wake(namespace or "", name)
+    state = _state(memo)
+    state.wake(namespace or "", name)
+    if status.get("phase") in FINISHED and (namespace or "", name) not in state.wakeups:
+        state.finished_run_seen(body)
 
 
 @kopf.on.delete(m.GROUP, m.VERSION, m.PLURAL, backoff=2.0)
@@ -193,6 +401,9 @@ def cleanup(
     """Remove the run's Jobs, pods and result objects, then let the finalizer go."""
     assert namespace is not None, "AgentRuns are namespaced"
     state = _state(memo)
+    loop = state.loop
+    if loop is not None:
+        loop.call_soon_threadsafe(state.cancel_timer, namespace, name)
     try:
         left = state.reconciler.cleanup(namespace, name, uid)
         error = None

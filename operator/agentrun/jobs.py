@@ -6,13 +6,13 @@ cluster; the reconciler does the I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CreateJob, JobState, Observed, ObservedJob
+from agentrun.core import CreateJob, JobState, ObservedJob
 from agentrun.objects import RunRef, owner_reference, run_labels
 
 CONTAINER_NAME = "step"
@@ -132,29 +132,6 @@ def is_finished(job: Mapping[str, Any]) -> bool:
     return _terminal_condition(job)[0] != JobState.ACTIVE
 
 
-JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
-"""The labels the Job controller puts on its pods naming their Job (current, then legacy)."""
-
-
-def job_of_pod(pod: Mapping[str, Any]) -> str | None:
-    """The name of the Job a pod belongs to, from the Job controller's labels."""
-    labels = (pod.get("metadata") or {}).get("labels", {})
-    for label in JOB_NAME_LABELS:
-        if labels.get(label):
-            return str(labels[label])
-    return None
-
-
-def pods_by_job(pods: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
-    """Pods grouped by the name of their Job; pods of no Job are left out."""
-    grouped: dict[str, list[Mapping[str, Any]]] = {}
-    for pod in pods:
-        job = job_of_pod(pod)
-        if job:
-            grouped.setdefault(job, []).append(pod)
-    return grouped
-
-
 def _terminated(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The terminated state of the step container of the newest finished pod."""
     best: tuple[str, Mapping[str, Any]] | None = None
@@ -170,8 +147,15 @@ def _terminated(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     return best[1] if best else None
 
 
-def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> ObservedJob | None:
-    """What the core needs to know of a step Job; None for a Job that is not a step Job."""
+def observe_job(
+    job: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    pod_refused: str | None = None,
+) -> ObservedJob | None:
+    """What the core needs to know of a step Job; None for a Job that is not a step Job.
+    ``pods`` must be the Job's own (controlled by it); ``pod_refused``: why the API server
+    refused its pod, if it did and the Job has none."""
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     try:
@@ -195,17 +179,5 @@ def observe_job(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Ob
         finished_at=_time(status.get("completionTime"))
         or _time((terminated or {}).get("finishedAt")),
         deleting=bool(meta.get("deletionTimestamp")),
+        pod_refused=pod_refused if state == JobState.ACTIVE else None,
     )
-
-
-def observe(
-    jobs: Iterable[Mapping[str, Any]], pods_by_job: Mapping[str, Sequence[Mapping[str, Any]]]
-) -> Observed:
-    """Observed state of a run from its Jobs and their pods (keyed by Job name)."""
-    found = []
-    for job in jobs:
-        name = (job.get("metadata") or {}).get("name", "")
-        observed = observe_job(job, pods_by_job.get(name, []))
-        if observed is not None:
-            found.append(observed)
-    return Observed(tuple(found))

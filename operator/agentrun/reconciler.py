@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import audit, jobs, objects
 from agentrun import settings as s
+from agentrun.adoption import Adoption
 from agentrun.api import models as m
 from agentrun.core import (
     Action,
@@ -37,6 +38,7 @@ from agentrun.core import (
     DeleteRun,
     EmitEvent,
     Observed,
+    ObservedJob,
     StoreResult,
     naming,
     reconcile,
@@ -45,6 +47,7 @@ from agentrun.core import agent as agent_loop
 from agentrun.core.actions import StoreRecord
 from agentrun.kubeapi import finalizer_removal, list_items, tolerate
 from agentrun.ledger import Conflict, Ledger
+from agentrun.observer import ClusterView, Wake
 
 log = logging.getLogger("agentrun.reconciler")
 
@@ -104,8 +107,23 @@ class Reconciler:
         settings: s.Settings,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         checkpoint: Checkpoint = _no_checkpoint,
+        *,
+        view: ClusterView | None = None,
+        wake: Wake | None = None,
     ) -> None:
         self.apis = apis
+        self.view = view
+        """The watched step Jobs, pods and pod refusals (agentrun.observer); a pass waits
+        until it is synced. Only deletion cleanup works without one."""
+        self.wake = wake
+        """Wakes a run's next pass (a create met a Job already holding the name)."""
+        self.adoption = Adoption(
+            view or ClusterView(),
+            self._dry_run_job,
+            self._read_job,
+            self._list_pods,
+            self._report_name_taken,
+        )
         self.checkpoint = checkpoint
         self.settings = settings
         self.ledger = Ledger(apis.custom)
@@ -133,26 +151,45 @@ class Reconciler:
     # -- observing ------------------------------------------------------------------------
 
     def _observe(self, run: m.AgentRun) -> tuple[Observed, _Record]:
-        selector = objects.owned_by(run.metadata.uid)
-        job_dicts = list_items(
-            self.apis.batch.list_namespaced_job(
-                run.metadata.namespace, label_selector=selector, _preload_content=False
+        found = self._observe_jobs(run)
+        record = self._read_record(run)
+        last = record.entries[-1]["seq"] if record.entries else 0
+        observed = Observed(found, recorded_seq=int(last), record_name=record.prefix)
+        return observed, record
+
+    def _observe_jobs(self, run: m.AgentRun) -> tuple[ObservedJob, ...]:
+        """The run's Jobs from the view (agentrun.adoption: only those the operator made)."""
+        if self.view is None:
+            raise RuntimeError("a reconcile pass needs the view of the cluster")
+        while not self.view.wait_synced(timeout=30):
+            log.warning("waiting for the watches of Jobs and pods to list", extra=_ctx(run))
+        return self.adoption.observe(run)
+
+    def _dry_run_job(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        response = self.apis.batch.create_namespaced_job(
+            namespace, manifest, dry_run="All", _preload_content=False
+        )
+        job: dict[str, Any] = json.loads(response.data)
+        return job
+
+    def _read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with tolerate(404) as gone:
+            response = self.apis.batch.read_namespaced_job(name, namespace, _preload_content=False)
+        if gone:
+            return None
+        job: dict[str, Any] = json.loads(response.data)
+        return job
+
+    def _list_pods(self, namespace: str, run_uid: str) -> list[dict[str, Any]]:
+        return list_items(
+            self.apis.core.list_namespaced_pod(
+                namespace, label_selector=objects.owned_by(run_uid), _preload_content=False
             )
         )
-        pods_by_job: dict[str, list[Mapping[str, Any]]] = {}
-        if any(jobs.is_finished(j) for j in job_dicts):
-            pods_by_job = jobs.pods_by_job(
-                list_items(
-                    self.apis.core.list_namespaced_pod(
-                        run.metadata.namespace, label_selector=selector, _preload_content=False
-                    )
-                )
-            )
-        record = self._read_record(run)
-        observed = jobs.observe(job_dicts, pods_by_job)
-        last = record.entries[-1]["seq"] if record.entries else 0
-        observed = Observed(observed.jobs, recorded_seq=int(last), record_name=record.prefix)
-        return observed, record
+
+    def _report_name_taken(self, run: m.AgentRun, message: str) -> None:
+        log.warning(message, extra=_ctx(run))
+        self._act(run, (EmitEvent("Warning", "JobNameTaken", message),))
 
     # -- the audit record -------------------------------------------------------------------
 
@@ -274,7 +311,12 @@ class Reconciler:
             self._create_job(run, action)
         elif isinstance(action, DeleteJob):
             self.checkpoint("before-job-delete")
-            self.delete_job(ns, action.job_name)
+            uid = self.adoption.deletable(run, action.job_name)
+            if uid is None:
+                log.info("Job %s is not the operator's (or gone): not deleted", action.job_name,
+                         extra=_ctx(run))  # fmt: skip
+                return
+            self.delete_job(ns, action.job_name, uid)
             log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=_ctx(run))
         elif isinstance(action, StoreResult):
             self._store_result(run, action)
@@ -293,17 +335,29 @@ class Reconciler:
         manifest = jobs.build_job(run, action)
         ctx = _ctx(run, action.step.name, action.attempt)
         with tolerate(409) as exists:
-            self.apis.batch.create_namespaced_job(run.metadata.namespace, manifest)
+            created = self.apis.batch.create_namespaced_job(
+                run.metadata.namespace, manifest, _preload_content=False
+            )
         if exists:
-            log.info("Job %s already exists: adopted", action.job_name, extra=ctx)
+            # Someone made it first (an operator before a crash, another operator, or not an
+            # operator at all): it counts only once verified, by the next pass.
+            log.info("Job %s already exists; verifying it", action.job_name, extra=ctx)
+            self.adoption.read(run.metadata.namespace, action.job_name)
+            if self.wake is not None:
+                self.wake(run.metadata.namespace, run.metadata.name, run.metadata.uid)
             return
+        self.adoption.created(json.loads(created.data))
         log.info("created Job %s", action.job_name, extra=ctx)
         self.checkpoint("after-job-create")
 
-    def delete_job(self, namespace: str, name: str) -> None:
-        """Delete a step Job and release the operator's finalizer on it."""
-        with tolerate(404) as gone:
-            self.apis.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+    def delete_job(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Delete a step Job and release the operator's finalizer on it; with ``uid``, only
+        if the Job of that name is still that one."""
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
+        with tolerate(404, 409) as gone:
+            self.apis.batch.delete_namespaced_job(name, namespace, body=body)
         if gone:
             return
         self.release_job(namespace, name)

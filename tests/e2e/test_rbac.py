@@ -232,6 +232,8 @@ def test_charts_cluster_role_grants_nothing_more(
     for args in (
         ("list", "agentruns.agentrun.dev", "--all-namespaces"),
         ("watch", "jobs.batch", "--all-namespaces"),
+        ("watch", "pods", "--all-namespaces"),
+        ("watch", "events", "--all-namespaces"),
         ("create", "jobs.batch", ns),
         ("update", "agentruns.agentrun.dev", "--subresource=status", ns),
     ):

@@ -151,14 +151,10 @@ def test_a_job_is_finished_once_complete_or_failed_is_true() -> None:
     assert not jobs.is_finished({"metadata": {"name": "j"}})
 
 
-def test_pods_are_grouped_by_the_job_controller_label_current_or_legacy() -> None:
-    def pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
-        return {"metadata": {"name": name, "labels": labels}}
-
-    current = pod("p1", {"batch.kubernetes.io/job-name": "j1", "job-name": "other"})
-    legacy = pod("p2", {"job-name": "j1"})
-    second = pod("p3", {"batch.kubernetes.io/job-name": "j2"})
-    stray = pod("p4", {s.LABEL_STEP: "a"})
-    grouped = jobs.pods_by_job([current, legacy, second, stray])
-    assert grouped == {"j1": [current, legacy], "j2": [second]}
-    assert jobs.job_of_pod(stray) is None
+def test_a_pod_refusal_counts_only_while_the_job_is_active() -> None:
+    active = {"metadata": {"name": "j", "labels": {s.LABEL_STEP: "a", s.LABEL_ATTEMPT: "1"}}}
+    seen = jobs.observe_job(active, [], pod_refused="forbidden: violates PodSecurity")
+    assert seen is not None and seen.pod_refused == "forbidden: violates PodSecurity"
+    done = {**active, "status": {"conditions": [{"type": "Failed", "status": "True"}]}}
+    seen = jobs.observe_job(done, [], pod_refused="forbidden")
+    assert seen is not None and seen.state == JobState.FAILED and seen.pod_refused is None

@@ -73,25 +73,27 @@ and allows no 403.
 - apiGroups: [agentrun.dev]
   resources: [agentruns/finalizers]
   verbs: [update]
-# One Job per step attempt: created, watched (to wake the run up), read, its outcome
-# finalizer removed by a JSON patch, deleted after the grace period or on cleanup.
+# One Job per step attempt: created (and a dry run of it, to check a Job found under an
+# attempt's name), watched, read, its outcome finalizer removed by a JSON patch, deleted
+# after the grace period or on cleanup.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete, patch]
 # Step pods are created by the Job controller, never by the operator: it only reads them
-# (termination messages) and removes those of a deleted run.
+# (watched: termination messages) and removes those of a deleted run.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, deletecollection]
+  verbs: [list, watch, deletecollection]
 # Result objects and the audit record: created, appended to (update), read by label,
 # removed with their run.
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [list, create, update, deletecollection]
-# Events on runs (the operator's and kopf's own).
+# Events on runs (the operator's and kopf's own); the Job controller's FailedCreate Events
+# are watched (the API refused a step's pod).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list, watch]
 {{- end }}
 
 {{/* Annotations of the uninstall hook's objects; the argument is the hook weight. */}}

@@ -387,6 +387,13 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
                 None,
             )
         return
+    if job.name_taken is not None:  # not the attempt's Job: it never ran the step
+        _attempt_failed(b, step, st, "JobNameTaken", job.name_taken, None)
+        return
+    if job.state == JobState.ACTIVE and job.pod_refused is not None:
+        b.after.append(DeleteJob(job.name, "PodRefused"))  # no pod may start later
+        _attempt_failed(b, step, st, "PodRefused", job.pod_refused, None)
+        return
     if job.state == JobState.ACTIVE and job.deleting:
         _attempt_failed(
             b,
@@ -778,6 +785,29 @@ def _reissue_create(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
     )
 
 
+def committed_launch(run: m.AgentRun, step_name: str) -> CreateJob | None:
+    """The Job create of the step's last committed attempt, as :func:`reconcile` issues it:
+    what a Job holding that attempt's name must be to count as the attempt's (the shell
+    compares the two). None when the step has no committed attempt, or when the spec as read
+    no longer gives the committed args hash (the step changed since)."""
+    status = run.status or m.AgentRunStatus()
+    steps = {s.name: s for s in status.steps or []}
+    st = steps.get(step_name)
+    step = next((s for s in run.spec.plan.steps if s.name == step_name), None)
+    if st is None or step is None or not st.job_name or not st.args_hash:
+        return None
+    # Only the steps are read (inputs come from committed results); no clock is involved.
+    b = _Builder(run, Observed(), datetime.fromtimestamp(0, UTC), CoreConfig(), status, steps)
+    resolved = _resolve_inputs(b, step)
+    if isinstance(resolved, str):
+        return None
+    input_env, input_digests = resolved
+    if _args_hash(run, step, input_digests) != st.args_hash:
+        return None
+    key = st.idempotency_key or ""
+    return CreateJob(step, st.attempt, st.job_name, key, st.args_hash, input_env)
+
+
 def _image_allowed(run: m.AgentRun, step: m.Step) -> bool:
     allowed = run.spec.policy.allowed_images if run.spec.policy else None
     return allowed is None or any(step.container.image.startswith(p) for p in allowed)
@@ -1092,6 +1122,8 @@ def _retention(b: _Builder) -> None:
     current = {st.job_name: st for st in b.steps.values() if st.job_name}
     committed = {st.name: st for st in (b.run.status.steps if b.run.status else None) or []}
     for job in b.observed.jobs:
+        if job.name_taken is not None:  # someone else's Job: left alone
+            continue
         st = current.get(job.name)
         if job.state == JobState.ACTIVE and not job.deleting:
             if st is None or st.phase not in m.ACTIVE_STEP_PHASES:

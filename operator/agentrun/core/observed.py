@@ -19,7 +19,8 @@ class JobState(StrEnum):
 
 @dataclass(frozen=True)
 class ObservedJob:
-    """A step Job as found in the cluster (by label: run uid, step, attempt)."""
+    """A step Job as found in the cluster: controlled by the run, and verified by the shell
+    to be the Job the operator created for the attempt (see agentrun.adoption)."""
 
     name: str
     step: str
@@ -35,6 +36,14 @@ class ObservedJob:
     """Someone deleted the Job; the operator's Job finalizer keeps it visible until the
     attempt's outcome is committed, so a deleted attempt is never mistaken for one that was
     never created (which would be created again)."""
+    pod_refused: str | None = None
+    """The API server refused the Job's pod (the Job controller's FailedCreate Event: Pod
+    Security admission, a missing ServiceAccount, a quota), in its own words; the Job has no
+    pod. The core fails the attempt (reason PodRefused) and deletes the Job."""
+    name_taken: str | None = None
+    """A Job the operator did not create holds the attempt's name: why it is not the
+    attempt's. Nothing else of it is observed; the core fails the attempt (reason
+    JobNameTaken) and leaves the Job alone."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,390 @@
+"""Which Jobs count as a step attempt's: never adopt what the operator did not create.
+
+A step Job's name is a function of (run uid, step, attempt), so anyone who may create Jobs in
+the namespace can compute the next attempt's name and create a Job under it first. A Job found
+under the expected name therefore counts as the attempt's only if
+
+(i)  its controller owner reference is the run (and it carries the run's uid label, which is
+     how the watch finds it), and
+(ii) its spec is the one the operator creates for the committed intent.
+
+The uids of Jobs this process created are known (the create returned them): those pass (ii).
+Any other Job (met as AlreadyExists, created by another operator, or found after a restart)
+is checked once per uid by a server-side dry-run create (``dryRun=All``) of the operator's own
+manifest for the committed intent, under ``generateName``: the API server defaults that spec
+exactly as it defaulted the Job found, so the two must be equal except for what the server
+derives from the name and uid (``spec.selector`` and the pod template's ``controller-uid`` and
+``job-name`` labels, current and legacy). The verdict is cached per uid.
+
+A Job that fails either check never stands for the attempt: the core fails the attempt with
+reason ``JobNameTaken`` and the check that failed; a Warning Event on the run says so once;
+and the Job is left alone, for it is its creator's: it never gets the outcome finalizer (the
+operator puts that only on Jobs it creates), it is never deleted, its pods are never read.
+Pods count only when their controller owner reference is the verified Job; a pod that only
+carries the Job's name in a label is someone else's.
+
+Jobs that claim the run as their controller but hold no name of the run's status (Jobs of
+earlier attempts, found after a restart) cannot be checked (no committed intent to compare
+with) and are not observed at all: they go with the run, by its owner reference.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentrun import jobs
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.core import CreateJob, JobState, ObservedJob
+from agentrun.core.machine import committed_launch
+from agentrun.observer import ClusterView, controller_ref
+
+log = logging.getLogger("agentrun.adoption")
+
+Obj = dict[str, Any]
+DryRun = Callable[[str, Obj], Obj]
+"""``dry_run(namespace, manifest)``: the Job the API server would store (``dryRun=All``)."""
+ReadJob = Callable[[str, str], Obj | None]
+"""``read_job(namespace, name)``: the Job as stored now (a quorum read), None when absent."""
+ListPods = Callable[[str, str], list[Obj]]
+"""``list_pods(namespace, run_uid)``: the run's pods as stored now."""
+Report = Callable[[m.AgentRun, str], None]
+"""Called once per Job found holding an attempt's name that is not the attempt's."""
+
+DERIVED_LABELS = (
+    "controller-uid",
+    "batch.kubernetes.io/controller-uid",
+    "job-name",
+    "batch.kubernetes.io/job-name",
+)
+"""Pod template labels the API server sets from the Job's uid and name."""
+
+CACHE_LIMIT = 20_000
+FRESH_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a Job is the attempt's; ``problem`` says which check failed."""
+
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+VERIFIED = Verdict()
+
+
+# -- the checks (pure) ---------------------------------------------------------------------------
+
+
+def ownership_problem(job: Mapping[str, Any], run_uid: str) -> str | None:
+    """Check (i): why ``job`` is not controlled by run ``run_uid``; None when it is."""
+    ref = controller_ref(job)
+    if ref is None:
+        return "it has no controller owner reference"
+    group = str(ref.get("apiVersion", "")).split("/")[0]
+    if ref.get("kind") != m.KIND or group != m.GROUP or ref.get("uid") != run_uid:
+        return (
+            f"its controller is {ref.get('kind')} {ref.get('name')} (uid {ref.get('uid')}), "
+            "not this run"
+        )
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    if labels.get(s.LABEL_RUN_UID) != run_uid:
+        return f"its label {s.LABEL_RUN_UID} does not name this run"
+    return None
+
+
+def comparable_spec(job: Mapping[str, Any]) -> Any:
+    """The Job's spec without what the API server derives from its name and uid."""
+    spec = copy.deepcopy(job.get("spec") or {})
+    spec.pop("selector", None)
+    meta = job.get("metadata") or {}
+    derived = {meta.get("uid"), meta.get("name")} - {None, ""}
+    labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels")
+    if isinstance(labels, dict):
+        for key in [k for k, v in labels.items() if k in DERIVED_LABELS or v in derived]:
+            del labels[key]
+    return spec
+
+
+def first_difference(expected: Any, found: Any, path: str = "spec") -> str | None:
+    """The path of the first place where ``found`` differs from ``expected``; None if equal."""
+    if isinstance(expected, dict) and isinstance(found, dict):
+        for key in sorted(set(expected) | set(found)):
+            if key not in found:
+                return f"{path}.{key} (missing)"
+            if key not in expected:
+                return f"{path}.{key} (unexpected)"
+            where = first_difference(expected[key], found[key], f"{path}.{key}")
+            if where:
+                return where
+        return None
+    if isinstance(expected, list) and isinstance(found, list):
+        for i, (a, b) in enumerate(zip(expected, found, strict=False)):
+            where = first_difference(a, b, f"{path}[{i}]")
+            if where:
+                return where
+        if len(expected) != len(found):
+            return f"{path} ({len(found)} items, not {len(expected)})"
+        return None
+    return None if expected == found else path
+
+
+def spec_problem(expected_job: Mapping[str, Any], found_job: Mapping[str, Any]) -> str | None:
+    """Check (ii): why ``found_job``'s spec is not ``expected_job``'s (the dry run of the
+    operator's manifest); None when they agree."""
+    where = first_difference(comparable_spec(expected_job), comparable_spec(found_job))
+    if where is None:
+        return None
+    return f"its spec is not the one the operator creates for the attempt ({where} differs)"
+
+
+def dry_run_manifest(run: m.AgentRun, intent: CreateJob) -> Obj:
+    """The operator's manifest for ``intent`` under ``generateName`` (for the dry run)."""
+    manifest = jobs.build_job(run, intent)
+    manifest["metadata"].pop("name", None)
+    manifest["metadata"]["generateName"] = f"{intent.job_name[:56]}-"
+    return manifest
+
+
+def name_taken_message(name: str, attempt: int, problem: str) -> str:
+    return (
+        f"a Job not created by the operator holds the name {name} of attempt {attempt}: "
+        f"{problem}; it is left alone and never counts as the step's"
+    )
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    return int((obj.get("metadata") or {}).get("generation") or 0)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+class _Lru(OrderedDict[str, Any]):
+    def remember(self, key: str, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > CACHE_LIMIT:
+            self.popitem(last=False)
+
+
+# -- observing a run's Jobs ----------------------------------------------------------------------
+
+
+class Adoption:
+    """Observes runs' Jobs from the view, keeping only those that pass both checks."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        dry_run: DryRun,
+        read_job: ReadJob,
+        list_pods: ListPods,
+        report: Report,
+    ) -> None:
+        self.view = view
+        self.dry_run = dry_run
+        self.read_job = read_job
+        self.list_pods = list_pods
+        self.report = report
+        self._lock = threading.Lock()
+        self._created = _Lru()
+        """uid -> generation of the Jobs this process created, as created."""
+        self._verdicts = _Lru()
+        """uid -> (generation, :class:`Verdict`) of a dry-run comparison. A Job whose spec
+        changed since (a new generation) is checked again."""
+        self._reported = _Lru()
+        self._fresh = _Lru()
+        """namespace/name -> (when, a Job as read by this process: created, or read on a
+        conflict) not yet in the view, which lags the API server by a moment. Trusted for
+        :data:`FRESH_SECONDS` at most; then the view, or a new read, tells."""
+
+    # -- what the shell tells it -------------------------------------------------------------
+
+    def created(self, job: Obj) -> None:
+        """The operator created ``job`` (the create's answer): it is the attempt's."""
+        with self._lock:
+            self._created.remember(_uid(job), _generation(job))
+            self._remember_fresh(job)
+
+    def read(self, namespace: str, name: str) -> Obj | None:
+        """Read Job ``name`` now (a create met AlreadyExists, or the view misses it)."""
+        job = self.read_job(namespace, name)
+        if job is not None:
+            with self._lock:
+                self._remember_fresh(job)
+        return job
+
+    def _remember_fresh(self, job: Obj) -> None:
+        meta = job.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        self._fresh.remember(key, (time.monotonic(), job))
+
+    def _current_object(self, namespace: str, name: str) -> Obj | None:
+        """The Job of that name: the view's, else one this process read and the view has not
+        delivered yet (or a newer one than the view's, of the same name)."""
+        seen = self.view.job_named(namespace, name)
+        key = f"{namespace}/{name}"
+        with self._lock:
+            entry: tuple[float, Obj | None] = self._fresh.get(key, (0.0, None))
+            when, fresh = entry
+            stale = time.monotonic() - when > FRESH_SECONDS
+            if fresh is not None and (stale or (seen is not None and _uid(seen) == _uid(fresh))):
+                del self._fresh[key]  # the view has it now, or should have
+                fresh = None
+        if fresh is None:
+            return seen
+        if seen is None or _newer(fresh, seen):
+            return fresh
+        return seen
+
+    # -- verdicts ----------------------------------------------------------------------------
+
+    def verdict(self, run: m.AgentRun, job: Obj, step: str | None) -> Verdict | None:
+        """Whether ``job`` is the Job of ``step``'s last committed attempt; None when that
+        cannot be told (no such step, or the step changed since: no intent to compare)."""
+        uid = run.metadata.uid
+        problem = ownership_problem(job, uid)
+        if problem is not None:
+            return Verdict(problem)
+        job_uid, generation = _uid(job), _generation(job)
+        with self._lock:
+            if self._created.get(job_uid, -1) == generation:
+                return VERIFIED
+            cached: tuple[int, Verdict] | None = self._verdicts.get(job_uid)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        intent = committed_launch(run, step) if step is not None else None
+        if intent is None or intent.job_name != _name(job):
+            return None
+        expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, intent))
+        found = Verdict(spec_problem(expected, job))
+        with self._lock:
+            self._verdicts.remember(job_uid, (generation, found))
+        if not found.ok:
+            log.warning("Job %s is not the operator's: %s", _name(job), found.problem)
+        return found
+
+    def is_rejected(self, job: Mapping[str, Any], run_uid: str) -> bool:
+        """Whether ``job`` is known not to be run ``run_uid``'s (never to be deleted)."""
+        if ownership_problem(job, run_uid) is not None:
+            return True
+        with self._lock:
+            cached: tuple[int, Verdict] | None = self._verdicts.get(_uid(job))
+        return cached is not None and not cached[1].ok
+
+    def _name_taken(self, run: m.AgentRun, st: m.StepStatus, job: Obj, problem: str) -> ObservedJob:
+        message = name_taken_message(st.job_name or "", st.attempt, problem)
+        key = f"{run.metadata.uid}/{_uid(job)}"
+        with self._lock:
+            new = key not in self._reported
+            self._reported.remember(key, True)
+        if new:
+            self.report(run, message)
+        return ObservedJob(
+            name=st.job_name or "",
+            step=st.name,
+            attempt=st.attempt,
+            state=JobState.ACTIVE,
+            name_taken=message,
+        )
+
+    # -- observing ---------------------------------------------------------------------------
+
+    def observe(self, run: m.AgentRun) -> tuple[ObservedJob, ...]:
+        """The run's Jobs as the core must see them: verified Jobs in full (with their own
+        pods), and, for an attempt in flight whose name another Job holds, a marker saying
+        why that Job is not the attempt's. Jobs that cannot be told are left out."""
+        ns, uid = run.metadata.namespace, run.metadata.uid
+        steps = (run.status.steps if run.status else None) or []
+        step_of = {st.job_name: st for st in steps if st.job_name}
+        in_flight = {n: st for n, st in step_of.items() if st.phase in m.ACTIVE_STEP_PHASES}
+        found: dict[str, ObservedJob] = {}
+        for listed in self.view.jobs_of_run(uid):
+            name = _name(listed)
+            job = self._current_object(ns, name) or listed
+            observed = self._classify(run, job, step_of.get(name), name in in_flight)
+            if observed is not None:
+                found[name] = observed
+        for name, st in in_flight.items():
+            if name in found:
+                continue
+            # Not in the view as the run's: someone else's under that name, a Job the view
+            # has not delivered yet, or none (not created yet, or lost): read it.
+            maybe = self._current_object(ns, name) or self.read(ns, name)
+            if maybe is not None:
+                observed = self._classify(run, maybe, st, True)
+                if observed is not None:
+                    found[name] = observed
+        return tuple(found.values())
+
+    def _classify(
+        self, run: m.AgentRun, job: Obj, st: m.StepStatus | None, in_flight: bool
+    ) -> ObservedJob | None:
+        verdict = self.verdict(run, job, st.name if st else None)
+        if verdict is not None and verdict.ok:
+            return self._observe_verified(run, job)
+        if not in_flight or st is None:
+            return None  # not the attempt's, or cannot be told: not observed at all
+        problem = (
+            verdict.problem
+            if verdict is not None and verdict.problem
+            else "its spec cannot be checked: the step changed since its launch"
+        )
+        return self._name_taken(run, st, job, problem)
+
+    def _observe_verified(self, run: m.AgentRun, job: Obj) -> ObservedJob | None:
+        job_uid = _uid(job)
+        pods = self.view.pods_of_job(job_uid)
+        if jobs.is_finished(job) and not _has_terminated_step(pods):
+            # The pod's last change may not have reached the view yet: read them now.
+            listed = self.list_pods(run.metadata.namespace, run.metadata.uid)
+            pods = [p for p in listed if _controlled_by(p, job_uid)]
+        refused = None if pods else self.view.pod_refusal(job_uid)
+        return jobs.observe_job(job, pods, pod_refused=refused)
+
+    def deletable(self, run: m.AgentRun, name: str) -> str | None:
+        """The uid to delete Job ``name`` by (a precondition), or None when it must not be
+        deleted: it is someone else's, or there is none."""
+        job = self._current_object(run.metadata.namespace, name) or self.read(
+            run.metadata.namespace, name
+        )
+        if job is None or self.is_rejected(job, run.metadata.uid):
+            return None
+        return _uid(job)
+
+
+def _controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    ref = controller_ref(obj)
+    return ref is not None and ref.get("uid") == uid
+
+
+def _has_terminated_step(pods: Iterable[Mapping[str, Any]]) -> bool:
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") == jobs.CONTAINER_NAME and (cs.get("state") or {}).get("terminated"):
+                return True
+    return False
+
+
+def _newer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether ``a`` was created after ``b`` (two Jobs that held the same name)."""
+    stamp_a = str((a.get("metadata") or {}).get("creationTimestamp") or "")
+    stamp_b = str((b.get("metadata") or {}).get("creationTimestamp") or "")
+    return stamp_a > stamp_b

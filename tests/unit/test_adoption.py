@@ -1,0 +1,420 @@
+"""Which Jobs count as a step attempt's (agentrun.adoption): the two checks (controller, spec),
+each way of failing them, the verdict cache, the pods that count, and what the core does with
+a Job that holds an attempt's name but is not its Job, or whose pod the API refused."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from agentrun import adoption, jobs
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.core import CreateJob, DeleteJob, JobState, Observed, ObservedJob, reconcile
+from agentrun.core.machine import committed_launch
+from agentrun.observer import JOBS, PODS, ClusterView
+from tests.support.sim import T0, UID, Sim, make_run, step
+
+
+def launched(*steps: dict[str, Any]) -> m.AgentRun:
+    """A run whose first step's attempt 1 is committed (Launching), as the operator leaves it."""
+    sim = Sim(make_run(list(steps) or [step("a")]))
+    sim.decide()
+    decision, version = sim.decide()
+    assert sim.commit(decision, version)
+    st = sim.step_status("a")
+    assert st.phase == m.StepPhase.LAUNCHING and st.job_name
+    return sim.run
+
+
+def stored(manifest: dict[str, Any], name: str, uid: str, generation: int = 1) -> dict[str, Any]:
+    """``manifest`` as the API server stores it: named, with a uid, defaulted, the selector
+    and the derived pod template labels set."""
+    job = copy.deepcopy(manifest)
+    meta = job["metadata"]
+    meta.pop("generateName", None)
+    meta.update(name=name, uid=uid, generation=generation, resourceVersion="1")
+    spec = job["spec"]
+    spec.setdefault("completions", 1)
+    spec.setdefault("parallelism", 1)
+    spec.setdefault("suspend", False)
+    spec["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    labels = spec["template"]["metadata"]["labels"]
+    labels.update(
+        {
+            "controller-uid": uid,
+            "batch.kubernetes.io/controller-uid": uid,
+            "job-name": name,
+            "batch.kubernetes.io/job-name": name,
+        }
+    )
+    spec["template"]["spec"].setdefault("dnsPolicy", "ClusterFirst")
+    return job
+
+
+class FakeApi:
+    """The dry run, the direct reads and the reports, recorded."""
+
+    def __init__(self) -> None:
+        self.dry_runs: list[dict[str, Any]] = []
+        self.stored: dict[str, dict[str, Any]] = {}
+        self.reads: list[str] = []
+        self.pods: list[dict[str, Any]] = []
+        self.reports: list[str] = []
+
+    def dry_run(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.dry_runs.append(manifest)
+        return stored(manifest, manifest["metadata"]["generateName"] + "x7k2p", "dry-run-uid")
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads.append(name)
+        return self.stored.get(name)
+
+    def list_pods(self, namespace: str, run_uid: str) -> list[dict[str, Any]]:
+        return self.pods
+
+    def report(self, run: m.AgentRun, message: str) -> None:
+        self.reports.append(message)
+
+
+def adopter(view: ClusterView, api: FakeApi) -> adoption.Adoption:
+    return adoption.Adoption(view, api.dry_run, api.read_job, api.list_pods, api.report)
+
+
+def operators_job(run: m.AgentRun, uid: str = "job-uid") -> dict[str, Any]:
+    intent = committed_launch(run, "a")
+    assert intent is not None
+    return stored(jobs.build_job(run, intent), intent.job_name, uid)
+
+
+FINISHED_AT = "2026-11-22T09:00:05Z"
+
+
+def job_pod(job: dict[str, Any], message: str | None, *, controlled: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": f"{job['metadata']['name']}-pod",
+        "namespace": "default",
+        "uid": f"pod-of-{job['metadata']['uid']}" + ("" if controlled else "-forged"),
+        "labels": {s.LABEL_RUN_UID: UID, "job-name": job["metadata"]["name"]},
+    }
+    if controlled:
+        meta["ownerReferences"] = [
+            {"kind": "Job", "uid": job["metadata"]["uid"], "controller": True}
+        ]
+    state = {"terminated": {"exitCode": 0, "message": message, "finishedAt": FINISHED_AT}}
+    return {"metadata": meta, "status": {"containerStatuses": [{"name": "step", "state": state}]}}
+
+
+def finished(job: dict[str, Any]) -> dict[str, Any]:
+    done = copy.deepcopy(job)
+    done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    return done
+
+
+# -- check (i): the controller ---------------------------------------------------------------
+
+
+def test_a_job_controlled_by_the_run_and_labelled_as_its_passes_check_one() -> None:
+    run = launched(step("a"))
+    assert adoption.ownership_problem(operators_job(run), UID) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda j: j["metadata"].pop("ownerReferences"), "no controller owner reference"),
+        (
+            lambda j: j["metadata"]["ownerReferences"][0].update(controller=False),
+            "no controller owner reference",
+        ),
+        (
+            lambda j: j["metadata"]["ownerReferences"][0].update(uid="someone-else"),
+            "not this run",
+        ),
+        (lambda j: j["metadata"]["ownerReferences"][0].update(kind="ReplicaSet"), "not this run"),
+        (
+            lambda j: j["metadata"]["ownerReferences"][0].update(apiVersion="apps/v1"),
+            "not this run",
+        ),
+        (lambda j: j["metadata"]["labels"].pop(s.LABEL_RUN_UID), "does not name this run"),
+    ],
+    ids=["no-owner", "not-controller", "other-uid", "other-kind", "other-group", "no-label"],
+)
+def test_check_one_fails_for_any_other_controller(change: Any, problem: str) -> None:
+    run = launched(step("a"))
+    job = operators_job(run)
+    change(job)
+    found = adoption.ownership_problem(job, UID)
+    assert found is not None and problem in found
+
+
+# -- check (ii): the spec ---------------------------------------------------------------------
+
+
+def test_the_operators_spec_matches_its_dry_run_whatever_the_name_and_uid() -> None:
+    run = launched(step("a"))
+    api = FakeApi()
+    intent = committed_launch(run, "a")
+    assert intent is not None
+    expected = api.dry_run("default", adoption.dry_run_manifest(run, intent))
+    assert expected["metadata"]["name"] != intent.job_name
+    assert adoption.spec_problem(expected, operators_job(run)) is None
+
+
+def _forged(path: str, value: Any) -> Any:
+    def change(job: dict[str, Any]) -> None:
+        target: Any = job["spec"]
+        *parents, last = path.split(".")
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if value is _DELETE:
+            del target[last]
+        else:
+            target[last] = value
+
+    return change
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (
+            _forged("template.spec.containers.0.command", ["sh", "-c", "echo forged"]),
+            "spec.template.spec.containers[0].command",
+        ),
+        (_forged("template.spec.containers.0.image", "evil:1"), "containers[0].image"),
+        (_forged("template.spec.serviceAccountName", "admin"), "serviceAccountName"),
+        (_forged("suspend", True), "spec.suspend"),
+        (_forged("parallelism", 3), "spec.parallelism"),
+        (_forged("backoffLimit", _DELETE), "spec.backoffLimit (missing)"),
+        (_forged("template.metadata.labels.extra", "x"), "labels.extra (unexpected)"),
+        (
+            lambda j: j["spec"]["template"]["spec"]["containers"].append({"name": "side"}),
+            "containers (2 items, not 1)",
+        ),
+    ],
+    ids=[
+        "command",
+        "image",
+        "service-account",
+        "suspended",
+        "parallelism",
+        "missing",
+        "extra-label",
+        "extra-container",
+    ],
+)
+def test_check_two_fails_for_any_other_spec_and_says_where(change: Any, where: str) -> None:
+    run = launched(step("a"))
+    api = FakeApi()
+    intent = committed_launch(run, "a")
+    assert intent is not None
+    expected = api.dry_run("default", adoption.dry_run_manifest(run, intent))
+    job = operators_job(run)
+    change(job)
+    problem = adoption.spec_problem(expected, job)
+    assert problem is not None and where in problem
+
+
+def test_only_the_name_and_uid_derived_parts_are_ignored() -> None:
+    run = launched(step("a"))
+    job = operators_job(run)
+    other = operators_job(run, uid="another-uid")
+    other["metadata"]["name"] = "another-name"
+    other["spec"]["template"]["metadata"]["labels"]["job-name"] = "another-name"
+    other["spec"]["template"]["metadata"]["labels"]["batch.kubernetes.io/job-name"] = "another"
+    assert adoption.first_difference(
+        adoption.comparable_spec(job), adoption.comparable_spec(other)
+    ) is None  # fmt: skip
+    other["spec"]["template"]["metadata"]["labels"][s.LABEL_STEP] = "b"
+    assert adoption.spec_problem(job, other) is not None
+
+
+# -- observing a run ----------------------------------------------------------------------------
+
+
+def test_a_job_the_operator_created_is_observed_without_a_dry_run() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    taker = adopter(view, api)
+    taker.created(job)
+    (seen,) = taker.observe(run)  # not in the view yet: the create's answer stands in
+    assert seen.name == job["metadata"]["name"] and seen.name_taken is None
+    view.apply(JOBS, "ADDED", job)
+    (seen,) = taker.observe(run)
+    assert seen.state == JobState.ACTIVE and api.dry_runs == [] and api.reads == []
+
+
+def test_a_job_found_after_a_restart_is_verified_once_by_a_dry_run() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    view.apply(JOBS, "ADDED", operators_job(run))
+    taker = adopter(view, api)
+    for _ in range(3):
+        (seen,) = taker.observe(run)
+        assert seen.name_taken is None
+    assert len(api.dry_runs) == 1
+    manifest = api.dry_runs[0]
+    assert "name" not in manifest["metadata"] and manifest["metadata"]["generateName"]
+
+
+def test_a_new_generation_of_a_verified_job_is_checked_again() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    taker = adopter(view, api)
+    taker.created(job)
+    view.apply(JOBS, "ADDED", job)
+    taker.observe(run)
+    edited = copy.deepcopy(job)
+    edited["metadata"]["generation"] = 2
+    edited["spec"]["parallelism"] = 5
+    view.apply(JOBS, "MODIFIED", edited)
+    (seen,) = taker.observe(run)
+    assert seen.name_taken is not None and "spec.parallelism" in seen.name_taken
+    assert len(api.dry_runs) == 1
+
+
+def test_a_job_with_a_forged_owner_and_its_own_command_holds_the_name_in_vain() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    forged = operators_job(run, uid="forged-uid")
+    forged["spec"]["template"]["spec"]["containers"][0]["command"] = ["echo", "forged"]
+    done = finished(forged)
+    view.apply(JOBS, "ADDED", done)
+    view.apply(PODS, "ADDED", job_pod(done, '{"ok":true,"summary":"forged"}'))
+    taker = adopter(view, api)
+    (seen,) = taker.observe(run)
+    assert seen.name_taken is not None
+    assert "not created by the operator" in seen.name_taken and "command" in seen.name_taken
+    assert seen.termination_message is None and seen.state == JobState.ACTIVE
+    taker.observe(run)
+    assert len(api.dry_runs) == 1 and len(api.reports) == 1, "checked and reported once"
+    assert taker.deletable(run, forged["metadata"]["name"]) is None
+
+
+def test_a_job_under_the_name_without_the_run_as_controller_holds_it_in_vain() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    forged = finished(operators_job(run, uid="forged-uid"))
+    del forged["metadata"]["ownerReferences"]
+    del forged["metadata"]["labels"][s.LABEL_RUN_UID]  # not even watched
+    api.stored[forged["metadata"]["name"]] = forged
+    taker = adopter(view, api)
+    (seen,) = taker.observe(run)
+    assert api.reads == [forged["metadata"]["name"]], "read once the view has no such Job"
+    assert seen.name_taken is not None and "no controller owner reference" in seen.name_taken
+    assert api.dry_runs == []
+    assert taker.deletable(run, forged["metadata"]["name"]) is None
+
+
+def test_only_the_verified_jobs_own_pods_are_read() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = finished(operators_job(run))
+    view.apply(JOBS, "ADDED", job)
+    view.apply(PODS, "ADDED", job_pod(job, "forged", controlled=False))
+    view.apply(PODS, "ADDED", job_pod(job, '{"ok":true,"summary":"real"}'))
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.termination_message == '{"ok":true,"summary":"real"}'
+
+
+def test_a_finished_job_whose_pod_the_view_lacks_gets_its_pods_read_now() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = finished(operators_job(run))
+    view.apply(JOBS, "ADDED", job)
+    api.pods = [job_pod(job, "forged", controlled=False), job_pod(job, "real")]
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.termination_message == "real"
+
+
+def test_a_pod_refusal_is_observed_for_an_active_job_without_pods() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    view.apply(JOBS, "ADDED", job)
+    view.apply(
+        "events",
+        "ADDED",
+        {
+            "metadata": {"name": "e", "namespace": "default", "uid": "e1"},
+            "involvedObject": {"kind": "Job", "uid": job["metadata"]["uid"]},
+            "message": 'pods "x" is forbidden: violates PodSecurity "restricted:latest"',
+            "lastTimestamp": "t",
+        },
+    )
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.pod_refused is not None and "PodSecurity" in seen.pod_refused
+
+
+def test_jobs_of_no_committed_attempt_are_not_observed() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    stray = operators_job(run, uid="stray")
+    stray["metadata"]["name"] = "demo-a-0000000000-7"
+    view.apply(JOBS, "ADDED", stray)
+    assert adopter(view, api).observe(run) == ()
+    assert api.dry_runs == []
+
+
+def test_a_running_attempt_missing_from_the_view_is_read_before_it_counts_as_lost() -> None:
+    run = launched(step("a"))
+    assert run.status is not None and run.status.steps
+    run.status.steps[0].phase = m.StepPhase.RUNNING
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    api.stored[job["metadata"]["name"]] = job
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.name_taken is None and len(api.dry_runs) == 1
+    api.stored.clear()
+    assert adopter(ClusterView(), api).observe(run) == ()
+
+
+# -- what the core does with them ----------------------------------------------------------------
+
+
+def test_an_attempt_whose_name_is_taken_fails_with_job_name_taken_and_is_retried() -> None:
+    retry = {"limit": 1, "backoff": {"initialSeconds": 1}}
+    run = launched(step("a", retry=retry))
+    st = run.status.steps[0] if run.status and run.status.steps else None
+    assert st is not None and st.job_name
+    marker = ObservedJob(st.job_name, "a", 1, JobState.ACTIVE, name_taken="taken: its spec")
+    decision = reconcile(run, Observed((marker,)), T0)
+    (after,) = [x for x in decision.status.steps or [] if x.name == "a"]
+    assert after.phase == m.StepPhase.BACKING_OFF
+    assert after.error is not None and after.error.reason == "JobNameTaken"
+    assert after.error.message == "taken: its spec" and after.result is None
+    assert not [a for a in decision.after_commit if isinstance(a, DeleteJob)]
+
+
+def test_an_attempt_whose_pod_is_refused_fails_and_its_job_is_deleted() -> None:
+    run = launched(step("a"))
+    st = run.status.steps[0] if run.status and run.status.steps else None
+    assert st is not None and st.job_name
+    refused = ObservedJob(st.job_name, "a", 1, JobState.ACTIVE, pod_refused="forbidden: quota")
+    decision = reconcile(run, Observed((refused,)), T0)
+    (after,) = [x for x in decision.status.steps or [] if x.name == "a"]
+    assert after.phase == m.StepPhase.FAILED
+    assert after.error is not None and after.error.reason == "PodRefused"
+    assert after.error.message == "forbidden: quota"
+    deletes = [a for a in decision.after_commit if isinstance(a, DeleteJob)]
+    assert [(d.job_name, d.reason) for d in deletes] == [(st.job_name, "PodRefused")]
+
+
+def test_the_committed_launch_is_what_the_core_issues_and_none_once_the_step_changed() -> None:
+    run = launched(step("a"))
+    intent = committed_launch(run, "a")
+    decision = reconcile(run, Observed(), T0)  # the Job is not there: the create is reissued
+    issued = [a for a in decision.after_commit if isinstance(a, CreateJob)]
+    assert issued == [intent]
+    changed = run.model_copy(deep=True)
+    changed.spec.plan.steps[0].container.command = ["sh", "-c", "echo changed"]
+    assert committed_launch(changed, "a") is None
+    assert committed_launch(run, "missing") is None
