@@ -229,7 +229,10 @@ class ControlPlane:
 
     Audit logging is always on: :data:`AUDIT_POLICY` (creates and deletes of batch/v1 Jobs at
     Metadata level, nothing else) written as JSON lines to :attr:`audit_log`
-    (``<state_dir>/audit.log``, appended across restarts, never rotated).
+    (``<state_dir>/audit.log``, appended across restarts, never rotated). ``audit_policy``
+    replaces that policy (the text of an ``audit.k8s.io/v1`` Policy): the benchmark
+    (:mod:`agentrun_devcluster.bench`) records every request with it. Tests keep the default,
+    whose log stays small.
     """
 
     def __init__(
@@ -245,6 +248,7 @@ class ControlPlane:
         extra_controller_manager_args: Sequence[str] = (),
         controller_manager_qps: int = 100,
         controller_manager_burst: int = 200,
+        audit_policy: str = AUDIT_POLICY,
     ) -> None:
         self.bin_dir = Path(bin_dir).resolve()
         for tool in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
@@ -263,6 +267,7 @@ class ControlPlane:
         self.extra_controller_manager_args = tuple(extra_controller_manager_args)
         self.controller_manager_qps = controller_manager_qps
         self.controller_manager_burst = controller_manager_burst
+        self.audit_policy_text = audit_policy
 
         self.pki = PKI(self.state_dir / "pki")
         self.logs_dir = self.state_dir / "logs"
@@ -334,6 +339,15 @@ class ControlPlane:
     def logs(self) -> str:
         """The tail of every component's log, for error messages."""
         return "\n".join(c.describe() for c in self._components)
+
+    def pids(self) -> dict[str, int]:
+        """The process id of each running component, by name (``etcd``, ``kube-apiserver``,
+        ``kube-controller-manager``)."""
+        return {
+            c.name: c.proc.pid
+            for c in self._components
+            if c.proc is not None and c.exited() is None
+        }
 
     def check_alive(self) -> None:
         """Raise :class:`ControlPlaneError` if a component has exited."""
@@ -439,7 +453,7 @@ class ControlPlane:
         # Front-proxy (request-header) client, as kubeadm sets up: enables aggregated APIs,
         # and delegated authentication in the controller-manager finds a CA bundle.
         front_proxy = self.pki.client_cert("front-proxy-client")
-        self.audit_policy.write_text(AUDIT_POLICY)
+        self.audit_policy.write_text(self.audit_policy_text)
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
         flags = apiserver_flags(
