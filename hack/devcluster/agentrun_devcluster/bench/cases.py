@@ -1,0 +1,477 @@
+"""The benchmark's cases: runs through the operator, the same steps as bare Jobs, and the
+operator at rest with many finished runs.
+
+Each case measures with three clocks, each where it is exact:
+
+* makespans and throughput with the benchmark's own clock (``time.monotonic()``): from just
+  before the first create to the moment its watch sees the last object done, the way a
+  script waiting on them would;
+* API requests, and the moments a Job was marked Complete and a step's result committed,
+  from the API server's audit log (microseconds, one clock for every client);
+* CPU seconds and memory of each process from /proc.
+
+Between cases everything the case created is deleted and waited for, so that no case pays for
+the one before.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrun.api import models as m
+
+from . import procstat
+from .audit import Request, job_completions, run_finishes, step_commits
+from .session import (
+    BARE_NAMESPACE,
+    OPERATOR_USER,
+    REST_NAMESPACE,
+    RUNS_NAMESPACE,
+    BenchCluster,
+)
+from .watch import Tracker, job_finished, run_finished
+from .workloads import BENCH_LABEL, bare_job, chain_run, finished_run, finished_status
+
+__all__ = [
+    "CaseResult",
+    "RestResult",
+    "at_rest",
+    "bare_chains",
+    "operator_runs",
+]
+
+Say = Callable[[str], None]
+CREATE_THREADS = 16
+"""Threads that create the runs of a case (so that 200 runs start within a second or so)."""
+QUIET_SECONDS = 3.0
+"""The operator counts as done with a case when it made no request for this long."""
+
+
+@dataclass
+class CaseResult:
+    """What one case measured."""
+
+    name: str
+    kind: str
+    """``operator`` or ``bare``."""
+    runs: int
+    steps: int
+    makespan: float | None
+    """Seconds from just before the first create until the last run (Job) was seen done;
+    None if not everything was done in time."""
+    done: int
+    failed: int
+    cpu: dict[str, float]
+    """CPU seconds of each process during the case."""
+    requests: list[Request] = field(default_factory=list)
+    """Every API request of the case's window, of every client."""
+    window: float = 0.0
+    """Seconds the audited window lasted."""
+
+    @property
+    def total_steps(self) -> int:
+        return self.runs * self.steps
+
+    @property
+    def throughput(self) -> float | None:
+        """Steps (or Jobs) per second over the makespan."""
+        if not self.makespan:
+            return None
+        return self.done * (self.steps if self.kind == "operator" else 1) / self.makespan
+
+    def of_user(self, user: str) -> list[Request]:
+        return [r for r in self.requests if r.user == user]
+
+    @property
+    def operator_requests(self) -> list[Request]:
+        return self.of_user(OPERATOR_USER)
+
+    def commit_latencies(self) -> list[float]:
+        """Seconds from each step Job marked Complete to its result committed in status."""
+        completed = job_completions(self.requests)
+        committed = step_commits(self.requests, OPERATOR_USER)
+        return [committed[k] - completed[k] for k in committed if k in completed]
+
+    def run_spans(self) -> list[float]:
+        """Per run, seconds from its create to its terminal status write (audit clock)."""
+        created = {
+            f"{r.namespace}/{r.name}": r.received
+            for r in self.requests
+            if r.verb == "create" and r.resource == "agentruns" and r.ok
+        }
+        finished = run_finishes(self.requests, OPERATOR_USER)
+        return [finished[k] - created[k] for k in finished if k in created]
+
+
+def _cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in after if k in before}
+
+
+def _drain(response: Any) -> None:
+    """Read and release a raw (``_preload_content=False``) response."""
+    _ = response.data
+    response.release_conn()
+
+
+# -- bare Jobs ----------------------------------------------------------------------------
+
+
+def bare_chains(
+    bench: BenchCluster, case: str, chains: int, steps: int, timeout: float
+) -> CaseResult:
+    """``chains`` threads, each creating ``steps`` Jobs one after the other and waiting for
+    each to complete before creating the next: a script doing what the operator does, with
+    none of its bookkeeping."""
+    batch = bench.admin.batch
+    tracker = Tracker(
+        functools.partial(batch.list_namespaced_job, BARE_NAMESPACE),
+        job_finished,
+        f"{BENCH_LABEL}={case}",
+    ).start()
+    deadline = time.monotonic() + timeout
+    failures: Counter[str] = Counter()
+
+    def chain(index: int) -> None:
+        for k in range(steps):
+            name = f"{case}-{index:03d}-{k:03d}"
+            try:
+                _drain(
+                    batch.create_namespaced_job(
+                        BARE_NAMESPACE, bare_job(name, case), _preload_content=False
+                    )
+                )
+            except Exception as error:
+                failures[f"create: {error}"] += 1
+                return
+            if tracker.wait(name, deadline - time.monotonic()) is None:
+                return
+
+    start_offset = bench.audit.mark()
+    cpu_before = bench.cpu()
+    started = time.monotonic()
+    threads = [threading.Thread(target=chain, args=(i,), daemon=True) for i in range(chains)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()) + 5)
+    tracker.stop()
+    cpu_after = bench.cpu()
+    end_offset = bench.audit.mark()
+    window = time.monotonic() - started
+    done = len(tracker.done_at)
+    failed = sum(
+        1
+        for job in tracker.final.values()
+        if any(
+            c.get("type") == "Failed" and c.get("status") == "True"
+            for c in (job.get("status") or {}).get("conditions") or []
+        )
+    )
+    complete = done == chains * steps
+    return CaseResult(
+        name=case,
+        kind="bare",
+        runs=chains,
+        steps=steps,
+        makespan=max(tracker.done_at.values()) - started if complete else None,
+        done=done,
+        failed=failed + sum(failures.values()),
+        cpu=_cpu_delta(cpu_before, cpu_after),
+        requests=bench.audit.read(start_offset, end_offset),
+        window=window,
+    )
+
+
+def delete_bare(bench: BenchCluster, case: str, say: Say, timeout: float = 300.0) -> None:
+    """Delete the case's Jobs and wait until they and their pods are gone."""
+    selector = f"{BENCH_LABEL}={case}"
+    bench.admin.batch.delete_collection_namespaced_job(
+        BARE_NAMESPACE, label_selector=selector, propagation_policy="Background"
+    )
+    _wait_gone(bench, BARE_NAMESPACE, selector, say, timeout)
+
+
+# -- runs through the operator ----------------------------------------------------------------
+
+
+def operator_runs(
+    bench: BenchCluster,
+    case: str,
+    runs: int,
+    steps: int,
+    timeout: float,
+    *,
+    settle: bool = False,
+) -> CaseResult:
+    """Create ``runs`` runs of ``steps`` chained steps at once and wait until all are
+    finished. With ``settle``, the audited window lasts until the operator is done with them
+    (their Jobs deleted after the grace, no request for :data:`QUIET_SECONDS`), so that it
+    holds every request the runs cost."""
+    custom = bench.admin.custom
+    tracker = Tracker(
+        functools.partial(
+            custom.list_namespaced_custom_object, m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL
+        ),
+        run_finished,
+        f"{BENCH_LABEL}={case}",
+    ).start()
+    names = [f"{case}-{i:03d}" for i in range(runs)]
+
+    def create(name: str) -> None:
+        custom.create_namespaced_custom_object(
+            m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, chain_run(name, steps, case)
+        )
+
+    start_offset = bench.audit.mark()
+    cpu_before = bench.cpu()
+    started = time.monotonic()
+    with ThreadPoolExecutor(min(CREATE_THREADS, runs)) as pool:
+        list(pool.map(create, names))
+    all_done = tracker.wait_all(names, timeout)
+    cpu_after = bench.cpu()
+    tracker.stop()
+    if settle and all_done:
+        wait_operator_done(bench, RUNS_NAMESPACE, timeout=120.0)
+    end_offset = bench.audit.mark()
+    window = time.monotonic() - started
+    failed = sum(
+        1 for run in tracker.final.values() if (run.get("status") or {}).get("phase") != "Succeeded"
+    )
+    return CaseResult(
+        name=case,
+        kind="operator",
+        runs=runs,
+        steps=steps,
+        makespan=max(tracker.done_at.values()) - started if all_done else None,
+        done=len(tracker.done_at),
+        failed=failed,
+        cpu=_cpu_delta(cpu_before, cpu_after),
+        requests=bench.audit.read(start_offset, end_offset),
+        window=window,
+    )
+
+
+def wait_operator_done(bench: BenchCluster, namespace: str, timeout: float) -> bool:
+    """Wait until no step Job is left in ``namespace`` (deleted after the grace) and the
+    operator made no request for :data:`QUIET_SECONDS`; False on ``timeout``."""
+    deadline = time.monotonic() + timeout
+    offset = bench.audit.mark()
+    last = time.time()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        end = bench.audit.mark()
+        mine = [r.received for r in bench.audit.read(offset, end) if r.user == OPERATOR_USER]
+        offset = end
+        if mine:
+            last = max(last, *mine)
+        if time.time() - last < QUIET_SECONDS:
+            continue
+        jobs = bench.admin.batch.list_namespaced_job(namespace, _preload_content=False)
+        if not json.loads(jobs.data).get("items"):
+            return True
+    return False
+
+
+def delete_runs(bench: BenchCluster, case: str, say: Say, timeout: float = 300.0) -> None:
+    """Delete the case's runs (the operator cleans up after them) and wait until they, their
+    Jobs and pods are gone. Past ``timeout``, the finalizers left are removed so that the next
+    case starts clean, and that is said."""
+    custom = bench.admin.custom
+    selector = f"{BENCH_LABEL}={case}"
+    custom.delete_collection_namespaced_custom_object(
+        m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, label_selector=selector
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = custom.list_namespaced_custom_object(
+            m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, label_selector=selector
+        )["items"]
+        if not left:
+            break
+        time.sleep(1.0)
+    else:
+        say(f"  {case}: runs still there after {timeout:.0f}s; removing their finalizers")
+        for run in custom.list_namespaced_custom_object(
+            m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, label_selector=selector
+        )["items"]:
+            custom.patch_namespaced_custom_object(
+                m.GROUP,
+                m.VERSION,
+                RUNS_NAMESPACE,
+                m.PLURAL,
+                run["metadata"]["name"],
+                {"metadata": {"finalizers": None}},
+            )
+    _wait_gone(bench, RUNS_NAMESPACE, None, say, timeout)
+
+
+def _wait_gone(
+    bench: BenchCluster, namespace: str, selector: str | None, say: Say, timeout: float
+) -> None:
+    """Wait until no Job and no pod (with ``selector``) is left in ``namespace``."""
+    deadline = time.monotonic() + timeout
+    kwargs: dict[str, Any] = {"_preload_content": False}
+    if selector:
+        kwargs["label_selector"] = selector
+    while time.monotonic() < deadline:
+        jobs = json.loads(bench.admin.batch.list_namespaced_job(namespace, **kwargs).data)
+        pods = json.loads(bench.admin.core.list_namespaced_pod(namespace, **kwargs).data)
+        if not jobs.get("items") and not pods.get("items"):
+            return
+        time.sleep(1.0)
+    say(f"  warning: Jobs or pods still in {namespace} after {timeout:.0f}s")
+
+
+# -- at rest ------------------------------------------------------------------------------
+
+
+@dataclass
+class RestResult:
+    """The operator started with many finished runs present, then left alone."""
+
+    finished: int
+    created_in: float
+    """Seconds the benchmark took to create the finished runs (not a figure of the operator)."""
+    ready: float
+    """Seconds from the operator's start until its /healthz answered."""
+    first_job: float | None
+    """Seconds from the operator's start until it created the Job of a run created the
+    moment /healthz answered."""
+    startup_requests: list[Request]
+    """The operator's requests from its start until that Job."""
+    startup_cpu: float | None
+    rest_seconds: float
+    rest_requests: list[Request]
+    rest_cpu: float | None
+    rss: list[int]
+    """The operator's resident memory, sampled every few seconds at rest (bytes)."""
+
+    @property
+    def requests_per_second(self) -> float:
+        return len(self.rest_requests) / self.rest_seconds if self.rest_seconds else 0.0
+
+    @property
+    def cpu_per_minute(self) -> float | None:
+        if self.rest_cpu is None or not self.rest_seconds:
+            return None
+        return self.rest_cpu * 60.0 / self.rest_seconds
+
+
+def create_finished_runs(bench: BenchCluster, count: int, case: str) -> None:
+    """``count`` one-step runs in :data:`REST_NAMESPACE`, each created and then given the
+    status the core commits for it once its step succeeded (through the status subresource):
+    what the operator leaves behind, without running anything."""
+    custom = bench.admin.custom
+
+    def make(index: int) -> None:
+        created = custom.create_namespaced_custom_object(
+            m.GROUP,
+            m.VERSION,
+            REST_NAMESPACE,
+            m.PLURAL,
+            finished_run(f"{case}-{index:05d}", case),
+        )
+        created["status"] = finished_status(created)
+        custom.replace_namespaced_custom_object_status(
+            m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, created["metadata"]["name"], created
+        )
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(make, range(count)))
+
+
+def at_rest(
+    bench: BenchCluster,
+    finished: int,
+    rest_seconds: float,
+    env: dict[str, str],
+    say: Say,
+) -> RestResult:
+    """Start the operator (no operator must be running) with ``finished`` finished runs
+    present, time its start, then watch it do nothing for ``rest_seconds``."""
+    case = "rest"
+    began = time.monotonic()
+    create_finished_runs(bench, finished, case)
+    created_in = time.monotonic() - began
+    say(f"  {finished} finished runs created in {created_in:.1f}s; starting the operator")
+    custom = bench.admin.custom
+    probe = f"{case}-probe"
+    start_offset = bench.audit.mark()
+    started_wall = time.time()
+    started = time.monotonic()
+    operator = bench.start_operator(env, wait_ready=False)
+    pid = operator.pid
+    assert pid is not None
+    operator.wait_ready(600.0)
+    ready = time.monotonic() - started
+    custom.create_namespaced_custom_object(
+        m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, chain_run(probe, 1, f"{case}-probe")
+    )
+    first_job: float | None = None
+    startup_requests: list[Request] = []
+    deadline = time.monotonic() + 600.0
+    while first_job is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        requests = bench.audit.read(start_offset)
+        mine = [r for r in requests if r.user == OPERATOR_USER]
+        creates = [
+            r.received
+            for r in mine
+            if r.verb == "create"
+            and r.resource == "jobs"
+            and r.namespace == REST_NAMESPACE
+            and (r.name or "").startswith(probe)
+        ]
+        if creates:
+            first_job = min(creates) - started_wall
+            startup_requests = [r for r in mine if r.received <= min(creates)]
+    startup_cpu = _cpu_or_none(pid)
+    say(f"  ready in {ready:.1f}s; waiting for the probe run to finish and be cleaned up")
+    settled = wait_operator_done(bench, REST_NAMESPACE, timeout=300.0)
+    if not settled:
+        say("  the operator did not go quiet within 300s; measuring at rest anyway")
+    rest_offset = bench.audit.mark()
+    cpu_before = _cpu_or_none(pid)
+    rss: list[int] = []
+    rest_began = time.time()
+    rest_end = time.monotonic() + rest_seconds
+    while time.monotonic() < rest_end:
+        try:
+            rss.append(procstat.rss_bytes(pid))
+        except (OSError, ValueError):
+            break
+        time.sleep(min(5.0, max(0.0, rest_end - time.monotonic())))
+    cpu_after = _cpu_or_none(pid)
+    rest_window = time.time() - rest_began
+    rest_requests = [
+        r
+        for r in bench.audit.read(rest_offset)
+        if r.user == OPERATOR_USER and rest_began <= r.received <= rest_began + rest_window
+    ]
+    return RestResult(
+        finished=finished,
+        created_in=created_in,
+        ready=ready,
+        first_job=first_job,
+        startup_requests=startup_requests,
+        startup_cpu=startup_cpu,
+        rest_seconds=rest_window,
+        rest_requests=rest_requests,
+        rest_cpu=None if cpu_before is None or cpu_after is None else cpu_after - cpu_before,
+        rss=rss,
+    )
+
+
+def _cpu_or_none(pid: int) -> float | None:
+    try:
+        return procstat.cpu_seconds(pid)
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,380 @@
+"""``make bench``: the operator against bare Jobs on the local control plane, in one run.
+
+Starts a control plane of its own (every request audited), a local node and the operator
+(``agentrun run --all-namespaces``, default settings unless ``--operator-env`` says otherwise),
+then runs the cases in this order, each operator case next to the bare-Jobs case it is compared
+with, and prints the report (:mod:`agentrun_devcluster.bench.report`):
+
+1. warm-up: one 1-step run and one bare Job (not reported);
+2. P2: a 1-step run, then a ``--steps``-step run, each until the operator is done with it;
+3. P1: ``--p1-steps`` sequential bare Jobs, then a run of as many sequential steps;
+4. P3 (and P4): for each ``--runs`` concurrency, as many bare chains of ``--steps`` Jobs,
+   then as many runs of ``--steps`` steps;
+5. plan size: one run of each ``--chains`` length (operator CPU per step);
+6. P5: the operator restarted with ``--finished`` finished runs present, then at rest for
+   ``--rest-seconds``.
+
+Everything stays on 127.0.0.1, every wait is bounded, and the cluster is removed at the end
+(``--keep-state`` keeps its directory: logs, audit log, operator logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from agentrun_devcluster.controlplane import ControlPlane
+
+from . import cases
+from .report import Report
+from .session import OPERATOR_USER, BenchCluster
+
+__all__ = ["BenchConfig", "main"]
+
+REPO = Path(__file__).resolve().parents[4]
+_T = TypeVar("_T")
+
+QUICK = {
+    "runs": "5,10",
+    "steps": 3,
+    "p1_steps": 5,
+    "finished": 100,
+    "rest_seconds": 15.0,
+    "chains": "",
+    "grace": 5,
+}
+FULL = {
+    "runs": "100,200",
+    "steps": 10,
+    "p1_steps": 20,
+    "finished": 2000,
+    "rest_seconds": 120.0,
+    "chains": "10,50,128",
+    "grace": None,
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    runs: tuple[int, ...]
+    steps: int
+    p1_steps: int
+    finished: int
+    rest_seconds: float
+    chains: tuple[int, ...]
+    grace: int | None
+    controller_manager_qps: int
+    controller_manager_burst: int
+    operator_env: tuple[tuple[str, str], ...]
+    keep_state: bool
+    quick: bool
+
+    def env(self) -> dict[str, str]:
+        env = dict(self.operator_env)
+        if self.grace is not None:
+            env.setdefault("AGENTRUN_JOB_DELETION_GRACE_SECONDS", str(self.grace))
+        return env
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
+    parser = argparse.ArgumentParser(
+        prog="hack/bench/bench.py",
+        description="Benchmark the operator against bare Jobs on the local control plane.",
+    )
+    parser.add_argument("--quick", action="store_true", help="a small version (a few minutes)")
+    parser.add_argument("--runs", help="P3 concurrencies, comma-separated (default 100,200)")
+    parser.add_argument("--steps", type=int, help="steps per run in P2 and P3 (default 10)")
+    parser.add_argument("--p1-steps", type=int, help="sequential steps in P1 (default 20)")
+    parser.add_argument("--finished", type=int, help="finished runs in P5 (default 2000)")
+    parser.add_argument("--rest-seconds", type=float, help="P5 window at rest (default 120)")
+    parser.add_argument(
+        "--chains", help="plan sizes for operator CPU per step (default 10,50,128; '' for none)"
+    )
+    parser.add_argument(
+        "--grace",
+        type=int,
+        help="AGENTRUN_JOB_DELETION_GRACE_SECONDS of the operator (default: its own default; "
+        "--quick: 5)",
+    )
+    defaults = {name: p.default for name, p in inspect.signature(ControlPlane).parameters.items()}
+    parser.add_argument(
+        "--cm-qps",
+        type=int,
+        default=defaults.get("controller_manager_qps", 100),
+        help="kube-controller-manager --kube-api-qps (default: the local control plane's, "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--cm-burst",
+        type=int,
+        default=defaults.get("controller_manager_burst", 200),
+        help="kube-controller-manager --kube-api-burst (default %(default)s)",
+    )
+    parser.add_argument(
+        "--operator-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the operator (repeatable), e.g. AGENTRUN_RESYNC_SECONDS=30",
+    )
+    parser.add_argument("--keep-state", action="store_true", help="keep the cluster's directory")
+    args = parser.parse_args(argv)
+    base = QUICK if args.quick else FULL
+
+    def pick(name: str) -> object:
+        value = getattr(args, name)
+        return base[name] if value is None else value
+
+    env: list[tuple[str, str]] = []
+    for item in args.operator_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("AGENTRUN_"):
+            parser.error(f"--operator-env {item!r}: give AGENTRUN_NAME=VALUE")
+        env.append((name, value))
+    grace = pick("grace")
+    return BenchConfig(
+        runs=_ints(str(pick("runs"))),
+        steps=int(str(pick("steps"))),
+        p1_steps=int(str(pick("p1_steps"))),
+        finished=int(str(pick("finished"))),
+        rest_seconds=float(str(pick("rest_seconds"))),
+        chains=_ints(str(pick("chains"))),
+        grace=None if grace is None else int(str(grace)),
+        controller_manager_qps=args.cm_qps,
+        controller_manager_burst=args.cm_burst,
+        operator_env=tuple(env),
+        keep_state=args.keep_state,
+        quick=args.quick,
+    )
+
+
+def say(message: str) -> None:
+    print(f"bench: {message}", flush=True)
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def _memory_total() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    return "?"
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def header(config: BenchConfig, bench: BenchCluster) -> list[str]:
+    changed = [line for line in _git("status", "--porcelain").splitlines() if line.strip()]
+    tracked = [line for line in changed if not line.startswith("??")]
+    tree = (
+        "clean"
+        if not changed
+        else f"dirty: {len(tracked)} tracked files changed, {len(changed) - len(tracked)} untracked"
+    )
+    cp = bench.control_plane
+    env = config.env()
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "none"
+    return [
+        "agentrun benchmark: the operator against bare Jobs on the local control plane",
+        f"    date          {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+        f"    commit        {_git('rev-parse', '--short', 'HEAD')} (working tree {tree})",
+        f"    machine       {os.cpu_count()} CPUs, {_memory_total()} memory, Linux "
+        f"{platform.release()}, Python {platform.python_version()}",
+        f"    control plane {cp.bin_dir.parent.name}; kube-controller-manager "
+        f"--kube-api-qps={cp.controller_manager_qps} "
+        f"--kube-api-burst={cp.controller_manager_burst}; audit: every request",
+        f"    operator      agentrun run --all-namespaces as user {OPERATOR_USER} "
+        f"(system:masters); settings changed from the defaults: {settings}",
+        f"    load average  {_load()} at the start (1, 5, 15 min; other work on the machine "
+        "skews every figure)",
+        f"    cases         P1 {config.p1_steps} steps; P2 1 and {config.steps} steps; "
+        f"P3 {', '.join(map(str, config.runs))} runs of {config.steps} steps; "
+        f"plan sizes {', '.join(map(str, config.chains)) or 'none'}; "
+        f"P5 {config.finished} finished runs, {config.rest_seconds:.0f} s at rest",
+    ]
+
+
+def run(config: BenchConfig) -> int:
+    pool = max([*config.runs, 1]) + 16
+    bench = BenchCluster(
+        controller_manager_qps=config.controller_manager_qps,
+        controller_manager_burst=config.controller_manager_burst,
+        pool=pool,
+        keep_state=config.keep_state,
+    )
+    report = Report()
+    began = time.monotonic()
+    step_timeout = 30.0
+
+    def attempt(what: str, fn: Callable[[], _T]) -> _T | None:
+        say(what)
+        try:
+            result = fn()
+        except Exception as error:
+            report.errors.append(f"{what}: {error!r}")
+            say(f"  failed: {error!r}")
+            traceback.print_exc()
+            return None
+        summary = getattr(result, "makespan", None)
+        if isinstance(result, cases.CaseResult):
+            say(
+                f"  {result.done} done, {result.failed} failed, makespan "
+                f"{'-' if summary is None else f'{summary:.1f} s'}, "
+                f"{len(result.requests)} requests audited"
+            )
+        return result
+
+    try:
+        say("starting the local control plane, the node and the operator")
+        bench.start()
+        report.header = header(config, bench)
+        say(f"cluster state in {bench.state_dir}")
+        bench.start_operator(config.env())
+        env = config.env()
+
+        def cleanup_runs(name: str) -> None:
+            attempt(f"cleaning up {name}", functools.partial(cases.delete_runs, bench, name, say))
+
+        def cleanup_bare(name: str) -> None:
+            attempt(f"cleaning up {name}", functools.partial(cases.delete_bare, bench, name, say))
+
+        # warm-up
+        attempt(
+            "warm-up: one run of 1 step",
+            lambda: cases.operator_runs(bench, "warmup", 1, 1, 120, settle=True),
+        )
+        cleanup_runs("warmup")
+        attempt("warm-up: one bare Job", lambda: cases.bare_chains(bench, "warmup", 1, 1, 120))
+        cleanup_bare("warmup")
+
+        # P2
+        one = attempt(
+            "P2: one run of 1 step, until the operator is done with it",
+            lambda: cases.operator_runs(bench, "p2-one", 1, 1, 120, settle=True),
+        )
+        cleanup_runs("p2-one")
+        many = attempt(
+            f"P2: one run of {config.steps} steps, until the operator is done with it",
+            lambda: cases.operator_runs(
+                bench, "p2-many", 1, config.steps, 120 + step_timeout * config.steps, settle=True
+            ),
+        )
+        cleanup_runs("p2-many")
+        report.p2 = (one, many)
+
+        # P1
+        n = config.p1_steps
+        p1_bare = attempt(
+            f"P1: {n} sequential bare Jobs",
+            lambda: cases.bare_chains(bench, "p1-bare", 1, n, 60 + step_timeout * n),
+        )
+        cleanup_bare("p1-bare")
+        p1_op = attempt(
+            f"P1: one run of {n} sequential steps",
+            lambda: cases.operator_runs(bench, "p1-op", 1, n, 60 + step_timeout * n),
+        )
+        cleanup_runs("p1-op")
+        report.p1 = (p1_op, p1_bare)
+
+        # P3 and P4
+        for concurrency in config.runs:
+            timeout = 300.0 + concurrency * config.steps * 1.0
+            bare = attempt(
+                f"P3: {concurrency} bare chains of {config.steps} Jobs",
+                functools.partial(
+                    cases.bare_chains,
+                    bench,
+                    f"p3-{concurrency}-bare",
+                    concurrency,
+                    config.steps,
+                    timeout,
+                ),
+            )
+            cleanup_bare(f"p3-{concurrency}-bare")
+            op = attempt(
+                f"P3: {concurrency} runs of {config.steps} steps",
+                functools.partial(
+                    cases.operator_runs,
+                    bench,
+                    f"p3-{concurrency}-op",
+                    concurrency,
+                    config.steps,
+                    timeout,
+                ),
+            )
+            cleanup_runs(f"p3-{concurrency}-op")
+            report.p3.append((concurrency, op, bare))
+
+        # plan size
+        for steps in config.chains:
+            chain = attempt(
+                f"plan size: one run of {steps} sequential steps",
+                functools.partial(
+                    cases.operator_runs,
+                    bench,
+                    f"chain-{steps}",
+                    1,
+                    steps,
+                    60 + step_timeout * steps,
+                ),
+            )
+            if chain is not None:
+                report.chains.append(chain)
+            cleanup_runs(f"chain-{steps}")
+
+        # P5
+        say("P5: restarting the operator with finished runs present")
+        bench.stop_operator()
+        report.rest = attempt(
+            f"P5: {config.finished} finished runs, then {config.rest_seconds:.0f} s at rest",
+            lambda: cases.at_rest(bench, config.finished, config.rest_seconds, env, say),
+        )
+    except Exception as error:
+        report.errors.append(f"the benchmark stopped: {error!r}")
+        traceback.print_exc()
+    finally:
+        say(f"done in {time.monotonic() - began:.0f} s; stopping the cluster")
+        if config.keep_state and bench.cp is not None:
+            say(f"state kept in {bench.cp.state_dir}")
+        bench.stop()
+    report.footer.append(f"    load average  {_load()} at the end")
+    print()
+    print(report.render(), end="", flush=True)
+    return 1 if report.errors else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    config = parse_args(argv)
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

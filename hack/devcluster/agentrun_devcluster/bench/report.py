@@ -1,0 +1,348 @@
+"""The benchmark's report: every figure, operator beside bare, as plain text.
+
+Figures only: beside each one the target the design sets for it, never a verdict (a time
+depends on the machine it was taken on).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
+from .cases import CaseResult, RestResult
+from .stats import Summary, fmt, ratio, summarize
+
+__all__ = ["Report", "requests_breakdown"]
+
+MIB = 1024 * 1024
+
+
+def requests_breakdown(
+    columns: Sequence[tuple[str, Sequence[Request], float]],
+) -> list[str]:
+    """A table of requests by verb and resource, one column per ``(title, requests,
+    divisor)``: each count divided by the divisor (1 for totals, the steps for per-step
+    figures), then reads, writes and the total."""
+    counts = [by_verb_and_resource(requests) for _, requests, _ in columns]
+    keys: Counter[tuple[str, str]] = Counter()
+    for c in counts:
+        keys.update(c)
+    width = max([len(f"{v} {r}") for v, r in keys] + [24])
+    lines = ["    " + " " * width + "".join(f"{title:>22}" for title, _, _ in columns)]
+
+    def row(label: str, values: Sequence[float]) -> str:
+        return f"    {label:<{width}}" + "".join(f"{v:>22.2f}" for v in values)
+
+    order = sorted(keys, key=lambda k: (k[0] not in WRITE_VERBS, k[0], k[1]))
+    for verb, resource in order:
+        values = [c[(verb, resource)] / d for c, (_, _, d) in zip(counts, columns, strict=True)]
+        lines.append(row(f"{verb} {resource}", values))
+    for label, verbs in (("reads", READ_VERBS), ("writes", WRITE_VERBS)):
+        values = [
+            sum(n for (v, _), n in c.items() if v in verbs) / d
+            for c, (_, _, d) in zip(counts, columns, strict=True)
+        ]
+        lines.append(row(f"= {label}", values))
+    values = [sum(c.values()) / d for c, (_, _, d) in zip(counts, columns, strict=True)]
+    lines.append(row("= all requests", values))
+    return lines
+
+
+def _writes(requests: Sequence[Request]) -> int:
+    return sum(1 for r in requests if r.write)
+
+
+@dataclass
+class Report:
+    """Collects the cases' results and renders them."""
+
+    header: list[str] = field(default_factory=list)
+    p1: tuple[CaseResult | None, CaseResult | None] = (None, None)
+    """(operator, bare)"""
+    p2: tuple[CaseResult | None, CaseResult | None] = (None, None)
+    """(1-step run, many-step run)"""
+    p3: list[tuple[int, CaseResult | None, CaseResult | None]] = field(default_factory=list)
+    """(concurrency, operator, bare)"""
+    chains: list[CaseResult] = field(default_factory=list)
+    rest: RestResult | None = None
+    errors: list[str] = field(default_factory=list)
+    footer: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        lines = [*self.header, *self.footer]
+        lines += self._p1() + self._p2() + self._p3() + self._p4() + self._p5() + self._chains()
+        lines += self._targets()
+        if self.errors:
+            lines += ["", "Cases that did not complete:"] + [f"  {e}" for e in self.errors]
+        return "\n".join(lines) + "\n"
+
+    # -- sections ----------------------------------------------------------------------------
+
+    def _p1(self) -> list[str]:
+        op, bare = self.p1
+        if op is None and bare is None:
+            return []
+        steps = (op or bare).steps if (op or bare) else 0  # type: ignore[union-attr]
+        lines = [
+            "",
+            f"P1  one run of {steps} sequential steps vs {steps} sequential bare Jobs "
+            "(benchmark clock)",
+            f"    {'':<22}{'operator':>14}{'bare':>14}{'ratio':>10}",
+        ]
+        op_span = op.makespan if op else None
+        bare_span = bare.makespan if bare else None
+        lines.append(
+            f"    {'makespan':<22}{fmt(op_span, 's'):>14}{fmt(bare_span, 's'):>14}"
+            f"{fmt(ratio(op_span, bare_span), 'x'):>10}"
+        )
+        lines.append(
+            f"    {'per step':<22}{fmt(ratio(op_span, steps), 's', 3):>14}"
+            f"{fmt(ratio(bare_span, steps), 's', 3):>14}"
+        )
+        if op is not None:
+            cpu = op.cpu.get("operator")
+            lines.append(
+                f"    {'operator CPU per step':<22}{fmt(ratio(cpu, steps / 1000), 'ms', 0):>14}"
+            )
+        return lines
+
+    def _p2(self) -> list[str]:
+        one, many = self.p2
+        if one is None and many is None:
+            return []
+        columns: list[tuple[str, Sequence[Request], float]] = []
+        if one is not None:
+            columns.append(("1-step run", one.operator_requests, 1.0))
+        if many is not None:
+            columns.append(
+                (f"per step of {many.steps}", many.operator_requests, float(many.total_steps))
+            )
+        lines = [
+            "",
+            "P2  operator API requests per step, by verb and resource (audit log, the operator's "
+            "user)",
+        ]
+        lines += requests_breakdown(columns)
+        windows = ", ".join(
+            f"{c.steps}-step run {c.window:.1f} s" for c in (one, many) if c is not None
+        )
+        lines.append(
+            "    window: from the run's create until its Jobs were deleted (after the grace) and "
+            f"the operator made no request for 3 s ({windows})"
+        )
+        return lines
+
+    def _p3(self) -> list[str]:
+        if not self.p3:
+            return []
+        steps = next((c.steps for _, o, b in self.p3 for c in (o, b) if c is not None), 0)
+        lines = [
+            "",
+            f"P3  concurrent runs of {steps} steps vs as many bare chains of {steps} Jobs "
+            "(benchmark clock)",
+            f"    {'concurrency':>12}{'op steps/s':>14}{'bare Jobs/s':>14}{'op / bare':>12}"
+            f"{'op makespan':>14}{'bare makespan':>15}",
+        ]
+        for concurrency, op, bare in self.p3:
+            op_rate = op.throughput if op else None
+            bare_rate = bare.throughput if bare else None
+            lines.append(
+                f"    {concurrency:>12}{fmt(op_rate):>14}{fmt(bare_rate):>14}"
+                f"{fmt(ratio(op_rate, bare_rate)):>12}"
+                f"{fmt(op.makespan if op else None, 's', 1):>14}"
+                f"{fmt(bare.makespan if bare else None, 's', 1):>15}"
+            )
+        processes = (
+            "kube-apiserver",
+            "etcd",
+            "kube-controller-manager",
+            "local node",
+            "operator",
+            "benchmark",
+        )
+        lines.append("    CPU seconds of each process during the case:")
+        lines.append(f"      {'':<16}" + "".join(f"{p:>14}" for p in processes))
+        for _, op, bare in self.p3:
+            for case in (op, bare):
+                if case is not None:
+                    cells = [fmt(case.cpu.get(p), "", 1) for p in processes]
+                    lines.append(f"      {case.name:<16}" + "".join(f"{c:>14}" for c in cells))
+        lines.append(
+            "    API requests during the case, by user (admin: the benchmark and the local node):"
+        )
+        for _, op, bare in self.p3:
+            for case in (op, bare):
+                if case is None:
+                    continue
+                users = Counter(r.user for r in case.requests)
+                top = ", ".join(f"{u} {n}" for u, n in users.most_common(4))
+                lines.append(
+                    f"      {case.name:<16}{len(case.requests):>8} ({_writes(case.requests)} "
+                    f"writes) in {case.window:.0f} s: {top}"
+                )
+        return lines
+
+    def _p4(self) -> list[str]:
+        rows: list[tuple[str, Summary | None]] = []
+        op, _ = self.p1
+        if op is not None:
+            rows.append((f"1 run ({op.steps} steps)", summarize(op.commit_latencies())))
+        for concurrency, case, _ in self.p3:
+            if case is not None:
+                rows.append((f"{concurrency} runs", summarize(case.commit_latencies())))
+        if not rows:
+            return []
+        lines = [
+            "",
+            "P4  latency from a step's Job marked Complete to its result committed in the run's "
+            "status",
+            "    (audit log: the end of the Job status write that set Complete, to the end of the "
+            "run's first status write with the step finished)",
+            f"    {'':<22}{'n':>8}{'p50':>12}{'p99':>12}{'max':>12}",
+        ]
+        for label, s in rows:
+            if s is None:
+                lines.append(f"    {label:<22}{'-':>8}")
+                continue
+            lines.append(
+                f"    {label:<22}{s.count:>8}{fmt(s.p50, 's', 3):>12}{fmt(s.p99, 's', 3):>12}"
+                f"{fmt(s.max, 's', 3):>12}"
+            )
+        return lines
+
+    def _p5(self) -> list[str]:
+        rest = self.rest
+        if rest is None:
+            return []
+        rss_last = rest.rss[-1] / MIB if rest.rss else None
+        rss_max = max(rest.rss) / MIB if rest.rss else None
+        lines = [
+            "",
+            f"P5  the operator with {rest.finished} finished runs "
+            f"(created directly with their final status, in {rest.created_in:.0f} s)",
+            f"    startup: /healthz answered after {rest.ready:.2f} s; the first Job of a run "
+            f"created at that moment after {fmt(rest.first_job, 's')}",
+            f"    startup cost until that Job: {len(rest.startup_requests)} requests, "
+            f"{fmt(rest.startup_cpu, 'CPU s', 1)}",
+        ]
+        lines += requests_breakdown([("startup", rest.startup_requests, 1.0)])
+        lines += [
+            f"    at rest for {rest.rest_seconds:.0f} s: RSS {fmt(rss_last, 'MiB', 0)} "
+            f"(max {fmt(rss_max, 'MiB', 0)}), CPU {fmt(rest.cpu_per_minute, 's per minute')}, "
+            f"{rest.requests_per_second:.3f} requests/s",
+        ]
+        if rest.rest_requests:
+            lines += requests_breakdown([("at rest", rest.rest_requests, 1.0)])
+        return lines
+
+    def _chains(self) -> list[str]:
+        if not self.chains:
+            return []
+        lines = [
+            "",
+            "Plan size: one run of N sequential steps (operator CPU from /proc, requests from "
+            "the audit log until the run finished)",
+            "    "
+            + "".join(
+                f"{h:>14}"
+                for h in (
+                    "steps",
+                    "makespan",
+                    "per step",
+                    "CPU/step",
+                    "requests/step",
+                    "writes/step",
+                )
+            ),
+        ]
+        for case in self.chains:
+            cpu = case.cpu.get("operator")
+            mine = [r for r in case.operator_requests]
+            cells = [
+                str(case.steps),
+                fmt(case.makespan, "s", 1),
+                fmt(ratio(case.makespan, case.steps), "s", 3),
+                fmt(ratio(cpu, case.steps / 1000), "ms", 0),
+                fmt(len(mine) / case.steps, "", 1),
+                fmt(_writes(mine) / case.steps, "", 1),
+            ]
+            lines.append("    " + "".join(f"{c:>14}" for c in cells))
+        return lines
+
+    def _targets(self) -> list[str]:
+        """The design's targets beside the figures measured here."""
+        rows: list[tuple[str, str, str]] = []
+        one, many = self.p2
+        if many is not None:
+            rows.append(
+                (
+                    f"operator writes per step ({many.steps}-step run)",
+                    fmt(_writes(many.operator_requests) / many.total_steps, "", 1),
+                    "<= 4",
+                )
+            )
+        if one is not None:
+            rows.append(
+                ("operator writes, 1-step run", str(_writes(one.operator_requests)), "<= 8")
+            )
+        op, bare = self.p1
+        if op is not None and bare is not None:
+            rows.append(
+                (
+                    f"P1 makespan ratio ({op.steps} steps)",
+                    fmt(ratio(op.makespan, bare.makespan), "x"),
+                    "<= 1.05x",
+                )
+            )
+        for concurrency, o, b in self.p3:
+            if o is not None and b is not None:
+                rows.append(
+                    (
+                        f"P3 throughput ratio at {concurrency} runs",
+                        fmt(ratio(o.throughput, b.throughput)),
+                        ">= 0.60" if concurrency >= 200 else "",
+                    )
+                )
+            if o is not None:
+                s = summarize(o.commit_latencies())
+                if s is not None:
+                    target = "p50 <= 0.3 s, p99 <= 2 s" if concurrency >= 200 else ""
+                    rows.append(
+                        (
+                            f"P4 latency at {concurrency} runs",
+                            f"p50 {s.p50:.2f} s, p99 {s.p99:.2f} s",
+                            target,
+                        )
+                    )
+        rest = self.rest
+        if rest is not None:
+            rows.append(
+                (
+                    f"requests/s at rest, {rest.finished} finished runs",
+                    f"{rest.requests_per_second:.3f}",
+                    "< 0.5",
+                )
+            )
+            if rest.rss:
+                rows.append(("RSS at rest", fmt(rest.rss[-1] / MIB, "MiB", 0), "< 150 MiB"))
+            rows.append(("startup (first Job of a new run)", fmt(rest.first_job, "s"), "< 10 s"))
+        per_step = [
+            (c.steps, c.cpu["operator"] / c.steps) for c in self.chains if "operator" in c.cpu
+        ]
+        if len(per_step) >= 2:
+            spread = max(v for _, v in per_step) / min(v for _, v in per_step)
+            rows.append(
+                (
+                    "operator CPU per step, largest / smallest plan",
+                    fmt(spread, "x"),
+                    "<= 1.20x",
+                )
+            )
+        if not rows:
+            return []
+        lines = ["", "Figures beside the design's targets (no verdict: timings vary by machine)"]
+        for label, value, target in rows:
+            lines.append(f"    {label:<48}{value:>26}   {('target ' + target) if target else ''}")
+        return lines

@@ -1,0 +1,129 @@
+"""What the benchmark runs: chains of steps as AgentRuns, the same steps as bare Jobs, and
+finished runs made without running them.
+
+Every step, in a run or bare, is the same pod: ``busybox:1.36`` running ``sh -c`` with a
+command that writes a result envelope to the termination log (on the local node, a local
+``sh`` process), with the restricted security context the operator gives its step pods.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from agentrun import jobs as step_jobs
+from agentrun.api import models as m
+from agentrun.core import CoreConfig, CreateJob, DeleteJob, JobState, Observed, ObservedJob
+from agentrun.core import reconcile as core_reconcile
+from agentrun.settings import RUN_FINALIZER
+
+__all__ = [
+    "BENCH_LABEL",
+    "IMAGE",
+    "STEP_SCRIPT",
+    "bare_job",
+    "chain_run",
+    "finished_run",
+    "finished_status",
+    "step_name",
+]
+
+IMAGE = "busybox:1.36"
+ENVELOPE = json.dumps({"ok": True, "summary": "done"})
+STEP_SCRIPT = f"printf '%s' '{ENVELOPE}' > /dev/termination-log"
+"""The command of every step: report a result and exit 0."""
+BENCH_LABEL = "bench.agentrun.dev/case"
+"""On every object the benchmark creates: the case it belongs to."""
+
+
+def step_name(index: int) -> str:
+    return f"s{index:03d}"
+
+
+def chain_run(name: str, steps: int, case: str) -> dict[str, Any]:
+    """An AgentRun of ``steps`` steps, each depending on the one before."""
+    plan = []
+    for i in range(steps):
+        step: dict[str, Any] = {
+            "name": step_name(i),
+            "container": {"image": IMAGE, "command": ["sh", "-c", STEP_SCRIPT]},
+        }
+        if i:
+            step["dependsOn"] = [step_name(i - 1)]
+        plan.append(step)
+    return {
+        "apiVersion": f"{m.GROUP}/{m.VERSION}",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "labels": {BENCH_LABEL: case}},
+        "spec": {"goal": f"benchmark {case}", "plan": {"steps": plan}},
+    }
+
+
+def bare_job(name: str, case: str) -> dict[str, Any]:
+    """A Job running one step's pod, as a script would create it."""
+    labels = {BENCH_LABEL: case}
+    container = {
+        "name": "step",
+        "image": IMAGE,
+        "command": ["sh", "-c", STEP_SCRIPT],
+        "securityContext": step_jobs.RESTRICTED_CONTAINER_SECURITY,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "securityContext": step_jobs.RESTRICTED_POD_SECURITY,
+                    "automountServiceAccountToken": False,
+                },
+            },
+        },
+    }
+
+
+def finished_run(name: str, case: str) -> dict[str, Any]:
+    """A one-step run as the operator leaves it once finished, minus status: with the run
+    finalizer it puts on every run (see :func:`finished_status` for the status)."""
+    body = chain_run(name, 1, case)
+    body["metadata"]["finalizers"] = [RUN_FINALIZER]
+    return body
+
+
+def finished_status(stored: dict[str, Any], now: datetime | None = None) -> dict[str, Any]:
+    """The status the core commits for ``stored`` (a run as the API server returned it, so
+    with its uid) when every step's Job succeeds: the core's own reconcile output, driven
+    in memory to the end, never through the cluster. Raises RuntimeError when the run does
+    not end."""
+    run = m.AgentRun.model_validate(stored)
+    now = now or datetime.now(UTC)
+    config = CoreConfig()
+    found: dict[str, ObservedJob] = {}
+    for _ in range(8 + 4 * len(run.spec.plan.steps if run.spec.plan else [])):
+        decision = core_reconcile(run, Observed(tuple(found.values())), now, config)
+        run = run.model_copy(update={"status": decision.status})
+        if decision.status.phase in m.TERMINAL_RUN_PHASES:
+            return decision.status.to_wire()
+        for action in (*decision.before_commit, *decision.after_commit):
+            if isinstance(action, CreateJob):
+                found[action.job_name] = ObservedJob(
+                    name=action.job_name,
+                    step=action.step.name,
+                    attempt=action.attempt,
+                    state=JobState.SUCCEEDED,
+                    termination_message=ENVELOPE,
+                    exit_code=0,
+                    started_at=now,
+                    finished_at=now,
+                )
+            elif isinstance(action, DeleteJob):
+                found.pop(action.job_name, None)
+    phase = run.status.phase if run.status else None
+    raise RuntimeError(f"run {run.metadata.name} did not finish in memory (phase {phase})")

@@ -1,0 +1,278 @@
+"""The benchmark's pure parts (agentrun_devcluster.bench): percentiles, reading the audit log
+and /proc, the finished runs it makes without running them, its command line. No cluster, and
+nothing here times anything."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun_devcluster.bench import main as bench_main
+from agentrun_devcluster.bench.audit import (
+    AuditLog,
+    by_verb_and_resource,
+    job_completions,
+    parse_requests,
+    parse_time,
+    run_finishes,
+    step_commits,
+)
+from agentrun_devcluster.bench.procstat import parse_cpu_seconds, parse_rss_bytes
+from agentrun_devcluster.bench.report import requests_breakdown
+from agentrun_devcluster.bench.stats import percentile, ratio, summarize
+from agentrun_devcluster.bench.workloads import (
+    bare_job,
+    chain_run,
+    finished_run,
+    finished_status,
+)
+
+# -- percentiles ------------------------------------------------------------------------------
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]  # unsorted on purpose
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(values, 99) == pytest.approx(3.97)
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_percentile_refuses_nothing_and_bad_ranks() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize_and_ratio() -> None:
+    assert summarize([]) is None
+    s = summarize([float(i) for i in range(1, 101)])
+    assert s is not None
+    assert (s.count, s.max) == (100, 100.0)
+    assert s.p50 == pytest.approx(50.5)
+    assert s.p99 == pytest.approx(99.01)
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None
+    assert ratio(1.0, 0.0) is None
+
+
+# -- the audit log ----------------------------------------------------------------------------
+
+
+def event(
+    audit_id: str,
+    verb: str,
+    resource: str,
+    *,
+    user: str = "agentrun-operator",
+    stage: str = "ResponseComplete",
+    group: str = "",
+    namespace: str | None = "ns",
+    name: str | None = None,
+    subresource: str | None = None,
+    code: int = 200,
+    received: str = "2026-01-02T03:04:05.000000Z",
+    done: str = "2026-01-02T03:04:05.250000Z",
+    body: dict[str, Any] | None = None,
+) -> str:
+    ref: dict[str, Any] = {"resource": resource, "apiGroup": group}
+    if namespace:
+        ref["namespace"] = namespace
+    if name:
+        ref["name"] = name
+    if subresource:
+        ref["subresource"] = subresource
+    data: dict[str, Any] = {
+        "auditID": audit_id,
+        "stage": stage,
+        "verb": verb,
+        "user": {"username": user},
+        "objectRef": ref,
+        "requestReceivedTimestamp": received,
+        "stageTimestamp": done,
+    }
+    if stage == "ResponseComplete":
+        data["responseStatus"] = {"code": code}
+    if body is not None:
+        data["requestObject"] = body
+    return json.dumps(data)
+
+
+def test_parse_time_keeps_microseconds() -> None:
+    later = parse_time("2026-01-02T03:04:05.250001Z")
+    assert later - parse_time("2026-01-02T03:04:05Z") == pytest.approx(0.250001)
+
+
+def test_a_watch_is_one_request_and_its_completion_wins() -> None:
+    lines = [
+        event("w", "watch", "jobs", stage="ResponseStarted"),
+        event("g", "get", "agentruns", group="agentrun.dev", name="r"),
+        event("w", "watch", "jobs"),
+        '{"auditID": "cut", "stage": "Respon',  # a line still being written
+        "",
+    ]
+    requests = parse_requests(lines)
+    assert [(r.audit_id, r.verb, r.code) for r in requests] == [
+        ("w", "watch", 200),
+        ("g", "get", 200),
+    ]
+    started_only = parse_requests([event("w", "watch", "pods", stage="ResponseStarted")])
+    assert started_only[0].code is None
+    assert started_only[0].completed is None
+
+
+def test_counts_by_verb_and_resource_with_subresources() -> None:
+    requests = parse_requests(
+        [
+            event("1", "update", "agentruns", subresource="status", group="agentrun.dev"),
+            event("2", "update", "agentruns", subresource="status", group="agentrun.dev"),
+            event("3", "create", "events"),
+            event("4", "list", "configmaps"),
+        ]
+    )
+    counts = by_verb_and_resource(requests)
+    assert counts[("update", "agentruns/status")] == 2
+    assert counts[("create", "events")] == 1
+    assert [r.write for r in requests] == [True, True, True, False]
+    table = "\n".join(requests_breakdown([("run", requests, 1.0), ("per step", requests, 2.0)]))
+    assert "update agentruns/status" in table
+    writes = next(line for line in table.splitlines() if "= writes" in line)
+    assert writes.split()[-2:] == ["3.00", "1.50"]
+
+
+def job_status(conditions: list[dict[str, str]]) -> dict[str, Any]:
+    return {"kind": "Job", "status": {"conditions": conditions}}
+
+
+def run_status(phase: str, steps: list[dict[str, str]]) -> dict[str, Any]:
+    return {"kind": "AgentRun", "status": {"phase": phase, "steps": steps}}
+
+
+def test_job_completion_is_the_first_write_that_sets_complete() -> None:
+    lines = [
+        event(
+            "1", "update", "jobs", group="batch", name="j", subresource="status",
+            user="system:kube-controller-manager", done="2026-01-02T03:04:05.100000Z",
+            body=job_status([{"type": "SuccessCriteriaMet", "status": "True"}]),
+        ),
+        event(
+            "2", "update", "jobs", group="batch", name="j", subresource="status",
+            user="system:kube-controller-manager", done="2026-01-02T03:04:05.400000Z",
+            body=job_status([{"type": "Complete", "status": "True"}]),
+        ),
+        event(
+            "3", "update", "jobs", group="batch", name="j", subresource="status",
+            user="system:kube-controller-manager", done="2026-01-02T03:04:06.000000Z",
+            body=job_status([{"type": "Complete", "status": "True"}]),
+        ),
+        event(
+            "4", "update", "jobs", group="batch", name="k", subresource="status", code=409,
+            body=job_status([{"type": "Failed", "status": "True"}]),
+        ),
+    ]  # fmt: skip
+    done = job_completions(parse_requests(lines))
+    assert done == {"ns/j": parse_time("2026-01-02T03:04:05.400000Z")}
+
+
+def test_step_commit_and_run_finish_from_the_operators_status_writes() -> None:
+    running = {"name": "a", "jobName": "r-a-1", "phase": "Running"}
+    finished = {**running, "phase": "Succeeded", "finishedAt": "2026-01-02T03:04:06Z"}
+    lines = [
+        event(
+            "1", "update", "agentruns", group="agentrun.dev", name="r", subresource="status",
+            done="2026-01-02T03:04:05.500000Z", body=run_status("Running", [running]),
+        ),
+        event(
+            "2", "update", "agentruns", group="agentrun.dev", name="r", subresource="status",
+            user="someone-else", done="2026-01-02T03:04:05.600000Z",
+            body=run_status("Succeeded", [finished]),
+        ),
+        event(
+            "3", "update", "agentruns", group="agentrun.dev", name="r", subresource="status",
+            done="2026-01-02T03:04:05.700000Z", body=run_status("Succeeded", [finished]),
+        ),
+        event(
+            "4", "update", "agentruns", group="agentrun.dev", name="r", subresource="status",
+            done="2026-01-02T03:04:05.900000Z", body=run_status("Succeeded", [finished]),
+        ),
+    ]  # fmt: skip
+    requests = parse_requests(lines)
+    at = parse_time("2026-01-02T03:04:05.700000Z")
+    assert step_commits(requests, "agentrun-operator") == {"ns/r-a-1": at}
+    assert run_finishes(requests, "agentrun-operator") == {"ns/r": at}
+    assert step_commits(requests) == {"ns/r-a-1": parse_time("2026-01-02T03:04:05.600000Z")}
+
+
+def test_audit_log_reads_slices_and_leaves_a_cut_line_out(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    log = AuditLog(path)
+    assert log.mark() == 0
+    assert log.read(0) == []
+    path.write_text(event("1", "get", "pods") + "\n")
+    middle = log.mark()
+    with path.open("a") as f:
+        f.write(event("2", "list", "pods") + "\n" + event("3", "create", "pods")[:40])
+    assert [r.audit_id for r in log.read(0, middle)] == ["1"]
+    assert [r.audit_id for r in log.read(middle)] == ["2"]
+    assert [r.audit_id for r in log.read(0)] == ["1", "2"]
+
+
+# -- /proc ------------------------------------------------------------------------------------
+
+
+def test_rss_and_cpu_from_proc_text() -> None:
+    status = "Name:\tpython\nVmPeak:\t  9000 kB\nVmRSS:\t  2048 kB\nThreads:\t4\n"
+    assert parse_rss_bytes(status) == 2048 * 1024
+    with pytest.raises(ValueError):
+        parse_rss_bytes("Name:\tkthreadd\n")
+    # the command name may hold spaces and parentheses; utime 150, stime 50 ticks
+    stat = "4242 (python (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 150 50 0 0 20 0 4 0"
+    assert parse_cpu_seconds(stat, clock_ticks=100) == pytest.approx(2.0)
+
+
+# -- workloads --------------------------------------------------------------------------------
+
+
+def test_a_chain_and_its_bare_jobs_run_the_same_command() -> None:
+    run = chain_run("r", 3, "case")
+    steps = run["spec"]["plan"]["steps"]
+    assert [s.get("dependsOn") for s in steps] == [None, ["s000"], ["s001"]]
+    job = bare_job("j", "case")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == steps[0]["container"]["command"]
+    assert container["image"] == steps[0]["container"]["image"]
+    assert job["spec"]["backoffLimit"] == 0
+
+
+def test_finished_status_is_the_cores_output_for_a_succeeded_run() -> None:
+    stored = finished_run("done-1", "rest")
+    stored["metadata"].update(
+        namespace="bench", uid="0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", generation=1
+    )
+    status = finished_status(stored)
+    assert status["phase"] == "Succeeded"
+    assert [s["phase"] for s in status["steps"]] == ["Succeeded"]
+    assert status["steps"][0]["idempotencyKey"].startswith(stored["metadata"]["uid"])
+    assert stored["metadata"]["finalizers"] == ["agentrun.dev/cleanup"]
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_quick_is_small_and_flags_win() -> None:
+    quick = bench_main.parse_args(["--quick", "--runs", "2,4"])
+    assert quick.runs == (2, 4)
+    assert quick.finished == bench_main.QUICK["finished"]
+    assert quick.chains == ()
+    full = bench_main.parse_args(["--operator-env", "AGENTRUN_WORKERS=4", "--chains", ""])
+    assert full.runs == (100, 200)
+    assert full.chains == ()
+    assert full.env() == {"AGENTRUN_WORKERS": "4"}
+    assert quick.env()["AGENTRUN_JOB_DELETION_GRACE_SECONDS"] == "5"
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--operator-env", "NOPE"])
