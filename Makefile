@@ -1,4 +1,4 @@
-# Developer entry points. `make test`, then `make containers`, is what CI runs (.ci/run).
+# Developer entry points. `make test` is what CI runs (.ci/run).
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -42,12 +42,8 @@ e2e: sync controlplane ## the operator as a process on the local control plane: 
 	$(RUN) pytest tests/e2e
 
 .PHONY: test
-test: lint controlplane ## lint, types, unit, property, integration and e2e tests (CI runs it first)
-	$(RUN) pytest --ignore=tests/containers
-
-.PHONY: containers
-containers: sync controlplane ## the chart's operator and step pods as Docker containers (skips without Docker)
-	$(RUN) pytest tests/containers
+test: lint controlplane ## everything CI runs: lint, types, unit, property, integration and e2e tests
+	$(RUN) pytest
 
 .PHONY: bench
 bench: sync controlplane ## the operator beside bare Jobs, P1-P5 of docs/benchmarks.md (BENCH_ARGS=--quick: small)
