@@ -31,6 +31,8 @@ import os
 import random
 import re
 import shlex
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -42,6 +44,7 @@ import pytest
 
 from agentrun.core.naming import job_name
 from agentrun_devcluster.faults import POINTS
+from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorError, OperatorProcess
 from agentrun_devcluster.testing import (
     KubeClients,
@@ -627,3 +630,199 @@ def test_two_operators_at_once_create_every_job_once_and_resolve_conflicts(
         f"total {time.monotonic() - began:.0f}s"
     )
     assert sum(conflicts) > 0, f"{context}: the two operators never collided"
+
+
+# -- agent runs under the same crashes -------------------------------------------------------
+
+AGENT_TURNS = 4
+"""Turns of each crash-test agent run: three with two parallel tool calls each, then the
+answer."""
+AGENT_CALLS = 2
+AGENT_MIN_KILLS = 12
+AGENT_CRASH_PHASE_BUDGET = 150.0
+VENV_BIN = Path(sys.executable).parent
+LLM_COMMAND = (
+    [str(VENV_BIN / "agentrun"), "step", "llm"]
+    if (VENV_BIN / "agentrun").exists()
+    else [sys.executable, "-m", "agentrun.cli", "step", "llm"]
+)
+
+
+@dataclass
+class CrashModel:
+    """The model of the crash-test agent runs: it reads the run's name from the goal and its
+    turn from the conversation, calls the ledger-writing tool :data:`AGENT_CALLS` times a turn,
+    and answers in turn :data:`AGENT_TURNS`. Every request is counted per (run, turn): a model
+    turn executed twice would show."""
+
+    asked: Counter[tuple[str, int]] = field(default_factory=Counter)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages") or []
+        goal = next((m["content"] for m in messages if m.get("role") == "user"), "")
+        run = str(goal).removeprefix("crash test ").split()[0]
+        turn = 1 + sum(1 for m in messages if m.get("role") == "assistant")
+        with self.guard:
+            self.asked[(run, turn)] += 1
+        if turn >= AGENT_TURNS:
+            return reply(f"done {run}")
+        calls = [
+            tool_call("record", {"note": f"{run} turn {turn} call {i}"}, f"{run}-{turn}-{i}")
+            for i in range(AGENT_CALLS)
+        ]
+        return reply(f"turn {turn}", calls)
+
+
+def agent_manifest(name: str, base_url: str, ledger: Path) -> Run:
+    """An agent run whose one tool appends run/step/attempt to the ledger (the side effect
+    that must never happen twice) and reports the note it was given, padded to ~1 KiB (over
+    the inline limit: kept in a ConfigMap, read back for the next turn's context)."""
+    script = (
+        f'echo "$AGENTRUN_RUN/$AGENTRUN_STEP/$AGENTRUN_ATTEMPT" >> {shlex.quote(str(ledger))}; '
+        f'sleep 0.5; echo "noted $AGENTRUN_TOOL_ARGS {PAD}" > /dev/termination-log'
+    )
+    tool = {
+        "name": "record",
+        "description": "Record a note.",
+        "parameters": {
+            "type": "object",
+            "properties": {"note": {"type": "string"}},
+            "required": ["note"],
+        },
+        "container": {"image": "busybox:1.36", "command": ["sh", "-c", script]},
+    }
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {
+            "goal": f"crash test {name}",
+            "agent": {
+                "model": {"baseURL": base_url, "name": "scripted"},
+                "tools": [tool],
+                "maxTurns": AGENT_TURNS,
+            },
+        },
+    }
+
+
+def agent_plans(name: str) -> tuple[PlanSpec, PlanSpec]:
+    """The Jobs an agent run must create once each (its model turns and tool calls), and the
+    tool calls alone (the ones that write the ledger)."""
+    calls = tuple(
+        StepSpec(f"t{turn}-{i}-record")
+        for turn in range(1, AGENT_TURNS)
+        for i in range(AGENT_CALLS)
+    )
+    turns = tuple(StepSpec(f"t{turn}-model") for turn in range(1, AGENT_TURNS + 1))
+    return PlanSpec(name, turns + calls), PlanSpec(name, calls)
+
+
+def check_agent_runs(
+    kube: KubeClients, namespace: str, names: Iterable[str], model: CrashModel, context: str
+) -> None:
+    """Every agent run Succeeded with its answer, every model turn asked once, every turn
+    recorded once in its transcript with every call answered by the tool's own result."""
+    for name in names:
+        status = status_of(get(kube, namespace, name))
+        where = f"{context}: agent run {name}"
+        assert status.get("phase") == "Succeeded", f"{where}: {status.get('phase')}: {status}"
+        assert (status.get("agent") or {}).get("answer") == f"done {name}", f"{where}: {status}"
+        uid = get(kube, namespace, name)["metadata"]["uid"]
+        records = kube.core.list_namespaced_config_map(
+            namespace, label_selector=f"agentrun.dev/run-uid={uid},agentrun.dev/object=transcript"
+        ).items
+        turns = sorted(json.loads(cm.data["turn"])["turn"] for cm in records)
+        assert turns == list(range(1, AGENT_TURNS + 1)), f"{where}: transcript turns {turns}"
+        for cm in records:
+            record = json.loads(cm.data["turn"])
+            for call in record["toolCalls"]:
+                assert call["outcome"] == "Succeeded", f"{where}: {call}"
+                assert call["result"] == f"noted {call['arguments']} {PAD}", f"{where}: {call}"
+                assert call.get("resultRef"), f"{where}: a 1 KiB result kept inline: {call}"
+    asked = {k: c for k, c in model.asked.items() if k[0] in set(names)}
+    twice = {f"{r} turn {t}": c for (r, t), c in asked.items() if c > 1}
+    assert not twice, f"{context}: model turns executed more than once: {twice}"
+    want = {(n, t) for n in names for t in range(1, AGENT_TURNS + 1)}
+    assert set(asked) == want, f"{context}: model turns asked {sorted(asked)}, want {sorted(want)}"
+
+
+def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
+    start_operator: StartOperator,
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The crash test for agent loops: model turns and tool calls are created once each (audit
+    log), no tool call runs twice (ledger), no model turn is asked twice (the model's own
+    count), and every run ends with its answer."""
+    cluster.require_audit_log()
+    if cluster.external:
+        pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
+    began = time.monotonic()
+    rng = random.Random(SEED + 1)
+    ledger = tmp_path / "executions.log"
+    crash_model = CrashModel()
+    server = ScriptedModel(responder=crash_model).start()
+    names: list[str] = []
+    uids: dict[str, str] = {}
+
+    def next_wave() -> None:
+        wave = len(names) // 4 + 1
+        for i in range(1, 5):
+            name = f"agent-{wave}-{i}"
+            created = create(kube, namespace, agent_manifest(name, server.base_url, ledger))
+            uids[name] = created["metadata"]["uid"]
+            names.append(name)
+
+    try:
+        hits: Counter[str] = Counter()
+        crash_at, kill_after = choose(rng, hits)
+        env = {
+            **OPERATOR_ENV,
+            "AGENTRUN_CRASH_AT": crash_at,
+            "AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND),
+        }
+        driver = CrashDriver(op=start_operator(env=env), rng=rng, hits=hits)
+        next_wave()
+        driver.live(crash_at, kill_after, offset=0)
+        while (
+            not (
+                driver.kills >= AGENT_MIN_KILLS
+                and all(driver.hits[p] >= MIN_HITS_PER_POINT for p in POINTS)
+            )
+            and len(driver.lives) < MAX_CRASH_LIVES
+            and time.monotonic() - began < AGENT_CRASH_PHASE_BUDGET
+        ):
+            if all_terminal(kube, namespace, names):
+                next_wave()
+            driver.next_life()
+        lives = "\n".join(map(str, driver.lives))
+        context = f"SEED={SEED + 1}, {driver.summary()}"
+
+        driver.op.env.pop("AGENTRUN_CRASH_AT", None)
+        driver.op.start()
+        wait_all_terminal(kube, namespace, names, FINISH_TIMEOUT, f"{context}\n{lives}")
+        assert_settled(cluster, namespace, [driver.op], f"{context} (the last life)\n{lives}")
+
+        jobs_plans = [agent_plans(n)[0] for n in names]
+        calls_plans = [agent_plans(n)[1] for n in names]
+        creations = check_job_creations(cluster, namespace, jobs_plans, uids, f"{context}\n{lives}")
+        executions = check_executions(ledger, calls_plans, f"{context}\n{lives}")
+        check_agent_runs(kube, namespace, names, crash_model, f"{context}\n{lives}")
+    finally:
+        server.stop()
+    print(
+        f"\nagent crash test summary: SEED={SEED + 1}; {len(names)} agent runs, "
+        f"{len(names) * AGENT_TURNS} model turns, {executions} tool call executions; "
+        f"{driver.summary()}; kill points exercised: "
+        f"{sum(1 for p in POINTS if driver.hits[p])}/{len(POINTS)}; "
+        f"duplicates found: {creations.duplicates}; "
+        f"creates answered otherwise (operator killed mid-request): {creations.response_lost}; "
+        f"total {time.monotonic() - began:.0f}s\n{lives}"
+    )
+    assert driver.kills >= AGENT_MIN_KILLS, f"{context}: too few kills\n{lives}"
+    missed = [p for p in POINTS if not driver.hits[p]]
+    assert not missed, f"{context}: crash points never hit in agent runs: {missed}\n{lives}"

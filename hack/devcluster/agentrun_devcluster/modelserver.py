@@ -12,8 +12,10 @@ the Authorization header's presence) and answered with the next entry of the scr
 * a callable is called with the request's body and returns one of the above (an answer that
   depends on what the model was sent).
 
-When the script is used up every request gets HTTP 500 ("the script has no more replies"), so
-a test that expected fewer turns fails with a clear message. ``GET /v1/models`` lists the one
+When the script is used up, the :attr:`ScriptedModel.responder` answers (a callable as above:
+a model whose answers depend on the conversation, for runs without a fixed length); without
+one every request gets HTTP 500 ("the script has no more replies"), so a test that expected
+fewer turns fails with a clear message. ``GET /v1/models`` lists the one
 model. ``python -m agentrun_devcluster.modelserver SCRIPT.json`` serves a JSON script (a list
 of replies as :func:`reply` returns them) until interrupted.
 """
@@ -131,6 +133,7 @@ class ScriptedModel:
     """The server. Use as a context manager, or :meth:`start` and :meth:`stop`."""
 
     script: list[Entry] = field(default_factory=list)
+    responder: Callable[[dict[str, Any]], Answer] | None = None
     host: str = "127.0.0.1"
     port: int = 0
     requests: list[Recorded] = field(default_factory=list)
@@ -155,6 +158,8 @@ class ScriptedModel:
     def _next(self, body: dict[str, Any]) -> Answer:
         with self._lock:
             entry = self.script.pop(0) if self.script else None
+        if entry is None and self.responder is not None:
+            return self.responder(body)
         if entry is None:
             return Status(500, "the script has no more replies")
         return entry(body) if callable(entry) else entry
