@@ -252,6 +252,16 @@ def test_a_risky_call_waits_for_approval_and_changed_arguments_need_a_new_one(
     ])  # fmt: skip
     run = wait_phase(kube, namespace, "gated", "Succeeded")
     assert _launches(run)["t2-0-restart"] == 1
+    # The answer is the run's result; the transcript tells the story.
+    result = kubectl_agentrun(cluster, "result", "gated", "-n", namespace)
+    assert (result.returncode, result.stdout) == (0, "both restarted"), result.stderr
+    shown = kubectl_agentrun(cluster, "transcript", "gated", "-n", namespace)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert '  -> restart({"service": "checkout"})  [r1]' in lines
+    assert "     Succeeded as step t1-0-restart, decided by admin" in lines
+    assert '     result: restart got {"service": "checkout"}' in lines
+    assert "  answer: both restarted" in lines
 
 
 def kubectl_agentrun(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:

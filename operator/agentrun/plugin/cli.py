@@ -15,11 +15,12 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import approvals, audit
+from agentrun import approvals, audit, objects
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.plugin import fork as forking
 from agentrun.plugin import render
+from agentrun.plugin import transcript as transcripts
 from agentrun.plugin.kube import (
     JSON_PATCH,
     MERGE_PATCH,
@@ -194,6 +195,7 @@ def cmd_cancel(session: Session, args: argparse.Namespace) -> int:
 def cmd_status(session: Session, args: argparse.Namespace) -> int:
     _, run = session.get_run(strip_kind(args.run))
     _out(*render.status_lines(run, _now()))
+    _out(*transcripts.agent_status_lines(run))
     return 0
 
 
@@ -252,6 +254,8 @@ def verify_record(
 def cmd_result(session: Session, args: argparse.Namespace) -> int:
     name, step = strip_kind(args.run), args.step
     _, run = session.get_run(name)
+    if step is None:
+        return _print_answer(session, run)
     _plan_step(run, step)
     st = _step_status(run, step)
     if st is None or (st.result is None and st.result_ref is None):
@@ -273,6 +277,41 @@ def cmd_result(session: Session, args: argparse.Namespace) -> int:
     sys.stdout.write(content)
     if sys.stdout.isatty() and not content.endswith("\n"):
         sys.stdout.write("\n")
+    return 0
+
+
+def _print_answer(session: Session, run: m.AgentRun) -> int:
+    """The answer of an agent run: its result."""
+    if run.spec.agent is None:
+        raise PluginError(f"{_ref(run)} has no spec.agent: name the step whose result to print")
+    ag = run.status.agent if run.status else None
+    if ag is None or (ag.answer is None and ag.answer_ref is None):
+        phase = _phase(run) or "not started"
+        raise PluginError(f"{_ref(run)} has no answer (yet): phase {phase}")
+    if ag.answer is not None:
+        content = ag.answer
+    else:
+        assert ag.answer_ref is not None
+        content = _read_ref(session, run, "the answer", ag.answer_ref)
+    if ag.answer_digest and naming.sha256_text(content) != ag.answer_digest:
+        raise PluginError(
+            f"the answer of {_ref(run)} does not match its recorded digest {ag.answer_digest}: "
+            "it was changed after the model gave it"
+        )
+    sys.stdout.write(content)
+    if sys.stdout.isatty() and not content.endswith("\n"):
+        sys.stdout.write("\n")
+    return 0
+
+
+def cmd_transcript(session: Session, args: argparse.Namespace) -> int:
+    _, run = session.get_run(strip_kind(args.run))
+    if run.spec.agent is None:
+        raise PluginError(f"{_ref(run)} has no spec.agent: it has no transcript")
+    with session.reporting(f"cannot read the transcript of {_ref(run)}"):
+        found = session.list_config_maps(objects.owned_by(run.metadata.uid, "transcript"))
+    lines = transcripts.transcript_lines(run, transcripts.records_of(run, found))
+    _out(*(lines or [f"{_ref(run)} has no turns yet"]))
     return 0
 
 
@@ -503,8 +542,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the audit record's hash chain (exit 1 if broken)",
     )
-    p = command("result", cmd_result, "Print a step's full result, raw.")
-    p.add_argument("step", metavar="STEP")
+    p = command(
+        "result",
+        cmd_result,
+        "Print a step's full result, raw.",
+        "Without STEP, the answer of an agent run (its result).",
+    )
+    p.add_argument("step", metavar="STEP", nargs="?")
+    command(
+        "transcript",
+        cmd_transcript,
+        "Show an agent run's conversation turn by turn.",
+        "Each turn: the model's message, each tool call with its arguments, whether it was "
+        "valid, who approved it, its result (in short) and the tokens used.",
+    )
     p = command(
         "fork",
         cmd_fork,

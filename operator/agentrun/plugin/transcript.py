@@ -1,0 +1,159 @@
+"""``kubectl agentrun transcript``: an agent run's conversation, turn by turn, and the agent's
+part of ``kubectl agentrun status``.
+
+The finished turns come from the run's transcript records (ConfigMaps labelled
+``agentrun.dev/object=transcript``, one per turn, written by the operator when the turn
+closed); the turn in progress from ``status.agent``. Pure functions over plain data: the
+command reads, these render.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from agentrun.api import agent as a
+from agentrun.api import models as m
+from agentrun.core import agent as agent_loop
+from agentrun.plugin.render import one_line
+
+RESULT_LIMIT = 300
+"""Characters of a tool result or a message shown per line; the record keeps all of it."""
+
+
+def records_of(run: m.AgentRun, config_maps: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The turn records among ``config_maps`` that the run owns, in turn order (a ConfigMap
+    that only carries the labels, made by someone else, is left out)."""
+    found: dict[int, dict[str, Any]] = {}
+    for cm in config_maps:
+        meta = cm.get("metadata") or {}
+        owners = meta.get("ownerReferences") or []
+        if not any(o.get("uid") == run.metadata.uid and o.get("controller") for o in owners):
+            continue
+        try:
+            record = json.loads((cm.get("data") or {}).get("turn") or "")
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("turn"), int):
+            found[record["turn"]] = record
+    return [found[t] for t in sorted(found)]
+
+
+def _tokens(record: Mapping[str, Any]) -> str:
+    usage = record.get("usage") or {}
+    prompt, completion = usage.get("promptTokens", 0), usage.get("completionTokens", 0)
+    return f"{prompt} prompt + {completion} completion tokens"
+
+
+def _call_lines(call: Mapping[str, Any]) -> list[str]:
+    head = f"  -> {call.get('name')}({one_line(str(call.get('arguments') or ''), 200)})"
+    head += f"  [{call.get('id')}]"
+    outcome = str(call.get("outcome") or "?")
+    if call.get("step"):
+        outcome += f" as step {call['step']}"
+        if call.get("attempts", 1) not in (None, 1):
+            outcome += f" after {call['attempts']} attempts"
+    if call.get("decidedBy"):
+        outcome += f", decided by {call['decidedBy']}"
+    if call.get("tokens"):
+        outcome += f", {call['tokens']} tokens"
+    lines = [head, f"     {outcome}"]
+    if call.get("problem"):
+        lines.append(f"     invalid: {one_line(str(call['problem']), RESULT_LIMIT)}")
+    if call.get("error"):
+        lines.append(f"     error: {one_line(str(call['error']), RESULT_LIMIT)}")
+    if call.get("summary"):
+        lines.append(f"     summary: {one_line(str(call['summary']), RESULT_LIMIT)}")
+    if call.get("result") is not None:
+        lines.append(f"     result: {one_line(str(call['result']), RESULT_LIMIT)}")
+    ref = call.get("resultRef")
+    if isinstance(ref, Mapping):
+        lines.append(f"     (whole result: ConfigMap {ref.get('name')} key {ref.get('key')})")
+    return lines
+
+
+def turn_lines(record: Mapping[str, Any]) -> list[str]:
+    """One finished turn."""
+    context = record.get("context") or {}
+    paged = ""
+    if context.get("pagedResults") or context.get("omittedTurns"):
+        paged = (
+            f", {context.get('pagedResults', 0)} results by summary, "
+            f"{context.get('omittedTurns', 0)} turns left out"
+        )
+    lines = [
+        f"turn {record.get('turn')} (step {record.get('step')}; {_tokens(record)}; "
+        f"finish {record.get('finishReason')}; context {context.get('bytes', '?')} bytes in "
+        f"{context.get('messages', '?')} messages{paged})"
+    ]
+    content = str(record.get("content") or "")
+    label = "answer" if record.get("answer") else "model"
+    if content:
+        lines.append(f"  {label}: {one_line(content, RESULT_LIMIT)}")
+    for call in record.get("toolCalls") or []:
+        if isinstance(call, Mapping):
+            lines.extend(_call_lines(call))
+    if record.get("droppedCalls"):
+        lines.append(f"  ({record['droppedCalls']} more calls dropped: over 64 in one turn)")
+    return lines
+
+
+def current_lines(run: m.AgentRun) -> list[str]:
+    """The turn in progress, from status."""
+    ag = run.status.agent if run.status else None
+    if ag is None or ag.turn == 0 or ag.stage == a.AgentStage.ANSWERED:
+        return []
+    steps = {st.name: st for st in (run.status.steps if run.status else None) or []}
+    lines = [f"turn {ag.turn} ({str(ag.stage).lower()}, in progress)"]
+    model = steps.get(agent_loop.model_step(ag.turn))
+    if model is not None:
+        lines.append(f"  model step {model.name}: {model.phase} ({one_line(model.message)})")
+    for call in ag.calls or []:
+        lines.append(f"  -> {call.tool}({one_line(call.arguments, 200)})  [{call.id}]")
+        if call.problem:
+            lines.append(f"     invalid: {one_line(call.problem, RESULT_LIMIT)}")
+        st = steps.get(call.step or "")
+        if st is not None:
+            waiting = ""
+            if st.phase == m.StepPhase.WAITING_FOR_APPROVAL:
+                waiting = f" (kubectl agentrun approve {run.metadata.name} {st.name})"
+            lines.append(f"     {st.phase} as step {st.name}, args {(st.args_hash or '')[:12]}"
+                         f"{waiting}")  # fmt: skip
+    return lines
+
+
+def transcript_lines(run: m.AgentRun, records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The whole conversation: every finished turn, then the one in progress."""
+    lines: list[str] = []
+    for record in records:
+        lines.extend(turn_lines(record))
+    lines.extend(current_lines(run))
+    return lines
+
+
+def agent_status_lines(run: m.AgentRun) -> list[str]:
+    """The agent's part of ``kubectl agentrun status``."""
+    agent = run.spec.agent
+    ag = run.status.agent if run.status else None
+    if agent is None:
+        return []
+    lines = [f"agent: model {agent.model.name} at {agent.model.base_url}"]
+    if ag is None:
+        return [*lines, "  not started"]
+    lines.append(
+        f"  {str(ag.stage).lower()}, turn {ag.turn} of {agent.max_turns}; "
+        f"{ag.tool_calls} tool calls ({ag.invalid_tool_calls} invalid); "
+        f"{ag.prompt_tokens} prompt + {ag.completion_tokens} completion tokens"
+    )
+    for summary in ag.recent or []:
+        lines.append(
+            f"  turn {summary.turn}: {summary.tool_calls} calls"
+            + (f" ({summary.invalid_calls} invalid)" if summary.invalid_calls else "")
+            + f", {summary.tokens} tokens: {one_line(summary.summary, 120)}"
+        )
+    if ag.answer is not None:
+        lines.append(f"  answer: {one_line(ag.answer, RESULT_LIMIT)}")
+    elif ag.answer_ref is not None:
+        lines.append(f"  answer: in ConfigMap {ag.answer_ref.name} (kubectl agentrun result)")
+    return lines
