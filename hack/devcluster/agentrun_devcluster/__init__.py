@@ -1,11 +1,12 @@
-"""A local Kubernetes for tests and development, without Docker.
+"""A local Kubernetes for tests and development, with or without Docker.
 
 * :class:`ControlPlane`: etcd + kube-apiserver + kube-controller-manager as local processes
   (binaries built by ``hack/build-controlplane.sh``).
 * :class:`LocalNode` / :class:`NodeProcess`: a kubelet stand-in that binds pods to itself
-  and runs their commands as local processes (a test stand-in: no images, no isolation,
-  no volumes but the service-account token; see :mod:`agentrun_devcluster.node` and the
-  modules it lists).
+  and runs them: by default their commands as local processes (no images, no isolation,
+  no volumes but the service-account token), or with ``runtime="docker"`` as containers
+  of the local Docker engine (see :mod:`agentrun_devcluster.node` and the modules it
+  lists).
 * ``agentrun devcluster up|node|kubeconfig``: :mod:`agentrun_devcluster.cli`.
 """
 

@@ -6,11 +6,17 @@ the group on its own.
 
 Commands:
 
-* ``up [--state-dir DIR] [--bin-dir DIR] [--no-node] [--node-name N]``: start etcd,
-  kube-apiserver, kube-controller-manager and (unless ``--no-node``) the local node; print
-  the admin kubeconfig and an ``export`` line for a shell (KUBECONFIG, and PATH with kubectl
-  and ``kubectl-agentrun``); stay in the foreground until SIGINT/SIGTERM, then shut down.
-* ``node --kubeconfig PATH [--name N] [--state-dir DIR]``: run only the local node.
+* ``up [--state-dir DIR] [--bin-dir DIR] [--no-node] [--node-name N] [--runtime R]``: start
+  etcd, kube-apiserver, kube-controller-manager and (unless ``--no-node``) the local node;
+  print the container runtime the node uses, the admin kubeconfig and an ``export`` line for
+  a shell (KUBECONFIG, and PATH with kubectl and ``kubectl-agentrun``); stay in the
+  foreground until SIGINT/SIGTERM, then shut down.
+* ``node --kubeconfig PATH [--name N] [--state-dir DIR] [--runtime R]``: run only the local
+  node.
+
+``--runtime`` (:mod:`agentrun_devcluster.runtime`): ``process`` (the default: pods' commands
+as local processes), ``docker`` (pods' containers as Docker containers, from local images) or
+``auto`` (docker when a Docker engine answers, else process).
 * ``kubeconfig --state-dir DIR --user U [--group G ...]``: mint a client-certificate
   kubeconfig for a cluster started with ``up --state-dir DIR``;
   ``--serviceaccount NS/NAME`` mints a token kubeconfig instead.
@@ -35,13 +41,16 @@ from .controlplane import ControlPlane, ControlPlaneError
 from .kubeconfig import read_server, request_serviceaccount_kubeconfig, write_kubeconfig
 from .node import DEFAULT_NODE_NAME, NodeProcess, run_node
 from .pki import PKI
+from .runtime import RUNTIMES, RuntimeUnavailable
 
 __all__ = ["main", "register"]
 
 _DESCRIPTION = """\
-A local Kubernetes for tests and development, without Docker: etcd, kube-apiserver and
+A local Kubernetes for tests and development: etcd, kube-apiserver and
 kube-controller-manager run as local processes on 127.0.0.1, and a stand-in node runs
-pods' commands as local processes (no images, no isolation, no volumes).
+pods: with --runtime process (the default) their commands as local processes (no images,
+no isolation, no volumes), with --runtime docker as containers of a local Docker engine
+(local images only), with --runtime auto as Docker containers when an engine answers.
 
   up          start it all in the foreground (Ctrl-C stops it)
   node        run only the stand-in node against a cluster
@@ -91,6 +100,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
                     name=args.node_name,
                     state_dir=cp.state_dir / "node",
                     log_path=cp.logs_dir / "node.log",
+                    runtime=args.runtime,
                 )
                 node.start()
         except (ControlPlaneError, RuntimeError) as e:
@@ -100,7 +110,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"control plane ready at {cp.server} in {cp.time_to_ready:.1f}s")
         print(f"state dir: {cp.state_dir} ({kept}); logs in {cp.logs_dir}")
         if node is not None:
-            print(f"local node: {node.name} (log {node.log_path})")
+            print(
+                f"local node: {node.name}, container runtime {node.runtime_in_use or '?'} "
+                f"(--runtime {node.runtime}; log {node.log_path})"
+            )
         print(f"kubeconfig: {cp.kubeconfig}")
         print(shell_environment(cp.kubeconfig, bin_dir))
         print("press Ctrl-C to stop", flush=True)
@@ -123,7 +136,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def _cmd_node(args: argparse.Namespace) -> int:
     _setup_logging(args.verbose)
-    run_node(args.kubeconfig, name=args.name, state_dir=args.state_dir)
+    try:
+        run_node(args.kubeconfig, name=args.name, state_dir=args.state_dir, runtime=args.runtime)
+    except RuntimeUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -168,6 +185,17 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runtime_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default="process",
+        help="how the node runs pods' containers: process (commands as local processes, the "
+        "default), docker (containers of the local Docker engine, local images only), auto "
+        "(docker when an engine answers, else process)",
+    )
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``devcluster`` command group to an ``argparse`` subparsers object."""
     group: argparse.ArgumentParser = subparsers.add_parser(
@@ -194,6 +222,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     up.add_argument("--no-node", action="store_true", help="do not start the local node")
     up.add_argument("--node-name", default=DEFAULT_NODE_NAME)
+    _runtime_option(up)
     up.add_argument("-v", "--verbose", action="store_true")
     up.set_defaults(func=_cmd_up)
 
@@ -206,6 +235,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="pod logs and termination-message files "
         "(default: ${AGENTRUN_CACHE_DIR:-~/.cache/agentrun}/node/NAME)",
     )
+    _runtime_option(node)
     node.add_argument("-v", "--verbose", action="store_true")
     node.set_defaults(func=_cmd_node)
 

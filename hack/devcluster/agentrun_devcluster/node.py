@@ -1,9 +1,16 @@
-"""A local "node" for the dev/test control plane: a kubelet stand-in that runs pods as processes.
+"""A local "node" for the dev/test control plane: a kubelet stand-in that runs pods.
 
 THIS IS A TEST STAND-IN, NOT A KUBELET. It exists so that Jobs created against the local
 control plane (:mod:`agentrun_devcluster.controlplane`, which has no scheduler and no
 kubelet) actually run and report status the way a kubelet would. Each concern has its own
 module, whose docstring says what it does like a kubelet and where it differs:
+
+* :mod:`~agentrun_devcluster.runtime`: how containers run, chosen by ``runtime``
+  (``--runtime process|docker|auto``): as local processes (the default, and the fallback of
+  ``auto`` where no Docker engine answers) or as Docker containers
+  (:mod:`~agentrun_devcluster.dockercontainer`, with
+  :mod:`~agentrun_devcluster.volumes` and :mod:`~agentrun_devcluster.probes`). The node
+  logs which one it uses and why, and labels its Node with it.
 
 * :mod:`~agentrun_devcluster.registration`: the Node object (Ready condition, allocatable
   cpu/memory/pods), its heartbeats and Lease, and scheduling: binding every unscheduled pod
@@ -14,18 +21,19 @@ module, whose docstring says what it does like a kubelet and where it differs:
   isolation, its command line, environment, output and termination message.
 * :mod:`~agentrun_devcluster.podenv`: ``env``/``envFrom`` resolution (pure).
 * :mod:`~agentrun_devcluster.serviceaccount`: the service-account token volume, the only
-  volume materialized; every other volume and mount is ignored.
+  volume the process runtime materializes (it ignores every other volume and mount).
 
 This module wires them: :class:`LocalNode` registers the Node, lists and watches all pods
 (relisting every ``resync_seconds``), binds the unscheduled ones, starts a
 :class:`~agentrun_devcluster.pod.PodRunner` for each new pod bound to it, kills a pod's
-processes when it gets a deletionTimestamp, and finishes deletions. :func:`run_node` runs
+containers when it gets a deletionTimestamp, and finishes deletions. :func:`run_node` runs
 one in the foreground, :class:`NodeProcess` in a child process.
 
 Differences from a kubelet at this level: a pod found ``Running`` on this node that this
 process did not start (the node was restarted) is marked Failed with reason
-``NodeRestarted``. On shutdown (SIGTERM/SIGINT) the node kills its pods' processes and marks
-those pods Failed with reason ``NodeShutdown``.
+``NodeRestarted`` (the docker runtime first removes the containers a previous node left).
+On shutdown (SIGTERM/SIGINT) the node kills its pods' containers and marks those pods
+Failed with reason ``NodeShutdown``.
 """
 
 from __future__ import annotations
@@ -54,8 +62,9 @@ from .process import (
     read_termination_message,
     tail_bytes,
 )
-from .registration import NODE_IP, NodeRegistration, default_capacity
+from .registration import NODE_IP, RUNTIME_LABEL, NodeRegistration, default_capacity
 from .registration import bind as bind_pod
+from .runtime import ContainerRuntime, select_runtime
 from .serviceaccount import (
     SERVICEACCOUNT_DIR_ENV,
     SERVICEACCOUNT_MOUNT_PATH,
@@ -85,7 +94,10 @@ DEFAULT_NODE_NAME = "agentrun-local-node"
 
 
 class LocalNode:
-    """Registers a Node and runs the pods bound to it as local processes (see module doc).
+    """Registers a Node and runs the pods bound to it (see module doc) with ``runtime``: a
+    ``--runtime`` choice (``process``, ``docker``, ``auto``; ``docker`` raises
+    :class:`~agentrun_devcluster.runtime.RuntimeUnavailable` when no engine answers) or a
+    :class:`~agentrun_devcluster.runtime.ContainerRuntime`.
 
     ``run(stop)`` blocks until ``stop`` is set; it survives API errors (logs and retries)
     and never crashes on one bad pod. Use a kubeconfig with cluster-admin rights: the node
@@ -105,12 +117,18 @@ class LocalNode:
         config_error_timeout: float = 10.0,
         max_grace_seconds: float = 30.0,
         extra_env: Mapping[str, str] | None = None,
+        runtime: str | ContainerRuntime = "process",
     ) -> None:
         self.name = name
-        self.api = KubeApi(kubeconfig, user_agent=f"agentrun-local-node/{name}")
         self.state_dir = Path(
             state_dir if state_dir is not None else default_node_state_dir(name)
         ).resolve()
+        if isinstance(runtime, str):
+            self.runtime, why = select_runtime(runtime, self.state_dir)
+        else:
+            self.runtime, why = runtime, "given"
+        log.info("node %s: container runtime %s (%s)", name, self.runtime.name, why)
+        self.api = KubeApi(kubeconfig, user_agent=f"agentrun-local-node/{name}")
         self.resync_seconds = resync_seconds
         self.heartbeat_seconds = heartbeat_seconds
         self.capacity = default_capacity()
@@ -125,7 +143,13 @@ class LocalNode:
             self.cluster_ca = kubeconfig_ca(self.api.kubeconfig)
         except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
             log.warning("no cluster CA from %s (%r); using kube-root-ca.crt", kubeconfig, e)
-        self.registration = NodeRegistration(self.api, name, self.capacity)
+        self.registration = NodeRegistration(
+            self.api,
+            name,
+            self.capacity,
+            runtime=self.runtime.name,
+            runtime_version=self.runtime.version,
+        )
         self._runners: dict[str, PodRunner] = {}
         self._finished: dict[str, float] = {}  # uid -> when it was handled, for pods not ours
         self._lock = threading.RLock()
@@ -138,6 +162,7 @@ class LocalNode:
         if stop is not None:
             self._stop = stop
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.runtime.start()
         self._retry_forever("register the node", self.register)
         threads = [
             threading.Thread(
@@ -150,7 +175,12 @@ class LocalNode:
         ]
         for t in threads:
             t.start()
-        log.info("node %s ready; state in %s", self.name, self.state_dir)
+        log.info(
+            "node %s ready (container runtime %s); state in %s",
+            self.name,
+            self.runtime.name,
+            self.state_dir,
+        )
         self._stop.wait()
         self.shutdown()
 
@@ -163,6 +193,7 @@ class LocalNode:
             r.request_kill("NodeShutdown", "the agentrun local node shut down", 2.0)
         for r in runners:
             r.join(10)
+        self.runtime.stop()
         self.api.close()
 
     def _retry_forever(self, what: str, fn: Callable[[], None]) -> None:
@@ -301,20 +332,22 @@ def run_node(
     name: str = DEFAULT_NODE_NAME,
     state_dir: Path | str | None = None,
     install_signal_handlers: bool = True,
+    runtime: str = "process",
 ) -> None:
     """Run a :class:`LocalNode` in the foreground until SIGINT/SIGTERM."""
     stop = threading.Event()
     if install_signal_handlers:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    LocalNode(kubeconfig, name=name, state_dir=state_dir).run(stop)
+    LocalNode(kubeconfig, name=name, state_dir=state_dir, runtime=runtime).run(stop)
 
 
 class NodeProcess:
     """A :class:`LocalNode` in a child process (``python -m agentrun_devcluster.cli node``).
 
-    Context manager: :meth:`start` launches it and waits until the Node is Ready,
-    :meth:`stop` sends SIGTERM (the node kills its pods' processes) and SIGKILL after
+    Context manager: :meth:`start` launches it and waits until the Node is Ready (then
+    :attr:`runtime_in_use` says which container runtime it chose for ``runtime``),
+    :meth:`stop` sends SIGTERM (the node kills its pods' containers) and SIGKILL after
     ``stop_timeout``. Output goes to ``log_path``.
     """
 
@@ -327,8 +360,12 @@ class NodeProcess:
         log_path: Path | str | None = None,
         python: str | None = None,
         stop_timeout: float = 20.0,
+        runtime: str = "process",
     ) -> None:
         self.kubeconfig = Path(kubeconfig)
+        self.runtime = runtime
+        #: The runtime the node chose (``process`` or ``docker``), once it is Ready.
+        self.runtime_in_use = ""
         self.state_dir = Path(state_dir)
         self.name = name
         self.log_path = Path(log_path) if log_path else self.state_dir / "node.log"
@@ -347,6 +384,7 @@ class NodeProcess:
             "--kubeconfig", str(self.kubeconfig),
             "--name", self.name,
             "--state-dir", str(self.state_dir),
+            "--runtime", self.runtime,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
             argv,
@@ -372,6 +410,8 @@ class NodeProcess:
                     node = api.get(f"/api/v1/nodes/{self.name}")
                     conds = (node.get("status") or {}).get("conditions") or []
                     if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                        labels = node.get("metadata", {}).get("labels") or {}
+                        self.runtime_in_use = str(labels.get(RUNTIME_LABEL, ""))
                         return
                 if time.monotonic() > deadline:
                     raise RuntimeError(

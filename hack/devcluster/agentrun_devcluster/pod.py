@@ -1,31 +1,41 @@
 """One pod on the local node: its lifecycle, and its status reported like a kubelet's.
 
 A :class:`PodRunner` thread takes a pod bound to the node from Pending to Succeeded or
-Failed:
+Failed, whatever the node's container runtime (:mod:`agentrun_devcluster.runtime`: local
+processes, :mod:`agentrun_devcluster.process`, or Docker containers,
+:mod:`agentrun_devcluster.dockercontainer`):
 
-* It resolves each container's configuration (env: :mod:`agentrun_devcluster.podenv`; the
-  token volume: :mod:`agentrun_devcluster.serviceaccount`), then runs init containers in
-  order and the regular containers concurrently, as local processes
-  (:mod:`agentrun_devcluster.process`).
-* **restartPolicy** ``Never`` is what matters (Job pods). ``OnFailure`` and ``Always`` are
-  treated like ``Never``: a container is never restarted; the pod ends Succeeded or Failed.
-  Init containers with ``restartPolicy: Always`` (sidecars) are started, kept running while
-  the rest of the pod runs, and terminated when the regular containers have exited.
+* It gets each container's image (the docker runtime: a missing one is reported as
+  ``waiting: ErrImagePull``, then ``ImagePullBackOff``, and retried with a back-off of 2 s
+  doubling up to 60 s, until it is there or the pod is killed; the process runtime has no
+  images), resolves its configuration (env: :mod:`agentrun_devcluster.podenv`; the token
+  volume: :mod:`agentrun_devcluster.serviceaccount`), then runs init containers in order and
+  the regular containers concurrently.
+* **restartPolicy** ``Never`` is what matters (Job pods). With the process runtime
+  ``OnFailure`` and ``Always`` are treated like ``Never``: a container is never restarted;
+  the pod ends Succeeded or Failed. With the docker runtime regular containers are restarted
+  as the policy says (sidecars always), after a back-off of 10 s doubling up to 300 s
+  (``waiting: CrashLoopBackOff`` meanwhile, ``restartCount`` and ``lastState`` reported);
+  init containers run once. Init containers with ``restartPolicy: Always`` (sidecars) are
+  started, kept running while the rest of the pod runs, and terminated when the regular
+  containers have exited.
 * It reports pod status (phase, conditions, container states, exit codes, termination
   messages) through ``pods/status`` with a uid precondition, retrying API errors; a pod that
-  is gone or replaced is killed.
-* It kills the pod's processes when the pod gets a deletionTimestamp (after the deletion's
+  is gone or replaced is killed. ``Ready`` follows the containers' readiness (the docker
+  runtime's readiness probes; a running process is ready).
+* It kills the pod's containers when the pod gets a deletionTimestamp (after the deletion's
   grace period, at most the node's ``max_grace_seconds``) or its ``activeDeadlineSeconds``
   passes (reason ``DeadlineExceeded``), and finishes a deletion with a grace-period-0 delete
   as a kubelet does (:func:`delete_now`).
 
-A configuration error (missing ConfigMap, Secret or key, or a failed service-account token
-request) is reported as ``waiting: CreateContainerConfigError`` and retried for the node's
-``config_error_timeout`` (10 s), then the container fails with that reason instead of
-waiting forever, unlike a kubelet. Probes, lifecycle hooks, security contexts, ports,
-``hostNetwork`` and the like are ignored.
+A configuration error (missing ConfigMap, Secret or key, a failed service-account token
+request, and with the docker runtime a volume it cannot mount or a ``runAsNonRoot`` the
+image breaks) is reported as ``waiting: CreateContainerConfigError`` and retried for the
+node's ``config_error_timeout`` (10 s), then the container fails with that reason instead of
+waiting forever, unlike a kubelet. Lifecycle hooks, ports, ``hostNetwork`` and the like are
+ignored; so are probes and security contexts with the process runtime.
 
-:func:`report_lost` marks a pod Failed whose processes this node does not have (the node
+:func:`report_lost` marks a pod Failed whose containers this node does not have (the node
 restarted, or the pod was deleted before it ran).
 """
 
@@ -48,16 +58,9 @@ from .podenv import (
     object_data,
     resolve_env,
 )
-from .process import (
-    TERMINATION_MESSAGE_ENV,
-    ContainerProcess,
-    container_argv,
-    process_env,
-    terminate,
-    working_dir,
-)
 from .registration import NODE_IP
-from .serviceaccount import SERVICEACCOUNT_DIR_ENV, ServiceAccountVolume
+from .runtime import Container, ContainerRuntime, PodContext, terminate
+from .serviceaccount import ServiceAccountVolume, service_account_volume
 
 __all__ = [
     "TERMINAL_PHASES",
@@ -73,6 +76,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+#: Seconds between image pulls of a container whose image is missing: first, at most.
+IMAGE_PULL_BACKOFF = (2.0, 60.0)
+#: Seconds before restarting a container: first (doubled at each restart), at most.
+RESTART_BACKOFF = (10.0, 300.0)
 #: The order of a pod's conditions in its status, as a kubelet writes them.
 CONDITION_ORDER = (
     "PodReadyToStartContainers",
@@ -106,6 +113,8 @@ class PodHost(Protocol):
     def service_port(self) -> str: ...
     @property
     def cluster_ca(self) -> bytes | None: ...
+    @property
+    def runtime(self) -> ContainerRuntime: ...
 
 
 def api_source_lookup(api: KubeApi, namespace: str) -> SourceLookup:
@@ -158,9 +167,7 @@ class PodStatus:
         self.set_condition("ContainersReady", ready, reason)
         self.set_condition("Ready", ready, reason)
 
-    def render(
-        self, uid: str, init: list[ContainerProcess], regular: list[ContainerProcess]
-    ) -> JSON:
+    def render(self, uid: str, init: list[Container], regular: list[Container]) -> JSON:
         status: JSON = {
             "phase": self.phase,
             "conditions": [self._conditions[t] for t in CONDITION_ORDER if t in self._conditions],
@@ -193,6 +200,8 @@ class PodRunner(threading.Thread):
         self.path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}"
         self.pod_dir = node.state_dir / "pods" / f"{self.namespace}_{self.pod_name}_{self.uid}"
         self.lookup = api_source_lookup(self.api, self.namespace)
+        self.runtime = node.runtime
+        found = service_account_volume(pod)
         self.token_volume = ServiceAccountVolume(
             self.api,
             pod,
@@ -201,14 +210,26 @@ class PodRunner(threading.Thread):
             service_host=node.service_host,
             service_port=node.service_port,
             cluster_ca=node.cluster_ca,
+            file_mode=self.runtime.token_file_mode(found[0]) if found else None,
+        )
+        self.ctx = PodContext(
+            pod=pod,
+            pod_dir=self.pod_dir,
+            node_name=node.name,
+            extra_env=node.extra_env,
+            service_host=node.service_host,
+            service_port=node.service_port,
+            lookup=self.lookup,
+            token_volume=self.token_volume,
         )
         spec = pod["spec"]
         self.init = [
-            ContainerProcess(c, "init", self.pod_dir) for c in spec.get("initContainers") or []
+            self.runtime.container(c, "init", self.ctx) for c in spec.get("initContainers") or []
         ]
         self.regular = [
-            ContainerProcess(c, "regular", self.pod_dir) for c in spec.get("containers") or []
+            self.runtime.container(c, "regular", self.ctx) for c in spec.get("containers") or []
         ]
+        self._ready = False  # the Ready condition last reported
         for c in self.regular:
             c.state = {
                 "waiting": {"reason": "PodInitializing" if self.init else "ContainerCreating"}
@@ -245,11 +266,11 @@ class PodRunner(threading.Thread):
         except Exception as e:  # never let one pod take the node down
             log.exception("pod %s/%s: runner crashed", self.namespace, self.pod_name)
             for c in self.init + self.regular:
-                c.signal(signal.SIGKILL)
-                if c.proc is not None:
-                    with contextlib.suppress(Exception):
-                        c.proc.wait(5)
-                        c.poll()
+                with contextlib.suppress(Exception):
+                    c.cancel_restart()
+                    c.signal(signal.SIGKILL)
+                    c.wait_exit(5)
+                    c.poll()
                 if not c.terminated:
                     c.fail("Error", f"local node error: {e}")
             self.report.phase, self.report.reason, self.report.message = (
@@ -260,8 +281,10 @@ class PodRunner(threading.Thread):
             self._push_status()
         finally:
             for c in self.init + self.regular:
-                c.signal(signal.SIGKILL)
-                c.close_log()
+                with contextlib.suppress(Exception):
+                    c.release()
+            with contextlib.suppress(Exception):
+                self.runtime.pod_finished(self.ctx)
             self.token_volume.remove()
             self.done.set()
             self._finalize_deletion()
@@ -274,7 +297,7 @@ class PodRunner(threading.Thread):
         self.report.set_ready(False, "ContainersNotReady")
         self._push_status()
 
-        sidecars: list[ContainerProcess] = []
+        sidecars: list[Container] = []
         for c in self.init:
             if not self._start_container(c):
                 return self._finish()
@@ -293,19 +316,20 @@ class PodRunner(threading.Thread):
         for c in self.regular:
             if self._kill is not None:
                 break
-            self._start_container(c)
+            if not self._start_container(c):
+                self._maybe_restart(c)
         if any(c.running for c in self.regular):
             self.report.phase = "Running"
-            if all(c.running for c in self.regular):
+            if all(c.ready for c in self.regular):
+                self._ready = True
                 self.report.set_ready(True)
         self._push_status()
         self._wait(self.regular, sidecars)
         self._finish()
 
-    def _resolve_config(self, c: ContainerProcess) -> tuple[dict[str, str], dict[str, str]]:
+    def _resolve_config(self, c: Container) -> tuple[dict[str, str], dict[str, str]]:
         """``(token volume variables, container env)``; raises a config error."""
         sa_env = self.token_volume.env()
-        service_env = {k: v for k, v in sa_env.items() if k != SERVICEACCOUNT_DIR_ENV}
         env = resolve_env(
             self.pod,
             c.spec,
@@ -313,18 +337,49 @@ class PodRunner(threading.Thread):
             node_name=self.node.name,
             node_ip=NODE_IP,
             capacity=self.node.capacity,
-            service_env=service_env,
+            service_env=c.service_env(sa_env),
         )
         return sa_env, env
 
-    def _start_container(self, c: ContainerProcess) -> bool:
-        """Resolve config and start ``c``; False if it terminated without starting."""
-        if c.fail_without_command():
+    def _pull_image(self, c: Container) -> bool:
+        """Get ``c``'s image, waiting (``ErrImagePull``, then ``ImagePullBackOff``) and
+        retrying with a back-off like a kubelet until it is there or the pod is killed;
+        False if ``c`` did not get it (or failed outright)."""
+        backoff = IMAGE_PULL_BACKOFF[0]
+        while True:
+            waiting = c.pull()
+            if c.terminated:
+                return False
+            if waiting is None:
+                return True
+            reason, message = waiting
+            c.state = {"waiting": {"reason": reason, "message": message}}
+            self._push_status()
+            log.info("pod %s/%s: %s: %s", self.namespace, self.pod_name, reason, message)
+            if reason == "ErrImagePull":
+                if self._sleep_or_kill(1.0):
+                    return False
+                image = c.spec.get("image", "")
+                c.state = {
+                    "waiting": {
+                        "reason": "ImagePullBackOff",
+                        "message": f'Back-off pulling image "{image}": {message}',
+                    }
+                }
+                self._push_status()
+            if self._sleep_or_kill(backoff):
+                return False
+            backoff = min(backoff * 2, IMAGE_PULL_BACKOFF[1])
+
+    def _start_container(self, c: Container) -> bool:
+        """Get its image, resolve its config and start ``c``; False if it did not start."""
+        if not self._pull_image(c):
             return False
         config_deadline = time.monotonic() + self.node.config_error_timeout
         while True:
             try:
                 sa_env, env = self._resolve_config(c)
+                c.launch(sa_env, env)
                 break
             except (TransientConfigError, ConfigError) as e:
                 message = str(e)
@@ -337,22 +392,30 @@ class PodRunner(threading.Thread):
             if self._sleep_or_kill(1.0):
                 c.fail("CreateContainerConfigError", message)
                 return False
-
-        service_env = {k: v for k, v in sa_env.items() if k != SERVICEACCOUNT_DIR_ENV}
-        paths = {c.termination_message_path: str(c.message_path)}
-        paths.update(self.token_volume.path_map(c.spec))
-        argv = container_argv(c.spec, {**service_env, **env}, paths)
-        proc_env = process_env(
-            self.node.extra_env,
-            {"HOSTNAME": self.pod_name},
-            service_env,  # the container's own env wins, as with a kubelet
-            env,
-            {TERMINATION_MESSAGE_ENV: str(c.message_path)},
-            {k: v for k, v in sa_env.items() if k == SERVICEACCOUNT_DIR_ENV},
-        )
-        log.info("pod %s/%s: starting %s: %s", self.namespace, self.pod_name, c.name, argv)
-        c.start(argv, proc_env, working_dir(c.spec, self.pod_dir))
         return not c.terminated
+
+    def _maybe_restart(self, c: Container) -> bool:
+        """Schedule a restart of the terminated ``c`` if the runtime restarts containers and
+        the pod's restartPolicy (``Always`` for sidecars) says so; True if scheduled."""
+        if not self.runtime.restarts or self._kill is not None or not c.terminated:
+            return False
+        if c.kind == "init" and not c.sidecar:
+            return False  # init containers run once here, whatever the restartPolicy
+        policy = "Always" if c.sidecar else self.pod["spec"].get("restartPolicy", "Always")
+        failed = c.state["terminated"].get("exitCode", 0) != 0
+        if policy == "Never" or (policy == "OnFailure" and not failed):
+            return False
+        restarts = int(c.status(self.uid).get("restartCount", 0))
+        delay = min(RESTART_BACKOFF[0] * 2**restarts, RESTART_BACKOFF[1])
+        c.schedule_restart(delay)
+        log.info(
+            "pod %s/%s: container %s exited; restarting in %.0fs",
+            self.namespace,
+            self.pod_name,
+            c.name,
+            delay,
+        )
+        return True
 
     def _sleep_or_kill(self, seconds: float) -> bool:
         """Sleep unless a kill is requested or the deadline passes; True if killed."""
@@ -373,20 +436,26 @@ class PodRunner(threading.Thread):
             return True
         return False
 
-    def _wait(self, containers: list[ContainerProcess], sidecars: list[ContainerProcess]) -> None:
-        """Wait until all ``containers`` have exited, killing everything on request."""
+    def _wait(self, containers: list[Container], sidecars: list[Container]) -> None:
+        """Wait until all ``containers`` have exited, restarting those the pod's
+        restartPolicy restarts (runtimes with restarts), killing everything on request."""
         while True:
             changed = False
             for c in containers + sidecars:
                 was = c.terminated
                 if c.poll() and not was:
                     changed = True
-            if (
-                changed
-                and self.report.phase == "Running"
-                and any(c.terminated for c in self.regular)
-            ):
-                self.report.set_ready(False, "ContainersNotReady")
+                    self._maybe_restart(c)
+                elif c.restart_due() and self._kill is None:
+                    if not self._start_container(c):
+                        self._maybe_restart(c)
+                    changed = True
+            if self.report.phase == "Running":
+                ready = all(c.ready for c in self.regular)
+                if ready != self._ready:
+                    self._ready = ready
+                    self.report.set_ready(ready, None if ready else "ContainersNotReady")
+                    changed = True
             if all(c.terminated for c in containers):
                 return
             if changed:
@@ -399,12 +468,14 @@ class PodRunner(threading.Thread):
                 return
             time.sleep(0.1)
 
-    def _terminate(self, containers: list[ContainerProcess], reason: str, grace: float) -> None:
+    def _terminate(self, containers: list[Container], reason: str, grace: float) -> None:
         terminate(containers, min(grace, self.node.max_grace_seconds), reason=reason)
 
     def _finish(self) -> None:
         """Stop sidecars, set the terminal phase and report it."""
         kill = self._kill
+        for c in self.init + self.regular:
+            c.cancel_restart()
         sidecars = [c for c in self.init if c.sidecar and c.running]
         if sidecars:
             grace = (

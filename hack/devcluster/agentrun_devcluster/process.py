@@ -38,6 +38,7 @@ reason ``DeadlineExceeded``, and a process killed by signal N exits with code 12
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -45,10 +46,14 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from .kubeapi import JSON, now_rfc3339
 from .podenv import expand_vars
+from .serviceaccount import SERVICEACCOUNT_DIR_ENV
+
+if TYPE_CHECKING:
+    from .runtime import PodContext
 
 __all__ = [
     "DEFAULT_TERMINATION_MESSAGE_PATH",
@@ -71,6 +76,8 @@ FALLBACK_LOG_LINES = 80
 FALLBACK_LOG_BYTES = 2048
 START_ERROR_EXIT_CODE = 128
 PASSTHROUGH_ENV = ("PATH", "HOME", "LANG", "TZ", "TMPDIR")
+
+log = logging.getLogger(__name__)
 
 
 def tail_bytes(path: Path, limit: int) -> bytes:
@@ -136,6 +143,7 @@ class ContainerProcess:
     proc: subprocess.Popen[bytes] | None = None
     started_at: str = ""
     kill_reason: str = ""
+    ctx: PodContext | None = None  # the pod, for :meth:`launch`
     _log: IO[bytes] | None = None
 
     @property
@@ -166,6 +174,11 @@ class ContainerProcess:
     @property
     def running(self) -> bool:
         return self.proc is not None and not self.terminated
+
+    @property
+    def ready(self) -> bool:
+        """No probes here: a running process is ready."""
+        return self.running
 
     def container_id(self, pod_uid: str) -> str:
         return f"agentrun-local://{pod_uid}/{self.name}"
@@ -206,6 +219,36 @@ class ContainerProcess:
             f"{self.name!r} (image {self.spec.get('image', '')!r}) has no command",
         )
         return True
+
+    def pull(self) -> tuple[str, str] | None:
+        """No images: a container without a command fails (``NoCommand``) instead."""
+        self.fail_without_command()
+        return None
+
+    def service_env(self, sa_env: Mapping[str, str]) -> dict[str, str]:
+        """``KUBERNETES_SERVICE_*``, only with the token volume."""
+        return {k: v for k, v in sa_env.items() if k != SERVICEACCOUNT_DIR_ENV}
+
+    def launch(self, sa_env: Mapping[str, str], env: Mapping[str, str]) -> None:
+        """Start the process for the pod of :attr:`ctx`: its command line with container
+        paths mapped to local files, its environment layered by :func:`process_env`."""
+        ctx = self.ctx
+        if ctx is None:
+            raise ValueError(f"container {self.name}: launch() needs the pod context")
+        service_env = self.service_env(sa_env)
+        paths = {self.termination_message_path: str(self.message_path)}
+        paths.update(ctx.token_volume.path_map(self.spec))
+        argv = container_argv(self.spec, {**service_env, **env}, paths)
+        proc_env = process_env(
+            ctx.extra_env,
+            {"HOSTNAME": ctx.name},
+            service_env,  # the container's own env wins, as with a kubelet
+            env,
+            {TERMINATION_MESSAGE_ENV: str(self.message_path)},
+            {k: v for k, v in sa_env.items() if k == SERVICEACCOUNT_DIR_ENV},
+        )
+        log.info("pod %s/%s: starting %s: %s", ctx.namespace, ctx.name, self.name, argv)
+        self.start(argv, proc_env, working_dir(self.spec, self.pod_dir))
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
         """Start the process (an empty termination message file first); a failure to start
@@ -279,6 +322,25 @@ class ContainerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def wait_exit(self, timeout: float) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+
+    def release(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.close_log()
+
+    # Never restarted (the process runtime treats every restartPolicy as Never).
+    def schedule_restart(self, delay: float) -> None:
+        raise NotImplementedError("the process runtime does not restart containers")
+
+    def restart_due(self) -> bool:
+        return False
+
+    def cancel_restart(self) -> None:
+        pass
 
 
 def terminate(containers: Iterable[ContainerProcess], grace: float, *, reason: str = "") -> None:

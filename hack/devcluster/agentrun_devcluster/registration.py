@@ -1,7 +1,8 @@
 """The local node's Node object, its heartbeats, and the binding of pods to it.
 
 Like a kubelet, the local node registers a Node (labels ``kubernetes.io/hostname``, ``os``,
-``arch`` and ``agentrun.dev/local-node``) with a Ready condition, its address
+``arch``, ``agentrun.dev/local-node`` and :data:`RUNTIME_LABEL`, the container runtime: see
+:mod:`agentrun_devcluster.runtime`) with a Ready condition, its address
 (:data:`NODE_IP`, which every pod shares) and allocatable cpu/memory/pods/ephemeral-storage
 (this machine's, unless overridden), and keeps it alive: a status heartbeat and a Lease in
 ``kube-node-lease`` renewed every few seconds. A deleted Node is registered again at the
@@ -24,13 +25,15 @@ import threading
 
 from .kubeapi import JSON, ApiException, KubeApi, now_micro, now_rfc3339
 
-__all__ = ["NODE_IP", "NodeRegistration", "bind", "default_capacity"]
+__all__ = ["NODE_IP", "RUNTIME_LABEL", "NodeRegistration", "bind", "default_capacity"]
 
 log = logging.getLogger(__name__)
 
 #: The node's address, and every pod's: pods run on the host's network.
 NODE_IP = "127.0.0.1"
 LEASE_DURATION_SECONDS = 40
+#: Label of the Node: the container runtime its pods run in (``process`` or ``docker``).
+RUNTIME_LABEL = "agentrun.dev/container-runtime"
 
 
 def memory_kib() -> int:
@@ -64,10 +67,20 @@ def default_capacity() -> dict[str, str]:
 class NodeRegistration:
     """The Node object ``name`` and its Lease, kept alive by :meth:`heartbeat_loop`."""
 
-    def __init__(self, api: KubeApi, name: str, capacity: dict[str, str]) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        name: str,
+        capacity: dict[str, str],
+        *,
+        runtime: str = "process",
+        runtime_version: str = "agentrun-local://0",
+    ) -> None:
         self.api = api
         self.name = name
         self.capacity = capacity
+        self.runtime = runtime
+        self.runtime_version = runtime_version
         self.registered_at = now_rfc3339()
 
     @property
@@ -108,7 +121,7 @@ class NodeRegistration:
                 "bootID": "",
                 "kernelVersion": platform.release(),
                 "osImage": f"agentrun local node on {platform.system()}",
-                "containerRuntimeVersion": "agentrun-local://0",
+                "containerRuntimeVersion": self.runtime_version,
                 "kubeletVersion": "v0.0.0-agentrun-local",
                 "kubeProxyVersion": "",
                 "operatingSystem": "linux",
@@ -128,6 +141,7 @@ class NodeRegistration:
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": goarch(),
                 "agentrun.dev/local-node": "true",
+                RUNTIME_LABEL: self.runtime,
             }
             with contextlib.suppress(ApiException):
                 self.api.post(
@@ -140,8 +154,11 @@ class NodeRegistration:
                     },
                 )
         # TaintNodesByCondition adds node.kubernetes.io/not-ready at creation; there is no
-        # node-lifecycle controller to lift it.
-        self.api.patch(self.path, {"spec": {"taints": None}})
+        # node-lifecycle controller to lift it. The runtime label follows this node process.
+        self.api.patch(
+            self.path,
+            {"metadata": {"labels": {RUNTIME_LABEL: self.runtime}}, "spec": {"taints": None}},
+        )
         self.api.patch(f"{self.path}/status", {"status": self.status()})
         self.renew_lease()
 

@@ -116,6 +116,9 @@ class ServiceAccountVolume:
     ``lookup`` reads ConfigMaps of the pod's namespace (for the root CA when the node has
     none); ``service_host``/``service_port`` are where pods reach the API server and
     ``cluster_ca`` its CA (None: take it from the ``kube-root-ca.crt`` ConfigMap).
+    ``file_mode`` None keeps the files private to the node's user (the process runtime: the
+    containers are the node's own processes); a mode (the docker runtime: the volume's
+    ``defaultMode``, 0644) lets a container's user read them, and the directory is 0755.
     """
 
     def __init__(
@@ -128,8 +131,10 @@ class ServiceAccountVolume:
         service_host: str,
         service_port: str,
         cluster_ca: bytes | None,
+        file_mode: int | None = None,
     ) -> None:
         self.api = api
+        self.file_mode = file_mode
         self.pod = pod
         self.directory = directory
         self.lookup = lookup
@@ -204,10 +209,13 @@ class ServiceAccountVolume:
         token = str((answer.get("status") or {}).get("token") or "")
         if not token:
             raise TransientConfigError(f"{what}: the TokenRequest answer holds no token")
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_file(self.directory / "token", token.encode(), 0o600)
-        write_file(self.directory / "ca.crt", ca, 0o644)
-        write_file(self.directory / "namespace", self.namespace.encode(), 0o644)
+        private = self.file_mode is None
+        self.directory.mkdir(mode=0o700 if private else 0o755, parents=True, exist_ok=True)
+        if not private:
+            os.chmod(self.directory, 0o755)
+        write_file(self.directory / "token", token.encode(), self.file_mode or 0o600)
+        write_file(self.directory / "ca.crt", ca, self.file_mode or 0o644)
+        write_file(self.directory / "namespace", self.namespace.encode(), self.file_mode or 0o644)
         log.info("pod %s/%s: %s in %s", self.namespace, meta["name"], what, self.directory)
         self._env = {
             SERVICEACCOUNT_DIR_ENV: str(self.directory),

@@ -193,9 +193,15 @@ class TestCluster:
             self.control_plane.stop()
 
 
-def start_test_cluster(*, keep_state: bool | None = None) -> TestCluster:
-    """The cluster to test against; raises (with component logs) if it cannot start."""
-    external = os.environ.get(TEST_KUBECONFIG_ENV)
+def start_test_cluster(
+    *, keep_state: bool | None = None, runtime: str = "process", external_ok: bool = True
+) -> TestCluster:
+    """The cluster to test against; raises (with component logs) if it cannot start.
+
+    ``runtime`` is the local node's container runtime (:mod:`agentrun_devcluster.runtime`);
+    with ``external_ok`` false, ``$AGENTRUN_TEST_KUBECONFIG`` is ignored and a local cluster
+    is always started."""
+    external = os.environ.get(TEST_KUBECONFIG_ENV) if external_ok else None
     if external:
         bin_env = os.environ.get(BIN_DIR_ENV)
         bin_dir = Path(bin_env) if bin_env else None
@@ -213,6 +219,7 @@ def start_test_cluster(*, keep_state: bool | None = None) -> TestCluster:
             cp.kubeconfig,
             state_dir=cp.state_dir / "node",
             log_path=cp.logs_dir / "node.log",
+            runtime=runtime,
         )
         try:
             node.start()
