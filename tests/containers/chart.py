@@ -1,0 +1,122 @@
+"""The chart as a platform team installs it, with the locally built images."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.containers.conftest import Images
+from tests.containers.pods import Pod, as_dict, condition
+from tests.support.cluster import create_namespace, delete_namespace
+from tests.support.helm import Helm
+from tests.support.paths import CHART, EXAMPLES_DIR
+
+RELEASE = "agentrun"
+OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+RESTRICTED_LABELS = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free a moment ago: pods share the node's network here."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def values(images: Images) -> list[str]:
+    """``--set`` flags: the local images (never pulled), the healthz port on a free port of
+    the host, and step Jobs kept long enough to look at their pods."""
+    settings = {
+        "image.repository": images.operator.rpartition(":")[0],
+        "image.tag": images.operator.rpartition(":")[2],
+        "image.pullPolicy": "Never",
+        "tests.image.repository": images.kubectl_repository,
+        "tests.image.tag": images.kubectl_tag,
+        "tests.image.pullPolicy": "Never",
+        "tests.stepImage": images.step,
+        "operator.livenessPort": str(free_port()),
+        "operator.resyncSeconds": "10",
+        "operator.jobDeletionGraceSeconds": "600",
+    }
+    return [f for key, value in settings.items() for f in ("--set", f"{key}={value}")]
+
+
+@dataclass
+class Release:
+    helm: Helm
+    namespace: str
+    images: Images
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.helm.run(*args, "-n", self.namespace, check=check)
+
+
+@contextmanager
+def installed(helm: Helm, kube: KubeClients, images: Images, namespace: str) -> Iterator[Release]:
+    """``helm install --wait`` into ``namespace`` (labelled enforce=restricted: the operator's
+    own pods pass the restricted standard too); ``helm uninstall`` afterwards if still there."""
+    create_namespace(kube, namespace, labels=RESTRICTED_LABELS)
+    release = Release(helm, namespace, images)
+    try:
+        release.run("install", RELEASE, str(CHART), "--wait", "--timeout", "5m", *values(images))
+        yield release
+    finally:
+        if release.run("status", RELEASE, check=False).returncode == 0:
+            release.run("uninstall", RELEASE, "--wait", "--timeout", "5m", check=False)
+        delete_namespace(kube, namespace)
+
+
+def operator_pods(kube: KubeClients, namespace: str) -> list[Pod]:
+    pods = kube.core.list_namespaced_pod(namespace, label_selector=OPERATOR_SELECTOR).items
+    return [as_dict(kube, p) for p in pods]
+
+
+def ready_operator_pod(kube: KubeClients, namespace: str, timeout: float = 180.0) -> Pod:
+    """The one operator pod, once it is Ready and no other is left."""
+
+    def one_ready() -> Pod | None:
+        pods = operator_pods(kube, namespace)
+        if len(pods) == 1 and condition(pods[0], "Ready") == "True":
+            return pods[0]
+        return None
+
+    return wait_for(f"one Ready operator pod in {namespace}", one_ready, timeout=timeout)
+
+
+def apply(cluster: TestCluster, namespace: str, path: Path) -> str:
+    """``kubectl apply`` a manifest; the name of the object it made."""
+    proc = cluster.kubectl("apply", "-n", namespace, "-f", str(path), "-o", "name")
+    return proc.stdout.strip().rpartition("/")[2]
+
+
+def plugin(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kubectl agentrun ARGS`` as a person types it (the plugin of this environment)."""
+    env = cluster.env()
+    env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env["PATH"]])
+    return subprocess.run(
+        [cluster.kubectl_path, "agentrun", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+
+
+def waiting_steps(run: dict[str, Any]) -> list[str]:
+    """The steps of a run waiting for approval."""
+    steps = (run.get("status") or {}).get("steps") or []
+    return [s["name"] for s in steps if s.get("phase") == "WaitingForApproval"]
