@@ -1,4 +1,4 @@
-# Developer entry points. `make test` is what CI runs (.ci/run).
+# Developer entry points. `make test`, then `make containers`, is what CI runs (.ci/run).
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -42,8 +42,12 @@ e2e: sync controlplane ## the operator as a process on the local control plane: 
 	$(RUN) pytest tests/e2e
 
 .PHONY: test
-test: lint controlplane ## everything CI runs: lint, types, unit, property, integration and e2e tests
-	$(RUN) pytest
+test: lint controlplane ## lint, types, unit, property, integration and e2e tests (CI runs it first)
+	$(RUN) pytest --ignore=tests/containers
+
+.PHONY: containers
+containers: sync controlplane ## the chart's operator and step pods as Docker containers (skips without Docker)
+	$(RUN) pytest tests/containers
 
 .PHONY: bench
 bench: sync controlplane ## the operator beside bare Jobs, P1-P5 of docs/benchmarks.md (BENCH_ARGS=--quick: small)
@@ -52,6 +56,10 @@ bench: sync controlplane ## the operator beside bare Jobs, P1-P5 of docs/benchma
 .PHONY: demo
 demo: sync controlplane ## control plane, node, operator and an example run carried to Succeeded
 	$(RUN) python -m agentrun_devcluster.demo
+
+.PHONY: demo-agent
+demo-agent: sync controlplane ## an agent run on a scripted model, offline: tool calls, an approval, the transcript
+	$(RUN) python -m agentrun_devcluster.agent_demo
 
 .PHONY: walkthrough
 walkthrough: sync controlplane ## docs/approvals.md's walkthrough, end to end on a cluster of its own
