@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from agentrun_devcluster.dockerapi import DockerError, demux, engine_from_env
-from agentrun_devcluster.dockercontainer import container_user, create_config, parse_quantity
+from agentrun_devcluster.dockercontainer import (
+    NODE_LABEL,
+    NODE_PID_LABEL,
+    DockerRuntime,
+    container_user,
+    create_config,
+    parse_quantity,
+)
 from agentrun_devcluster.podenv import ConfigError
 from agentrun_devcluster.probes import probe_once, resolve_port
 from agentrun_devcluster.runtime import ProcessRuntime, RuntimeUnavailable, select_runtime
@@ -353,3 +360,45 @@ def test_optional_sources_that_are_missing_mount_empty(tmp_path: Path) -> None:
     v = volumes(tmp_path, [{"name": "v", "secret": {"secretName": "gone", "optional": True}}])
     [mount] = v.mounts({"volumeMounts": [{"name": "v", "mountPath": "/v"}]})
     assert list(Path(mount["Source"]).iterdir()) == []
+
+
+# -- containers left behind -----------------------------------------------------------------------
+
+
+class FakeEngine:
+    def __init__(self, containers: list[dict[str, Any]]) -> None:
+        self.listed = containers
+        self.removed: list[str] = []
+
+    def containers(self, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return [c for c in self.listed if all(c["Labels"].get(k) == v for k, v in labels.items())]
+
+    def remove(self, container: str) -> None:
+        self.removed.append(container)
+
+
+def test_a_starting_node_removes_what_dead_nodes_left(tmp_path: Path) -> None:
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    other.mkdir()
+    alive, dead = str(os.getpid()), "999999999"
+
+    def made_by(state: Path, pid: str) -> dict[str, str]:
+        return {NODE_LABEL: str(state), NODE_PID_LABEL: pid}
+
+    engine = FakeEngine(
+        [
+            {"Id": "previous-node-here", "Labels": made_by(mine, dead)},
+            {"Id": "other-node-running", "Labels": made_by(other, alive)},
+            {"Id": "other-node-killed", "Labels": made_by(other, dead)},
+            {"Id": "state-dir-removed", "Labels": made_by(tmp_path / "gone", alive)},
+            {"Id": "not-ours", "Labels": {}},
+        ]
+    )
+    runtime = DockerRuntime(engine, str(mine))  # type: ignore[arg-type]
+    runtime.start()
+    assert engine.removed == ["previous-node-here", "other-node-killed", "state-dir-removed"]
+    engine.removed.clear()
+    engine.listed.append({"Id": "mine-running", "Labels": made_by(mine, alive)})
+    runtime.stop()
+    assert engine.removed == ["previous-node-here", "mine-running"]

@@ -44,9 +44,11 @@ So pods share the node's IP (127.0.0.1) and ports, and ``hostname`` is the machi
 (``HOSTNAME`` is set to the pod's name). Containers of a pod share no IPC or PID namespace.
 A container is removed once it has exited; its output is appended to
 ``<state dir>/pods/<namespace>_<name>_<uid>/<container>.log`` first (there is no ``pods/log``
-API). Containers carry the labels ``dev.agentrun.node`` (the node's state directory: the
-node removes what a previous node left there when it starts, and everything when it stops)
-and the ``io.kubernetes.*`` labels of pod and container.
+API). Containers carry the labels ``dev.agentrun.node`` (the node's state directory) and
+``dev.agentrun.node-pid`` (the node process), and the ``io.kubernetes.*`` labels of pod and
+container. A node removes its containers when it stops; when it starts, it removes those a
+previous node left in its state directory and those of nodes whose process or state
+directory is gone (killed without a shutdown).
 
 Why Docker and not a real kubelet here: a kubelet with containerd and runc needs privileges
 this machine's containers do not have (privileged containers fail with "unable to apply
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import shutil
 import signal as signals
@@ -85,6 +88,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NODE_LABEL",
+    "NODE_PID_LABEL",
     "DockerContainer",
     "DockerRuntime",
     "container_user",
@@ -94,8 +98,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Label of every container the runtime creates: the node's state directory.
+#: Labels of every container the runtime creates: the node's state directory, and the pid
+#: of the node process.
 NODE_LABEL = "dev.agentrun.node"
+NODE_PID_LABEL = "dev.agentrun.node-pid"
 IMAGE_HINT = (
     "the agentrun local node runs images of its Docker engine: build or load the image there "
     "(hack/build-images.sh builds agentrun-operator:dev, hack/build-base-images.sh busybox:1.36)"
@@ -279,21 +285,38 @@ class DockerRuntime:
         shutil.rmtree(ctx.pod_dir / "volumes", ignore_errors=True)
 
     def start(self) -> None:
-        self._remove_all("left by a previous node")
+        self._remove(self._orphans(), "left by nodes that are gone")
 
     def stop(self) -> None:
-        self._remove_all("left at shutdown")
+        self._remove(self._containers({NODE_LABEL: self.node_id}), "left at shutdown")
 
-    def _remove_all(self, why: str) -> None:
+    def _containers(self, labels: Mapping[str, str]) -> list[JSON]:
         try:
-            found = self.engine.containers({NODE_LABEL: self.node_id})
-            for c in found:
-                self.engine.remove(str(c["Id"]))
+            return self.engine.containers(labels)
         except DockerError as e:
-            log.warning("could not remove the containers of node %s: %s", self.node_id, e)
-            return
-        if found:
-            log.info("removed %d containers %s", len(found), why)
+            log.warning("could not list the containers of local nodes: %s", e)
+            return []
+
+    def _orphans(self) -> list[JSON]:
+        """Containers of this node's state directory (a previous node there), and of nodes
+        whose process or state directory is gone (killed without a shutdown)."""
+        orphans = []
+        for c in self._containers({}):
+            labels = c.get("Labels") or {}
+            if NODE_LABEL not in labels:
+                continue
+            state, pid = labels[NODE_LABEL], str(labels.get(NODE_PID_LABEL, ""))
+            alive = pid.isdigit() and Path(f"/proc/{pid}").exists()
+            if state == self.node_id or not alive or not Path(state).is_dir():
+                orphans.append(c)
+        return orphans
+
+    def _remove(self, containers: list[JSON], why: str) -> None:
+        for c in containers:
+            with contextlib.suppress(DockerError):
+                self.engine.remove(str(c["Id"]))
+        if containers:
+            log.info("removed %d containers %s", len(containers), why)
 
 
 class DockerContainer:
@@ -457,6 +480,7 @@ class DockerContainer:
         meta = self.ctx.pod["metadata"]
         labels = {
             NODE_LABEL: self.runtime.node_id,
+            NODE_PID_LABEL: str(os.getpid()),
             "io.kubernetes.pod.namespace": str(meta["namespace"]),
             "io.kubernetes.pod.name": str(meta["name"]),
             "io.kubernetes.pod.uid": str(meta["uid"]),
