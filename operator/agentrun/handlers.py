@@ -208,14 +208,22 @@ def _due_in(body: dict[str, Any], found: list[dict[str, Any]], rec: Reconciler) 
 
 
 def api_client() -> Any:
-    """A client from $KUBECONFIG (or ~/.kube/config), else the in-cluster ServiceAccount."""
+    """A client from $KUBECONFIG (or ~/.kube/config), else the in-cluster ServiceAccount.
+
+    Its User-Agent names the operator: the API server records a write that names no field
+    manager under the User-Agent's first word, so every write of the operator shows in
+    managedFields as ``agentrun-operator`` (the ledger also names it on status writes)."""
+    from agentrun import __version__
+
     from_file: Callable[..., Any] = kube_config.new_client_from_config
     in_cluster: Callable[[], None] = kube_config.load_incluster_config
     try:
-        return from_file()
+        client = from_file()
     except kube_config.ConfigException:
         in_cluster()
-        return kube_client.ApiClient()
+        client = kube_client.ApiClient()
+    client.user_agent = f"{s.FIELD_MANAGER}/{__version__}"
+    return client
 
 
 class _Waker:

@@ -15,6 +15,7 @@ from typing import Any
 
 from agentrun.api import models as m
 from agentrun.kubeapi import tolerate
+from agentrun.settings import FIELD_MANAGER
 
 log = logging.getLogger("agentrun.ledger")
 
@@ -75,7 +76,13 @@ class Ledger:
         }
         with tolerate(409) as moved_on:
             stored: dict[str, Any] = self.custom.replace_namespaced_custom_object_status(
-                m.GROUP, m.VERSION, meta["namespace"], m.PLURAL, meta["name"], update
+                m.GROUP,
+                m.VERSION,
+                meta["namespace"],
+                m.PLURAL,
+                meta["name"],
+                update,
+                field_manager=FIELD_MANAGER,
             )
         if moved_on:
             self.stats.add(conflicts=1)

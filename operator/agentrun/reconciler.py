@@ -14,7 +14,6 @@ Everything here is synchronous (the official kubernetes client); kopf runs it in
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import threading
@@ -25,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit, jobs, objects
+from agentrun import audit, events, jobs, objects
 from agentrun import settings as s
 from agentrun.adoption import Adoption
 from agentrun.api import models as m
@@ -77,6 +76,7 @@ class Apis:
     core: Any  # CoreV1Api
     batch: Any  # BatchV1Api
     custom: Any  # CustomObjectsApi
+    events: Any = None  # EventsV1Api; made from core's client when not given
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,7 @@ class Reconciler:
         self.settings = settings
         self.ledger = Ledger(apis.custom)
         self.clock = clock
+        self.event_clock = events.EventClock()
         self.config = CoreConfig(
             jitter_seed=settings.jitter_seed,
             job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
@@ -413,35 +414,24 @@ class Reconciler:
         self.post_event(run.metadata.namespace, run.metadata.name, run.metadata.uid, action)
 
     def post_event(self, namespace: str, name: str, uid: str, action: EmitEvent) -> None:
-        """A core/v1 Event on the run."""
-        now = self.clock()
-        digest = hashlib.sha256(
-            f"{uid}/{action.reason}/{action.message}/{now.isoformat()}".encode()
-        ).hexdigest()[:12]
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{name}.{digest}", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": m.API_VERSION,
-                "kind": m.KIND,
-                "name": name,
-                "namespace": namespace,
-                "uid": uid,
-            },
-            "reason": action.reason,
-            "message": action.message,
-            "type": action.type,
-            "source": {"component": s.MANAGED_BY},
-            "reportingComponent": s.MANAGED_BY,
-            "reportingInstance": s.MANAGED_BY,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
+        """An events.k8s.io/v1 Event on the run (see :mod:`agentrun.events`)."""
+        at = self.event_clock.stamp(self.clock())
+        body = events.event_body(
+            namespace,
+            name,
+            uid,
+            action,
+            at,
+            controller=s.FIELD_MANAGER,
+            instance=self.settings.instance,
+        )
+        api = self.apis.events
+        if api is None:
+            from kubernetes import client as kube_client
+
+            api = kube_client.EventsV1Api(self.apis.core.api_client)
         with tolerate(409):
-            self.apis.core.create_namespaced_event(namespace, body)
+            api.create_namespaced_event(namespace, body)
 
     # -- deletion -------------------------------------------------------------------------
 

@@ -32,6 +32,9 @@ LABEL_TURN = f"{GROUP}/turn"
 """On an agent run's transcript records and contexts: the model turn."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agentrun-operator"
+FIELD_MANAGER = MANAGED_BY
+"""The operator's name in managedFields (status, Jobs, ConfigMaps, Events) and as Events'
+reportingController."""
 
 DEFAULT_LLM_IMAGE = "agentrun-operator:0.1.0"
 DEFAULT_LLM_COMMAND = ("agentrun", "step", "llm")
@@ -84,6 +87,9 @@ class Settings:
     """Port of the /healthz endpoint (0: none)."""
     peering: str | None = field(default_factory=lambda: os.environ.get("AGENTRUN_PEERING"))
     """kopf peering object name; None runs standalone (no peering)."""
+    instance: str = field(default_factory=lambda: os.environ.get("POD_NAME") or os.uname().nodename)
+    """This operator process, as Events name it (reportingInstance): the pod's name (POD_NAME,
+    from the downward API in the chart and manifests), else the host's name."""
     resync_seconds: int = field(default_factory=lambda: _env_int("AGENTRUN_RESYNC_SECONDS", 30))
     """Every run is reconciled at least this often, events or not."""
     max_conflict_retries: int = field(

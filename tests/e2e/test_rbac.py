@@ -235,6 +235,7 @@ def test_charts_cluster_role_grants_nothing_more(
         ("watch", "pods", "--all-namespaces"),
         ("watch", "events", "--all-namespaces"),
         ("create", "jobs.batch", ns),
+        ("create", "events.events.k8s.io", ns),  # the operator's Events (agentrun.events)
         ("update", "agentruns.agentrun.dev", "--subresource=status", ns),
     ):
         assert can_i(cluster, me, *args), f"{me.user} should be allowed to {' '.join(args)}"
@@ -303,6 +304,7 @@ def test_operator_runs_with_the_charts_namespaced_roles(
     # Only the watched namespace: nothing in its own namespace, nothing cluster-wide.
     watched, elsewhere = f"--namespace={namespace}", f"--namespace={home_namespace}"
     assert can_i(cluster, me, "patch", "agentruns.agentrun.dev", watched)
+    assert can_i(cluster, me, "create", "events.events.k8s.io", watched)
     assert can_i(cluster, me, "create", "jobs.batch", watched)
     # kopf's discovery (rbac.kopfDiscovery): list and watch of Namespaces and CRDs, read-only.
     assert can_i(cluster, me, "watch", "namespaces")
@@ -313,6 +315,7 @@ def test_operator_runs_with_the_charts_namespaced_roles(
         ("patch", "agentruns.agentrun.dev", elsewhere),
         ("delete", "agentruns.agentrun.dev", elsewhere),
         ("list", "agentruns.agentrun.dev", "--all-namespaces"),
+        ("create", "events.events.k8s.io", elsewhere),
         ("create", "jobs.batch", elsewhere),
         ("list", "pods", elsewhere),
         ("list", "configmaps", elsewhere),

@@ -124,8 +124,10 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
     assert container["image"] == "agentrun-operator:0.1.0"  # the chart's appVersion
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert container["ports"][0]["containerPort"] == 8080
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["AGENTRUN_LIVENESS_PORT"] == "8080"
+    (pod_name,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
+    assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["AGENTRUN_RESYNC_SECONDS"] == "30"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 65532

@@ -182,7 +182,7 @@ class FakeCluster:
 def make_janitor(
     fake: FakeCluster, namespaces: tuple[str, ...] = (), cleanup_timeout: int = 60
 ) -> janitor.Janitor:
-    apis = Apis(core=fake, batch=fake, custom=fake)
+    apis = Apis(core=fake, batch=fake, custom=fake, events=fake)
     settings = s.Settings(namespaces=namespaces, cleanup_timeout_seconds=cleanup_timeout)
     return janitor.Janitor(Reconciler(apis, settings, clock=lambda: NOW), namespaces, lambda: NOW)
 
@@ -264,7 +264,8 @@ def test_a_run_whose_cleanup_leaves_something_waits_then_goes_with_an_event() ->
     assert done.runs_released == ["a/held"]
     assert not fake.runs
     (event,) = fake.events
-    assert event["reason"] == "CleanupIncomplete" and "example.com/hold" in event["message"]
+    assert event["reason"] == "CleanupIncomplete" and "example.com/hold" in event["note"]
+    assert event["apiVersion"] == "events.k8s.io/v1" and event["action"] == "Cleanup"
 
 
 def test_a_run_not_being_deleted_or_without_our_finalizer_is_left_alone() -> None:

@@ -89,6 +89,11 @@ and allows no 403.
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [list, create, update, deletecollection]
+# The operator's Events on runs, as events.k8s.io/v1 (microsecond times, the reporting pod;
+# agentrun/events.py). kopf's own are core/v1.
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create]
 # Events on runs (the operator's and kopf's own); the Job controller's FailedCreate Events
 # are watched (the API refused a step's pod).
 - apiGroups: [""]
