@@ -17,6 +17,7 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+import agentrun
 from agentrun import objects
 from agentrun.api import models as m
 from agentrun.kubeapi import tolerate
@@ -135,6 +136,9 @@ class Session:
                 f"cannot load the cluster configuration from {where}: {error}"
             ) from None
         api_client = kube_client.ApiClient(configuration)
+        # Writes that name no field manager (agentrun release's finalizer patches) are
+        # recorded under the User-Agent's first word: the plugin's name too.
+        api_client.user_agent = f"{FIELD_MANAGER}/{agentrun.__version__}"
         return cls(
             api_client=api_client,
             namespace=namespace or context_namespace or "default",
