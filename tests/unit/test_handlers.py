@@ -1,0 +1,135 @@
+"""Finished runs cost nothing at rest (agentrun.handlers): which finished runs get a pass, when,
+and that a run with nothing due gets neither a pass nor a timer, at startup or later."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from agentrun import handlers
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.janitor import Janitor
+from agentrun.observer import ClusterView, Informer
+from agentrun.reconciler import Apis, Reconciler
+from tests.support.sim import T0, UID, Sim, make_run, step
+
+
+def finished_run(**spec: Any) -> tuple[dict[str, Any], str]:
+    """A Succeeded one-step run as the API server holds it, and its Job's name."""
+    sim = Sim(make_run([step("a")], **spec))
+    sim.run_to_end()
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    body = sim.run.to_wire()
+    body["metadata"]["namespace"], body["metadata"]["name"] = "default", "demo"
+    job_name = sim.step_status("a").job_name
+    assert job_name is not None
+    return body, job_name
+
+
+def job(
+    name: str, *, failed: bool = False, deleting: bool = False, held: bool = True
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "default",
+        "uid": f"uid-{name}",
+        "labels": {s.LABEL_RUN_UID: UID, s.LABEL_STEP: "a", s.LABEL_ATTEMPT: "1"},
+        "ownerReferences": [{"kind": "AgentRun", "name": "demo", "uid": UID, "controller": True}],
+        "finalizers": [s.JOB_FINALIZER] if held else [],
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-22T09:00:00Z"
+    kind = "Failed" if failed else "Complete"
+    status = {
+        "conditions": [{"type": kind, "status": "True"}],
+        "completionTime": T0.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    return {"metadata": meta, "spec": {}, "status": status}
+
+
+def reconciler(now_after_finish: float) -> Reconciler:
+    settings = s.Settings(namespaces=("default",), job_deletion_grace_seconds=30)
+    apis = Apis(core=mock.Mock(), batch=mock.Mock(), custom=mock.Mock())
+    return Reconciler(apis, settings, clock=lambda: T0 + timedelta(seconds=now_after_finish))
+
+
+def test_a_finished_run_with_nothing_left_needs_no_pass() -> None:
+    body, _ = finished_run()
+    assert handlers._due_in(body, [], reconciler(3600)) is None
+
+
+def test_a_finished_run_passes_when_its_jobs_grace_is_over_and_not_before() -> None:
+    body, name = finished_run()
+    due = handlers._due_in(body, [job(name)], reconciler(5))
+    assert due is not None and 0 < due <= 30
+    assert handlers._due_in(body, [job(name)], reconciler(3600)) == 0.0
+
+
+def test_a_kept_failed_job_asks_for_nothing() -> None:
+    body, name = finished_run(retention={"keepJobs": "failed"})
+    assert handlers._due_in(body, [job(name, failed=True)], reconciler(3600)) is None
+
+
+def test_a_finished_run_passes_when_its_ttl_is_due() -> None:
+    body, _ = finished_run(retention={"ttlSecondsAfterFinished": 600})
+    due = handlers._due_in(body, [], reconciler(60))
+    assert due is not None and 500 < due <= 600
+
+
+def test_only_running_jobs_and_jobs_held_while_deleted_ask_a_finished_run_for_a_pass() -> None:
+    assert not handlers._needs_pass([job("j")])
+    running = job("j")
+    running["status"] = {}
+    assert handlers._needs_pass([running])
+    assert handlers._needs_pass([job("j", deleting=True)])
+    assert not handlers._needs_pass([job("j", deleting=True, held=False)])
+
+
+def make_state(view: ClusterView, rec: Reconciler) -> handlers.OperatorState:
+    informer = Informer(mock.Mock(), ("default",), lambda *run: None, view)
+    return handlers.OperatorState(rec, rec.settings, Janitor(rec, ("default",)), informer)
+
+
+@pytest.mark.parametrize("listed_first", [True, False])
+def test_at_startup_only_finished_runs_with_something_due_get_a_timer(listed_first: bool) -> None:
+    quiet, _ = finished_run()
+    timed, _ = finished_run(retention={"ttlSecondsAfterFinished": 600})
+    timed["metadata"]["name"] = "timed"
+
+    async def main() -> handlers.OperatorState:
+        view = ClusterView()
+        state = make_state(view, reconciler(60))  # its reflectors are expected, not started
+
+        def list_all() -> None:
+            for reflector in state.informer.reflectors:
+                view.replace(reflector.source, [])
+
+        state.loop = asyncio.get_running_loop()
+        state.synced = asyncio.Event()
+        state.spawn(state.watches_listed())
+        if listed_first:
+            list_all()
+            await asyncio.wait_for(state.synced.wait(), 5)
+        tasks = len(state.tasks)
+        for _ in range(1000):  # thousands of finished runs with nothing due
+            state.finished_run_seen(quiet)
+        assert len(state.tasks) == tasks, "work was started for a run with nothing due"
+        state.finished_run_seen(timed)
+        if not listed_first:
+            assert not state.timers and len(state.unchecked) == 2
+            list_all()
+            await asyncio.wait_for(state.synced.wait(), 5)
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if not state.tasks:
+                break
+        return state
+
+    state = asyncio.run(main())
+    assert list(state.timers) == [("default", "timed")]
+    assert not state.unchecked
