@@ -42,346 +42,103 @@ next pass.
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any, Protocol
-
-import jsonschema
-import jsonschema.exceptions
+from datetime import timedelta
+from typing import Any
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import context as cx
 from agentrun.core import naming
-from agentrun.core.actions import Action, DeleteJob, StoreRecord, StoreResult
-from agentrun.core.envelope import clean, summary_line
-from agentrun.core.observed import Observed
+from agentrun.core.actions import DeleteJob, StoreRecord
+from agentrun.core.calls import call_outcome, content_of, cut, validate_calls
+from agentrun.core.envelope import summary_line
+from agentrun.core.turns import (
+    CONTEXT_INPUT,
+    ENV_CONTEXT_PART,
+    ENV_CONTEXT_PARTS,
+    ENV_CONTEXT_SHA256,
+    ENV_MODEL_API_KEY,
+    ENV_MODEL_BASE_URL,
+    ENV_MODEL_MAX_OUTPUT_TOKENS,
+    ENV_MODEL_NAME,
+    ENV_MODEL_TEMPERATURE,
+    ENV_TOOL_ARGS,
+    ENV_TOOL_CALL_ID,
+    ENV_TOOL_NAME,
+    ENV_TURN,
+    KIND_CONTEXT,
+    KIND_TRANSCRIPT,
+    AgentConfig,
+    Host,
+    call_step,
+    committed,
+    compacted,
+    context_inputs,
+    context_name,
+    current_steps,
+    dynamic_names,
+    dynamic_steps,
+    idempotency_key,
+    image_exempt,
+    is_agent_run,
+    is_tool_step,
+    model_step,
+    pauses_for_tokens,
+    record_name,
+    transcript_prefix,
+    turn_of_step,
+)
 
-# Environment of model turns and tool calls (besides the AGENTRUN_* identity of every step).
-ENV_TOOL_ARGS = "AGENTRUN_TOOL_ARGS"
-ENV_TOOL_NAME = "AGENTRUN_TOOL_NAME"
-ENV_TOOL_CALL_ID = "AGENTRUN_TOOL_CALL_ID"
-ENV_TURN = "AGENTRUN_TURN"
-ENV_MODEL_BASE_URL = "AGENTRUN_MODEL_BASE_URL"
-ENV_MODEL_NAME = "AGENTRUN_MODEL_NAME"
-ENV_MODEL_TEMPERATURE = "AGENTRUN_MODEL_TEMPERATURE"
-ENV_MODEL_MAX_OUTPUT_TOKENS = "AGENTRUN_MODEL_MAX_OUTPUT_TOKENS"
-ENV_MODEL_API_KEY = "AGENTRUN_MODEL_API_KEY"
-ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
-ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
-ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
-"""``AGENTRUN_CONTEXT_PART_0`` ... : the parts of the context document."""
-CONTEXT_INPUT = "AGENTRUN_CONTEXT"
-"""The name the context's digest has among a model turn's inputs (in its args hash)."""
-RESERVED_ENV = frozenset(
-    {ENV_TOOL_ARGS, ENV_TOOL_NAME, ENV_TOOL_CALL_ID, ENV_TURN}
-)  # a tool's own env may not set these
+__all__ = [
+    "CONTEXT_INPUT",
+    "ENV_CONTEXT_PART",
+    "ENV_CONTEXT_PARTS",
+    "ENV_CONTEXT_SHA256",
+    "ENV_MODEL_API_KEY",
+    "ENV_MODEL_BASE_URL",
+    "ENV_MODEL_MAX_OUTPUT_TOKENS",
+    "ENV_MODEL_NAME",
+    "ENV_MODEL_TEMPERATURE",
+    "ENV_TOOL_ARGS",
+    "ENV_TOOL_CALL_ID",
+    "ENV_TOOL_NAME",
+    "ENV_TURN",
+    "KIND_CONTEXT",
+    "KIND_TRANSCRIPT",
+    "AgentConfig",
+    "Host",
+    "Settled",
+    "advance",
+    "committed",
+    "compacted",
+    "context_inputs",
+    "context_name",
+    "current_steps",
+    "dynamic_names",
+    "dynamic_steps",
+    "finish",
+    "idempotency_key",
+    "image_exempt",
+    "is_agent_run",
+    "is_tool_step",
+    "model_step",
+    "paused_message",
+    "pauses_for_tokens",
+    "record_name",
+    "settled",
+    "transcript_prefix",
+    "turn_needs",
+    "turn_of_step",
+    "validate_calls",
+    "wanted_documents",
+]
 
-KIND_TRANSCRIPT = "transcript"
-KIND_CONTEXT = "context"
-MODEL = "model"
-_DYNAMIC = re.compile(r"^t([0-9]+)-")
-_LABEL = re.compile(r"[^a-z0-9-]+")
 WAIT_SECONDS = 1
 """A stage waiting for a record the shell has not read yet looks again this soon."""
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    """Operator settings of the loop (not user API)."""
-
-    llm_image: str = "agentrun-operator:0.1.0"
-    """Image of model turns: the operator's own (it has ``agentrun step llm``)."""
-    llm_command: tuple[str, ...] = ("agentrun", "step", "llm")
-    bytes_per_token: int = 4
-    """How the prompt's tokens are estimated before a turn, for the budget."""
-    tool_result_bytes: int = 16 * 1024
-    """Most bytes of one tool result (or plan step result) put into the context and the
-    transcript record; the whole result stays where the step committed it."""
-
-
-class Host(Protocol):
-    """What the state machine's working state offers the loop (machine._Builder)."""
-
-    @property
-    def run(self) -> m.AgentRun: ...
-    @property
-    def observed(self) -> Observed: ...
-    @property
-    def now(self) -> datetime: ...
-    @property
-    def status(self) -> m.AgentRunStatus: ...
-    @property
-    def steps(self) -> dict[str, m.StepStatus]: ...
-    @property
-    def before(self) -> list[Action]: ...
-    @property
-    def after(self) -> list[Action]: ...
-    @property
-    def halt(self) -> object: ...
-
-    def record(
-        self,
-        step: str | None,
-        old: str | None,
-        new: str,
-        reason: str,
-        msg: str,
-        by: str | None = None,
-    ) -> None: ...
-
-    def move(
-        self, st: m.StepStatus, phase: SP, reason: str, msg: str, by: str | None = None
-    ) -> None: ...
-
-    def stop(self, reason: str, message: str) -> None: ...
-
-    def timer(self, at: datetime | None) -> None: ...
-
-
-# ---------------------------------------------------------------------------------------------
-# Names
-# ---------------------------------------------------------------------------------------------
-
-
-def model_step(turn: int) -> str:
-    """The step of model turn ``turn``."""
-    return f"t{turn}-{MODEL}"
-
-
-def call_step(turn: int, index: int, tool: str) -> str:
-    """The step of call ``index`` (0-based) of turn ``turn``: a DNS label."""
-    label = _LABEL.sub("-", tool.lower()).strip("-") or "tool"
-    return f"t{turn}-{index}-{label}"[: naming.MAX_NAME].rstrip("-")
-
-
-def turn_of_step(name: str) -> int | None:
-    found = _DYNAMIC.match(name)
-    return int(found.group(1)) if found else None
-
-
-def _run_digest(run: m.AgentRun, *parts: str) -> str:
-    return naming.sha256_text("\x00".join([run.metadata.uid, *parts]))
-
-
-def record_name(run: m.AgentRun, turn: int) -> str:
-    """The transcript record of turn ``turn`` (sorted by name, records are in turn order)."""
-    return naming.dns_label(f"{run.metadata.name}-transcript", f"{_run_digest(run)[:8]}-{turn:04d}")
-
-
-def transcript_prefix(run: m.AgentRun) -> str:
-    """What every record name of the run starts with (then ``-{turn:04d}``)."""
-    return record_name(run, 0)[:-5]
-
-
-def context_name(run: m.AgentRun, turn: int, digest: str) -> str:
-    """The ConfigMap of a turn's context; its content decides its name."""
-    return naming.dns_label(
-        f"{run.metadata.name}-context", f"{_run_digest(run, digest)[:10]}-{turn:04d}"
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# The steps of the loop, as the state machine runs them
-# ---------------------------------------------------------------------------------------------
-
-
-def is_agent_run(run: m.AgentRun) -> bool:
-    return run.spec.agent is not None
-
-
-def dynamic_names(status: a.AgentStatus | None) -> set[str]:
-    """The steps of the current turn (whether they exist yet or not)."""
-    if status is None or status.turn == 0:
-        return set()
-    names = {model_step(status.turn)}
-    names |= {c.step for c in status.calls or [] if c.step}
-    return names
-
-
-def is_tool_step(status: a.AgentStatus | None, name: str) -> bool:
-    return status is not None and any(c.step == name for c in status.calls or [])
-
-
-def _env(name: str, value: str) -> m.EnvVar:
-    return m.EnvVar.model_construct(name=name, value=value, value_from=None)
-
-
-def model_turn_step(
-    run: m.AgentRun, status: a.AgentStatus, ctx: a.ContextStatus, config: AgentConfig
-) -> m.Step:
-    """The step of the model turn ``ctx`` was assembled for, with the image and command
-    committed when the turn started (the operator's settings before that)."""
-    agent = run.spec.agent
-    assert agent is not None
-    image = status.turn_image or config.llm_image
-    command = list(status.turn_command or config.llm_command)
-    model = agent.model
-    env = [
-        _env(ENV_TURN, str(ctx.turn)),
-        _env(ENV_MODEL_BASE_URL, model.base_url),
-        _env(ENV_MODEL_NAME, model.name),
-        _env(ENV_MODEL_MAX_OUTPUT_TOKENS, str(model.max_output_tokens)),
-        _env(ENV_CONTEXT_SHA256, ctx.digest),
-        _env(ENV_CONTEXT_PARTS, str(ctx.parts)),
-    ]
-    if model.temperature is not None:
-        env.append(_env(ENV_MODEL_TEMPERATURE, repr(model.temperature)))
-    if model.api_key_secret_ref is not None:
-        ref = model.api_key_secret_ref
-        env.append(
-            m.EnvVar(
-                name=ENV_MODEL_API_KEY,
-                value_from=m.EnvVarSource(
-                    secret_key_ref=m.SecretKeySelector(name=ref.name, key=ref.key)
-                ),
-            )
-        )
-    container = m.ContainerAction.model_construct(image=image, command=command, env=env)
-    return m.Step.model_construct(
-        name=model_step(ctx.turn),
-        description=f"model turn {ctx.turn}",
-        container=container,
-        risk=m.Risk.READ,
-        approval=m.ApprovalMode.AUTO,
-        on_rejection=m.OnRejection.FAIL_RUN,
-        retry=model.retry,
-        timeout_seconds=model.timeout_seconds,
-    )
-
-
-def context_inputs(
-    status: a.AgentStatus | None, step: str
-) -> tuple[list[m.EnvVar], dict[str, str]]:
-    """The inputs of a model turn's step: the parts of its context, by reference to the
-    run's own ConfigMap (``AGENTRUN_CONTEXT_PART_{i}``), and their digest for the args hash.
-    Nothing for any other step. Like the inputs of plan steps, they name an object the
-    operator wrote, so they are not checked against the creator's rights."""
-    ctx = status.context if status is not None else None
-    if status is None or ctx is None or step != model_step(status.turn) or ctx.turn != status.turn:
-        return [], {}
-    env = [
-        m.EnvVar(
-            name=f"{ENV_CONTEXT_PART}{i}",
-            value_from=m.EnvVarSource(
-                config_map_key_ref=m.ConfigMapKeySelector(name=ctx.name, key=f"part-{i}")
-            ),
-        )
-        for i in range(ctx.parts)
-    ]
-    return env, {CONTEXT_INPUT: ctx.digest}
-
-
-def tool_call_step(turn: int, call: a.ToolCallStatus, tool: a.AgentTool) -> m.Step:
-    """The step of a valid tool call: the tool's container with the call's arguments."""
-    assert call.step is not None
-    own = [e for e in tool.container.env or [] if e.name not in RESERVED_ENV]
-    env = [
-        *own,
-        _env(ENV_TOOL_NAME, tool.name),
-        _env(ENV_TOOL_CALL_ID, call.id),
-        _env(ENV_TURN, str(turn)),
-        _env(ENV_TOOL_ARGS, call.arguments),
-    ]
-    container = tool.container.model_copy(update={"env": env})
-    return m.Step.model_construct(
-        name=call.step,
-        description=f"turn {turn}: call {call.id} of {tool.name}",
-        container=container,
-        risk=tool.risk,
-        approval=tool.approval,
-        # A refused call is answered to the model; the run goes on.
-        on_rejection=m.OnRejection.SKIP_STEP,
-        retry=tool.retry,
-        timeout_seconds=tool.timeout_seconds,
-    )
-
-
-def dynamic_steps(
-    run: m.AgentRun, steps: Mapping[str, m.StepStatus], config: AgentConfig
-) -> list[m.Step]:
-    """The steps of the current turn that exist in ``steps``, as the machine runs them."""
-    agent = run.spec.agent
-    status = run.status.agent if run.status else None
-    return _dynamic(agent, status, steps, run, config)
-
-
-def _dynamic(
-    agent: a.Agent | None,
-    status: a.AgentStatus | None,
-    steps: Mapping[str, m.StepStatus],
-    run: m.AgentRun,
-    config: AgentConfig,
-) -> list[m.Step]:
-    if agent is None or status is None or status.turn == 0:
-        return []
-    found: list[m.Step] = []
-    ctx = status.context
-    if model_step(status.turn) in steps and ctx is not None and ctx.turn == status.turn:
-        found.append(model_turn_step(run, status, ctx, config))
-    tools = {t.name: t for t in agent.tools or []}
-    for call in status.calls or []:
-        if call.step and call.step in steps and call.tool in tools:
-            found.append(tool_call_step(status.turn, call, tools[call.tool]))
-    return found
-
-
-def current_steps(b: Host, config: AgentConfig) -> list[m.Step]:
-    """The current turn's steps, from the status being derived."""
-    return _dynamic(b.run.spec.agent, b.status.agent, b.steps, b.run, config)
-
-
-def idempotency_key(
-    run: m.AgentRun, status: a.AgentStatus | None, step: str, args_hash: str
-) -> str | None:
-    """``{run uid}:{turn}:{call id}:{args hash}`` for a tool call of the current turn
-    (``model`` for the call id of a model turn); None for a plan step."""
-    if run.spec.agent is None or status is None:
-        return None
-    turn = turn_of_step(step)
-    if turn is None or turn != status.turn:
-        return None
-    if step == model_step(turn):
-        return f"{run.metadata.uid}:{turn}:{MODEL}:{args_hash}"
-    call = next((c for c in status.calls or [] if c.step == step), None)
-    return f"{run.metadata.uid}:{turn}:{call.id}:{args_hash}" if call else None
-
-
-def image_exempt(status: a.AgentStatus | None, step: str) -> bool:
-    """Model turns run the operator's own image, which policy.allowedImages does not govern
-    (a tool's image is checked when its call is validated)."""
-    return status is not None and status.turn > 0 and step == model_step(status.turn)
-
-
-def pauses_for_tokens(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
-    """Whether the token budget pauses the loop instead of failing the run: once the agent
-    has started (the plan before it is held to budget.maxTokens as plan runs are)."""
-    return run.spec.agent is not None and status.agent is not None and status.agent.turn > 0
-
-
-def committed(run: m.AgentRun, step: str) -> bool:
-    """Whether ``step`` may be launched in this pass: a plan step always; a step of the loop
-    (a new turn's model step, a new tool call) only once the status as read has it, so that
-    the shell checked what it uses (the API key Secret, a tool's env) against the creator's
-    rights (agentrun.authz) before its launch is decided."""
-    if run.spec.agent is None or run.step(step) is not None:
-        return True
-    return any(st.name == step for st in (run.status.steps if run.status else None) or [])
-
-
-def compacted(run: m.AgentRun, step: str) -> bool:
-    """Whether ``step`` belongs to a closed turn (its outcome lives in the transcript)."""
-    status = run.status.agent if run.status else None
-    if run.spec.agent is None or status is None or run.step(step) is not None:
-        return False
-    turn = turn_of_step(step)
-    return turn is not None and turn < status.turn
-
 
 # ---------------------------------------------------------------------------------------------
 # What the shell reads for the loop
@@ -424,28 +181,6 @@ def wanted_documents(run: m.AgentRun) -> list[DocumentKey]:
             for st in calls:
                 wanted += _ref_of(st)
     return wanted
-
-
-def _content(b: Host, st: m.StepStatus) -> str | None:
-    """A succeeded step's whole result: inline, stored in this pass, or read by the shell;
-    None while it has not been read."""
-    if st.result_ref is None:
-        return st.result if st.result is not None else ""
-    ref = st.result_ref
-    for action in b.before:
-        if isinstance(action, StoreResult) and action.name == ref.name:
-            return dict(action.data).get(ref.key)
-    text = b.observed.documents.get((ref.name, ref.key))
-    if text is not None and st.result_digest and naming.sha256_text(text) != st.result_digest:
-        return f"[the stored result does not match its digest {st.result_digest[:12]}]"
-    return text
-
-
-def _cut(text: str, limit: int) -> str:
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
-        return text
-    return data[:limit].decode("utf-8", "ignore") + f" …[{len(data) - limit} more bytes]"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,7 +267,7 @@ def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> N
         if st.phase == SP.SKIPPED:
             sections.append(f"## step {st.name}: skipped ({st.message or 'not run'})")
             continue
-        text = _content(b, st)
+        text = content_of(b, st)
         if text is None:
             _wait(b)
             return
@@ -540,7 +275,7 @@ def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> N
         if st.summary:
             lines.append(f"summary: {st.summary}")
         if text:
-            lines.append(_cut(text, config.tool_result_bytes))
+            lines.append(cut(text, config.tool_result_bytes))
         sections.append("\n".join(lines))
     user = b.run.spec.goal
     if sections:
@@ -624,7 +359,7 @@ def _model_output(b: Host, ag: a.AgentStatus) -> cx.Output | str | None:
     st = b.steps.get(model_step(ag.turn))
     if st is None or st.phase != SP.SUCCEEDED:
         return None
-    text = _content(b, st)
+    text = content_of(b, st)
     if text is None:
         return None
     return cx.parse_output(text, ag.turn)
@@ -718,145 +453,6 @@ def _summary(turn: int, output: cx.Output, invalid: int) -> a.TurnSummary:
     )
 
 
-def _allowed(run: m.AgentRun, image: str) -> bool:
-    allowed = run.spec.policy.allowed_images if run.spec.policy else None
-    return allowed is None or any(image.startswith(p) for p in allowed)
-
-
-def _schema_problem(schema: dict[str, Any], arguments: Any) -> str | None:
-    try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        validator_class.check_schema(schema)
-        validator = validator_class(schema)
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-    except jsonschema.exceptions.SchemaError as e:
-        return f"the tool's parameters are not a valid JSON Schema: {e.message[:200]}"
-    except Exception as e:  # a user-written schema may fail in any way (unresolvable $ref...)
-        return f"the arguments could not be checked against the tool's parameters: {e}"[:300]
-    if not errors:
-        return None
-    said = []
-    for error in errors[:3]:
-        where = "/".join(str(p) for p in error.absolute_path) or "(the arguments)"
-        said.append(f"{where}: {error.message[:200]}")
-    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "the arguments do not match the tool's parameters: " + "; ".join(said) + more
-
-
-def validate_calls(
-    b: Host, agent: a.Agent, turn: int, calls: Sequence[cx.ToolCall]
-) -> list[a.ToolCallStatus]:
-    """Every call, valid (with its step) or not (with the problem)."""
-    tools = {t.name: t for t in agent.tools or []}
-    budget = b.run.spec.budget or m.Budget()
-    started = (b.status.usage or m.Usage()).steps
-    accepted = 0
-    out: list[a.ToolCallStatus] = []
-    for index, call in enumerate(calls):
-        problem = _problem(b, agent, tools, call)
-        if problem is None and accepted >= agent.max_tool_calls_per_turn:
-            problem = (
-                f"the model may make at most {agent.max_tool_calls_per_turn} tool calls a turn "
-                "(spec.agent.maxToolCallsPerTurn); this one was not run, call it again next turn"
-            )
-        # Room is kept for one more model turn, which answers.
-        if (
-            problem is None
-            and budget.max_steps is not None
-            and started + accepted + 1 >= budget.max_steps
-        ):
-            problem = (
-                f"budget.maxSteps ({budget.max_steps}) leaves no room for this call; answer "
-                "with what you have"
-            )
-        arguments = call.arguments
-        if problem is not None:
-            out.append(
-                a.ToolCallStatus(
-                    id=call.id,
-                    tool=call.name,
-                    arguments=_cut(arguments, 1024)[: a.MAX_TOOL_ARGUMENTS],
-                    problem=problem[:1024],
-                )
-            )
-            continue
-        accepted += 1
-        out.append(
-            a.ToolCallStatus(
-                id=call.id,
-                tool=call.name,
-                step=call_step(turn, index, call.name),
-                arguments=arguments,
-            )
-        )
-    return out
-
-
-def _problem(
-    b: Host, agent: a.Agent, tools: Mapping[str, a.AgentTool], call: cx.ToolCall
-) -> str | None:
-    tool = tools.get(call.name)
-    if tool is None:
-        names = ", ".join(sorted(tools)) or "none"
-        return f"there is no tool '{clean(call.name)[:64]}' (the tools: {names})"
-    size = len(call.arguments.encode("utf-8", "surrogatepass"))
-    if size > a.MAX_TOOL_ARGUMENTS:
-        return f"the arguments are {size} bytes, more than the {a.MAX_TOOL_ARGUMENTS} allowed"
-    try:
-        arguments = json.loads(call.arguments or "{}")
-    except (ValueError, RecursionError) as e:
-        return f"the arguments are not valid JSON: {str(e)[:200]}"
-    if not isinstance(arguments, dict):
-        return f"the arguments must be a JSON object, not {type(arguments).__name__}"
-    schema_problem = _schema_problem(tool.parameters, arguments)
-    if schema_problem is not None:
-        return schema_problem
-    if not _allowed(b.run, tool.container.image):
-        return (
-            f"the tool's image {tool.container.image} is not allowed by policy.allowedImages; "
-            "the call was not run"
-        )
-    return None
-
-
-def _call_outcome(b: Host, call: a.ToolCallStatus) -> dict[str, Any] | None:
-    """The call's outcome for the record and the model; None while a result is unread."""
-    if call.problem is not None or call.step is None:
-        return {
-            "outcome": "Invalid",
-            "problem": call.problem,
-            "answer": f"error: the call was not run: {call.problem}",
-        }
-    st = b.steps.get(call.step)
-    if st is None:  # pragma: no cover - a current call's step stays in status
-        return {"outcome": "Lost", "answer": "error: the call's step was lost"}
-    out: dict[str, Any] = {"outcome": str(st.phase), "step": st.name, "attempts": st.attempt}
-    if st.decided_by:
-        out["decidedBy"] = st.decided_by
-    if st.usage is not None and st.usage.tokens:
-        out["tokens"] = st.usage.tokens
-    if st.phase == SP.SUCCEEDED:
-        text = _content(b, st)
-        if text is None:
-            return None
-        out["summary"] = st.summary
-        if st.result_ref is not None:
-            out["resultRef"] = st.result_ref.to_wire()
-            out["resultDigest"] = st.result_digest
-        out["result"] = text
-        return out
-    error = st.error
-    why = f"{error.reason}: {error.message}" if error else (st.message or "no reason recorded")
-    out["error"] = why
-    if st.phase == SP.SKIPPED and error is not None and error.reason == "Rejected":
-        out["answer"] = f"error: the call was not run: it was rejected ({error.message})"
-    elif st.phase in (SP.SKIPPED, SP.CANCELLED):
-        out["answer"] = f"error: the call was not run ({why})"
-    else:
-        out["answer"] = f"error: the tool failed ({why})"
-    return out
-
-
 def _record(
     b: Host,
     ag: a.AgentStatus,
@@ -908,7 +504,7 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
         return
     outcomes: list[dict[str, Any]] = []
     for call in calls:
-        outcome = _call_outcome(b, call)
+        outcome = call_outcome(b, call)
         if outcome is None:
             _wait(b)
             return
@@ -924,8 +520,8 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
         full = outcome.pop("answer", None)
         result = outcome.get("result")
         if result is not None:
-            answer = _cut(result, config.tool_result_bytes) or "(no output)"
-            outcome["result"] = _cut(result, config.tool_result_bytes)
+            answer = cut(result, config.tool_result_bytes) or "(no output)"
+            outcome["result"] = cut(result, config.tool_result_bytes)
         else:
             answer = str(full)
         summary = outcome.get("summary") or summary_line(answer) or "(no output)"

@@ -322,12 +322,10 @@ def page(context: Context, limit: int) -> Context:
     def total() -> int:
         return 2 + sum(sizes) + max(len(sizes) - 1, 0)
 
-    paged = context.paged_results
     turns = sorted({t for m in messages if (t := _turn_of(m)) is not None})
     newest = turns[-1] if turns else None
 
-    def page_results(newest_too: bool) -> int:
-        count = 0
+    def page_results(newest_too: bool) -> None:
         for i, message in enumerate(messages):
             if total() <= limit:
                 break
@@ -342,11 +340,9 @@ def page(context: Context, limit: int) -> Context:
             message["content"] = replacement
             message["x-paged"] = True
             sizes[i] = message_bytes(message)
-            count += 1
-        return count
 
     # 1. Old tool results by their summaries, oldest first.
-    paged += page_results(newest_too=False)
+    page_results(newest_too=False)
     # 2. The oldest turns left out whole (never the newest), one note standing for them.
     omitted = context.omitted_turns
     for turn in turns[:-1]:
@@ -367,7 +363,7 @@ def page(context: Context, limit: int) -> Context:
         messages.insert(at, note)
         sizes.insert(at, message_bytes(note))
     # 2b. Then the newest turn's results too.
-    paged += page_results(newest_too=True)
+    page_results(newest_too=True)
     # 3. Cut the longest message short until it fits.
     while total() > limit:
         longest = max(range(len(messages)), key=lambda i: sizes[i])
@@ -385,5 +381,5 @@ def page(context: Context, limit: int) -> Context:
         messages=messages,
         tools=context.tools,
         omitted_turns=omitted,
-        paged_results=paged,
+        paged_results=sum(1 for m in messages if m.get("x-paged")),
     )

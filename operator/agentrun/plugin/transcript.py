@@ -63,9 +63,10 @@ def _call_lines(call: Mapping[str, Any]) -> list[str]:
         lines.append(f"     invalid: {one_line(str(call['problem']), RESULT_LIMIT)}")
     if call.get("error"):
         lines.append(f"     error: {one_line(str(call['error']), RESULT_LIMIT)}")
-    if call.get("summary"):
+    result = call.get("result")
+    if call.get("summary") and one_line(str(call["summary"])) != one_line(str(result or "")):
         lines.append(f"     summary: {one_line(str(call['summary']), RESULT_LIMIT)}")
-    if call.get("result") is not None:
+    if result is not None:
         lines.append(f"     result: {one_line(str(call['result']), RESULT_LIMIT)}")
     ref = call.get("resultRef")
     if isinstance(ref, Mapping):

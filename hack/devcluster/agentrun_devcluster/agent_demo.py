@@ -1,0 +1,215 @@
+"""``make demo-agent``: an agent run end to end, offline, on a scripted model.
+
+Starts the local control plane and node, installs the CRD, starts the operator (model turns
+run ``agentrun step llm`` from this checkout) and a scripted OpenAI-compatible model on
+127.0.0.1 (:mod:`agentrun_devcluster.modelserver`), then applies
+``examples/agent-investigation.yaml`` pointed at that model. The model, answering from its
+script, calls two tools at once (one call with arguments its JSON Schema refuses, which the
+model is told about), asks to restart a service (a gated tool: the demo approves the call with
+``kubectl agentrun approve``), and answers. Prints ``kubectl get agentruns``, ``kubectl agentrun
+transcript`` and ``kubectl agentrun result``, shuts everything down, exits 0 (non-zero, with the
+logs, when anything fails). Nothing leaves the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .binaries import resolve_bin_dir
+from .controlplane import ControlPlane, free_port, tail
+from .modelserver import ScriptedModel, reply, tool_call
+from .node import NodeProcess
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "agent-investigation.yaml"
+NAMESPACE = "demo"
+VENV_BIN = Path(sys.executable).parent
+
+SCRIPT = [
+    reply(
+        "p99 jumped at 09:12. Searching the checkout logs for cache and timeout errors.",
+        [
+            tool_call("search_logs", {"service": "checkout", "pattern": "cache", "since": "09:00"}),
+            tool_call("search_logs", {"service": "checkout", "pattern": "timeout", "since": "9am"}),
+        ],
+        prompt_tokens=420,
+        completion_tokens=60,
+    ),
+    reply(
+        "The cache miss ratio went to 0.97 right after checkout-v2.14. Restarting checkout.",
+        [tool_call("restart-service", {"service": "checkout"})],
+        prompt_tokens=610,
+        completion_tokens=40,
+    ),
+    reply(
+        "p99 doubled because checkout-v2.14 started with a cold cache (miss ratio 0.97 from "
+        "09:12). Checkout was restarted with approval, which refills the cache.",
+        prompt_tokens=700,
+        completion_tokens=45,
+    ),
+]
+
+
+def _say(message: str) -> None:
+    print(f"demo-agent: {message}", flush=True)
+
+
+def _llm_command() -> list[str]:
+    agentrun = VENV_BIN / "agentrun"
+    if agentrun.exists():
+        return [str(agentrun), "step", "llm"]
+    return [sys.executable, "-m", "agentrun.cli", "step", "llm"]
+
+
+def run_demo(timeout: int) -> int:
+    started = time.monotonic()
+    state = Path(tempfile.mkdtemp(prefix="agentrun-demo-agent-"))
+    _say(f"starting the local control plane (state in {state})")
+    with (
+        ControlPlane(resolve_bin_dir(), state_dir=state / "cp") as cp,
+        ScriptedModel(script=list(SCRIPT)) as model,
+    ):
+        env = cp.env()
+        env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", os.defpath)])
+
+        def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+            proc = subprocess.run(
+                [str(cp.kubectl), *args], env=env, text=True, capture_output=True,
+                timeout=timeout + 60,
+            )  # fmt: skip
+            if check and proc.returncode != 0:
+                raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}")
+            return proc
+
+        def run_json() -> dict[str, Any]:
+            found: dict[str, Any] = json.loads(
+                kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json").stdout
+            )
+            return found
+
+        _say(f"scripted model at {model.base_url}; starting the local node")
+        with NodeProcess(cp.kubeconfig, state_dir=state / "node"):
+            kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+            for _ in range(30):  # the CRD may have no conditions yet: wait fails at once
+                established = kubectl(
+                    "wait", "--for=condition=Established", "crd/agentruns.agentrun.dev",
+                    check=False,
+                )  # fmt: skip
+                if established.returncode == 0:
+                    break
+                time.sleep(1)
+            kubectl("create", "namespace", NAMESPACE)
+            log_path = state / "operator.log"
+            _say(f"starting the operator (log: {log_path})")
+            operator_env = {
+                **env,
+                "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "5",
+                "AGENTRUN_LLM_COMMAND": shlex.join(_llm_command()),
+            }
+            with log_path.open("wb") as log:
+                operator = subprocess.Popen(
+                    [sys.executable, "-m", "agentrun.cli", "run", "--namespace", NAMESPACE,
+                     "--liveness-port", str(free_port()), "--liveness-host", "127.0.0.1"],
+                    env=operator_env, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )  # fmt: skip
+                try:
+                    body = yaml.safe_load(EXAMPLE.read_text())
+                    name = body["metadata"]["name"]
+                    body["spec"]["agent"]["model"]["baseURL"] = model.base_url
+                    _say(f"applying {EXAMPLE.relative_to(REPO)} (baseURL: the scripted model)")
+                    print(_apply(cp.kubectl, env, body), end="")
+                    deadline = time.monotonic() + timeout
+                    gated = None
+                    while time.monotonic() < deadline and gated is None:
+                        status = run_json().get("status") or {}
+                        if status.get("phase") in ("Succeeded", "Failed", "Cancelled"):
+                            break
+                        gated = next(
+                            (
+                                s["name"]
+                                for s in status.get("steps") or []
+                                if s.get("phase") == "WaitingForApproval"
+                            ),
+                            None,
+                        )
+                        time.sleep(1)
+                    if gated is not None:
+                        _say(f"{gated} waits for approval:")
+                        print(_plugin(env, "status", name, "-n", NAMESPACE), end="")
+                        _say(f"kubectl agentrun approve {name} {gated}")
+                        print(
+                            _plugin(env, "approve", name, gated, "-n", NAMESPACE,
+                                    "--reason", "the logs point at a cold cache"),
+                            end="",
+                        )  # fmt: skip
+                    waited = kubectl(
+                        "wait", "-n", NAMESPACE, "--for=condition=Succeeded", f"agentrun/{name}",
+                        f"--timeout={max(int(deadline - time.monotonic()), 1)}s", check=False,
+                    )  # fmt: skip
+                    print(kubectl("get", "agentruns", "-n", NAMESPACE).stdout, end="")
+                    _say(f"kubectl agentrun transcript {name}")
+                    print(_plugin(env, "transcript", name, "-n", NAMESPACE), end="")
+                    if waited.returncode != 0:
+                        _say(f"the run did not succeed: {waited.stderr.strip()}")
+                        _say("operator log tail:\n" + tail(log_path))
+                        return 1
+                    _say(f"kubectl agentrun result {name}")
+                    print(_plugin(env, "result", name, "-n", NAMESPACE))
+                    _say(
+                        f"the model was asked {len(model.completions())} times; nothing left "
+                        "this machine"
+                    )
+                finally:
+                    operator.terminate()
+                    try:
+                        operator.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        operator.kill()
+    _say(f"succeeded in {time.monotonic() - started:.1f}s")
+    return 0
+
+
+def _apply(kubectl_path: Path, env: dict[str, str], body: dict[str, Any]) -> str:
+    proc = subprocess.run(
+        [str(kubectl_path), "apply", "-n", NAMESPACE, "-f", "-"],
+        input=yaml.safe_dump(body), env=env, text=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl apply failed:\n{proc.stderr}")
+    return proc.stdout
+
+
+def _plugin(env: dict[str, str], *args: str) -> str:
+    """``kubectl agentrun ARGS`` (the plugin from this checkout's virtualenv)."""
+    proc = subprocess.run(
+        [str(VENV_BIN / "kubectl-agentrun"), *args], env=env, text=True, capture_output=True,
+        timeout=120,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl agentrun {' '.join(args)} failed:\n{proc.stderr}")
+    return proc.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agentrun_devcluster.agent_demo",
+                                     description=__doc__)  # fmt: skip
+    parser.add_argument("--timeout", type=int, default=240, help="seconds to wait for the run")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return run_demo(args.timeout)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,340 @@
+"""The agent loop's steps as the state machine runs them: their names, the steps synthesized
+for the current turn (a model turn in the operator's image, a tool call in its tool's
+container with the call's arguments), their idempotency keys, and the small questions the
+machine asks about them (is this a tool call, may it launch yet, is its turn closed).
+
+See :mod:`agentrun.core.agent` for the loop itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from agentrun.api import agent as a
+from agentrun.api import models as m
+from agentrun.api.models import StepPhase as SP
+from agentrun.core import naming
+from agentrun.core.actions import Action
+from agentrun.core.observed import Observed
+
+# Environment of model turns and tool calls (besides the AGENTRUN_* identity of every step).
+ENV_TOOL_ARGS = "AGENTRUN_TOOL_ARGS"
+ENV_TOOL_NAME = "AGENTRUN_TOOL_NAME"
+ENV_TOOL_CALL_ID = "AGENTRUN_TOOL_CALL_ID"
+ENV_TURN = "AGENTRUN_TURN"
+ENV_MODEL_BASE_URL = "AGENTRUN_MODEL_BASE_URL"
+ENV_MODEL_NAME = "AGENTRUN_MODEL_NAME"
+ENV_MODEL_TEMPERATURE = "AGENTRUN_MODEL_TEMPERATURE"
+ENV_MODEL_MAX_OUTPUT_TOKENS = "AGENTRUN_MODEL_MAX_OUTPUT_TOKENS"
+ENV_MODEL_API_KEY = "AGENTRUN_MODEL_API_KEY"
+ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
+ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
+ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
+"""``AGENTRUN_CONTEXT_PART_0`` ... : the parts of the context document."""
+CONTEXT_INPUT = "AGENTRUN_CONTEXT"
+"""The name the context's digest has among a model turn's inputs (in its args hash)."""
+RESERVED_ENV = frozenset(
+    {ENV_TOOL_ARGS, ENV_TOOL_NAME, ENV_TOOL_CALL_ID, ENV_TURN}
+)  # a tool's own env may not set these
+
+KIND_TRANSCRIPT = "transcript"
+KIND_CONTEXT = "context"
+MODEL = "model"
+_DYNAMIC = re.compile(r"^t([0-9]+)-")
+_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Operator settings of the loop (not user API)."""
+
+    llm_image: str = "agentrun-operator:0.1.0"
+    """Image of model turns: the operator's own (it has ``agentrun step llm``)."""
+    llm_command: tuple[str, ...] = ("agentrun", "step", "llm")
+    bytes_per_token: int = 4
+    """How the prompt's tokens are estimated before a turn, for the budget."""
+    tool_result_bytes: int = 16 * 1024
+    """Most bytes of one tool result (or plan step result) put into the context and the
+    transcript record; the whole result stays where the step committed it."""
+
+
+class Host(Protocol):
+    """What the state machine's working state offers the loop (machine._Builder)."""
+
+    @property
+    def run(self) -> m.AgentRun: ...
+    @property
+    def observed(self) -> Observed: ...
+    @property
+    def now(self) -> datetime: ...
+    @property
+    def status(self) -> m.AgentRunStatus: ...
+    @property
+    def steps(self) -> dict[str, m.StepStatus]: ...
+    @property
+    def before(self) -> list[Action]: ...
+    @property
+    def after(self) -> list[Action]: ...
+    @property
+    def halt(self) -> object: ...
+
+    def record(
+        self,
+        step: str | None,
+        old: str | None,
+        new: str,
+        reason: str,
+        msg: str,
+        by: str | None = None,
+    ) -> None: ...
+
+    def move(
+        self, st: m.StepStatus, phase: SP, reason: str, msg: str, by: str | None = None
+    ) -> None: ...
+
+    def stop(self, reason: str, message: str) -> None: ...
+
+    def timer(self, at: datetime | None) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Names
+# ---------------------------------------------------------------------------------------------
+
+
+def model_step(turn: int) -> str:
+    """The step of model turn ``turn``."""
+    return f"t{turn}-{MODEL}"
+
+
+def call_step(turn: int, index: int, tool: str) -> str:
+    """The step of call ``index`` (0-based) of turn ``turn``: a DNS label."""
+    label = _LABEL.sub("-", tool.lower()).strip("-") or "tool"
+    return f"t{turn}-{index}-{label}"[: naming.MAX_NAME].rstrip("-")
+
+
+def turn_of_step(name: str) -> int | None:
+    found = _DYNAMIC.match(name)
+    return int(found.group(1)) if found else None
+
+
+def _run_digest(run: m.AgentRun, *parts: str) -> str:
+    return naming.sha256_text("\x00".join([run.metadata.uid, *parts]))
+
+
+def record_name(run: m.AgentRun, turn: int) -> str:
+    """The transcript record of turn ``turn`` (sorted by name, records are in turn order)."""
+    return naming.dns_label(f"{run.metadata.name}-transcript", f"{_run_digest(run)[:8]}-{turn:04d}")
+
+
+def transcript_prefix(run: m.AgentRun) -> str:
+    """What every record name of the run starts with (then ``-{turn:04d}``)."""
+    return record_name(run, 0)[:-5]
+
+
+def context_name(run: m.AgentRun, turn: int, digest: str) -> str:
+    """The ConfigMap of a turn's context; its content decides its name."""
+    return naming.dns_label(
+        f"{run.metadata.name}-context", f"{_run_digest(run, digest)[:10]}-{turn:04d}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The steps of the loop, as the state machine runs them
+# ---------------------------------------------------------------------------------------------
+
+
+def is_agent_run(run: m.AgentRun) -> bool:
+    return run.spec.agent is not None
+
+
+def dynamic_names(status: a.AgentStatus | None) -> set[str]:
+    """The steps of the current turn (whether they exist yet or not)."""
+    if status is None or status.turn == 0:
+        return set()
+    names = {model_step(status.turn)}
+    names |= {c.step for c in status.calls or [] if c.step}
+    return names
+
+
+def is_tool_step(status: a.AgentStatus | None, name: str) -> bool:
+    return status is not None and any(c.step == name for c in status.calls or [])
+
+
+def _env(name: str, value: str) -> m.EnvVar:
+    return m.EnvVar.model_construct(name=name, value=value, value_from=None)
+
+
+def model_turn_step(
+    run: m.AgentRun, status: a.AgentStatus, ctx: a.ContextStatus, config: AgentConfig
+) -> m.Step:
+    """The step of the model turn ``ctx`` was assembled for, with the image and command
+    committed when the turn started (the operator's settings before that)."""
+    agent = run.spec.agent
+    assert agent is not None
+    image = status.turn_image or config.llm_image
+    command = list(status.turn_command or config.llm_command)
+    model = agent.model
+    env = [
+        _env(ENV_TURN, str(ctx.turn)),
+        _env(ENV_MODEL_BASE_URL, model.base_url),
+        _env(ENV_MODEL_NAME, model.name),
+        _env(ENV_MODEL_MAX_OUTPUT_TOKENS, str(model.max_output_tokens)),
+        _env(ENV_CONTEXT_SHA256, ctx.digest),
+        _env(ENV_CONTEXT_PARTS, str(ctx.parts)),
+    ]
+    if model.temperature is not None:
+        env.append(_env(ENV_MODEL_TEMPERATURE, repr(model.temperature)))
+    if model.api_key_secret_ref is not None:
+        ref = model.api_key_secret_ref
+        env.append(
+            m.EnvVar(
+                name=ENV_MODEL_API_KEY,
+                value_from=m.EnvVarSource(
+                    secret_key_ref=m.SecretKeySelector(name=ref.name, key=ref.key)
+                ),
+            )
+        )
+    container = m.ContainerAction.model_construct(image=image, command=command, env=env)
+    return m.Step.model_construct(
+        name=model_step(ctx.turn),
+        description=f"model turn {ctx.turn}",
+        container=container,
+        risk=m.Risk.READ,
+        approval=m.ApprovalMode.AUTO,
+        on_rejection=m.OnRejection.FAIL_RUN,
+        retry=model.retry,
+        timeout_seconds=model.timeout_seconds,
+    )
+
+
+def context_inputs(
+    status: a.AgentStatus | None, step: str
+) -> tuple[list[m.EnvVar], dict[str, str]]:
+    """The inputs of a model turn's step: the parts of its context, by reference to the
+    run's own ConfigMap (``AGENTRUN_CONTEXT_PART_{i}``), and their digest for the args hash.
+    Nothing for any other step. Like the inputs of plan steps, they name an object the
+    operator wrote, so they are not checked against the creator's rights."""
+    ctx = status.context if status is not None else None
+    if status is None or ctx is None or step != model_step(status.turn) or ctx.turn != status.turn:
+        return [], {}
+    env = [
+        m.EnvVar(
+            name=f"{ENV_CONTEXT_PART}{i}",
+            value_from=m.EnvVarSource(
+                config_map_key_ref=m.ConfigMapKeySelector(name=ctx.name, key=f"part-{i}")
+            ),
+        )
+        for i in range(ctx.parts)
+    ]
+    return env, {CONTEXT_INPUT: ctx.digest}
+
+
+def tool_call_step(turn: int, call: a.ToolCallStatus, tool: a.AgentTool) -> m.Step:
+    """The step of a valid tool call: the tool's container with the call's arguments."""
+    assert call.step is not None
+    own = [e for e in tool.container.env or [] if e.name not in RESERVED_ENV]
+    env = [
+        *own,
+        _env(ENV_TOOL_NAME, tool.name),
+        _env(ENV_TOOL_CALL_ID, call.id),
+        _env(ENV_TURN, str(turn)),
+        _env(ENV_TOOL_ARGS, call.arguments),
+    ]
+    container = tool.container.model_copy(update={"env": env})
+    return m.Step.model_construct(
+        name=call.step,
+        description=f"turn {turn}: call {call.id} of {tool.name}",
+        container=container,
+        risk=tool.risk,
+        approval=tool.approval,
+        # A refused call is answered to the model; the run goes on.
+        on_rejection=m.OnRejection.SKIP_STEP,
+        retry=tool.retry,
+        timeout_seconds=tool.timeout_seconds,
+    )
+
+
+def dynamic_steps(
+    run: m.AgentRun, steps: Mapping[str, m.StepStatus], config: AgentConfig
+) -> list[m.Step]:
+    """The steps of the current turn that exist in ``steps``, as the machine runs them."""
+    agent = run.spec.agent
+    status = run.status.agent if run.status else None
+    return _dynamic(agent, status, steps, run, config)
+
+
+def _dynamic(
+    agent: a.Agent | None,
+    status: a.AgentStatus | None,
+    steps: Mapping[str, m.StepStatus],
+    run: m.AgentRun,
+    config: AgentConfig,
+) -> list[m.Step]:
+    if agent is None or status is None or status.turn == 0:
+        return []
+    found: list[m.Step] = []
+    ctx = status.context
+    if model_step(status.turn) in steps and ctx is not None and ctx.turn == status.turn:
+        found.append(model_turn_step(run, status, ctx, config))
+    tools = {t.name: t for t in agent.tools or []}
+    for call in status.calls or []:
+        if call.step and call.step in steps and call.tool in tools:
+            found.append(tool_call_step(status.turn, call, tools[call.tool]))
+    return found
+
+
+def current_steps(b: Host, config: AgentConfig) -> list[m.Step]:
+    """The current turn's steps, from the status being derived."""
+    return _dynamic(b.run.spec.agent, b.status.agent, b.steps, b.run, config)
+
+
+def idempotency_key(
+    run: m.AgentRun, status: a.AgentStatus | None, step: str, args_hash: str
+) -> str | None:
+    """``{run uid}:{turn}:{call id}:{args hash}`` for a tool call of the current turn
+    (``model`` for the call id of a model turn); None for a plan step."""
+    if run.spec.agent is None or status is None:
+        return None
+    turn = turn_of_step(step)
+    if turn is None or turn != status.turn:
+        return None
+    if step == model_step(turn):
+        return f"{run.metadata.uid}:{turn}:{MODEL}:{args_hash}"
+    call = next((c for c in status.calls or [] if c.step == step), None)
+    return f"{run.metadata.uid}:{turn}:{call.id}:{args_hash}" if call else None
+
+
+def image_exempt(status: a.AgentStatus | None, step: str) -> bool:
+    """Model turns run the operator's own image, which policy.allowedImages does not govern
+    (a tool's image is checked when its call is validated)."""
+    return status is not None and status.turn > 0 and step == model_step(status.turn)
+
+
+def pauses_for_tokens(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
+    """Whether the token budget pauses the loop instead of failing the run: once the agent
+    has started (the plan before it is held to budget.maxTokens as plan runs are)."""
+    return run.spec.agent is not None and status.agent is not None and status.agent.turn > 0
+
+
+def committed(run: m.AgentRun, step: str) -> bool:
+    """Whether ``step`` may be launched in this pass: a plan step always; a step of the loop
+    (a new turn's model step, a new tool call) only once the status as read has it, so that
+    the shell checked what it uses (the API key Secret, a tool's env) against the creator's
+    rights (agentrun.authz) before its launch is decided."""
+    if run.spec.agent is None or run.step(step) is not None:
+        return True
+    return any(st.name == step for st in (run.status.steps if run.status else None) or [])
+
+
+def compacted(run: m.AgentRun, step: str) -> bool:
+    """Whether ``step`` belongs to a closed turn (its outcome lives in the transcript)."""
+    status = run.status.agent if run.status else None
+    if run.spec.agent is None or status is None or run.step(step) is not None:
+        return False
+    turn = turn_of_step(step)
+    return turn is not None and turn < status.turn
