@@ -138,6 +138,8 @@ class Reconciler:
         )
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._reported: set[tuple[str, str, str]] = set()
+        """(run uid, ConfigMap, why) of foreign audit objects already reported by an Event."""
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         """One pass at a time per run: deletion cleanup waits for a pass in flight, so a Job
@@ -195,20 +197,70 @@ class Reconciler:
     # -- the audit record -------------------------------------------------------------------
 
     def _read_record(self, run: m.AgentRun) -> _Record:
+        """The run's record: its own chunks only (:func:`audit.select`), entries up to the
+        latest committed transition. Anything else with the record's labels is ignored and
+        reported once by a Warning Event; it never moves recordedSeq."""
         selector = objects.owned_by(run.metadata.uid, "audit")
         items = list_items(
             self.apis.core.list_namespaced_config_map(
                 run.metadata.namespace, label_selector=selector, _preload_content=False
             )
         )
+        prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
+        latest = (run.status.history_seq if run.status else None) or 0
+        # Entries up to a chunk past the status as read may be a concurrent pass's appends;
+        # further ones cannot be the operator's.
+        chosen = audit.select(items, prefix, run.metadata.uid, limit=latest + audit.CHUNK)
+        self._report_foreign(run, chosen.ignored)
         return _Record(
-            prefix=audit.record_prefix(run.metadata.name, run.metadata.uid),
-            maps={i["metadata"]["name"]: i for i in items},
-            entries=audit.parse(i.get("data") or {} for i in items),
+            prefix=prefix,
+            maps=chosen.maps,
+            entries=[e for e in chosen.entries if int(e["seq"]) <= latest],
         )
 
+    def _report_foreign(self, run: m.AgentRun, ignored: list[tuple[str, str]]) -> None:
+        for name, why in ignored:
+            seen = (run.metadata.uid, name, why)
+            with self._locks_guard:
+                if seen in self._reported:
+                    continue
+                if len(self._reported) >= REPORTED_LIMIT:
+                    self._reported.clear()
+                self._reported.add(seen)
+            message = (
+                f"ConfigMap {name} carries the labels of this run's audit record but is not "
+                f"part of it ({why}): ignored"
+            )
+            log.warning(message, extra=_ctx(run))
+            self._act(run, (EmitEvent("Warning", "ForeignAuditObject", message),))
+
+    def _anchor(self, run: m.AgentRun, status: m.AgentRunStatus, record: _Record) -> None:
+        """Advance the chain's head in ``status`` (committed with the transitions it covers)
+        over the transitions past the head committed before. A run anchored before continues
+        from its anchor; a run from before anchors existed, from its record's last entry."""
+        committed = run.status.audit if run.status else None
+        if committed is not None and committed.head_seq is not None and committed.head_hash:
+            base = (committed.head_seq, committed.head_hash)
+        elif record.entries and (run.status.history_seq if run.status else None):
+            last = record.entries[-1]
+            base = (int(last["seq"]), str(last.get("hash", "")))
+        else:
+            base = (0, audit.genesis(run.metadata.uid))
+        head = audit.advance(*base, status.history or [])
+        if head is None:
+            log.warning(
+                "the audit chain cannot be anchored: status.history does not continue entry %d",
+                base[0],
+                extra=_ctx(run),
+            )
+            return
+        anchor = status.audit or m.AuditStatus()
+        anchor.head_seq, anchor.head_hash = head
+        status.audit = anchor
+
     def _sync_record(self, run: m.AgentRun, status: m.AgentRunStatus, record: _Record) -> None:
-        """Append the committed transitions the record lacks (after the status commit)."""
+        """Append the committed transitions the record lacks (after the status commit, which
+        anchored them: a crash in between leaves the anchor ahead, the entries in history)."""
         last_seq = int(record.entries[-1]["seq"]) if record.entries else 0
         last_hash = (
             str(record.entries[-1]["hash"]) if record.entries else audit.genesis(run.metadata.uid)
@@ -226,6 +278,10 @@ class Reconciler:
             )
         for chunk, data in by_chunk.items():
             existing = record.maps.get(chunk)
+            if existing is not None:
+                old = existing.get("data") or {}
+                if all(old.get(k) == v for k, v in data.items()):
+                    continue
             with tolerate(409) as moved_on:
                 if existing is None:
                     body = objects.audit_config_map(objects.RunRef.of(run), chunk, data)
@@ -235,9 +291,31 @@ class Reconciler:
                     self.apis.core.replace_namespaced_config_map(
                         chunk, run.metadata.namespace, existing
                     )
+            if moved_on and existing is None and self._take_over(run, record.prefix, chunk, data):
+                continue
             if moved_on:
                 log.info("audit record moved on meanwhile; next pass appends", extra=_ctx(run))
                 return
+
+    def _take_over(self, run: m.AgentRun, prefix: str, chunk: str, data: dict[str, str]) -> bool:
+        """A ConfigMap that is not the run's holds a chunk's name: replace it with the chunk
+        (it can only be an imitation; the run's own would have been read). False when the
+        name is the run's after all (another pass created it meanwhile)."""
+        found = list_items(
+            self.apis.core.list_namespaced_config_map(
+                run.metadata.namespace, field_selector=f"metadata.name={chunk}",
+                _preload_content=False,
+            )
+        )  # fmt: skip
+        if not found or audit.select(found, prefix, run.metadata.uid).maps:
+            return False
+        body = objects.audit_config_map(objects.RunRef.of(run), chunk, data)
+        body["metadata"]["resourceVersion"] = found[0]["metadata"].get("resourceVersion")
+        with tolerate(409, 404):
+            self.apis.core.replace_namespaced_config_map(chunk, run.metadata.namespace, body)
+        log.warning("replaced ConfigMap %s, which imitated a chunk of the audit record", chunk,
+                    extra=_ctx(run))  # fmt: skip
+        return True
 
     # -- one pass -------------------------------------------------------------------------
 
@@ -258,6 +336,7 @@ class Reconciler:
             observed, record = self._observe(run)
             observed = self._with_documents(run, observed)
             decision = reconcile(run, observed, self.clock(), self.config)
+            self._anchor(run, decision.status, record)
             try:
                 self._commit(body, run, decision)
             except Conflict:
@@ -452,6 +531,10 @@ class Reconciler:
             holders = ", ".join(job.metadata.finalizers or []) or "no finalizers"
             left.append(f"Job {job.metadata.name} (finalizers: {holders})")
         return left
+
+
+REPORTED_LIMIT = 10_000
+"""Foreign audit objects remembered as reported (then forgotten, and reported again)."""
 
 
 @dataclass(frozen=True)
