@@ -138,6 +138,8 @@ class Reconciler:
         )
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._job_refusals: dict[str, dict[str, str]] = {}
+        """Run uid -> Job name -> the API's message refusing its create (fed to the core)."""
         self._reported: set[tuple[str, str, str]] = set()
         """(run uid, ConfigMap, why) of foreign audit objects already reported by an Event."""
 
@@ -193,6 +195,35 @@ class Reconciler:
     def _report_name_taken(self, run: m.AgentRun, message: str) -> None:
         log.warning(message, extra=_ctx(run))
         self._act(run, (EmitEvent("Warning", "JobNameTaken", message),))
+
+    # -- verdicts fed to the core ------------------------------------------------------------
+
+    def _with_verdicts(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """``observed`` plus the Jobs the API refused (still current: an attempt's refusal
+        is dropped once it is no longer Launching)."""
+        launching = {
+            st.job_name
+            for st in (run.status.steps if run.status else None) or []
+            if st.phase == m.StepPhase.LAUNCHING and st.job_name
+        }
+        with self._locks_guard:
+            known = self._job_refusals.get(run.metadata.uid, {})
+            job_refusals = {k: v for k, v in known.items() if k in launching}
+            if job_refusals:
+                self._job_refusals[run.metadata.uid] = dict(job_refusals)
+            else:
+                self._job_refusals.pop(run.metadata.uid, None)
+        if not job_refusals:
+            return observed
+        return dataclasses.replace(observed, job_refusals=job_refusals)
+
+    def _refused_now(self, run: m.AgentRun, decision: Decision) -> bool:
+        """Whether a Job this pass was to create was refused by the API."""
+        with self._locks_guard:
+            known = self._job_refusals.get(run.metadata.uid, {})
+            return any(
+                isinstance(a, CreateJob) and a.job_name in known for a in decision.after_commit
+            )
 
     # -- the audit record -------------------------------------------------------------------
 
@@ -335,6 +366,7 @@ class Reconciler:
             run = m.AgentRun.model_validate(body)
             observed, record = self._observe(run)
             observed = self._with_documents(run, observed)
+            observed = self._with_verdicts(run, observed)
             decision = reconcile(run, observed, self.clock(), self.config)
             self._anchor(run, decision.status, record)
             try:
@@ -346,7 +378,10 @@ class Reconciler:
             self._act(run, decision.after_commit)
             self._sync_record(run, decision.status, record)
             phase = decision.status.phase
-            return Outcome(decision.requeue_after, str(phase) if phase else None, conflicts)
+            requeue = decision.requeue_after
+            if self._refused_now(run, decision):  # the next pass fails the attempt at once
+                requeue = min(requeue or REFUSAL_REQUEUE, REFUSAL_REQUEUE)
+            return Outcome(requeue, str(phase) if phase else None, conflicts)
         log.warning(
             "gave up after %d conflicts in a row; will retry",
             conflicts,
@@ -414,10 +449,18 @@ class Reconciler:
     def _create_job(self, run: m.AgentRun, action: CreateJob) -> None:
         manifest = jobs.build_job(run, action)
         ctx = _ctx(run, action.step.name, action.attempt)
-        with tolerate(409) as exists:
+        with tolerate(409, *JOB_REFUSALS) as exists:
             created = self.apis.batch.create_namespaced_job(
                 run.metadata.namespace, manifest, _preload_content=False
             )
+        if exists.error is not None and exists.status != 409:
+            # Refused for good (invalid, forbidden): the same create would be refused again.
+            # The core fails the attempt on the next pass, with the API's own words.
+            message = _api_message(exists.error)
+            log.warning("the API refused Job %s: %s", action.job_name, message, extra=ctx)
+            with self._locks_guard:
+                self._job_refusals.setdefault(run.metadata.uid, {})[action.job_name] = message
+            return
         if exists:
             # Someone made it first (an operator before a crash, another operator, or not an
             # operator at all): it counts only once verified, by the next pass.
@@ -533,8 +576,26 @@ class Reconciler:
         return left
 
 
+JOB_REFUSALS = (400, 403, 404, 422)
+"""Statuses of a Job create that fail the attempt (reason JobRefused) instead of being retried:
+the request itself is refused (bad request, forbidden, namespace gone, invalid)."""
 REPORTED_LIMIT = 10_000
 """Foreign audit objects remembered as reported (then forgotten, and reported again)."""
+
+
+REFUSAL_REQUEUE = 0.1
+"""Seconds until the pass that fails an attempt whose Job the API refused."""
+
+
+def _api_message(error: ApiException) -> str:
+    """The message of the API's Status in a refusal, else its reason."""
+    try:
+        status = json.loads(error.body or "")
+    except (TypeError, ValueError, RecursionError):
+        status = None
+    message = status.get("message") if isinstance(status, dict) else None
+    text = message if isinstance(message, str) and message else f"{error.status} {error.reason}"
+    return text[:2048]
 
 
 @dataclass(frozen=True)
