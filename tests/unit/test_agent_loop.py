@@ -496,3 +496,17 @@ def test_a_new_step_of_the_loop_launches_only_once_committed() -> None:
     assert sim.tool_jobs() == []
     sim.tick()
     assert [j.step for j in sim.tool_jobs()] == ["t1-0-search"]
+
+
+def test_the_committed_launch_of_a_turn_and_a_call_is_the_job_the_machine_created() -> None:
+    """A restarted operator verifies a Job found under an attempt's name against the create
+    the committed status gives (agentrun.adoption): for the loop's steps too."""
+    from agentrun.core.machine import committed_launch
+
+    sim = AgentSim(agent_run())
+    sim.answer("", [call("search", {"query": "x"}, "c")])
+    sim.settle()
+    for step in ("t1-model", "t1-0-search"):
+        st = sim.step_status(step)
+        assert st.job_name is not None
+        assert committed_launch(sim.run, step) == sim.created_specs[st.job_name], step

@@ -870,19 +870,6 @@ class AuditStatus(ApiModel):
     recorded_seq: int = Field(
         default=0, ge=0, description="Transitions up to this seq are in the audit record."
     )
-    head_seq: int | None = Field(
-        default=None,
-        ge=0,
-        description=(
-            "seq of the last transition the record's hash chain covers, committed with it: "
-            "the chain's anchor (status is written only by the operator)."
-        ),
-    )
-    head_hash: str | None = Field(
-        default=None,
-        description="Hash of the chain's entry headSeq; the record must end at it.",
-        pattern=r"^[a-f0-9]{64}$",
-    )
 
 
 class AgentRunStatus(ApiModel):

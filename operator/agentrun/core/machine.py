@@ -375,10 +375,7 @@ def _carry(b: _Builder, st: m.StepStatus, carried: m.CarriedResult) -> None:
 def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
     job = b.observed.job(st.job_name or "")
     if job is None:
-        refused = b.observed.job_refusals.get(st.job_name or "")
-        if st.phase == SP.LAUNCHING and refused is not None:
-            _job_refused(b, step, st, refused)
-        elif st.phase == SP.LAUNCHING:
+        if st.phase == SP.LAUNCHING:
             _reissue_create(b, step, st)
         else:
             _attempt_failed(
@@ -432,16 +429,6 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
         return
     reason, message = _failure_of(job, exit_code)
     _attempt_failed(b, step, st, reason, message, exit_code)
-
-
-def _job_refused(b: _Builder, step: m.Step, st: m.StepStatus, message: str) -> None:
-    """The API server refused the attempt's Job: the attempt failed, and the step's retry
-    policy decides what follows (a spec the API rejects is rejected again, so retries end)."""
-    attempt = st.attempt
-    _attempt_failed(b, step, st, "JobRefused", message, None)
-    if st.phase != SP.FAILED:  # a retry is scheduled: warn all the same, in the API's words
-        text = f"step {step.name}: the Job of attempt {attempt} was refused: {message}"
-        b.events.append(EmitEvent("Warning", "JobRefused", _truncate(text)))
 
 
 def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
@@ -807,6 +794,9 @@ def committed_launch(run: m.AgentRun, step_name: str) -> CreateJob | None:
     steps = {s.name: s for s in status.steps or []}
     st = steps.get(step_name)
     step = next((s for s in run.spec.plan.steps if s.name == step_name), None)
+    if step is None:  # a step of an agent run's current turn, from the committed status
+        loop_steps = agent_loop.dynamic_steps(run, steps, agent_loop.AgentConfig())
+        step = next((s for s in loop_steps if s.name == step_name), None)
     if st is None or step is None or not st.job_name or not st.args_hash:
         return None
     # Only the steps are read (inputs come from committed results); no clock is involved.
