@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit, events, jobs, objects
+from agentrun import audit, authz, events, jobs, objects
 from agentrun import settings as s
 from agentrun.adoption import Adoption
 from agentrun.api import models as m
@@ -76,6 +76,7 @@ class Apis:
     core: Any  # CoreV1Api
     batch: Any  # BatchV1Api
     custom: Any  # CustomObjectsApi
+    authorization: Any = None  # AuthorizationV1Api; made from core's client when not given
     events: Any = None  # EventsV1Api; made from core's client when not given
 
 
@@ -138,6 +139,11 @@ class Reconciler:
         )
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._authorizer: authz.Authorizer | None = None
+        self._job_refusals: dict[str, dict[str, str]] = {}
+        """Run uid -> Job name -> the API's message refusing its create (fed to the core)."""
+        self._reported: set[tuple[str, str, str]] = set()
+        """(run uid, ConfigMap, why) of foreign audit objects already reported by an Event."""
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         """One pass at a time per run: deletion cleanup waits for a pass in flight, so a Job
@@ -192,23 +198,116 @@ class Reconciler:
         log.warning(message, extra=_ctx(run))
         self._act(run, (EmitEvent("Warning", "JobNameTaken", message),))
 
+    # -- verdicts fed to the core ------------------------------------------------------------
+
+    @property
+    def authorizer(self) -> authz.Authorizer:
+        """SubjectAccessReviews on behalf of runs' creators (see :mod:`agentrun.authz`)."""
+        if self._authorizer is None:
+            api = self.apis.authorization
+            if api is None:
+                from kubernetes import client as kube_client
+
+                api = kube_client.AuthorizationV1Api(self.apis.core.api_client)
+            self._authorizer = authz.Authorizer(api)
+        return self._authorizer
+
+    def _with_verdicts(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """``observed`` plus the steps the creator may not have launched and the Jobs the API
+        refused (still current: an attempt's refusal is dropped once it is no longer
+        Launching)."""
+        refusals = self.authorizer.refusals(run)
+        launching = {
+            st.job_name
+            for st in (run.status.steps if run.status else None) or []
+            if st.phase == m.StepPhase.LAUNCHING and st.job_name
+        }
+        with self._locks_guard:
+            known = self._job_refusals.get(run.metadata.uid, {})
+            job_refusals = {k: v for k, v in known.items() if k in launching}
+            if job_refusals:
+                self._job_refusals[run.metadata.uid] = dict(job_refusals)
+            else:
+                self._job_refusals.pop(run.metadata.uid, None)
+        if not refusals and not job_refusals:
+            return observed
+        return dataclasses.replace(observed, refusals=refusals, job_refusals=job_refusals)
+
+    def _refused_now(self, run: m.AgentRun, decision: Decision) -> bool:
+        """Whether a Job this pass was to create was refused by the API."""
+        with self._locks_guard:
+            known = self._job_refusals.get(run.metadata.uid, {})
+            return any(
+                isinstance(a, CreateJob) and a.job_name in known for a in decision.after_commit
+            )
+
     # -- the audit record -------------------------------------------------------------------
 
     def _read_record(self, run: m.AgentRun) -> _Record:
+        """The run's record: its own chunks only (:func:`audit.select`), entries up to the
+        latest committed transition. Anything else with the record's labels is ignored and
+        reported once by a Warning Event; it never moves recordedSeq."""
         selector = objects.owned_by(run.metadata.uid, "audit")
         items = list_items(
             self.apis.core.list_namespaced_config_map(
                 run.metadata.namespace, label_selector=selector, _preload_content=False
             )
         )
+        prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
+        latest = (run.status.history_seq if run.status else None) or 0
+        # Entries up to a chunk past the status as read may be a concurrent pass's appends;
+        # further ones cannot be the operator's.
+        chosen = audit.select(items, prefix, run.metadata.uid, limit=latest + audit.CHUNK)
+        self._report_foreign(run, chosen.ignored)
         return _Record(
-            prefix=audit.record_prefix(run.metadata.name, run.metadata.uid),
-            maps={i["metadata"]["name"]: i for i in items},
-            entries=audit.parse(i.get("data") or {} for i in items),
+            prefix=prefix,
+            maps=chosen.maps,
+            entries=[e for e in chosen.entries if int(e["seq"]) <= latest],
         )
 
+    def _report_foreign(self, run: m.AgentRun, ignored: list[tuple[str, str]]) -> None:
+        for name, why in ignored:
+            seen = (run.metadata.uid, name, why)
+            with self._locks_guard:
+                if seen in self._reported:
+                    continue
+                if len(self._reported) >= REPORTED_LIMIT:
+                    self._reported.clear()
+                self._reported.add(seen)
+            message = (
+                f"ConfigMap {name} carries the labels of this run's audit record but is not "
+                f"part of it ({why}): ignored"
+            )
+            log.warning(message, extra=_ctx(run))
+            self._act(run, (EmitEvent("Warning", "ForeignAuditObject", message),))
+
+    def _anchor(self, run: m.AgentRun, status: m.AgentRunStatus, record: _Record) -> None:
+        """Advance the chain's head in ``status`` (committed with the transitions it covers)
+        over the transitions past the head committed before. A run anchored before continues
+        from its anchor; a run from before anchors existed, from its record's last entry."""
+        committed = run.status.audit if run.status else None
+        if committed is not None and committed.head_seq is not None and committed.head_hash:
+            base = (committed.head_seq, committed.head_hash)
+        elif record.entries and (run.status.history_seq if run.status else None):
+            last = record.entries[-1]
+            base = (int(last["seq"]), str(last.get("hash", "")))
+        else:
+            base = (0, audit.genesis(run.metadata.uid))
+        head = audit.advance(*base, status.history or [])
+        if head is None:
+            log.warning(
+                "the audit chain cannot be anchored: status.history does not continue entry %d",
+                base[0],
+                extra=_ctx(run),
+            )
+            return
+        anchor = status.audit or m.AuditStatus()
+        anchor.head_seq, anchor.head_hash = head
+        status.audit = anchor
+
     def _sync_record(self, run: m.AgentRun, status: m.AgentRunStatus, record: _Record) -> None:
-        """Append the committed transitions the record lacks (after the status commit)."""
+        """Append the committed transitions the record lacks (after the status commit, which
+        anchored them: a crash in between leaves the anchor ahead, the entries in history)."""
         last_seq = int(record.entries[-1]["seq"]) if record.entries else 0
         last_hash = (
             str(record.entries[-1]["hash"]) if record.entries else audit.genesis(run.metadata.uid)
@@ -226,6 +325,10 @@ class Reconciler:
             )
         for chunk, data in by_chunk.items():
             existing = record.maps.get(chunk)
+            if existing is not None:
+                old = existing.get("data") or {}
+                if all(old.get(k) == v for k, v in data.items()):
+                    continue
             with tolerate(409) as moved_on:
                 if existing is None:
                     body = objects.audit_config_map(objects.RunRef.of(run), chunk, data)
@@ -235,9 +338,31 @@ class Reconciler:
                     self.apis.core.replace_namespaced_config_map(
                         chunk, run.metadata.namespace, existing
                     )
+            if moved_on and existing is None and self._take_over(run, record.prefix, chunk, data):
+                continue
             if moved_on:
                 log.info("audit record moved on meanwhile; next pass appends", extra=_ctx(run))
                 return
+
+    def _take_over(self, run: m.AgentRun, prefix: str, chunk: str, data: dict[str, str]) -> bool:
+        """A ConfigMap that is not the run's holds a chunk's name: replace it with the chunk
+        (it can only be an imitation; the run's own would have been read). False when the
+        name is the run's after all (another pass created it meanwhile)."""
+        found = list_items(
+            self.apis.core.list_namespaced_config_map(
+                run.metadata.namespace, field_selector=f"metadata.name={chunk}",
+                _preload_content=False,
+            )
+        )  # fmt: skip
+        if not found or audit.select(found, prefix, run.metadata.uid).maps:
+            return False
+        body = objects.audit_config_map(objects.RunRef.of(run), chunk, data)
+        body["metadata"]["resourceVersion"] = found[0]["metadata"].get("resourceVersion")
+        with tolerate(409, 404):
+            self.apis.core.replace_namespaced_config_map(chunk, run.metadata.namespace, body)
+        log.warning("replaced ConfigMap %s, which imitated a chunk of the audit record", chunk,
+                    extra=_ctx(run))  # fmt: skip
+        return True
 
     # -- one pass -------------------------------------------------------------------------
 
@@ -257,7 +382,9 @@ class Reconciler:
             run = m.AgentRun.model_validate(body)
             observed, record = self._observe(run)
             observed = self._with_documents(run, observed)
+            observed = self._with_verdicts(run, observed)
             decision = reconcile(run, observed, self.clock(), self.config)
+            self._anchor(run, decision.status, record)
             try:
                 self._commit(body, run, decision)
             except Conflict:
@@ -267,7 +394,10 @@ class Reconciler:
             self._act(run, decision.after_commit)
             self._sync_record(run, decision.status, record)
             phase = decision.status.phase
-            return Outcome(decision.requeue_after, str(phase) if phase else None, conflicts)
+            requeue = decision.requeue_after
+            if self._refused_now(run, decision):  # the next pass fails the attempt at once
+                requeue = min(requeue or REFUSAL_REQUEUE, REFUSAL_REQUEUE)
+            return Outcome(requeue, str(phase) if phase else None, conflicts)
         log.warning(
             "gave up after %d conflicts in a row; will retry",
             conflicts,
@@ -335,10 +465,18 @@ class Reconciler:
     def _create_job(self, run: m.AgentRun, action: CreateJob) -> None:
         manifest = jobs.build_job(run, action)
         ctx = _ctx(run, action.step.name, action.attempt)
-        with tolerate(409) as exists:
+        with tolerate(409, *JOB_REFUSALS) as exists:
             created = self.apis.batch.create_namespaced_job(
                 run.metadata.namespace, manifest, _preload_content=False
             )
+        if exists.error is not None and exists.status != 409:
+            # Refused for good (invalid, forbidden): the same create would be refused again.
+            # The core fails the attempt on the next pass, with the API's own words.
+            message = _api_message(exists.error)
+            log.warning("the API refused Job %s: %s", action.job_name, message, extra=ctx)
+            with self._locks_guard:
+                self._job_refusals.setdefault(run.metadata.uid, {})[action.job_name] = message
+            return
         if exists:
             # Someone made it first (an operator before a crash, another operator, or not an
             # operator at all): it counts only once verified, by the next pass.
@@ -452,6 +590,28 @@ class Reconciler:
             holders = ", ".join(job.metadata.finalizers or []) or "no finalizers"
             left.append(f"Job {job.metadata.name} (finalizers: {holders})")
         return left
+
+
+JOB_REFUSALS = (400, 403, 404, 422)
+"""Statuses of a Job create that fail the attempt (reason JobRefused) instead of being retried:
+the request itself is refused (bad request, forbidden, namespace gone, invalid)."""
+REPORTED_LIMIT = 10_000
+"""Foreign audit objects remembered as reported (then forgotten, and reported again)."""
+
+
+REFUSAL_REQUEUE = 0.1
+"""Seconds until the pass that fails an attempt whose Job the API refused."""
+
+
+def _api_message(error: ApiException) -> str:
+    """The message of the API's Status in a refusal, else its reason."""
+    try:
+        status = json.loads(error.body or "")
+    except (TypeError, ValueError, RecursionError):
+        status = None
+    message = status.get("message") if isinstance(status, dict) else None
+    text = message if isinstance(message, str) and message else f"{error.status} {error.reason}"
+    return text[:2048]
 
 
 @dataclass(frozen=True)

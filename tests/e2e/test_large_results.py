@@ -20,6 +20,7 @@ from agentrun.core.naming import sha256_text
 from agentrun.settings import LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster
+from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.cluster import bind_role, service_account_subject
 from tests.support.runs import Run, agentrun, create, step, step_status
 from tests.support.waiting import wait_phase
@@ -78,12 +79,15 @@ def create_step_account(kube: KubeClients, namespace: str) -> None:
 
 
 def test_large_result_goes_through_a_configmap_to_the_next_step(
-    operator: OperatorProcess, kube: KubeClients, namespace: str
+    operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
 ) -> None:
     create_step_account(kube, namespace)
     name = "large-result"
     template = {"serviceAccountName": SERVICE_ACCOUNT}
-    created = create(kube, namespace, large_result_run(name, stepTemplate=template))
+    # The steps run as a ServiceAccount, which the operator allows only on behalf of a
+    # creator who may impersonate it: the admission policies record the creator (the admin).
+    with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
+        created = create(kube, namespace, large_result_run(name, stepTemplate=template))
     uid = created["metadata"]["uid"]
 
     run = wait_phase(kube, namespace, name, "Succeeded")

@@ -237,6 +237,8 @@ def test_charts_cluster_role_grants_nothing_more(
         ("create", "jobs.batch", ns),
         ("create", "events.events.k8s.io", ns),  # the operator's Events (agentrun.events)
         ("update", "agentruns.agentrun.dev", "--subresource=status", ns),
+        # Asking whether a run's creator may use what its steps reference (agentrun.authz).
+        ("create", "localsubjectaccessreviews.authorization.k8s.io", ns),
     ):
         assert can_i(cluster, me, *args), f"{me.user} should be allowed to {' '.join(args)}"
     # What it must never do.
@@ -254,6 +256,8 @@ def test_charts_cluster_role_grants_nothing_more(
         ("create", "rolebindings.rbac.authorization.k8s.io", ns),
         ("create", "deployments.apps", ns),
         ("impersonate", "users"),
+        ("impersonate", "serviceaccounts", ns),
+        ("create", "subjectaccessreviews.authorization.k8s.io"),  # only namespaced reviews
     ):
         assert not can_i(cluster, me, *never), f"{me.user} must not {' '.join(never)}"
     # And the API server refuses the real requests.
@@ -306,6 +310,7 @@ def test_operator_runs_with_the_charts_namespaced_roles(
     assert can_i(cluster, me, "patch", "agentruns.agentrun.dev", watched)
     assert can_i(cluster, me, "create", "events.events.k8s.io", watched)
     assert can_i(cluster, me, "create", "jobs.batch", watched)
+    assert can_i(cluster, me, "create", "localsubjectaccessreviews.authorization.k8s.io", watched)
     # kopf's discovery (rbac.kopfDiscovery): list and watch of Namespaces and CRDs, read-only.
     assert can_i(cluster, me, "watch", "namespaces")
     assert can_i(cluster, me, "list", "customresourcedefinitions.apiextensions.k8s.io")
@@ -317,6 +322,8 @@ def test_operator_runs_with_the_charts_namespaced_roles(
         ("list", "agentruns.agentrun.dev", "--all-namespaces"),
         ("create", "events.events.k8s.io", elsewhere),
         ("create", "jobs.batch", elsewhere),
+        ("create", "localsubjectaccessreviews.authorization.k8s.io", elsewhere),
+        ("create", "subjectaccessreviews.authorization.k8s.io"),
         ("list", "pods", elsewhere),
         ("list", "configmaps", elsewhere),
         ("get", "secrets", watched),

@@ -8,7 +8,9 @@ of its own, bound only to its namespace (by a label), and deletes them afterward
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -18,6 +20,7 @@ from agentrun_devcluster.testing import TestCluster, wait_for
 from .paths import ADMISSION_DIR
 
 SCOPE_LABEL = "agentrun.dev/admission-test"
+CREATED_BY = "agentrun.dev/created-by"
 APPROVERS = "agentrun-approvers"
 """The approver group of the tests' runs (``policy.approverGroups``)."""
 
@@ -66,3 +69,32 @@ def policies_bound_to(
                 "delete", f"{doc['kind'].lower()}.admissionregistration.k8s.io",
                 doc["metadata"]["name"], "--ignore-not-found", "--wait=false", check=False,
             )  # fmt: skip
+
+
+def creator_recorded(
+    cluster: TestCluster, namespace: str, kubeconfig: Path | None = None
+) -> Callable[[], bool]:
+    """An ``enforced`` check for :func:`policies_bound_to`: a dry-run create of a run in
+    ``namespace`` (as ``kubeconfig``'s user, else the admin) comes back with its creator
+    recorded by the mutating policy."""
+    probe = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "goal": "probe the admission policies",
+            "plan": {"steps": [{"name": "probe", "container": {"image": "busybox:1.36"}}]},
+        },
+    }
+
+    def recorded() -> bool:
+        proc = cluster.kubectl(
+            "-n", namespace, "create", "--dry-run=server", "-o", "json", "-f", "-",
+            input=json.dumps(probe), kubeconfig=kubeconfig, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return False
+        annotations = json.loads(proc.stdout)["metadata"].get("annotations") or {}
+        return bool(annotations.get(CREATED_BY))
+
+    return recorded

@@ -99,6 +99,11 @@ and allows no 403.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, list, watch]
+# Whether a run's creator may use the Secrets, ConfigMaps and ServiceAccount its steps
+# reference (operator/agentrun/authz.py): asked of the API server, never read.
+- apiGroups: [authorization.k8s.io]
+  resources: [localsubjectaccessreviews]
+  verbs: [create]
 {{- end }}
 
 {{/* Annotations of the uninstall hook's objects; the argument is the hook weight. */}}

@@ -54,6 +54,8 @@ MAX_TOKENS = 2**53 - 1
 """Token counts in status are clamped to this (exact in any JSON reader, within int64)."""
 ANNOTATION_CREATED_BY = f"{GROUP}/created-by"
 """Set at admission (MutatingAdmissionPolicy) to the user who created the run."""
+ANNOTATION_CREATED_BY_GROUPS = f"{GROUP}/created-by-groups"
+"""Set at admission with created-by: the creating user's groups, a JSON array of strings."""
 ANNOTATION_MODIFIED_BY = f"{GROUP}/last-modified-by"
 """Set at admission to the user who last changed the run's spec."""
 
@@ -869,6 +871,19 @@ class AuditStatus(ApiModel):
     )
     recorded_seq: int = Field(
         default=0, ge=0, description="Transitions up to this seq are in the audit record."
+    )
+    head_seq: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "seq of the last transition the record's hash chain covers, committed with it: "
+            "the chain's anchor (status is written only by the operator)."
+        ),
+    )
+    head_hash: str | None = Field(
+        default=None,
+        description="Hash of the chain's entry headSeq; the record must end at it.",
+        pattern=r"^[a-f0-9]{64}$",
     )
 
 

@@ -584,6 +584,15 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
             b.move(st, SP.FAILED, "ImageNotAllowed", st.error.message)
             b.stop("ImageNotAllowed", f"step {step.name}: {st.error.message}")
             return
+        refusal = b.observed.refusals.get(step.name)
+        if refusal is not None:  # the creator may not have it run: fail before any Job
+            st.finished_at = b.now
+            st.next_attempt_at = None
+            st.approval_requested_at = None
+            st.error = m.StepError(reason="Forbidden", message=_truncate(refusal, 1024), at=b.now)
+            b.move(st, SP.FAILED, "Forbidden", refusal)
+            b.stop("Forbidden", f"step {step.name}: {refusal}")
+            return
         resolved = _resolve_inputs(b, step)
         if isinstance(resolved, str):
             st.finished_at = b.now

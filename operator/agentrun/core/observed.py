@@ -96,5 +96,14 @@ class Observed:
     (:func:`agentrun.core.agent.wanted_documents`), as the shell read them; keys not found
     are left out (the loop waits for them)."""
 
+    refusals: Mapping[str, str] = field(default_factory=dict)
+    """Keyed by step name: why the step may not be launched on its creator's behalf (a
+    permission the creator lacks, or no recorded creator), as the shell found before launch.
+    The core fails such a step (reason Forbidden) when it would launch it; steps left out may
+    be launched."""
+    job_refusals: Mapping[str, str] = field(default_factory=dict)
+    """Keyed by Job name: the API server's message refusing the create of a committed
+    attempt's Job (a 4xx other than 409). The core fails that attempt (reason JobRefused)."""
+
     def job(self, name: str) -> ObservedJob | None:
         return next((j for j in self.jobs if j.name == name), None)

@@ -200,11 +200,20 @@ def cmd_status(session: Session, args: argparse.Namespace) -> int:
 
 
 def cmd_history(session: Session, args: argparse.Namespace) -> int:
-    _, run = session.get_run(strip_kind(args.run))
+    name = strip_kind(args.run)
+    _, run = session.get_run(name)
+    with session.reporting(f"cannot read the audit record of {_ref(run)}"):
+        items = session.audit_record(run)
+    # Read again after the record: the head anchored in status is then never older than it.
+    _, run = session.get_run(name)
     status = run.status or m.AgentRunStatus()
     history = [t.to_wire() for t in status.history or []]
-    with session.reporting(f"cannot read the audit record of {_ref(run)}"):
-        record = audit.parse(session.audit_record(run))
+    anchor = status.audit or m.AuditStatus()
+    latest = anchor.head_seq if anchor.head_seq is not None else status.history_seq
+    chosen = audit.select(
+        items, audit.record_prefix(run.metadata.name, run.metadata.uid), run.metadata.uid, latest
+    )
+    record = chosen.entries
     if record:
         timeline = render.merge_timeline(record, history)
     else:
@@ -220,10 +229,12 @@ def cmd_history(session: Session, args: argparse.Namespace) -> int:
         _out(f"{_ref(run)} has no transitions yet")
     if not args.verify:
         return 0
+    for cm, why in chosen.ignored:
+        _note(f"ignored ConfigMap {cm}, not part of the record: {why}")
     if not record:
         raise PluginError(
             f"{_ref(run)} has no audit record to verify (no ConfigMaps labelled "
-            f"agentrun.dev/run-uid={run.metadata.uid},agentrun.dev/object=audit)"
+            f"agentrun.dev/run-uid={run.metadata.uid},agentrun.dev/object=audit and owned by it)"
         )
     problems = verify_record(record, history, run)
     if problems:
@@ -231,6 +242,11 @@ def cmd_history(session: Session, args: argparse.Namespace) -> int:
         for problem in problems:
             _note(f"  - {problem}")
         return 1
+    if anchor.head_seq is None or not anchor.head_hash:
+        _note(
+            f"note: status.audit of {_ref(run)} anchors no head (a run from before anchoring): "
+            "only the chain's own hashes were checked"
+        )
     _out(f"audit record intact: {len(record)} entries")
     return 0
 
@@ -238,10 +254,20 @@ def cmd_history(session: Session, args: argparse.Namespace) -> int:
 def verify_record(
     record: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], run: m.AgentRun
 ) -> list[str]:
-    """The hash chain's problems, plus what status says the record should hold and does not."""
+    """The hash chain's problems, whether it ends at the head anchored in status (through the
+    committed transitions not appended yet), and what status says the record should hold and
+    does not."""
     problems = audit.verify(record, run.metadata.uid)
     problems.extend(render.record_disagreements(record, history))
-    recorded = run.status.audit.recorded_seq if run.status and run.status.audit else 0
+    status = run.status or m.AgentRunStatus()
+    anchor = status.audit or m.AuditStatus()
+    if anchor.head_seq is not None and anchor.head_hash:
+        problems.extend(
+            audit.verify_anchored(
+                record, status.history or [], run.metadata.uid, anchor.head_seq, anchor.head_hash
+            )
+        )
+    recorded = anchor.recorded_seq
     last = max((int(e.get("seq") or 0) for e in record if isinstance(e.get("seq"), int)), default=0)
     if recorded > last:
         problems.append(

@@ -274,10 +274,9 @@ class Session:
         )
 
     def audit_record(self, run: m.AgentRun) -> list[dict[str, Any]]:
-        """The data of the run's audit record ConfigMaps (none while the operator keeps no
-        record)."""
-        selector = objects.owned_by(run.metadata.uid, "audit")
-        return [cm.get("data") or {} for cm in self.list_config_maps(selector)]
+        """The ConfigMaps labelled as the run's audit record (none while the operator keeps
+        no record); :func:`agentrun.audit.select` tells the record from imitations."""
+        return self.list_config_maps(objects.owned_by(run.metadata.uid, "audit"))
 
     # -- who am I --------------------------------------------------------------------------
 

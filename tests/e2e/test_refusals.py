@@ -1,0 +1,85 @@
+"""A spec that admission accepts but whose Job the API server refuses fails the step, with the
+API's own message and a Warning Event, instead of leaving the run Launching forever.
+
+The refusal counts as a failed attempt: the step's retry policy applies, and since an invalid
+spec is refused the same way each time, the retries end with the step Failed (reason
+``JobRefused``) and no more creates are asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events
+from tests.support.runs import Run, agentrun, condition, create, step, step_status
+from tests.support.waiting import assert_holds, wait_phase
+
+SOON = 30.0
+"""Seconds to wait for the refusal to end the run: a stuck run never gets there."""
+
+
+def refused_run(name: str, container: dict[str, Any] | None = None, **spec: Any) -> Run:
+    bad = step("bad", "echo never > /dev/termination-log")
+    bad["container"].update(container or {})
+    return agentrun(name, [bad], **spec)
+
+
+def warnings(kube: KubeClients, namespace: str, name: str) -> list[str]:
+    events = kube.core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}"
+    ).items
+    return [e.message for e in events if e.type == "Warning" and e.reason == "JobRefused"]
+
+
+def job_create_codes(cluster: TestCluster, namespace: str) -> list[int]:
+    events = audit_events(cluster, verb="create", resource="jobs", namespace=namespace)
+    return [int((e.get("responseStatus") or {}).get("code") or 0) for e in events]
+
+
+def test_requests_above_limits_fail_the_step_with_the_apis_message(
+    operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    resources = {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}
+    create(kube, namespace, refused_run("greedy", {"resources": resources}))
+
+    run = wait_phase(kube, namespace, "greedy", "Failed", timeout=SOON)
+    bad = step_status(run, "bad")
+    error = bad.get("error") or {}
+    assert bad["phase"] == "Failed" and error.get("reason") == "JobRefused", bad
+    assert "must be less than or equal to cpu limit" in error["message"], error
+    assert condition(run)["reason"] == "JobRefused", condition(run)
+    found = warnings(kube, namespace, "greedy")
+    assert any("must be less than or equal to cpu limit" in w for w in found), found
+    if not cluster.external:
+        assert job_create_codes(cluster, namespace) == [422]
+
+
+def test_an_invalid_security_context_is_refused_once_per_attempt_until_retries_end(
+    operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    retry = {"limit": 2, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 1}}
+    run = refused_run(
+        "negative-user",
+        stepTemplate={"containerSecurityContext": {"runAsUser": -1}},
+    )
+    run["spec"]["plan"]["steps"][0]["retry"] = retry
+    create(kube, namespace, run)
+
+    done = wait_phase(kube, namespace, "negative-user", "Failed", timeout=SOON + 10)
+    bad = step_status(done, "bad")
+    error = bad.get("error") or {}
+    assert error.get("reason") == "JobRefused" and bad["attempt"] == 3, bad
+    assert "runAsUser" in error["message"], error
+    found = warnings(kube, namespace, "negative-user")
+    attempts = [w for w in found if w.startswith("step bad: the Job of attempt")]
+    assert len(attempts) == 2 and len(found) >= 3, found  # two retried, then the step failed
+    assert all("runAsUser" in w for w in attempts), attempts
+
+    def asked_three_times() -> None:
+        if not cluster.external:
+            assert job_create_codes(cluster, namespace) == [422, 422, 422]
+        run = wait_phase(kube, namespace, "negative-user", "Failed")
+        assert step_status(run, "bad")["attempt"] == 3
+
+    assert_holds(asked_three_times, seconds=3)
