@@ -375,7 +375,10 @@ def _carry(b: _Builder, st: m.StepStatus, carried: m.CarriedResult) -> None:
 def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
     job = b.observed.job(st.job_name or "")
     if job is None:
-        if st.phase == SP.LAUNCHING:
+        refused = b.observed.job_refusals.get(st.job_name or "")
+        if st.phase == SP.LAUNCHING and refused is not None:
+            _job_refused(b, step, st, refused)
+        elif st.phase == SP.LAUNCHING:
             _reissue_create(b, step, st)
         else:
             _attempt_failed(
@@ -429,6 +432,16 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
         return
     reason, message = _failure_of(job, exit_code)
     _attempt_failed(b, step, st, reason, message, exit_code)
+
+
+def _job_refused(b: _Builder, step: m.Step, st: m.StepStatus, message: str) -> None:
+    """The API server refused the attempt's Job: the attempt failed, and the step's retry
+    policy decides what follows (a spec the API rejects is rejected again, so retries end)."""
+    attempt = st.attempt
+    _attempt_failed(b, step, st, "JobRefused", message, None)
+    if st.phase != SP.FAILED:  # a retry is scheduled: warn all the same, in the API's words
+        text = f"step {step.name}: the Job of attempt {attempt} was refused: {message}"
+        b.events.append(EmitEvent("Warning", "JobRefused", _truncate(text)))
 
 
 def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
