@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api import models as m
+from agentrun.core import agent as agent_loop
 
 RUNS_REMEMBERED = 4096
 """Runs whose verdicts are kept (least recently used first out)."""
@@ -215,7 +216,10 @@ class Authorizer:
         namespace = run.metadata.namespace
         creator: Creator | str | None = None
         out: dict[str, str] = {}
-        for step in run.spec.plan.steps:
+        statuses = {st.name: st for st in (run.status.steps if run.status else None) or []}
+        # An agent run's current model turn (its API key Secret) and tool calls too.
+        current = agent_loop.dynamic_steps(run, statuses, agent_loop.AgentConfig())
+        for step in [*run.spec.plan.steps, *current]:
             if phases.get(step.name) not in PENDING_PHASES:
                 continue
             needed = checks_for(run, step)

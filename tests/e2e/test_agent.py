@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import socket
 import subprocess
@@ -23,7 +24,8 @@ import pytest
 from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster
-from tests.support.cluster import Kubectl, StartOperator
+from tests.support.admission import creator_recorded, policies_bound_to
+from tests.support.cluster import Kubectl, StartOperator, bind_role, mint_user, user_subject
 from tests.support.runs import (
     Run,
     condition,
@@ -382,3 +384,53 @@ def test_a_plan_runs_first_and_its_results_open_the_conversation(
     assert "# Results of the plan's steps, which ran before you" in user
     assert "## step gather: succeeded" in user and "p99 latency is 2s" in user
     assert step_status(run, "gather")["phase"] == "Succeeded"
+
+
+def test_the_api_key_is_used_only_with_the_rights_of_the_runs_creator(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    agent_operator: OperatorProcess,
+    model: ScriptedModel,
+) -> None:
+    """mallory may create runs but not read the Secret holding the API key: her run's first
+    turn fails Forbidden before any Job, and the model never hears from it. carol may read it:
+    her run's turns send the key."""
+    key = f"sk-{secrets.token_hex(8)}"
+    kube.core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "llm"}, "stringData": {"api-key": key}}
+    )
+    users: dict[str, Path] = {}
+    run_rules = [{"apiGroups": ["agentrun.dev"], "resources": ["agentruns"],
+                  "verbs": ["create", "get", "list", "watch"]}]  # fmt: skip
+    for user in ("mallory", "carol"):
+        to = cluster.kubeconfig.with_name(f"{namespace}-{user}.kubeconfig")
+        users[user] = mint_user(cluster, user, [], to)
+        bind_role(kube, namespace, f"{user}-runs", run_rules, [user_subject(user)])
+    read_key = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+                 "resourceNames": ["llm"]}]  # fmt: skip
+    bind_role(kube, namespace, "carol-reads-the-key", read_key, [user_subject("carol")])
+    keyed = {"apiKeySecretRef": {"name": "llm", "key": "api-key"}}
+
+    def create_as(user: str, name: str) -> None:
+        body = json.dumps(agent_run(name, model, model_extra=keyed))
+        proc = cluster.kubectl("-n", namespace, "create", "-f", "-", input=body,
+                               kubeconfig=users[user], check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+
+    with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
+        create_as("mallory", "borrowed-key")
+        run = wait_phase(kube, namespace, "borrowed-key", "Failed")
+        turn = step_status(run, "t1-model")
+        assert (turn.get("error") or {}).get("reason") == "Forbidden", turn
+        assert "creator mallory may not get secrets/llm" in turn["error"]["message"]
+        assert not turn.get("jobName"), "a Job was made for a refused turn"
+        assert model.completions() == []
+
+        model.add(reply("answered with carol's key"))
+        create_as("carol", "own-key")
+        wait_phase(kube, namespace, "own-key", "Succeeded")
+    (request,) = model.completions()
+    assert request.authorization == f"Bearer {key}"
+    for name in ("borrowed-key", "own-key"):
+        assert key not in json.dumps(get(kube, namespace, name)), "the key is in the run"
