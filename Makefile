@@ -61,10 +61,6 @@ demo: sync controlplane ## control plane, node, operator and an example run carr
 demo-agent: sync controlplane ## an agent run on a scripted model, offline: tool calls, an approval, the transcript
 	$(RUN) python -m agentrun_devcluster.agent_demo
 
-.PHONY: demo-agent
-demo-agent: sync controlplane ## an agent run on a scripted model, offline: tool calls, an approval, the transcript
-	$(RUN) python -m agentrun_devcluster.agent_demo
-
 .PHONY: walkthrough
 walkthrough: sync controlplane ## docs/approvals.md's walkthrough, end to end on a cluster of its own
 	hack/walkthrough-approvals.sh

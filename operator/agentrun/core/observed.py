@@ -91,10 +91,6 @@ class Observed:
     that run in the run's own namespace. A step left out (source not found, not Succeeded
     there) has its carried result refused. Only read on the pass that first sees the run's
     steps, when carried results are accepted or refused once and for all."""
-    documents: Mapping[tuple[str, str], str] = field(default_factory=dict)
-    """Keyed by (ConfigMap name, key): the records an agent run's loop asked for
-    (:func:`agentrun.core.agent.wanted_documents`), as the shell read them; keys not found
-    are left out (the loop waits for them)."""
 
     refusals: Mapping[str, str] = field(default_factory=dict)
     """Keyed by step name: why the step may not be launched on its creator's behalf (a
@@ -104,6 +100,10 @@ class Observed:
     job_refusals: Mapping[str, str] = field(default_factory=dict)
     """Keyed by Job name: the API server's message refusing the create of a committed
     attempt's Job (a 4xx other than 409). The core fails that attempt (reason JobRefused)."""
+    documents: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """Keyed by (ConfigMap name, key): the records an agent run's loop asked for
+    (:func:`agentrun.core.agent.wanted_documents`), as the shell read them; keys not found
+    are left out (the loop waits for them)."""
 
     def job(self, name: str) -> ObservedJob | None:
         return next((j for j in self.jobs if j.name == name), None)
