@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from agentrun.api import models as m
 
 from . import procstat
@@ -193,10 +195,26 @@ def bare_chains(
 def delete_bare(bench: BenchCluster, case: str, say: Say, timeout: float = 300.0) -> None:
     """Delete the case's Jobs and wait until they and their pods are gone."""
     selector = f"{BENCH_LABEL}={case}"
-    bench.admin.batch.delete_collection_namespaced_job(
-        BARE_NAMESPACE, label_selector=selector, propagation_policy="Background"
-    )
-    _wait_gone(bench, BARE_NAMESPACE, selector, say, timeout)
+    batch = bench.admin.batch
+
+    def delete_all() -> None:
+        batch.delete_collection_namespaced_job(
+            BARE_NAMESPACE, label_selector=selector, propagation_policy="Background"
+        )
+
+    _retrying(delete_all, say)
+    _wait_gone(bench, BARE_NAMESPACE, selector, say, timeout, again=delete_all)
+
+
+def _retrying(call: Callable[[], object], say: Say) -> None:
+    """``call``, once more after a server error: a busy API server ends a long collection
+    delete with 504 after its request timeout, having deleted only part of it."""
+    try:
+        call()
+    except ApiException as error:
+        if error.status is None or error.status < 500:
+            raise
+        say(f"  HTTP {error.status} ({error.reason}); going on")
 
 
 # -- runs through the operator ----------------------------------------------------------------
@@ -286,22 +304,30 @@ def delete_runs(bench: BenchCluster, case: str, say: Say, timeout: float = 300.0
     case starts clean, and that is said."""
     custom = bench.admin.custom
     selector = f"{BENCH_LABEL}={case}"
-    custom.delete_collection_namespaced_custom_object(
-        m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, label_selector=selector
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = custom.list_namespaced_custom_object(
+
+    def listed() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = custom.list_namespaced_custom_object(
             m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, label_selector=selector
         )["items"]
+        return items
+
+    def delete_all() -> None:
+        custom.delete_collection_namespaced_custom_object(
+            m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, label_selector=selector
+        )
+
+    _retrying(delete_all, say)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = listed()
         if not left:
             break
+        if any(not run["metadata"].get("deletionTimestamp") for run in left):
+            _retrying(delete_all, say)
         time.sleep(1.0)
     else:
         say(f"  {case}: runs still there after {timeout:.0f}s; removing their finalizers")
-        for run in custom.list_namespaced_custom_object(
-            m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, label_selector=selector
-        )["items"]:
+        for run in listed():
             custom.patch_namespaced_custom_object(
                 m.GROUP,
                 m.VERSION,
@@ -314,9 +340,15 @@ def delete_runs(bench: BenchCluster, case: str, say: Say, timeout: float = 300.0
 
 
 def _wait_gone(
-    bench: BenchCluster, namespace: str, selector: str | None, say: Say, timeout: float
+    bench: BenchCluster,
+    namespace: str,
+    selector: str | None,
+    say: Say,
+    timeout: float,
+    again: Callable[[], object] | None = None,
 ) -> None:
-    """Wait until no Job and no pod (with ``selector``) is left in ``namespace``."""
+    """Wait until no Job and no pod (with ``selector``) is left in ``namespace``; ``again``
+    (the delete) is repeated while Jobs are left that are not being deleted."""
     deadline = time.monotonic() + timeout
     kwargs: dict[str, Any] = {"_preload_content": False}
     if selector:
@@ -326,6 +358,10 @@ def _wait_gone(
         pods = json.loads(bench.admin.core.list_namespaced_pod(namespace, **kwargs).data)
         if not jobs.get("items") and not pods.get("items"):
             return
+        if again is not None and any(
+            not j["metadata"].get("deletionTimestamp") for j in jobs.get("items") or []
+        ):
+            _retrying(again, say)
         time.sleep(1.0)
     say(f"  warning: Jobs or pods still in {namespace} after {timeout:.0f}s")
 

@@ -202,7 +202,7 @@ def header(config: BenchConfig, bench: BenchCluster) -> list[str]:
     env = config.env()
     settings = ", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "none"
     return [
-        "agentrun benchmark: the operator against bare Jobs on the local control plane",
+        "make bench: the operator beside bare Jobs on the local control plane",
         f"    date          {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
         f"    commit        {_git('rev-parse', '--short', 'HEAD')} (working tree {tree})",
         f"    machine       {os.cpu_count()} CPUs, {_memory_total()} memory, Linux "
