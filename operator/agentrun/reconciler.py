@@ -30,6 +30,7 @@ from agentrun.adoption import Adoption
 from agentrun.api import models as m
 from agentrun.core import (
     Action,
+    CarriedSource,
     CoreConfig,
     CreateJob,
     Decision,
@@ -163,6 +164,41 @@ class Reconciler:
         last = record.entries[-1]["seq"] if record.entries else 0
         observed = Observed(found, recorded_seq=int(last), record_name=record.prefix)
         return observed, record
+
+    def _with_carried_sources(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """What each carried result's ``fromRun`` really committed for its step, read from that
+        run in the same namespace: the core accepts a carried result only against it. Read
+        only while a carried step has no status yet (carried results are decided once)."""
+        known = {st.name for st in (run.status.steps if run.status else None) or []}
+        pending = [c for c in run.spec.carried_results or [] if c.from_run and c.step not in known]
+        if not pending:
+            return observed
+        runs: dict[str, m.AgentRun | None] = {}
+        sources: dict[str, CarriedSource] = {}
+        for carried in pending:
+            origin = carried.from_run or ""  # "namespace/name", written by kubectl agentrun fork
+            namespace, _, name = origin.partition("/")
+            if namespace != run.metadata.namespace or not name:
+                continue  # the core refuses it, saying why
+            if name not in runs:
+                runs[name] = self._read_source_run(namespace, name)
+            source = runs[name]
+            steps = (source.status.steps if source and source.status else None) or []
+            for st in steps:
+                if st.name == carried.step:
+                    found = CarriedSource.from_step_status(origin, st)
+                    if found is not None:
+                        sources[carried.step] = found
+        return dataclasses.replace(observed, carried_sources=sources)
+
+    def _read_source_run(self, namespace: str, name: str) -> m.AgentRun | None:
+        body = self.ledger.read(namespace, name)
+        if body is None:
+            return None
+        try:
+            return m.AgentRun.model_validate(body)
+        except ValueError:  # not a run this operator can read: nothing to carry from it
+            return None
 
     def _observe_jobs(self, run: m.AgentRun) -> tuple[ObservedJob, ...]:
         """The run's Jobs from the view (agentrun.adoption: only those the operator made)."""
@@ -383,6 +419,7 @@ class Reconciler:
             observed, record = self._observe(run)
             observed = self._with_documents(run, observed)
             observed = self._with_verdicts(run, observed)
+            observed = self._with_carried_sources(run, observed)
             decision = reconcile(run, observed, self.clock(), self.config)
             self._anchor(run, decision.status, record)
             try:
@@ -597,8 +634,6 @@ JOB_REFUSALS = (400, 403, 404, 422)
 the request itself is refused (bad request, forbidden, namespace gone, invalid)."""
 REPORTED_LIMIT = 10_000
 """Foreign audit objects remembered as reported (then forgotten, and reported again)."""
-
-
 REFUSAL_REQUEUE = 0.1
 """Seconds until the pass that fails an attempt whose Job the API refused."""
 
