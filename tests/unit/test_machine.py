@@ -1005,3 +1005,19 @@ def test_token_counts_are_clamped_so_status_stays_writable() -> None:
     usage = sim.status.usage
     assert usage is not None and usage.tokens == m.MAX_TOKENS
     assert (sim.step_status("a").usage or m.StepUsage()).tokens == m.MAX_TOKENS
+
+
+def test_a_gated_step_removed_and_added_back_weaker_still_needs_approval() -> None:
+    gated = step("b", "a", approval="required")
+    sim = Sim(make_run([step("a"), gated]))
+    sim.tick()
+    assert sim.step_status("b").gated is True
+    sim.spec_update(plan=m.Plan.model_validate({"steps": [step("a")]}))
+    sim.tick()
+    weaker = step("b", "a", approval="auto")
+    sim.spec_update(plan=m.Plan.model_validate({"steps": [step("a"), weaker]}))
+    with pytest.raises(AssertionError, match="WaitingForApproval"):
+        sim.run_to_end()
+    st = sim.step_status("b")
+    assert st.phase == SP.WAITING_FOR_APPROVAL and st.gated is True
+    assert "b" not in [s.step.name for s in sim.created_specs.values()]

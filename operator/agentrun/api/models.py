@@ -829,6 +829,14 @@ class StepStatus(ApiModel):
         description="Who approved or rejected the step's current arguments.",
         max_length=253,
     )
+    gated: bool | None = Field(
+        default=None,
+        description=(
+            "True once the step has needed approval in this run. A gated step stays gated for "
+            "the run's life, even if it is removed from the plan and added back with a weaker "
+            "risk or approval: approval requirements only get stricter."
+        ),
+    )
     usage: StepUsage | None = Field(default=None, description="What the step consumed.")
     message: str | None = Field(
         default=None, description="Human readable state.", max_length=MAX_MESSAGE

@@ -216,6 +216,8 @@ def reconcile(
             # Only removal from the plan cancels a step of a run that goes on (every other
             # cancellation ends the run): the step is back, so it starts again.
             _restart_readded(b, steps[step.name])
+        if _needs_approval(run, step):
+            steps[step.name].gated = True  # and stays so: see StepStatus.gated
     _carry_results(b, to_carry, carried)
     _forget_removed_steps(b)
 
@@ -636,7 +638,8 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
             )
         st.args_hash = h
         decision = None
-        if _needs_approval(b.run, step):
+        if _needs_approval(b.run, step) or st.gated:
+            st.gated = True  # once gated, gated for the run's life (see StepStatus.gated)
             decision = _decision_for(b.run, step.name, h)
             if decision is None:
                 if _wait_for_approval(b, step, st, h):
