@@ -31,7 +31,7 @@ import kopf
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 
-from agentrun import jobs
+from agentrun import concurrency, jobs
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent, Observed, reconcile
@@ -240,6 +240,9 @@ class _Waker:
 
 def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> OperatorState:
     client = api_client()
+    concurrency.size_connection_pool(
+        client, concurrency.connections_for(settings.workers, len(settings.namespaces))
+    )
     apis = Apis(
         core=kube_client.CoreV1Api(client),
         batch=kube_client.BatchV1Api(client),
@@ -287,6 +290,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.peering.standalone = state.settings.peering is None
     if state.settings.peering is not None:
         settings.peering.name = state.settings.peering
+
+
+@kopf.on.startup()
+async def bound_concurrency(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Passes and sweeps (``asyncio.to_thread``: the loop's default executor) and kopf's own
+    sync handlers (deletion cleanup) each run on ``workers`` threads (agentrun/concurrency.py).
+    """
+    workers = _state(memo).settings.workers
+    asyncio.get_running_loop().set_default_executor(concurrency.pass_executor(workers))
+    settings.execution.max_workers = workers
 
 
 @kopf.on.startup()

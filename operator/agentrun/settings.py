@@ -95,6 +95,9 @@ class Settings:
     max_conflict_retries: int = field(
         default_factory=lambda: _env_int("AGENTRUN_MAX_CONFLICT_RETRIES", 8)
     )
+    workers: int = field(default_factory=lambda: _env_int("AGENTRUN_WORKERS", 8))
+    """Reconcile passes (and janitor sweeps) run at once, at most; so do deletion handlers.
+    The API client keeps as many connections (agentrun/concurrency.py)."""
     cleanup_timeout_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_CLEANUP_TIMEOUT_SECONDS", 60)
     )
