@@ -21,7 +21,7 @@ import pytest
 
 from agentrun.api.models import GROUP, PLURAL
 from agentrun_devcluster.operator import OperatorProcess
-from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events
+from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events, wait_for
 from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.cluster import bind_role, mint_user, user_subject
 from tests.support.runs import (
@@ -146,11 +146,15 @@ def assert_refused_without_a_job(ns: Namespace, name: str, step_name: str, missi
     assert f"creator mallory may not {missing} in {ns.name}" in error["message"], error
     assert st.get("attempt", 0) == 0 and not st.get("jobName"), st
     assert condition(run)["reason"] == "Forbidden", status_of(run)
-    events = ns.kube.core.list_namespaced_event(
-        ns.name, field_selector=f"involvedObject.name={name}"
-    ).items
-    warnings = [e for e in events if e.type == "Warning" and e.reason == "Forbidden"]
-    assert warnings and missing in warnings[0].message, [(e.reason, e.message) for e in events]
+
+    def warned() -> list[str]:  # Events are posted after the status write seen above
+        events = ns.kube.core.list_namespaced_event(
+            ns.name, field_selector=f"involvedObject.name={name}"
+        ).items
+        return [e.message for e in events if e.type == "Warning" and e.reason == "Forbidden"]
+
+    warnings = wait_for(f"a Forbidden Warning Event on {name}", warned, timeout=30)
+    assert any(missing in w for w in warnings), warnings
 
     def no_job() -> None:
         assert not jobs_of(ns.kube, ns.name, run["metadata"]["uid"])

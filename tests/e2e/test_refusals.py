@@ -8,10 +8,11 @@ spec is refused the same way each time, the retries end with the step Failed (re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from agentrun_devcluster.operator import OperatorProcess
-from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events
+from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events, wait_for
 from tests.support.runs import Run, agentrun, condition, create, step, step_status
 from tests.support.waiting import assert_holds, wait_phase
 
@@ -25,11 +26,20 @@ def refused_run(name: str, container: dict[str, Any] | None = None, **spec: Any)
     return agentrun(name, [bad], **spec)
 
 
-def warnings(kube: KubeClients, namespace: str, name: str) -> list[str]:
-    events = kube.core.list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}"
-    ).items
-    return [e.message for e in events if e.type == "Warning" and e.reason == "JobRefused"]
+def warnings(
+    kube: KubeClients, namespace: str, name: str, enough: Callable[[list[str]], bool]
+) -> list[str]:
+    """The messages of the JobRefused Warning Events on the run, once ``enough`` (Events are
+    posted after the status write that the test saw)."""
+
+    def found() -> list[str] | None:
+        events = kube.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}"
+        ).items
+        messages = [e.message for e in events if e.type == "Warning" and e.reason == "JobRefused"]
+        return messages if enough(messages) else None
+
+    return wait_for(f"the JobRefused Warning Events of {name}", found, timeout=SOON)
 
 
 def job_create_codes(cluster: TestCluster, namespace: str) -> list[int]:
@@ -49,7 +59,7 @@ def test_requests_above_limits_fail_the_step_with_the_apis_message(
     assert bad["phase"] == "Failed" and error.get("reason") == "JobRefused", bad
     assert "must be less than or equal to cpu limit" in error["message"], error
     assert condition(run)["reason"] == "JobRefused", condition(run)
-    found = warnings(kube, namespace, "greedy")
+    found = warnings(kube, namespace, "greedy", bool)
     assert any("must be less than or equal to cpu limit" in w for w in found), found
     if not cluster.external:
         assert job_create_codes(cluster, namespace) == [422]
@@ -71,9 +81,9 @@ def test_an_invalid_security_context_is_refused_once_per_attempt_until_retries_e
     error = bad.get("error") or {}
     assert error.get("reason") == "JobRefused" and bad["attempt"] == 3, bad
     assert "runAsUser" in error["message"], error
-    found = warnings(kube, namespace, "negative-user")
+    found = warnings(kube, namespace, "negative-user", lambda w: len(w) >= 3)
     attempts = [w for w in found if w.startswith("step bad: the Job of attempt")]
-    assert len(attempts) == 2 and len(found) >= 3, found  # two retried, then the step failed
+    assert len(attempts) == 2, found  # two retried, then the step failed
     assert all("runAsUser" in w for w in attempts), attempts
 
     def asked_three_times() -> None:
