@@ -154,21 +154,21 @@ class Report:
                 f"{fmt(op.makespan if op else None, 's', 1):>14}"
                 f"{fmt(bare.makespan if bare else None, 's', 1):>15}"
             )
-        processes = (
-            "kube-apiserver",
-            "etcd",
-            "kube-controller-manager",
-            "local node",
-            "operator",
-            "benchmark",
-        )
+        processes = {
+            "kube-apiserver": "apiserver",
+            "etcd": "etcd",
+            "kube-controller-manager": "controllers",
+            "local node": "local node",
+            "operator": "operator",
+            "benchmark": "benchmark",
+        }
         lines.append("    CPU seconds of each process during the case:")
-        lines.append(f"      {'':<16}" + "".join(f"{p:>14}" for p in processes))
+        lines.append(f"      {'':<16}" + "".join(f"{p:>12}" for p in processes.values()))
         for _, op, bare in self.p3:
             for case in (op, bare):
                 if case is not None:
                     cells = [fmt(case.cpu.get(p), "", 1) for p in processes]
-                    lines.append(f"      {case.name:<16}" + "".join(f"{c:>14}" for c in cells))
+                    lines.append(f"      {case.name:<16}" + "".join(f"{c:>12}" for c in cells))
         lines.append(
             "    API requests during the case, by user (admin: the benchmark and the local node):"
         )
