@@ -1,4 +1,4 @@
-# Developer entry points. `make test`, then `make containers`, is what CI runs (.ci/run).
+# Developer entry points. `make test` is what CI runs (.ci/run).
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
@@ -42,8 +42,8 @@ e2e: sync controlplane ## the operator as a process on the local control plane: 
 	$(RUN) pytest tests/e2e
 
 .PHONY: test
-test: lint controlplane ## lint, types, unit, property, integration and e2e tests (CI runs it first)
-	$(RUN) pytest --ignore=tests/containers
+test: lint controlplane ## what CI runs: lint, types, unit, property, integration, e2e and container tests
+	$(RUN) pytest
 
 .PHONY: containers
 containers: sync controlplane ## the chart's operator and step pods as Docker containers (skips without Docker)
