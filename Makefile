@@ -49,6 +49,11 @@ test: lint controlplane ## what CI runs: lint, types, unit, property, integratio
 containers: sync controlplane ## the chart's operator and step pods as Docker containers (skips without Docker)
 	$(RUN) pytest tests/containers
 
+.PHONY: soak
+soak: sync controlplane ## the crash test with 100 operator kills (AGENTRUN_CRASH_KILLS), not in CI
+	AGENTRUN_CRASH_KILLS=$${AGENTRUN_CRASH_KILLS:-100} $(RUN) pytest tests/e2e/test_crash.py -s \
+		-k test_runs_survive_an_operator_killed_at_every_crash_point
+
 .PHONY: bench
 bench: sync controlplane ## the operator beside bare Jobs, P1-P5 of docs/benchmarks.md (BENCH_ARGS=--quick: small)
 	$(RUN) python hack/bench/bench.py $(BENCH_ARGS)
