@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.containers.conftest import Images
 from tests.containers.pods import Pod, as_dict, condition
@@ -96,9 +98,15 @@ def ready_operator_pod(kube: KubeClients, namespace: str, timeout: float = 180.0
     return wait_for(f"one Ready operator pod in {namespace}", one_ready, timeout=timeout)
 
 
-def apply(cluster: TestCluster, namespace: str, path: Path) -> str:
-    """``kubectl apply`` a manifest; the name of the object it made."""
-    proc = cluster.kubectl("apply", "-n", namespace, "-f", str(path), "-o", "name")
+def apply(cluster: TestCluster, namespace: str, path: Path, model_url: str = "") -> str:
+    """``kubectl apply`` a manifest; the name of the object it made. With ``model_url``, an
+    agent's model endpoint (``spec.agent.model.baseURL``) is that one."""
+    body = yaml.safe_load(path.read_text())
+    if model_url and "agent" in body.get("spec", {}):
+        body["spec"]["agent"]["model"]["baseURL"] = model_url
+    proc = cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", "-o", "name", input=yaml.safe_dump(body)
+    )
     return proc.stdout.strip().rpartition("/")[2]
 
 
