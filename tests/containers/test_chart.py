@@ -148,29 +148,13 @@ def test_pod_security_admission_enforces_the_restricted_standard(
 
 
 AGENT_EXAMPLE = "agent-investigation"
-RBAC_GAP = (
-    "the chart's rules grant the operator list/create/update/deletecollection on configmaps "
-    "but not get, and the operator reads an agent's context document with get: "
-    '\'configmaps "agent-investigation-context-..." is forbidden: User '
-    '"system:serviceaccount:agentrun-system:agentrun-agentrun-operator" cannot get resource '
-    '"configmaps"\''
-)
 STALL_SECONDS = 90
 """A run whose status does not change for this long has stalled (the operator is stuck)."""
 
 
 @pytest.mark.parametrize(
     "example",
-    [
-        pytest.param(
-            path,
-            id=path.stem,
-            marks=[pytest.mark.xfail(strict=True, reason=RBAC_GAP)]
-            if path.stem == AGENT_EXAMPLE
-            else [],
-        )
-        for path in EXAMPLES
-    ],
+    [pytest.param(path, id=path.stem) for path in EXAMPLES],
 )
 def test_every_example_runs_in_a_restricted_namespace(
     example: Path,

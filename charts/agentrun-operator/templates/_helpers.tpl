@@ -84,11 +84,11 @@ and allows no 403.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, deletecollection]
-# Result objects and the audit record: created, appended to (update), read by label,
-# removed with their run.
+# Result objects, the audit record and agent runs' records: created, appended to (update),
+# read by label or by name (an agent run's context document), removed with their run.
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [list, create, update, deletecollection]
+  verbs: [get, list, create, update, deletecollection]
 # The operator's Events on runs, as events.k8s.io/v1 (microsecond times, the reporting pod;
 # agentrun/events.py). kopf's own are core/v1.
 - apiGroups: [events.k8s.io]
