@@ -42,12 +42,16 @@ e2e: sync controlplane ## the operator as a process on the local control plane: 
 	$(RUN) pytest tests/e2e
 
 .PHONY: test
-test: lint controlplane ## what CI runs: lint, types, unit, property, integration, e2e and container tests
+test: lint controlplane ## what CI runs: lint, types, unit, property, integration, e2e and container tests (not kind)
 	$(RUN) pytest
 
 .PHONY: containers
 containers: sync controlplane ## the chart's operator and step pods as Docker containers (skips without Docker)
 	$(RUN) pytest tests/containers
+
+.PHONY: kind
+kind: sync ## hack/e2e-kind.sh under pytest: kind cluster, image, chart, e2e (needs a registry, not in CI)
+	$(RUN) pytest tests/kind
 
 .PHONY: soak
 soak: sync controlplane ## the crash test with 100 operator kills (AGENTRUN_CRASH_KILLS), not in CI
