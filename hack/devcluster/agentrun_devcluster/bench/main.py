@@ -65,6 +65,9 @@ FULL = {
 }
 
 
+CASES = ("p1", "p2", "p3", "chains", "p5")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     runs: tuple[int, ...]
@@ -79,6 +82,8 @@ class BenchConfig:
     operator_env: tuple[tuple[str, str], ...]
     keep_state: bool
     quick: bool
+    only: frozenset[str] = frozenset(CASES)
+    """The cases to run (all by default)."""
 
     def env(self) -> dict[str, str]:
         env = dict(self.operator_env)
@@ -133,6 +138,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         help="a setting of the operator (repeatable), e.g. AGENTRUN_RESYNC_SECONDS=30",
     )
     parser.add_argument("--keep-state", action="store_true", help="keep the cluster's directory")
+    parser.add_argument(
+        "--only",
+        help=f"the cases to run, comma-separated, of {','.join(CASES)} (default: all)",
+    )
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
 
@@ -147,6 +156,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
             parser.error(f"--operator-env {item!r}: give AGENTRUN_NAME=VALUE")
         env.append((name, value))
     grace = pick("grace")
+    only = frozenset(c.strip() for c in (args.only or ",".join(CASES)).split(",") if c.strip())
+    if not only or only - set(CASES):
+        parser.error(f"--only {args.only!r}: choose among {', '.join(CASES)}")
     return BenchConfig(
         runs=_ints(str(pick("runs"))),
         steps=int(str(pick("steps"))),
@@ -160,6 +172,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         operator_env=tuple(env),
         keep_state=args.keep_state,
         quick=args.quick,
+        only=only,
     )
 
 
@@ -275,36 +288,43 @@ def run(config: BenchConfig) -> int:
         cleanup_bare("warmup")
 
         # P2
-        one = attempt(
-            "P2: one run of 1 step, until the operator is done with it",
-            lambda: cases.operator_runs(bench, "p2-one", 1, 1, 120, settle=True),
-        )
-        cleanup_runs("p2-one")
-        many = attempt(
-            f"P2: one run of {config.steps} steps, until the operator is done with it",
-            lambda: cases.operator_runs(
-                bench, "p2-many", 1, config.steps, 120 + step_timeout * config.steps, settle=True
-            ),
-        )
-        cleanup_runs("p2-many")
-        report.p2 = (one, many)
+        if "p2" in config.only:
+            one = attempt(
+                "P2: one run of 1 step, until the operator is done with it",
+                lambda: cases.operator_runs(bench, "p2-one", 1, 1, 120, settle=True),
+            )
+            cleanup_runs("p2-one")
+            many = attempt(
+                f"P2: one run of {config.steps} steps, until the operator is done with it",
+                lambda: cases.operator_runs(
+                    bench,
+                    "p2-many",
+                    1,
+                    config.steps,
+                    120 + step_timeout * config.steps,
+                    settle=True,
+                ),
+            )
+            cleanup_runs("p2-many")
+            report.p2 = (one, many)
 
         # P1
         n = config.p1_steps
-        p1_bare = attempt(
-            f"P1: {n} sequential bare Jobs",
-            lambda: cases.bare_chains(bench, "p1-bare", 1, n, 60 + step_timeout * n),
-        )
-        cleanup_bare("p1-bare")
-        p1_op = attempt(
-            f"P1: one run of {n} sequential steps",
-            lambda: cases.operator_runs(bench, "p1-op", 1, n, 60 + step_timeout * n),
-        )
-        cleanup_runs("p1-op")
-        report.p1 = (p1_op, p1_bare)
+        if "p1" in config.only:
+            p1_bare = attempt(
+                f"P1: {n} sequential bare Jobs",
+                lambda: cases.bare_chains(bench, "p1-bare", 1, n, 60 + step_timeout * n),
+            )
+            cleanup_bare("p1-bare")
+            p1_op = attempt(
+                f"P1: one run of {n} sequential steps",
+                lambda: cases.operator_runs(bench, "p1-op", 1, n, 60 + step_timeout * n),
+            )
+            cleanup_runs("p1-op")
+            report.p1 = (p1_op, p1_bare)
 
         # P3 and P4
-        for concurrency in config.runs:
+        for concurrency in config.runs if "p3" in config.only else ():
             timeout = 300.0 + concurrency * config.steps * 1.0
             bare = attempt(
                 f"P3: {concurrency} bare chains of {config.steps} Jobs",
@@ -333,7 +353,7 @@ def run(config: BenchConfig) -> int:
             report.p3.append((concurrency, op, bare))
 
         # plan size
-        for steps in config.chains:
+        for steps in config.chains if "chains" in config.only else ():
             chain = attempt(
                 f"plan size: one run of {steps} sequential steps",
                 functools.partial(
@@ -350,12 +370,13 @@ def run(config: BenchConfig) -> int:
             cleanup_runs(f"chain-{steps}")
 
         # P5
-        say("P5: restarting the operator with finished runs present")
-        bench.stop_operator()
-        report.rest = attempt(
-            f"P5: {config.finished} finished runs, then {config.rest_seconds:.0f} s at rest",
-            lambda: cases.at_rest(bench, config.finished, config.rest_seconds, env, say),
-        )
+        if "p5" in config.only:
+            say("P5: restarting the operator with finished runs present")
+            bench.stop_operator()
+            report.rest = attempt(
+                f"P5: {config.finished} finished runs, then {config.rest_seconds:.0f} s at rest",
+                lambda: cases.at_rest(bench, config.finished, config.rest_seconds, env, say),
+            )
     except Exception as error:
         report.errors.append(f"the benchmark stopped: {error!r}")
         traceback.print_exc()
