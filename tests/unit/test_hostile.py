@@ -225,7 +225,11 @@ def specs(draw: st.DrawFn) -> tuple[dict[str, Any], int]:
             extra["dependsOn"] = [names[i - 1]]
             if draw(st.booleans()):
                 extra["inputs"] = [
-                    {"name": "PREV", "fromStep": names[i - 1], "key": draw(st.none() | _long(253))}
+                    {
+                        "name": "PREV",
+                        "fromStep": names[i - 1],
+                        "key": draw(st.none() | _long(m.MAX_FIELD_KEY)),
+                    }
                 ]
         if draw(st.booleans()):
             extra["approval"] = "required"

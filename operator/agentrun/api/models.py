@@ -44,6 +44,8 @@ MAX_ARGS = 64
 MAX_APPROVALS = 64
 MAX_HISTORY = 50
 MAX_HISTORY_HARD = 1000
+MAX_FIELD_KEY = 240
+"""Longest field name of a JSON result kept as its own ConfigMap key (``field.<name>``)."""
 """History keeps entries the audit record has not stored yet, up to this many."""
 MAX_INLINE_RESULT = 4096
 """Longest result kept in status (spec.carriedResults[].result has the same bound)."""
@@ -347,9 +349,11 @@ class StepInput(ApiModel):
     key: str | None = Field(
         default=None,
         description=(
-            "A top-level field of the step's JSON result; the whole result (JSON text) when unset."
+            "A top-level field of the step's JSON result; the whole result (JSON text) when "
+            "unset. At most 240 characters: longer field names are not kept apart from the "
+            "whole result."
         ),
-        max_length=253,
+        max_length=MAX_FIELD_KEY,
     )
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from agentrun.api.models import MAX_FIELD_KEY
 from agentrun.core.naming import canonical_json
 
 SUMMARY_LIMIT = 200
@@ -152,7 +153,7 @@ def _envelope(data: dict[str, Any]) -> Envelope:
 
 
 def _config_map_key_ok(key: str) -> bool:
-    return len(key) <= 240 and _CONFIG_MAP_KEY.fullmatch(key) is not None
+    return len(key) <= MAX_FIELD_KEY and _CONFIG_MAP_KEY.fullmatch(key) is not None
 
 
 def result_object_data(result: str) -> tuple[tuple[str, str], ...]:
