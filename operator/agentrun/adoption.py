@@ -108,6 +108,9 @@ def comparable_spec(job: Mapping[str, Any]) -> Any:
     """The Job's spec without what the API server derives from its name and uid."""
     spec = copy.deepcopy(job.get("spec") or {})
     spec.pop("selector", None)
+    # Set by the operator when it releases a finished Job (agentrun.core.actions.ReleaseJob);
+    # it decides when the Job goes, never what it runs.
+    spec.pop("ttlSecondsAfterFinished", None)
     meta = job.get("metadata") or {}
     derived = {meta.get("uid"), meta.get("name")} - {None, ""}
     labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels")
@@ -161,6 +164,14 @@ def name_taken_message(name: str, attempt: int, problem: str) -> str:
     return (
         f"a Job not created by the operator holds the name {name} of attempt {attempt}: "
         f"{problem}; it is left alone and never counts as the step's"
+    )
+
+
+def _released_and_going(job: Mapping[str, Any]) -> bool:
+    """Being deleted, without the operator's finalizer (released after its outcome)."""
+    meta = job.get("metadata") or {}
+    return bool(meta.get("deletionTimestamp")) and s.JOB_FINALIZER not in (
+        meta.get("finalizers") or []
     )
 
 
@@ -318,6 +329,8 @@ class Adoption:
         found: dict[str, ObservedJob] = {}
         for listed in self.view.jobs_of_run(uid):
             name = _name(listed)
+            if name not in in_flight and _released_and_going(listed):
+                continue  # its outcome is committed and the operator let it go: nothing to see
             job = self._current_object(ns, name) or listed
             observed = self._classify(run, job, step_of.get(name), name in in_flight)
             if observed is not None:

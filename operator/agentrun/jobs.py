@@ -178,6 +178,8 @@ def observe_job(
         started_at=_time(status.get("startTime")),
         finished_at=_time(status.get("completionTime"))
         or _time((terminated or {}).get("finishedAt")),
+        held=s.JOB_FINALIZER in (meta.get("finalizers") or []),
+        expires=(job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None,
         deleting=bool(meta.get("deletionTimestamp")),
         pod_refused=pod_refused if state == JobState.ACTIVE else None,
     )

@@ -39,6 +39,7 @@ from agentrun.core import (
     EmitEvent,
     Observed,
     ObservedJob,
+    ReleaseJob,
     StoreResult,
     naming,
     reconcile,
@@ -57,7 +58,7 @@ CHECKPOINTS = (
     "after-result-store",
     "before-result-commit",
     "after-result-commit",
-    "before-job-delete",
+    "before-job-release",
 )
 """The named moments of a pass where a crash is most interesting: a :data:`Checkpoint` hook
 given to :class:`Reconciler` is called with one of these names each time a pass reaches it."""
@@ -134,6 +135,7 @@ class Reconciler:
         self.config = CoreConfig(
             jitter_seed=settings.jitter_seed,
             job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
+            running_after_seconds=settings.running_after_seconds,
             agent=agent_loop.AgentConfig(
                 llm_image=settings.llm_image, llm_command=settings.llm_command
             ),
@@ -145,6 +147,12 @@ class Reconciler:
         """Run uid -> Job name -> the API's message refusing its create (fed to the core)."""
         self._reported: set[tuple[str, str, str]] = set()
         """(run uid, ConfigMap, why) of foreign audit objects already reported by an Event."""
+        self._launched: dict[str, set[str]] = {}
+        """Run uid -> Jobs of attempts still Launching that this process created or saw: one
+        gone without a trace is lost, not to be created again (Observed.vanished)."""
+        self._recorded: dict[str, int] = {}
+        """Run uid -> the last transition this process found or stored in the run's audit
+        record, until a commit carries it into status.audit.recordedSeq."""
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         """One pass at a time per run: deletion cleanup waits for a pass in flight, so a Job
@@ -158,12 +166,34 @@ class Reconciler:
 
     # -- observing ------------------------------------------------------------------------
 
-    def _observe(self, run: m.AgentRun) -> tuple[Observed, _Record]:
+    def _observe(self, run: m.AgentRun) -> Observed:
+        """The run's Jobs, the Jobs of attempts still Launching that vanished, and how far
+        its audit record is known to reach (from memory: the record itself is read only when
+        transitions are appended to it)."""
         found = self._observe_jobs(run)
-        record = self._read_record(run)
-        last = record.entries[-1]["seq"] if record.entries else 0
-        observed = Observed(found, recorded_seq=int(last), record_name=record.prefix)
-        return observed, record
+        uid = run.metadata.uid
+        launching = {
+            st.job_name
+            for st in (run.status.steps if run.status else None) or []
+            if st.phase == m.StepPhase.LAUNCHING and st.job_name
+        }
+        present = {j.name for j in found}
+        with self._locks_guard:
+            known = self._launched.get(uid, set()) & launching
+            vanished = frozenset(known - present)
+            known |= present & launching
+            if known:
+                self._launched[uid] = known
+            else:
+                self._launched.pop(uid, None)
+            recorded = self._recorded.get(uid)
+        if vanished:
+            log.warning("Job(s) %s of attempts in flight vanished", ", ".join(sorted(vanished)),
+                        extra=_ctx(run))  # fmt: skip
+        if recorded is None:
+            return Observed(found, vanished=vanished)
+        prefix = audit.record_prefix(run.metadata.name, uid)
+        return Observed(found, recorded_seq=recorded, record_name=prefix, vanished=vanished)
 
     def _with_carried_sources(self, run: m.AgentRun, observed: Observed) -> Observed:
         """What each carried result's ``fromRun`` really committed for its step, read from that
@@ -279,10 +309,10 @@ class Reconciler:
 
     # -- the audit record -------------------------------------------------------------------
 
-    def _read_record(self, run: m.AgentRun) -> _Record:
+    def _read_record(self, run: m.AgentRun, latest: int) -> _Record:
         """The run's record: its own chunks only (:func:`audit.select`), entries up to the
-        latest committed transition. Anything else with the record's labels is ignored and
-        reported once by a Warning Event; it never moves recordedSeq."""
+        latest committed transition (``latest``). Anything else with the record's labels is
+        ignored and reported once by a Warning Event; it never moves recordedSeq."""
         selector = objects.owned_by(run.metadata.uid, "audit")
         items = list_items(
             self.apis.core.list_namespaced_config_map(
@@ -290,7 +320,6 @@ class Reconciler:
             )
         )
         prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
-        latest = (run.status.history_seq if run.status else None) or 0
         # Entries up to a chunk past the status as read may be a concurrent pass's appends;
         # further ones cannot be the operator's.
         chosen = audit.select(items, prefix, run.metadata.uid, limit=latest + audit.CHUNK)
@@ -317,18 +346,19 @@ class Reconciler:
             log.warning(message, extra=_ctx(run))
             self._act(run, (EmitEvent("Warning", "ForeignAuditObject", message),))
 
-    def _anchor(self, run: m.AgentRun, status: m.AgentRunStatus, record: _Record) -> None:
+    def _anchor(self, run: m.AgentRun, status: m.AgentRunStatus) -> None:
         """Advance the chain's head in ``status`` (committed with the transitions it covers)
         over the transitions past the head committed before. A run anchored before continues
         from its anchor; a run from before anchors existed, from its record's last entry."""
         committed = run.status.audit if run.status else None
+        latest = (run.status.history_seq if run.status else None) or 0
+        base = (0, audit.genesis(run.metadata.uid))
         if committed is not None and committed.head_seq is not None and committed.head_hash:
             base = (committed.head_seq, committed.head_hash)
-        elif record.entries and (run.status.history_seq if run.status else None):
-            last = record.entries[-1]
-            base = (int(last["seq"]), str(last.get("hash", "")))
-        else:
-            base = (0, audit.genesis(run.metadata.uid))
+        elif latest:
+            entries = self._read_record(run, latest).entries
+            if entries:
+                base = (int(entries[-1]["seq"]), str(entries[-1].get("hash", "")))
         head = audit.advance(*base, status.history or [])
         if head is None:
             log.warning(
@@ -341,9 +371,40 @@ class Reconciler:
         anchor.head_seq, anchor.head_hash = head
         status.audit = anchor
 
-    def _sync_record(self, run: m.AgentRun, status: m.AgentRunStatus, record: _Record) -> None:
+    def _flush_record(self, run: m.AgentRun, status: m.AgentRunStatus) -> bool:
+        """After a commit: append the committed transitions the audit record lacks, in
+        batches. Appended when :data:`AUDIT_BATCH` transitions are waiting, or when the run
+        comes to rest (finished, waiting for approval, suspended). Until then they wait in
+        status.history, whose ring keeps every transition past recordedSeq (and the anchor in
+        status.audit covers them), so none is lost to a crash.
+
+        Returns whether status.audit.recordedSeq lags behind what is now recorded for a run at
+        rest: one more commit brings it level (while the run moves, the next commit does)."""
+        uid = run.metadata.uid
+        latest = status.history_seq or 0
+        committed = status.audit.recorded_seq if status.audit else 0
+        with self._locks_guard:
+            stored = max(committed, self._recorded.get(uid, 0))
+        at_rest = status.phase in AT_REST
+        waiting = latest - stored
+        if waiting > 0 and (at_rest or waiting >= AUDIT_BATCH):
+            appended = self._sync_record(run, status, self._read_record(run, latest))
+            if appended is not None:
+                stored = max(stored, appended)
+                with self._locks_guard:
+                    self._recorded[uid] = stored
+        if at_rest and committed >= stored:
+            with self._locks_guard:
+                self._recorded.pop(uid, None)  # status says it all: nothing to remember
+        return at_rest and committed < stored
+
+    def _sync_record(
+        self, run: m.AgentRun, status: m.AgentRunStatus, record: _Record
+    ) -> int | None:
         """Append the committed transitions the record lacks (after the status commit, which
-        anchored them: a crash in between leaves the anchor ahead, the entries in history)."""
+        anchored them: a crash in between leaves the anchor ahead, the entries in history).
+        Returns the last transition the record then holds, None if another pass moved it on
+        meanwhile."""
         last_seq = int(record.entries[-1]["seq"]) if record.entries else 0
         last_hash = (
             str(record.entries[-1]["hash"]) if record.entries else audit.genesis(run.metadata.uid)
@@ -353,6 +414,8 @@ class Reconciler:
             log.warning("audit record misses transitions %d to %d", last_seq + 1,
                         history[0].seq - 1, extra=_ctx(run))  # fmt: skip
         new = audit.extend(history, last_seq, last_hash)
+        if new:
+            last_seq = int(new[-1]["seq"])
         by_chunk: dict[str, dict[str, str]] = {}
         for made in new:
             chunk = audit.chunk_name(record.prefix, int(made["seq"]))
@@ -378,7 +441,8 @@ class Reconciler:
                 continue
             if moved_on:
                 log.info("audit record moved on meanwhile; next pass appends", extra=_ctx(run))
-                return
+                return None
+        return last_seq
 
     def _take_over(self, run: m.AgentRun, prefix: str, chunk: str, data: dict[str, str]) -> bool:
         """A ConfigMap that is not the run's holds a chunk's name: replace it with the chunk
@@ -409,6 +473,7 @@ class Reconciler:
 
     def _reconcile(self, namespace: str, name: str) -> Outcome:
         conflicts = 0
+        levelled = False
         for _ in range(self.settings.max_conflict_retries):
             body = self.ledger.read(namespace, name)
             if body is None:
@@ -416,12 +481,12 @@ class Reconciler:
             if (body.get("metadata") or {}).get("deletionTimestamp"):
                 return Outcome(None, None, conflicts)  # the deletion handler cleans up
             run = m.AgentRun.model_validate(body)
-            observed, record = self._observe(run)
+            observed = self._observe(run)
             observed = self._with_documents(run, observed)
             observed = self._with_verdicts(run, observed)
             observed = self._with_carried_sources(run, observed)
             decision = reconcile(run, observed, self.clock(), self.config)
-            self._anchor(run, decision.status, record)
+            self._anchor(run, decision.status)
             try:
                 self._commit(body, run, decision)
             except Conflict:
@@ -429,7 +494,9 @@ class Reconciler:
                 log.info("status conflict: re-reading and re-deriving", extra=_ctx(run))
                 continue
             self._act(run, decision.after_commit)
-            self._sync_record(run, decision.status, record)
+            if self._flush_record(run, decision.status) and not levelled:
+                levelled = True  # once more: commit recordedSeq, now that the record has it
+                continue
             phase = decision.status.phase
             requeue = decision.requeue_after
             if self._refused_now(run, decision):  # the next pass fails the attempt at once
@@ -447,7 +514,9 @@ class Reconciler:
         self._act(run, decision.before_commit)
         if stores:
             self.checkpoint("after-result-store")
-        changed = decision.status_changed(run.status)
+        changed = decision.status_changed(run.status) and not _only_record_progress(
+            run.status, decision.status
+        )
         if not changed and not decision.needs_fence:
             return
         newly_done = _newly_finished(run.status, decision.status)
@@ -478,7 +547,7 @@ class Reconciler:
         if isinstance(action, CreateJob):
             self._create_job(run, action)
         elif isinstance(action, DeleteJob):
-            self.checkpoint("before-job-delete")
+            self.checkpoint("before-job-release")
             uid = self.adoption.deletable(run, action.job_name)
             if uid is None:
                 log.info("Job %s is not the operator's (or gone): not deleted", action.job_name,
@@ -486,6 +555,9 @@ class Reconciler:
                 return
             self.delete_job(ns, action.job_name, uid)
             log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=_ctx(run))
+        elif isinstance(action, ReleaseJob):
+            self.checkpoint("before-job-release")
+            self._release_to_ttl(run, action)
         elif isinstance(action, StoreResult):
             self._store_result(run, action)
         elif isinstance(action, StoreRecord):
@@ -523,6 +595,8 @@ class Reconciler:
                 self.wake(run.metadata.namespace, run.metadata.name, run.metadata.uid)
             return
         self.adoption.created(json.loads(created.data))
+        with self._locks_guard:
+            self._launched.setdefault(run.metadata.uid, set()).add(action.job_name)
         log.info("created Job %s", action.job_name, extra=ctx)
         self.checkpoint("after-job-create")
 
@@ -549,6 +623,37 @@ class Reconciler:
             return
         with tolerate(404, 409, 422):
             self.apis.batch.patch_namespaced_job(name, namespace, patch)
+
+    def _release_to_ttl(self, run: m.AgentRun, action: ReleaseJob) -> None:
+        """One JSON patch: the operator's finalizer off, ``ttlSecondsAfterFinished`` on,
+        guarded by ``test`` ops against the Job as watched (its uid, its finalizers): a Job
+        that is another, or changed since, fails the test (422) and nothing changes; its
+        next change brings another pass."""
+        ns = run.metadata.namespace
+        seen = self.view.job_named(ns, action.job_name) if self.view is not None else None
+        job = seen or self._read_job(ns, action.job_name)
+        meta = (job or {}).get("metadata") or {}
+        controller: dict[str, Any] = next(
+            (r for r in meta.get("ownerReferences") or [] if r.get("controller")), {}
+        )
+        removal = finalizer_removal(meta.get("finalizers") or [], s.JOB_FINALIZER)
+        if removal is None or controller.get("uid") != run.metadata.uid:
+            return
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
+            *removal,
+            {"op": "add", "path": "/spec/ttlSecondsAfterFinished", "value": action.ttl_seconds},
+        ]
+        with tolerate(404, 409, 422) as refused:
+            patched = self.apis.batch.patch_namespaced_job(
+                action.job_name, ns, patch, _preload_content=False
+            )
+        if refused:
+            return
+        # Still the verified Job (the uid test held): its new generation needs no new check.
+        self.adoption.created(json.loads(patched.data))
+        log.info("released Job %s to the TTL controller (%ds after it finished)",
+                 action.job_name, action.ttl_seconds, extra=_ctx(run))  # fmt: skip
 
     def _store_result(self, run: m.AgentRun, action: StoreResult) -> None:
         body = objects.result_config_map(
@@ -647,6 +752,28 @@ def _api_message(error: ApiException) -> str:
     message = status.get("message") if isinstance(status, dict) else None
     text = message if isinstance(message, str) and message else f"{error.status} {error.reason}"
     return text[:2048]
+
+
+AUDIT_BATCH = 32
+"""Committed transitions that wait in status.history before they are appended to the audit
+record together (fewer than status.history's ring keeps: see core._trim_history)."""
+AT_REST = frozenset({*m.TERMINAL_RUN_PHASES, m.RunPhase.WAITING_FOR_APPROVAL, m.RunPhase.SUSPENDED})
+"""Run phases in which nothing moves until someone acts: the record is completed at once."""
+
+
+def _only_record_progress(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -> bool:
+    """Whether ``new`` differs from ``old`` only in how far the audit record is known to
+    reach (status.audit.recordedSeq and .record): not worth a write of its own while the run
+    moves, the next commit carries it. A run at rest gets it committed (see _flush_record)."""
+    if old is None or new.phase in AT_REST:
+        return False
+    levelled = new.model_copy(deep=True)
+    if old.audit is not None and levelled.audit is not None:
+        levelled.audit.recorded_seq = old.audit.recorded_seq
+        levelled.audit.record = old.audit.record
+    elif old.audit is None and levelled.audit is not None:
+        return False
+    return old.to_wire() == levelled.to_wire()
 
 
 @dataclass(frozen=True)

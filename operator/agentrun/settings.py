@@ -109,6 +109,11 @@ class Settings:
     job_deletion_grace_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_JOB_DELETION_GRACE_SECONDS", 30)
     )
+    running_after_seconds: int = field(
+        default_factory=lambda: _env_int("AGENTRUN_RUNNING_AFTER_SECONDS", 2)
+    )
+    """A step shows Running once its Job has been active this long; shorter steps go from
+    Launching straight to their outcome (a status write fewer per step)."""
     llm_image: str = field(
         default_factory=lambda: os.environ.get("AGENTRUN_LLM_IMAGE") or DEFAULT_LLM_IMAGE
     )

@@ -23,7 +23,7 @@ import pytest
 
 from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
-from agentrun_devcluster.testing import KubeClients, TestCluster
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.cluster import Kubectl, StartOperator, bind_role, mint_user, user_subject
 from tests.support.runs import (
@@ -300,7 +300,12 @@ def test_the_token_budget_pauses_the_run_and_raising_it_resumes(
     assert status["agent"]["stage"] == "Paused"
     assert condition(run)["reason"] == "BudgetExhausted"
     assert "raise spec.budget.maxTokens to resume" in status["message"]
-    assert "BudgetExhausted" in event_reasons(kube, namespace, "budget")
+    # Posted after the commit that paused it: a moment after the phase shows.
+    wait_for(
+        "the BudgetExhausted Event",
+        lambda: "BudgetExhausted" in event_reasons(kube, namespace, "budget"),
+        timeout=30,
+    )
     assert len(model.completions()) == 1
     patch_spec(kubectl, namespace, "budget", budget={"maxTokens": 5000})
     run = wait_phase(kube, namespace, "budget", "Succeeded")

@@ -25,6 +25,7 @@ from agentrun.core import (
     JobState,
     Observed,
     ObservedJob,
+    ReleaseJob,
     StoreResult,
     reconcile,
 )
@@ -66,6 +67,9 @@ class SimJob:
     finished_at: datetime | None = None
     env: dict[str, str] = field(default_factory=dict)
     deleting: bool = False
+    ttl: int | None = None
+    """Set by a ReleaseJob (which also drops the operator's finalizer): the TTL controller
+    deletes the Job this long after it finished (see :meth:`Sim.advance`)."""
 
 
 class Conflict(Exception):
@@ -103,10 +107,14 @@ class Sim:
                     reason=j.reason,
                     finished_at=j.finished_at,
                     deleting=j.deleting,
+                    held=j.ttl is None,
+                    expires=j.ttl is not None,
                 )
                 for j in self.jobs.values()
             ),
             carried_sources=dict(self.carried_sources),
+            # What the shell remembers: Jobs it created that are now gone.
+            vanished=frozenset(n for n in self.creations if n not in self.jobs),
         )
 
     def finish(
@@ -133,6 +141,11 @@ class Sim:
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
+        for job in list(self.jobs.values()):  # Kubernetes' TTL controller
+            if job.ttl is None or job.finished_at is None:
+                continue
+            if self.now >= job.finished_at + timedelta(seconds=job.ttl):
+                del self.jobs[job.name]
 
     # -- the ledger and the shell ------------------------------------------------------------
 
@@ -172,6 +185,10 @@ class Sim:
             )
         elif isinstance(action, DeleteJob):
             self.jobs.pop(action.job_name, None)
+        elif isinstance(action, ReleaseJob):
+            released = self.jobs.get(action.job_name)
+            assert released is not None and released.state != JobState.ACTIVE, action
+            released.ttl = action.ttl_seconds
         elif isinstance(action, StoreResult):
             existing = self.results.get(action.name)
             assert existing is None or existing == dict(action.data), "result object changed"

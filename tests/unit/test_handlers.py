@@ -32,7 +32,12 @@ def finished_run(**spec: Any) -> tuple[dict[str, Any], str]:
 
 
 def job(
-    name: str, *, failed: bool = False, deleting: bool = False, held: bool = True
+    name: str,
+    *,
+    failed: bool = False,
+    deleting: bool = False,
+    held: bool = True,
+    ttl: int | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
@@ -49,7 +54,8 @@ def job(
         "conditions": [{"type": kind, "status": "True"}],
         "completionTime": T0.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    return {"metadata": meta, "spec": {}, "status": status}
+    spec = {} if ttl is None else {"ttlSecondsAfterFinished": ttl}
+    return {"metadata": meta, "spec": spec, "status": status}
 
 
 def reconciler(now_after_finish: float) -> Reconciler:
@@ -63,11 +69,19 @@ def test_a_finished_run_with_nothing_left_needs_no_pass() -> None:
     assert handlers._due_in(body, [], reconciler(3600)) is None
 
 
-def test_a_finished_run_passes_when_its_jobs_grace_is_over_and_not_before() -> None:
+def test_a_finished_run_passes_to_release_a_job_still_held_and_not_for_a_released_one() -> None:
     body, name = finished_run()
-    due = handlers._due_in(body, [job(name)], reconciler(5))
+    # Its outcome is committed: released at once, to the TTL controller, grace or not.
+    assert handlers._due_in(body, [job(name)], reconciler(5)) == 0.0
+    assert handlers._due_in(body, [job(name, held=False, ttl=30)], reconciler(5)) is None
+    assert handlers._due_in(body, [job(name, held=False, ttl=30)], reconciler(3600)) is None
+
+
+def test_a_released_job_without_a_ttl_is_deleted_when_its_grace_is_over() -> None:
+    body, name = finished_run()
+    due = handlers._due_in(body, [job(name, held=False)], reconciler(5))
     assert due is not None and 0 < due <= 30
-    assert handlers._due_in(body, [job(name)], reconciler(3600)) == 0.0
+    assert handlers._due_in(body, [job(name, held=False)], reconciler(3600)) == 0.0
 
 
 def test_a_kept_failed_job_asks_for_nothing() -> None:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from agentrun.api import models as m
-from agentrun.core import CreateJob, DeleteJob, DeleteRun, StoreResult, naming, reconcile
+from agentrun.core import (
+    CreateJob,
+    DeleteJob,
+    DeleteRun,
+    ReleaseJob,
+    StoreResult,
+    naming,
+    reconcile,
+)
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.naming import sha256_text
 from agentrun.core.observed import CarriedSource, Observed
@@ -464,15 +474,41 @@ def test_job_deleted_before_it_was_observed_is_not_created_again() -> None:
     assert first not in sim.jobs and sim.step_status("a").attempt == 2
 
 
-def test_finished_jobs_are_deleted_only_after_commit_and_grace() -> None:
+def test_finished_jobs_are_released_to_the_ttl_controller_once_their_outcome_commits() -> None:
     sim = Sim(make_run([step("a"), step("b", "a")]))
     sim.tick()
     name = sim.job_of("a").name
     sim.finish(name)
-    decision = sim.tick()
+    before = sim.status.model_copy(deep=True)
+    decision, version = sim.decide()
+    grace = sim.config.job_deletion_grace_seconds
+    # Released after the commit that records the outcome (after_commit), never before it.
+    assert ReleaseJob(name, grace) in decision.after_commit
+    assert not [a for a in decision.before_commit if isinstance(a, ReleaseJob | DeleteJob)]
+    assert decision.status_changed(before)
+    assert sim.commit(decision, version)
+    for action in decision.after_commit:
+        sim.apply(action)
+    assert not [a for a in sim.tick().after_commit if isinstance(a, ReleaseJob | DeleteJob)]
+    sim.advance(grace - 1)
+    assert name in sim.jobs, "deleted before its grace"
+    sim.advance(1)
+    assert name not in sim.jobs
+
+
+def test_a_released_job_that_lost_its_ttl_is_deleted_after_the_grace() -> None:
+    sim = Sim(make_run([step("a"), step("b", "a")]))
+    sim.tick()
+    name = sim.job_of("a").name
+    sim.finish(name)
+    sim.tick()
+    sim.jobs[name].ttl = None  # someone removed it (and the finalizer is gone)
+    observed = sim.observed()
+    lost = tuple(dataclasses.replace(j, held=False, expires=False) for j in observed.jobs)
+    decision = reconcile(sim.run, dataclasses.replace(observed, jobs=lost), sim.now, sim.config)
     assert not [a for a in decision.after_commit if isinstance(a, DeleteJob)]
-    sim.advance(sim.config.job_deletion_grace_seconds)
-    decision = sim.tick()
+    later = sim.now + timedelta(seconds=sim.config.job_deletion_grace_seconds)
+    decision = reconcile(sim.run, dataclasses.replace(observed, jobs=lost), later, sim.config)
     assert DeleteJob(name, "Retention") in decision.after_commit
 
 
@@ -520,12 +556,25 @@ def test_observed_generation_follows_the_spec() -> None:
     assert cond is not None and cond.observed_generation == 2
 
 
-def test_events_accompany_every_transition() -> None:
+def test_events_mark_what_a_person_acts_on_and_history_keeps_every_transition() -> None:
     sim = Sim(make_run([step("a")]))
     sim.run_to_end()
-    reasons = [r for r, _ in sim.events]
+    assert [r for r, _ in sim.events] == ["Succeeded"], "routine transitions post no Event"
+    reasons = [t.reason for t in sim.status.history or []]
     for expected in ("Accepted", "Launching", "StepSucceeded", "Succeeded"):
         assert expected in reasons
+
+    flaky = Sim(make_run([step("a", retry={"limit": 1}), step("gate", "a", approval="required")]))
+    flaky.tick()
+    flaky.finish(flaky.job_of("a").name, ok=False)
+    flaky.tick()
+    assert flaky.events[-1][0] == "RetryScheduled", "a failed attempt is worth an Event"
+    flaky.advance(3600)
+    flaky.tick()
+    flaky.finish(flaky.job_of("a").name)
+    flaky.tick()
+    assert flaky.events[-1][0] == "ApprovalRequested"
+    assert "StepSucceeded" not in [r for r, _ in flaky.events]
 
 
 @pytest.mark.parametrize("phase", [m.RunPhase.SUCCEEDED, m.RunPhase.FAILED])
@@ -1021,3 +1070,33 @@ def test_a_gated_step_removed_and_added_back_weaker_still_needs_approval() -> No
     st = sim.step_status("b")
     assert st.phase == SP.WAITING_FOR_APPROVAL and st.gated is True
     assert "b" not in [s.step.name for s in sim.created_specs.values()]
+
+
+def test_a_step_shows_running_once_its_job_has_been_active_a_while_and_short_ones_skip_it() -> None:
+    sim = Sim(make_run([step("slow"), step("quick")]))
+    sim.tick()
+    decision = sim.tick()  # both Jobs active (the sim's Jobs start when seen)
+    assert sim.step_status("slow").phase == m.StepPhase.LAUNCHING
+    assert decision.requeue_after == sim.config.running_after_seconds
+    sim.finish(sim.job_of("quick").name)
+    sim.advance(sim.config.running_after_seconds)
+    sim.tick()
+    assert sim.step_status("slow").phase == m.StepPhase.RUNNING
+    quick = [(t.from_phase, t.to_phase) for t in sim.status.history or [] if t.step == "quick"]
+    assert (m.StepPhase.LAUNCHING, m.StepPhase.SUCCEEDED) in quick and m.StepPhase.RUNNING not in {
+        p for _, p in quick
+    }
+
+
+def test_a_launching_job_that_vanished_is_lost_and_one_never_seen_is_created_again() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    name = sim.job_of("a").name
+    del sim.jobs[name]
+    observed = sim.observed()
+    again = reconcile(sim.run, dataclasses.replace(observed, vanished=frozenset()), sim.now)
+    assert [a.job_name for a in again.after_commit if isinstance(a, CreateJob)] == [name]
+    lost = reconcile(sim.run, observed, sim.now)
+    st = next(s for s in lost.status.steps or [] if s.name == "a")
+    assert st.error is not None and st.error.reason == "JobLost"
+    assert not [a for a in lost.after_commit if isinstance(a, CreateJob)]

@@ -11,6 +11,7 @@ from agentrun.core.actions import (
     DeleteJob,
     DeleteRun,
     EmitEvent,
+    ReleaseJob,
     StoreResult,
 )
 from agentrun.core.machine import CoreConfig, Decision, reconcile
@@ -28,6 +29,7 @@ __all__ = [
     "JobState",
     "Observed",
     "ObservedJob",
+    "ReleaseJob",
     "StoreResult",
     "reconcile",
 ]

@@ -30,6 +30,16 @@ class DeleteJob:
 
 
 @dataclass(frozen=True)
+class ReleaseJob:
+    """A finished step Job whose outcome is committed: remove the operator's finalizer and
+    set its ``ttlSecondsAfterFinished``, so that Kubernetes' TTL controller deletes it (and
+    its pods) ``ttl_seconds`` after it finished. One write, and no pass of the run later."""
+
+    job_name: str
+    ttl_seconds: int
+
+
+@dataclass(frozen=True)
 class StoreResult:
     """Write a result too large for status into a ConfigMap owned by the run.
 
@@ -75,4 +85,4 @@ class DeleteRun:
     reason: str
 
 
-Action = CreateJob | DeleteJob | StoreResult | StoreRecord | EmitEvent | DeleteRun
+Action = CreateJob | DeleteJob | ReleaseJob | StoreResult | StoreRecord | EmitEvent | DeleteRun

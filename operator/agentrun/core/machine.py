@@ -17,10 +17,13 @@ Launching a step is two steps apart: first the intent "step s, attempt k, Job J"
 (phase Launching), then Job J is created. J's name is a function of (run uid, s, k), so a crash
 in between only means the next reconcile creates J again and meets AlreadyExists.
 
-Finished step Jobs are deleted (per retention) only ``job_deletion_grace_seconds`` after their
-result was committed. That grace is the window in which a stalled operator that had already
-passed its fence write could still issue its create; an operator must not stall longer than
-that between its fence write and its Job creation.
+Finished step Jobs are deleted (per retention) only ``job_deletion_grace_seconds`` after they
+finished, and never before their outcome is committed: the operator's finalizer keeps them
+until then. Once it is, one write releases the finalizer and sets ``ttlSecondsAfterFinished``
+to the grace, and Kubernetes' TTL controller deletes the Job when it is due. That grace is the
+window in which a stalled operator that had already passed its fence write could still issue
+its create; an operator must not stall longer than that between its fence write and its Job
+creation.
 """
 
 from __future__ import annotations
@@ -35,7 +38,15 @@ from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent as agent_loop
 from agentrun.core import naming
-from agentrun.core.actions import Action, CreateJob, DeleteJob, DeleteRun, EmitEvent, StoreResult
+from agentrun.core.actions import (
+    Action,
+    CreateJob,
+    DeleteJob,
+    DeleteRun,
+    EmitEvent,
+    ReleaseJob,
+    StoreResult,
+)
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.envelope import MAX_TOKENS, Envelope, clean, parse, result_object_data
 from agentrun.core.graph import plan_problems
@@ -69,6 +80,9 @@ class CoreConfig:
     jitter_seed: int = 0
     job_deletion_grace_seconds: int = 30
     step_timeout_grace_seconds: int = 30
+    running_after_seconds: int = 2
+    """A step moves from Launching to Running once its Job has been active this long: a
+    shorter step goes from Launching straight to its outcome, one status write fewer."""
     """After a step's timeout plus this, the core stops waiting for the Job's own deadline."""
     agent: agent_loop.AgentConfig = field(default_factory=agent_loop.AgentConfig)
     """Settings of the agent loop (model turns' image and command)."""
@@ -99,6 +113,33 @@ def _truncate(text: str, limit: int = MESSAGE_LIMIT) -> str:
     if len(text) <= limit:
         return clean(text)
     return clean(text[: limit - 1]) + "…"
+
+
+NOTABLE_STEP_PHASES = frozenset({SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF, SP.FAILED})
+NOTABLE_RUN_PHASES = m.TERMINAL_RUN_PHASES | {m.RunPhase.SUSPENDED}
+NOTABLE_REASONS = frozenset({"ApprovalRequested", "Rejected", "ApprovalExpired", "ArgsChanged"})
+
+
+def posts_event(transition: m.Transition) -> bool:
+    """Whether the operator posts an Event for ``transition`` (see :func:`_notable`)."""
+    t = transition
+    return _warns(t.to_phase, t.reason) or _notable(t.step, t.to_phase, t.reason, t.by)
+
+
+def _warns(new: str, reason: str) -> bool:
+    return new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith(("Exceeded", "Refused"))
+
+
+def _notable(step: str | None, new: str, reason: str, by: str | None) -> bool:
+    """Whether a transition is worth an Event: what a person watching the run acts on (a
+    failed attempt, an approval asked for or decided, a person's own action, the run's end or
+    pause). Every transition is in status.history and the audit record either way; routine
+    ones (Launching, Running, Succeeded of a step) post no Event, which saves a write each."""
+    if by is not None or reason in NOTABLE_REASONS:
+        return True
+    if step is None:
+        return new in NOTABLE_RUN_PHASES
+    return new in NOTABLE_STEP_PHASES
 
 
 def _floor_seconds(t: datetime) -> datetime:
@@ -155,8 +196,11 @@ class _Builder:
                 seq=seq,
             )
         )
-        warning = new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith(("Exceeded", "Refused"))
-        self.events.append(EmitEvent("Warning" if warning else "Normal", reason, _truncate(msg)))
+        warning = _warns(new, reason)
+        if warning or _notable(step, new, reason, by):
+            self.events.append(
+                EmitEvent("Warning" if warning else "Normal", reason, _truncate(msg))
+            )
 
     def move(
         self, st: m.StepStatus, phase: SP, reason: str, msg: str, by: str | None = None
@@ -380,7 +424,7 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
         refused = b.observed.job_refusals.get(st.job_name or "")
         if st.phase == SP.LAUNCHING and refused is not None:
             _job_refused(b, step, st, refused)
-        elif st.phase == SP.LAUNCHING:
+        elif st.phase == SP.LAUNCHING and (st.job_name or "") not in b.observed.vanished:
             _reissue_create(b, step, st)
         else:
             _attempt_failed(
@@ -411,7 +455,7 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
         return
     if job.state == JobState.ACTIVE:
         if st.phase == SP.LAUNCHING:
-            b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
+            _note_running(b, st, job)
         _check_step_timeout(b, step, st, job)
         return
     code = job.exit_code
@@ -434,6 +478,18 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
         return
     reason, message = _failure_of(job, exit_code)
     _attempt_failed(b, step, st, reason, message, exit_code)
+
+
+def _note_running(b: _Builder, st: m.StepStatus, job: ObservedJob) -> None:
+    """Launching becomes Running once the Job has been active ``running_after_seconds``
+    (a timer brings the pass that sees it); a Job that ends sooner skips Running."""
+    started = job.started_at or st.attempt_started_at  # the Job's startTime, else the intent's
+    since = min(_floor_seconds(started), b.now) if started else b.now
+    due = since + timedelta(seconds=b.config.running_after_seconds)
+    if b.now >= due:
+        b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
+    else:
+        b.timer(due)
 
 
 def _job_refused(b: _Builder, step: m.Step, st: m.StepStatus, message: str) -> None:
@@ -1149,6 +1205,7 @@ def _retention(b: _Builder) -> None:
     grace = timedelta(seconds=b.config.job_deletion_grace_seconds)
     current = {st.job_name: st for st in b.steps.values() if st.job_name}
     committed = {st.name: st for st in (b.run.status.steps if b.run.status else None) or []}
+    derived = {st.name: st for st in b.steps.values()}
     for job in b.observed.jobs:
         if job.name_taken is not None:  # someone else's Job: left alone
             continue
@@ -1157,19 +1214,29 @@ def _retention(b: _Builder) -> None:
             if st is None or st.phase not in m.ACTIVE_STEP_PHASES:
                 b.after.append(DeleteJob(job.name, "NotCurrentAttempt"))
             continue
-        if not _outcome_committed(committed.get(job.step), job) and not agent_loop.compacted(
-            b.run, job.step
-        ):
-            continue
-        if job.deleting:  # deleted by someone else: release it now that its outcome is recorded
-            b.after.append(DeleteJob(job.name, "Deleted"))
-            continue
+        compacted = agent_loop.compacted(b.run, job.step)
         failed = job.state == JobState.FAILED or (st is not None and st.phase == SP.FAILED)
         keep = retention.keep_jobs == m.KeepJobs.ALL or (
             retention.keep_jobs == m.KeepJobs.FAILED and failed
         )
-        if keep:
+        if (
+            not keep
+            and job.held
+            and not job.deleting
+            and _outcome_committed(derived.get(job.step), job)
+        ):
+            # Committed by this decision or before: after_commit runs only once it is.
+            b.after.append(ReleaseJob(job.name, b.config.job_deletion_grace_seconds))
             continue
+        if not _outcome_committed(committed.get(job.step), job) and not compacted:
+            continue
+        if job.deleting and job.held:  # deleted by someone else: release it, outcome recorded
+            b.after.append(DeleteJob(job.name, "Deleted"))
+            continue
+        if job.deleting:  # released, and going (the TTL controller's doing): nothing to do
+            continue
+        if keep or (job.expires and not job.held):
+            continue  # kept, or released to the TTL controller, which deletes it when due
         since = (st.finished_at if st and st.finished_at else None) or job.finished_at or b.now
         due = min(_floor_seconds(since), b.now) + grace
         if b.now >= due:

@@ -32,6 +32,11 @@ class ObservedJob:
     message: str | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    held: bool = True
+    """The Job still carries the operator's finalizer (it is released once the attempt's
+    outcome is committed, see :class:`agentrun.core.actions.ReleaseJob`)."""
+    expires: bool = False
+    """The Job has ``ttlSecondsAfterFinished``: Kubernetes deletes it once finished."""
     deleting: bool = False
     """Someone deleted the Job; the operator's Job finalizer keeps it visible until the
     attempt's outcome is committed, so a deleted attempt is never mistaken for one that was
@@ -100,6 +105,10 @@ class Observed:
     job_refusals: Mapping[str, str] = field(default_factory=dict)
     """Keyed by Job name: the API server's message refusing the create of a committed
     attempt's Job (a 4xx other than 409). The core fails that attempt (reason JobRefused)."""
+    vanished: frozenset[str] = frozenset()
+    """Names of Jobs the shell created or observed for a committed attempt and that are now
+    gone without a trace (their finalizer stripped, then deleted). The core counts such an
+    attempt as lost, as it would a Running one, rather than creating its Job again."""
     documents: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """Keyed by (ConfigMap name, key): the records an agent run's loop asked for
     (:func:`agentrun.core.agent.wanted_documents`), as the shell read them; keys not found
