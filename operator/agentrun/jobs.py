@@ -181,5 +181,6 @@ def observe_job(
         held=s.JOB_FINALIZER in (meta.get("finalizers") or []),
         expires=(job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None,
         deleting=bool(meta.get("deletionTimestamp")),
+        deleted_at=_time(meta.get("deletionTimestamp")),
         pod_refused=pod_refused if state == JobState.ACTIVE else None,
     )

@@ -553,7 +553,7 @@ class Reconciler:
                 log.info("Job %s is not the operator's (or gone): not deleted", action.job_name,
                          extra=_ctx(run))  # fmt: skip
                 return
-            self.delete_job(ns, action.job_name, uid)
+            self.delete_job(ns, action.job_name, uid, release=action.release)
             log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=_ctx(run))
         elif isinstance(action, ReleaseJob):
             self.checkpoint("before-job-release")
@@ -600,15 +600,17 @@ class Reconciler:
         log.info("created Job %s", action.job_name, extra=ctx)
         self.checkpoint("after-job-create")
 
-    def delete_job(self, namespace: str, name: str, uid: str | None = None) -> None:
-        """Delete a step Job and release the operator's finalizer on it; with ``uid``, only
-        if the Job of that name is still that one."""
+    def delete_job(
+        self, namespace: str, name: str, uid: str | None = None, *, release: bool = True
+    ) -> None:
+        """Delete a step Job and (with ``release``) remove the operator's finalizer from it;
+        with ``uid``, only if the Job of that name is still that one."""
         body: dict[str, Any] = {"propagationPolicy": "Background"}
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         with tolerate(404, 409) as gone:
             self.apis.batch.delete_namespaced_job(name, namespace, body=body)
-        if gone:
+        if gone or not release:
             return
         self.release_job(namespace, name)
 

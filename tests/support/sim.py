@@ -67,6 +67,7 @@ class SimJob:
     finished_at: datetime | None = None
     env: dict[str, str] = field(default_factory=dict)
     deleting: bool = False
+    deleted_at: datetime | None = None
     ttl: int | None = None
     """Set by a ReleaseJob (which also drops the operator's finalizer): the TTL controller
     deletes the Job this long after it finished (see :meth:`Sim.advance`)."""
@@ -107,6 +108,7 @@ class Sim:
                     reason=j.reason,
                     finished_at=j.finished_at,
                     deleting=j.deleting,
+                    deleted_at=j.deleted_at,
                     held=j.ttl is None,
                     expires=j.ttl is not None,
                 )
@@ -138,6 +140,7 @@ class Sim:
     def lose(self, name: str) -> None:
         """Someone deletes the Job: the operator's finalizer keeps it, marked deleting."""
         self.jobs[name].deleting = True
+        self.jobs[name].deleted_at = self.jobs[name].deleted_at or self.now
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
@@ -184,7 +187,11 @@ class Sim:
                 env={e.name: e.value or "" for e in action.input_env},
             )
         elif isinstance(action, DeleteJob):
-            self.jobs.pop(action.job_name, None)
+            job = self.jobs.get(action.job_name)
+            if job is not None and (action.release or job.ttl is not None):
+                del self.jobs[action.job_name]  # no finalizer left: gone
+            elif job is not None:
+                self.lose(action.job_name)  # the operator's finalizer keeps it a while
         elif isinstance(action, ReleaseJob):
             released = self.jobs.get(action.job_name)
             assert released is not None and released.state != JobState.ACTIVE, action

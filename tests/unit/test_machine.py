@@ -470,7 +470,14 @@ def test_job_deleted_before_it_was_observed_is_not_created_again() -> None:
     assert error.reason == "JobLost"
     assert sim.creations[first] == 1
     decision = sim.tick()
-    assert DeleteJob(first, "Deleted") in decision.after_commit
+    # Released only once it has been deleting for the grace: a create stalled since before
+    # the deletion cannot outlast it, so it meets the Job (AlreadyExists), not a free name.
+    grace = sim.config.job_deletion_grace_seconds
+    assert not [a for a in decision.after_commit if isinstance(a, DeleteJob)]
+    assert decision.requeue_after is not None and decision.requeue_after <= grace
+    sim.advance(grace)
+    decision = sim.tick()
+    assert DeleteJob(first, "Deleted", release=True) in decision.after_commit
     assert first not in sim.jobs and sim.step_status("a").attempt == 2
 
 
@@ -1004,7 +1011,8 @@ def test_a_step_removed_and_added_back_starts_again_as_a_new_attempt() -> None:
     first_job = sim.step_status("b").job_name
     sim.spec_update(plan=m.Plan.model_validate({"steps": steps[:1]}))
     sim.tick()
-    assert sim.step_status("b").phase == SP.CANCELLED and first_job not in sim.jobs
+    assert sim.step_status("b").phase == SP.CANCELLED
+    assert first_job is not None and sim.jobs[first_job].deleting  # held for the grace
     sim.spec_update(plan=m.Plan.model_validate({"steps": steps}))
     sim.tick()
     st = sim.step_status("b")

@@ -22,11 +22,15 @@ class CreateJob:
 
 @dataclass(frozen=True)
 class DeleteJob:
-    """Delete a step Job (and, by propagation, its pods), and remove the operator's finalizer
-    from it: the Job's outcome is recorded (or no longer matters)."""
+    """Delete a step Job (and, by propagation, its pods). The operator's finalizer stays on
+    it until the deletion grace has passed (a later DeleteJob with ``release``), so that an
+    operator stalled between its fence write and that Job's create cannot create it again."""
 
     job_name: str
     reason: str
+    release: bool = False
+    """Also remove the operator's finalizer (the Job's outcome is recorded, and it has been
+    deleting for the grace)."""
 
 
 @dataclass(frozen=True)

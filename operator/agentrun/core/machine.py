@@ -1230,8 +1230,14 @@ def _retention(b: _Builder) -> None:
             continue
         if not _outcome_committed(committed.get(job.step), job) and not compacted:
             continue
-        if job.deleting and job.held:  # deleted by someone else: release it, outcome recorded
-            b.after.append(DeleteJob(job.name, "Deleted"))
+        if job.deleting and job.held:
+            # Deleted (by someone else, or by the operator), its outcome recorded: released
+            # once it has been deleting for the grace, which a stalled create cannot outlast.
+            since = min(_floor_seconds(job.deleted_at), b.now) if job.deleted_at else b.now
+            if job.deleted_at is None or b.now >= since + grace:
+                b.after.append(DeleteJob(job.name, "Deleted", release=True))
+            else:
+                b.timer(since + grace)
             continue
         if job.deleting:  # released, and going (the TTL controller's doing): nothing to do
             continue

@@ -38,6 +38,8 @@ class ObservedJob:
     expires: bool = False
     """The Job has ``ttlSecondsAfterFinished``: Kubernetes deletes it once finished."""
     deleting: bool = False
+    deleted_at: datetime | None = None
+    """When the Job's deletion was asked for (its deletionTimestamp)."""
     """Someone deleted the Job; the operator's Job finalizer keeps it visible until the
     attempt's outcome is committed, so a deleted attempt is never mistaken for one that was
     never created (which would be created again)."""
