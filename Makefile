@@ -41,9 +41,12 @@ integration: sync controlplane ## CRD, admission, node and packaging tests on th
 e2e: sync controlplane ## the operator as a process on the local control plane: runs, crashes, RBAC
 	$(RUN) pytest tests/e2e
 
+# Test files spread over this many pytest-xdist workers, each with a cluster of its own.
+PYTEST_WORKERS ?= 2
+
 .PHONY: test
 test: lint controlplane ## what CI runs: lint, types, unit, property, integration, e2e and container tests (not kind)
-	$(RUN) pytest
+	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: containers
 containers: sync controlplane ## the chart's operator and step pods as Docker containers (skips without Docker)

@@ -35,6 +35,22 @@ from tests.support.cluster import TEST_LABELS, Kubectl, create_namespace, delete
 from tests.support.helm import Helm
 from tests.support.paths import CRDS_DIR
 
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs two workers, each
+    with a session cluster of its own): a module's tests stay on one worker (its module
+    fixtures are built once), and all of tests/containers on one (one Docker engine, one
+    image build at a time)."""
+    for item in items:
+        path = item.path.resolve()
+        if _TESTS / "containers" in path.parents:
+            group = "containers"
+        else:
+            group = path.relative_to(_TESTS).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
