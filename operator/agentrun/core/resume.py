@@ -73,6 +73,12 @@ def source_problem(run: m.AgentRun, resume: a.ResumeFrom, source: m.AgentRun | N
         )
     if source.metadata.uid == run.metadata.uid:
         return "a run cannot continue its own conversation"
+    return turn_problem(source, resume.turn, where)
+
+
+def turn_problem(source: m.AgentRun, turn: int, where: str) -> str | None:
+    """Why the conversation of ``source`` (``where``, for the message) cannot be continued
+    after ``turn`` as its status stands; None when it can."""
     if source.spec.agent is None:
         return f"{where} is not an agent run (it has no spec.agent): it has no conversation"
     ag = source.status.agent if source.status else None
@@ -80,13 +86,13 @@ def source_problem(run: m.AgentRun, resume: a.ResumeFrom, source: m.AgentRun | N
     if ag is None or ctx is None:
         return f"{where} has not started its conversation"
     last = ctx.turn - 1  # the turns closed with a context after them
-    if resume.turn <= last:
+    if 1 <= turn <= last:
         return None
-    if ag.stage == a.AgentStage.ANSWERED and resume.turn == ag.turn:
+    if ag.stage == a.AgentStage.ANSWERED and turn == ag.turn:
         earlier = f"fork from an earlier turn (1 to {last})" if last else "it has no earlier turn"
         return f"{where} answered in turn {ag.turn}: nothing follows it to continue; {earlier}"
     closed = f"its conversation goes up to turn {last}" if last else "it has closed no turn yet"
-    return f"{where} has not closed turn {resume.turn}: {closed}"
+    return f"{where} has not closed turn {turn}: {closed}"
 
 
 def anchor(source: m.AgentRun) -> tuple[int, str]:
