@@ -15,6 +15,7 @@ from agentrun.api import models as m
 from agentrun.core import context as cx
 from agentrun.core import resume as checks
 from agentrun.core.naming import sha256_text
+from agentrun.plugin import transcript
 from tests.support.agent_sim import (
     FORK_UID,
     RESTART,
@@ -349,3 +350,15 @@ def test_resume_from_is_checked_at_admission_and_fixed() -> None:
     ):
         with pytest.raises(ValueError):
             a.ResumeFrom.model_validate(bad)
+
+
+def test_the_transcript_and_status_of_a_fork_say_whose_conversation_it_continues() -> None:
+    fork = _fork(_three_turns(), 2)
+    fork.answer("done")
+    lines = transcript.transcript_lines(fork.run, [])
+    assert lines[0] == (
+        "(continues the conversation of default/source after its turn 2: "
+        "kubectl agentrun transcript source)"
+    )
+    status = transcript.agent_status_lines(fork.run)
+    assert "  continues the conversation of default/source after its turn 2" in status
