@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import approvals, audit, objects
+from agentrun import approvals, audit, forks, objects
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.plugin import fork as forking
@@ -365,8 +365,6 @@ def _read_ref(session: Session, run: m.AgentRun, step: str, ref: m.ResultRef) ->
 
 
 def cmd_fork(session: Session, args: argparse.Namespace) -> int:
-    from agentrun import forks
-
     old_name = strip_kind(args.run)
     body, run = session.get_run(old_name)
     new_name = args.name or forking.default_name(old_name, forking.random_suffix())
