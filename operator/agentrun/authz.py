@@ -11,6 +11,11 @@ the creator's own rights, with a LocalSubjectAccessReview per permission (:func:
 * ``get configmaps/<name>`` for every ``env[].valueFrom.configMapKeyRef``;
 * ``impersonate serviceaccounts/<name>`` for ``stepTemplate.serviceAccountName``.
 
+A run that continues another's conversation (``spec.agent.resumeFrom``) has its creator
+checked the same way, once, before the operator hands it that conversation: ``get
+agentruns.agentrun.dev/<source>`` and ``get configmaps/<the source's context>``
+(:mod:`agentrun.resume`).
+
 The env vars that carry inputs from earlier steps are not checked: the core derives them from
 ``step.inputs`` (``_resolve_inputs``), and those that are references name the run's own result
 ConfigMaps, which the operator wrote. Only what the user wrote in ``container.env`` is.
@@ -88,13 +93,16 @@ class Check:
     name: str
     source: str
     """Where the step asks for it, for the message (e.g. ``env DB_PASSWORD``)."""
+    group: str = ""
+    """The resource's API group ("" for the core group)."""
 
     @property
     def permission(self) -> tuple[str, str, str]:
-        return (self.verb, self.resource, self.name)
+        resource = f"{self.resource}.{self.group}" if self.group else self.resource
+        return (self.verb, resource, self.name)
 
     def describe(self) -> str:
-        return f"{self.verb} {self.resource}/{self.name}"
+        return f"{self.verb} {self.permission[1]}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,7 @@ def review(namespace: str, creator: Creator, check: Check) -> dict[str, Any]:
             "resourceAttributes": {
                 "namespace": namespace,
                 "verb": check.verb,
-                "group": "",
+                "group": check.group,
                 "resource": check.resource,
                 "name": check.name,
             },
@@ -234,6 +242,24 @@ class Authorizer:
             if denied:
                 out[step.name] = refusal(namespace, creator, denied)
         return out
+
+    def denied(self, run: m.AgentRun, needed: list[Check], purpose: str) -> str | None:
+        """Why the run's creator may not do all of ``needed`` in the run's namespace (a
+        message ending with ``purpose``, what the rights are for); None when they may. Cached
+        like the verdicts on steps; an API error propagates."""
+        creator = creator_of(run)
+        if isinstance(creator, str):
+            what = ", ".join(c.describe() for c in needed)
+            return (
+                f"{creator}, so the operator cannot check that its creator may {what} "
+                f"({purpose}): {ADMISSION_HINT}"
+            )
+        namespace = run.metadata.namespace
+        refused = [c for c in needed if not self._may(run.metadata.uid, namespace, creator, c)]
+        if not refused:
+            return None
+        what = ", ".join(f"{c.describe()} in {namespace} ({c.source})" for c in refused)
+        return f"creator {creator.user} may not {what}; {purpose}"
 
     def _may(self, run_uid: str, namespace: str, creator: Creator, check: Check) -> bool:
         cache_key = (creator, check.permission)

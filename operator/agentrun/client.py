@@ -11,6 +11,9 @@ models of :mod:`agentrun.api.models`, the same ones the operator reads.
         runs.approve(run.metadata.name, "restart-service", reason="checked the dashboard")
         done = runs.wait(run.metadata.name, timeout=600)
 
+:meth:`AgentRunClient.fork` makes a fork exactly as ``kubectl agentrun fork`` does (the shared
+:mod:`agentrun.forks`): from a plan step, or after a turn of an agent run.
+
 Decisions are recorded exactly as ``kubectl agentrun approve|reject`` records them (the shared
 :mod:`agentrun.approvals`): bound to the step's current argsHash, signed with the name the API
 server knows the caller by, appended by a resourceVersion-guarded JSON patch. Every write
@@ -38,10 +41,11 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from agentrun import approvals, audit, objects
+from agentrun import approvals, audit, forks, objects
 from agentrun.api import models as m
 from agentrun.core import naming
-from agentrun.plugin.kube import JSON_PATCH, api_message
+from agentrun.plugin import fork as forking
+from agentrun.plugin.kube import JSON_PATCH, MERGE_PATCH, api_message
 from agentrun.plugin.render import merge_timeline
 
 __all__ = [
@@ -320,6 +324,71 @@ class AgentRunClient:
                 error.status,
             ) from None
         return recorded.entry
+
+    # -- forks -----------------------------------------------------------------------------------
+
+    def fork(
+        self, name: str, start: str | int, *, new_name: str | None = None, dry_run: bool = False
+    ) -> m.AgentRun:
+        """A new run from run ``name`` and return it as stored.
+
+        ``start`` is a plan step (that step and what follows it run again; every other step
+        that succeeded keeps its result, copied when kept in a ConfigMap) or, for an agent
+        run, a turn (an ``int``): the new run carries the plan's results and continues the
+        conversation after that turn (``spec.agent.resumeFrom``; the operator reads the
+        conversation from the old run's records). Approvals are not carried. ``new_name``
+        defaults to ``NAME-fork-<4 letters>``. With ``dry_run`` the API server checks the new
+        run (a server-side dry run) and nothing is created: the run returned is the manifest.
+        A fork that cannot be made raises :class:`AgentRunError` saying why.
+        """
+        body = self._read(name)
+        run = self._parse(body)
+        target = new_name or forking.default_name(name, forking.random_suffix())
+
+        def create_run(manifest: dict[str, Any], dry: bool) -> dict[str, Any]:
+            extra = {"dry_run": "All"} if dry else {}
+            created: dict[str, Any] = self._custom.create_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL, manifest,
+                field_manager=FIELD_MANAGER, **extra,
+            )  # fmt: skip
+            return created
+
+        def resume_run(run_name: str) -> object:
+            return self._custom.patch_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL, run_name,
+                {"spec": {"suspend": False}}, field_manager=FIELD_MANAGER,
+                _content_type=MERGE_PATCH,
+            )  # fmt: skip
+
+        api = forks.ForkApi(
+            get_config_map=self._config_map,
+            create_run=create_run,
+            create_config_map=lambda cm: self._core.create_namespaced_config_map(
+                self.namespace, cm, field_manager=FIELD_MANAGER
+            ),
+            resume_run=resume_run,
+            delete_run=lambda run_name: self._custom.delete_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL, run_name
+            ),
+        )
+        try:
+            forked = forks.make(
+                api, body, run, forks.plan(run, str(start), target), dry_run=dry_run,
+                name_option="new_name",
+            )  # fmt: skip
+        except forks.ForkRefused as error:
+            raise AgentRunError(str(error)) from None
+        return self._parse(forked.run)
+
+    def _config_map(self, cm_name: str) -> dict[str, Any] | None:
+        try:
+            found = self._core.read_namespaced_config_map(cm_name, self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        plain: dict[str, Any] = self.api_client.sanitize_for_serialization(found)
+        return plain
 
     # -- results and history -------------------------------------------------------------------
 

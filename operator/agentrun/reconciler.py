@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit, authz, events, jobs, objects
+from agentrun import audit, authz, events, jobs, objects, resume
 from agentrun import settings as s
 from agentrun.adoption import Adoption
 from agentrun.api import models as m
@@ -220,6 +220,12 @@ class Reconciler:
                     if found is not None:
                         sources[carried.step] = found
         return dataclasses.replace(observed, carried_sources=sources)
+
+    def _with_resume_source(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """The conversation spec.agent.resumeFrom names, read from that run and verified
+        (agentrun.resume), until the run's first turn has taken it."""
+        source = resume.read_source(run, self.apis.core, self._read_source_run, self.authorizer)
+        return observed if source is None else dataclasses.replace(observed, resume=source)
 
     def _read_source_run(self, namespace: str, name: str) -> m.AgentRun | None:
         body = self.ledger.read(namespace, name)
@@ -485,6 +491,7 @@ class Reconciler:
             observed = self._with_documents(run, observed)
             observed = self._with_verdicts(run, observed)
             observed = self._with_carried_sources(run, observed)
+            observed = self._with_resume_source(run, observed)
             decision = reconcile(run, observed, self.clock(), self.config)
             self._anchor(run, decision.status)
             try:

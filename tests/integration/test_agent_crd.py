@@ -130,6 +130,44 @@ def test_plan_steps_may_not_take_the_names_of_turns_and_calls(
     assert create(kube, namespace, plain)["spec"]["plan"]["steps"][0]["name"] == "t1-model"
 
 
+RESUME = {"run": "source", "uid": "6c1f0e1e-8a8c-4b55-9d0b-2f6e7c1b9a41", "turn": 2}
+BAD_RESUMES = [
+    ("resume-other-namespace", {**RESUME, "run": "team-b/source"}, "resumeFrom.run"),
+    ("resume-turn-zero", {**RESUME, "turn": 0}, "should be greater than or equal to 1"),
+    ("resume-not-a-uid", {**RESUME, "uid": "source"}, "resumeFrom.uid"),
+    ("resume-no-uid", {"run": "source", "turn": 1}, "resumeFrom.uid: Required value"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "resume", "message"), BAD_RESUMES, ids=[c[0] for c in BAD_RESUMES]
+)
+def test_resume_from_names_a_run_of_this_namespace_its_uid_and_a_turn(
+    kube: KubeClients, namespace: str, case: str, resume: dict[str, Any], message: str
+) -> None:
+    said = _refused(kube, namespace, agent_run(case, resumeFrom=resume))
+    assert message in said, said
+
+
+def test_resume_from_is_fixed_at_creation(
+    kube: KubeClients, kubectl: Kubectl, namespace: str
+) -> None:
+    create(kube, namespace, agent_run("fork", resumeFrom=RESUME))
+    create(kube, namespace, agent_run("plain"))
+    changes = [
+        ("fork", {"agent": {"resumeFrom": {**RESUME, "turn": 1}}}, "resumeFrom cannot change"),
+        ("fork", {"agent": {"resumeFrom": None}}, "resumeFrom can only be set when the run is"),
+        ("plain", {"agent": {"resumeFrom": RESUME}}, "resumeFrom can only be set when the run is"),
+    ]
+    for name, spec, message in changes:
+        proc = kubectl("-n", namespace, "patch", "agentrun", name, "--type=merge",
+                       "-p", json.dumps({"spec": spec}), check=False)  # fmt: skip
+        assert proc.returncode != 0 and message in proc.stderr, (name, spec, proc.stderr)
+    stored = kube.custom.get_namespaced_custom_object(m.GROUP, m.VERSION, namespace, m.PLURAL,
+                                                      "fork")  # fmt: skip
+    assert stored["spec"]["agent"]["resumeFrom"] == RESUME
+
+
 def test_explain_teaches_the_agent(kubectl: Kubectl) -> None:
     out = kubectl("explain", "agentrun.spec.agent").stdout
     assert "A model that decides the next steps at run time" in out
@@ -141,6 +179,11 @@ def test_explain_teaches_the_agent(kubectl: Kubectl) -> None:
     assert "never written to status" in model
     status = kubectl("explain", "agentrun.status.agent").stdout
     assert "transcript" in status and "stage" in status
+    resume = " ".join(kubectl("explain", "agentrun.spec.agent.resumeFrom").stdout.split())
+    assert "kubectl agentrun fork RUN --from TURN" in resume
+    assert "approvals are never carried" in resume
+    turn = kubectl("explain", "agentrun.spec.agent.resumeFrom.turn").stdout
+    assert "ResumeRefused" in turn
 
 
 def test_a_status_with_an_agent_loop_round_trips(kube: KubeClients, namespace: str) -> None:

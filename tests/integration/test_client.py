@@ -27,6 +27,7 @@ from agentrun.client import (
 from agentrun.core import naming
 from agentrun.kubeapi import tolerate
 from agentrun_devcluster.testing import KubeClients, TestCluster
+from tests.support import agent_sim
 from tests.support.sim import Sim
 
 pytestmark = pytest.mark.usefixtures("crd_installed")
@@ -344,3 +345,77 @@ def test_results_inline_and_by_reference_and_the_history(
     kube.core.patch_namespaced_config_map(ref.name, runs.namespace, {"data": {ref.key: "forged"}})
     with pytest.raises(AgentRunError, match="does not match the digest"):
         runs.result("results", "large")
+
+
+# -- forks --------------------------------------------------------------------------------------
+
+
+def test_fork_from_a_step_carries_earlier_results_and_a_dry_run_makes_nothing(
+    runs: AgentRunClient, kube: KubeClients, operator: Operator
+) -> None:
+    run = m.AgentRun(
+        metadata=m.ObjectMeta(name="pipeline"),
+        spec=m.AgentRunSpec(
+            goal="gather, then report",
+            plan=m.Plan(
+                steps=[
+                    m.Step(name="gather", container=container("echo gather")),
+                    m.Step(name="report", depends_on=["gather"], container=container("echo r")),
+                ]
+            ),
+        ),
+    )
+    runs.create(run)
+    outcome = json.dumps({"ok": True, "summary": "gathered", "result": BIG})
+    sim = operator.drive("pipeline", lambda s: s.status.phase == m.RunPhase.SUCCEEDED,
+                         lambda step: outcome)  # fmt: skip
+    ref = sim.step_status("gather").result_ref
+    assert ref is not None
+
+    shown = runs.fork("pipeline", "report", new_name="pipeline-again", dry_run=True)
+    assert shown.spec.carried_results is not None
+    assert [c.step for c in shown.spec.carried_results] == ["gather"]
+    with pytest.raises(RunNotFound):
+        runs.get("pipeline-again")
+
+    made = runs.fork("pipeline", "report", new_name="pipeline-again")
+    assert made.metadata.name == "pipeline-again" and not made.spec.suspend
+    (carried,) = made.spec.carried_results or []
+    assert carried.from_run == f"{runs.namespace}/pipeline"
+    assert carried.result_ref is not None and carried.result_ref.name != ref.name
+    copy = kube.core.read_namespaced_config_map(carried.result_ref.name, runs.namespace)
+    assert copy.data[carried.result_ref.key] == BIG
+    assert copy.metadata.owner_references[0].uid == made.metadata.uid
+    assert copy.metadata.managed_fields[0].manager == FIELD_MANAGER
+    with pytest.raises(AgentRunError, match=r"already exists .*; choose another new_name"):
+        runs.fork("pipeline", "report", new_name="pipeline-again")
+    with pytest.raises(AgentRunError, match="step 'nope' is not a step of agentrun/pipeline"):
+        runs.fork("pipeline", "nope")
+
+
+def test_fork_from_a_turn_names_the_run_its_uid_and_the_turn(
+    cluster: TestCluster, runs: AgentRunClient
+) -> None:
+    spec = agent_sim.agent_run(name="talk").spec
+    created = runs.create(spec, name="talk")
+    source = agent_sim.AgentSim(created.model_copy(update={"status": None}))
+    source.answer("", [agent_sim.call("search", {"query": "x"}, "c1")])
+    source.tools_return()
+    cluster.kubectl(
+        "-n", runs.namespace, "patch", "agentrun", "talk", "--subresource=status",
+        "--type=merge", "-p", json.dumps({"status": source.status.to_wire()}),
+    )  # fmt: skip
+
+    made = runs.fork("talk", 1, new_name="talk-again")
+    agent = made.spec.agent
+    assert agent is not None and agent.resume_from is not None
+    assert (agent.resume_from.run, agent.resume_from.uid, agent.resume_from.turn) == (
+        "talk",
+        created.metadata.uid,
+        1,
+    )
+    assert (made.metadata.annotations or {})["agentrun.dev/forked-from"] == (
+        f"{runs.namespace}/talk at turn 1"
+    )
+    with pytest.raises(AgentRunError, match="has not closed turn 2: its conversation goes up to"):
+        runs.fork("talk", 2)

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
+from agentrun import authz, resume
 from agentrun.api import models as m
-from agentrun.core import Observed
+from agentrun.core import Observed, ResumeSource
 from agentrun.core import agent as loop
 from agentrun.core import context as cx
 from agentrun.core.actions import StoreRecord
@@ -116,6 +120,8 @@ class AgentSim(Sim):
     records: dict[str, dict[str, str]] = field(default_factory=dict)
     record_kinds: dict[str, str] = field(default_factory=dict)
     asked: list[tuple[str, str]] = field(default_factory=list)
+    read_resume: Callable[[m.AgentRun], ResumeSource | None] | None = None
+    """The shell's read of the conversation spec.agent.resumeFrom names (:class:`Sources`)."""
 
     def observed(self) -> Observed:
         base = super().observed()
@@ -126,7 +132,20 @@ class AgentSim(Sim):
             value = stored.get(key[0], {}).get(key[1])
             if value is not None:
                 documents[key] = value
-        return dataclasses.replace(base, documents=documents)
+        source = self.read_resume(self.run) if self.read_resume is not None else None
+        return dataclasses.replace(base, documents=documents, resume=source)
+
+    def config_maps(self) -> dict[str, dict[str, Any]]:
+        """The run's records as the API server returns them: controlled by the run."""
+        owner = {"apiVersion": m.API_VERSION, "kind": m.KIND, "name": self.run.metadata.name,
+                 "uid": self.run.metadata.uid, "controller": True}  # fmt: skip
+        return {
+            name: {
+                "metadata": {"name": name, "namespace": "default", "ownerReferences": [owner]},
+                "data": dict(data),
+            }
+            for name, data in {**self.results, **self.records}.items()
+        }
 
     def apply(self, action: object) -> None:
         if isinstance(action, StoreRecord):
@@ -204,3 +223,86 @@ class AgentSim(Sim):
                 ok, message = outcome(job)
             self.finish(job.name, ok, message)
         self.settle()
+
+
+# -- runs that continue another's conversation (spec.agent.resumeFrom) -------------------------
+
+FORK_UID = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+
+
+class _Reviews:
+    """LocalSubjectAccessReviews answered from a set of denied (verb, resource, name)."""
+
+    def __init__(self, denied: set[tuple[str, str, str]]) -> None:
+        self.denied = denied
+        self.asked: list[dict[str, Any]] = []
+
+    def create_namespaced_local_subject_access_review(
+        self, namespace: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.asked.append(body)
+        attrs = body["spec"]["resourceAttributes"]
+        resource = f"{attrs['resource']}.{attrs['group']}" if attrs["group"] else attrs["resource"]
+        allowed = (attrs["verb"], resource, attrs["name"]) not in self.denied
+        return {"status": {"allowed": allowed}}
+
+
+@dataclass
+class Sources:
+    """The namespace as the shell sees it when it reads a conversation to continue: source
+    runs (their :class:`AgentSim`) by name, and ConfigMaps laid over theirs (forgeries,
+    edits; None deletes one). :meth:`read` is :func:`agentrun.resume.read_source` against them,
+    with the creator's rights from ``denied``."""
+
+    runs: dict[str, AgentSim] = field(default_factory=dict)
+    maps: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    denied: set[tuple[str, str, str]] = field(default_factory=set)
+    reads: list[str] = field(default_factory=list)
+
+    def read_namespaced_config_map(
+        self, name: str, namespace: str, _preload_content: bool = True
+    ) -> Any:
+        self.reads.append(name)
+        found: dict[str, Any] | None = None
+        for sim in self.runs.values():
+            found = sim.config_maps().get(name, found)
+        found = self.maps.get(name, found)
+        if found is None:
+            raise ApiException(status=404, reason="Not Found")
+        return SimpleNamespace(data=json.dumps(found).encode())
+
+    def read_run(self, namespace: str, name: str) -> m.AgentRun | None:
+        sim = self.runs.get(name)
+        return sim.run.model_copy(deep=True) if sim is not None else None
+
+    def read(self, run: m.AgentRun) -> ResumeSource | None:
+        authorizer = authz.Authorizer(_Reviews(self.denied))
+        return resume.read_source(run, self, self.read_run, authorizer)
+
+
+def fork_run(
+    source: m.AgentRun,
+    turn: int,
+    *,
+    uid: str | None = None,
+    name: str = "fork",
+    run_uid: str = FORK_UID,
+    creator: str | None = "alice",
+    **agent: Any,
+) -> m.AgentRun:
+    """An agent run with ``source``'s spec that continues its conversation after ``turn``."""
+    body = source.spec.to_wire()
+    body["agent"] = {
+        **body["agent"],
+        "resumeFrom": {"run": source.metadata.name, "uid": uid or source.metadata.uid,
+                       "turn": turn},
+        **agent,
+    }  # fmt: skip
+    annotations = {m.ANNOTATION_CREATED_BY: creator} if creator else {}
+    return m.AgentRun.model_validate(
+        {
+            "metadata": {"name": name, "namespace": "default", "uid": run_uid, "generation": 1,
+                         "annotations": annotations},
+            "spec": body,
+        }
+    )  # fmt: skip

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from agentrun import forks
 from agentrun.api import models as m
-from agentrun.plugin import transcript
+from agentrun.plugin import cli, transcript
+from agentrun.plugin import fork as forking
 from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call
+from tests.support.sim import UID
 
 
 def _config_maps(sim: AgentSim, owner_uid: str | None = None) -> list[dict[str, Any]]:
@@ -67,3 +72,107 @@ def test_status_shows_the_agent_and_its_answer() -> None:
             {"name": "a", "container": {"image": "i"}}]}}}
     )  # fmt: skip
     assert transcript.agent_status_lines(plain) == []
+
+
+# -- kubectl agentrun fork RUN --from TURN ------------------------------------------------------
+
+
+def _answered_in_three(plan: list[dict[str, Any]] | None = None) -> AgentSim:
+    sim = AgentSim(agent_run(name="source", plan=plan or ()))
+    if plan:
+        sim.settle()
+        for job in sim.active():
+            sim.finish(job.name, True, "gathered")
+    sim.answer("", [call("search", {"query": "a"}, "c1")])
+    sim.tools_return()
+    sim.answer("", [call("search", {"query": "b"}, "c2")])
+    sim.tools_return()
+    sim.answer("done")
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    return sim
+
+
+def _body(sim: AgentSim, **spec: Any) -> dict[str, Any]:
+    wire = sim.run.to_wire()
+    wire["spec"].update(spec)
+    return wire
+
+
+def test_a_number_is_a_turn_of_an_agent_run_unless_a_plan_step_has_that_name() -> None:
+    plan = [{"name": "7", "container": {"image": "busybox:1.36"}}]
+    sim = AgentSim(agent_run(plan=plan))
+    assert forking.turn_of(sim.run, "2") == 2
+    assert forking.turn_of(sim.run, "7") is None  # the plan step
+    assert forking.turn_of(sim.run, "gather") is None
+    plain = AgentSim(agent_run()).run.model_copy(deep=True)
+    plain.spec.agent = None
+    assert forking.turn_of(plain, "2") is None
+
+
+def test_a_fork_from_a_turn_continues_the_conversation_and_carries_the_plan() -> None:
+    gather = {"name": "gather", "container": {"image": "busybox:1.36", "command": ["true"]}}
+    sim = _answered_in_three([gather])
+    plan = forking.plan_turn(sim.run, 2, "source-fork-abcd")
+    assert (plan.from_turn, plan.from_step, plan.source_uid) == (2, None, UID)
+    assert [c.step for c in plan.carry] == ["gather"] and plan.rerun == []
+    approval = {"step": "t1-0-search", "decision": "approve", "argsHash": "a" * 64, "by": "bob"}
+    old = _body(sim, approvals=[approval])
+    body = forking.new_run(old, plan, [forking.carried_result(plan, c, None) for c in plan.carry])
+    assert body["spec"]["agent"]["resumeFrom"] == {"run": "source", "uid": UID, "turn": 2}
+    assert "approvals" not in body["spec"]
+    assert [c["step"] for c in body["spec"]["carriedResults"]] == ["gather"]
+    assert body["metadata"]["annotations"][forking.ANNOTATION_FORKED_FROM] == (
+        "default/source at turn 2"
+    )
+    # It validates as an AgentRun, and what it names is exactly the old run and the turn.
+    parsed = m.AgentRun.model_validate(body)
+    assert parsed.spec.agent is not None and parsed.spec.agent.resume_from is not None
+
+
+def test_a_fork_from_a_turn_the_run_did_not_close_says_which_turns_it_can_be() -> None:
+    sim = _answered_in_three()
+    with pytest.raises(ValueError) as answered:
+        forking.plan_turn(sim.run, 3, "x")
+    assert str(answered.value) == (
+        "cannot fork agentrun/source from turn 3: agentrun/source answered in turn 3: nothing "
+        "follows it to continue; fork from an earlier turn (1 to 2)"
+    )
+    with pytest.raises(ValueError, match="has not closed turn 9: its conversation goes up to"):
+        forking.plan_turn(sim.run, 9, "x")
+
+
+def test_forks_make_a_dry_run_through_the_api_server_and_create_nothing() -> None:
+    sim = _answered_in_three()
+    calls: list[tuple[str, Any]] = []
+
+    def create_run(body: dict[str, Any], dry: bool) -> dict[str, Any]:
+        calls.append(("create", dry))
+        return {**body, "metadata": {**body["metadata"], "uid": "new-uid"}}
+
+    api = forks.ForkApi(
+        get_config_map=lambda name: None,
+        create_run=create_run,
+        create_config_map=lambda cm: calls.append(("copy", cm)),
+        resume_run=lambda name: calls.append(("resume", name)),
+        delete_run=lambda name: calls.append(("delete", name)),
+    )
+    made = forks.make(api, _body(sim), sim.run, forks.plan(sim.run, "2", "next"), dry_run=True)
+    assert calls == [("create", True)]
+    assert made.dry_run and "suspend" not in made.run["spec"]
+    assert made.run["spec"]["agent"]["resumeFrom"]["turn"] == 2
+    assert made.note() == (
+        "would fork agentrun/source at turn 2: agentrun/next continues its conversation after "
+        "turn 2 (read by the operator from its records); carried plan steps: nothing; approvals "
+        "are not carried"
+    )
+    calls.clear()
+    made = forks.make(api, _body(sim), sim.run, forks.plan(sim.run, "1", "next"))
+    assert calls == [("create", False), ("resume", "next")]
+    assert made.run["spec"]["suspend"] is True  # as created; resume_run returned no body
+    with pytest.raises(forks.ForkRefused, match="cannot fork agentrun/source from turn 5"):
+        forks.plan(sim.run, "5", "next")
+
+
+def test_fork_takes_a_turn_and_a_dry_run_flag() -> None:
+    args = cli.build_parser().parse_args(["fork", "source", "--from", "2", "--dry-run"])
+    assert (args.run, args.start, args.dry_run, args.name) == ("source", "2", True, None)

@@ -48,6 +48,10 @@ MAX_SUMMARY = 1024
 TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,47}$"
 """A function name as Chat Completions accepts it, at most 48 characters (so that the tool call's
 step name, ``t{turn}-{index}-{tool}``, stays a DNS label)."""
+UID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+"""metadata.uid as the API server assigns it."""
+RUN_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""An object name (a DNS subdomain): no namespace, no slash."""
 DYNAMIC_NAME_RULE = "^t[0-9]+-"
 """Plan steps of an agent run may not have names like this: they are the names of model turns
 (``t3-model``) and tool calls (``t3-0-search``)."""
@@ -192,6 +196,43 @@ class AgentTool(ApiModel):
     )
 
 
+class ResumeFrom(ApiModel):
+    """Another agent run's conversation, continued by this run (kubectl agentrun fork RUN
+    --from TURN)."""
+
+    run: str = Field(
+        description=(
+            "Name of the agent run whose conversation this run continues. It must be in this "
+            "run's namespace (a name, not namespace/name)."
+        ),
+        min_length=1,
+        max_length=253,
+        pattern=RUN_NAME_PATTERN,
+    )
+    uid: str = Field(
+        description=(
+            "metadata.uid of that run: the conversation is taken only from the run of that "
+            "name that has this uid, so a run deleted and made again under the same name is "
+            "never mistaken for it."
+        ),
+        pattern=UID_PATTERN,
+    )
+    turn: int = Field(
+        ge=1,
+        le=MAX_TURNS,
+        description=(
+            "The last of its turns to keep. This run's first model turn sees exactly the "
+            "messages that run's turn turn+1 saw (or would have seen): the system and first "
+            "user message, and every assistant message, tool call and tool result up to and "
+            "including this turn, as the operator committed them (paged again only if this "
+            "run's contextBytes is smaller). The operator reads them from "
+            "that run's own records and checks them against the digests it committed; a run "
+            "that is gone, a turn it has not closed, or a record that does not verify fails "
+            "this run (reason ResumeRefused) before any model turn."
+        ),
+    )
+
+
 class Agent(ApiModel):
     """A model that decides the next steps while the run runs, and the tools it may call."""
 
@@ -235,6 +276,23 @@ class Agent(ApiModel):
             "replaced by their summaries first, then the oldest turns are left out; the full "
             "transcript stays in the run's ConfigMaps (kubectl agentrun transcript)."
         ),
+    )
+    resume_from: ResumeFrom | None = Field(
+        default=None,
+        description=(
+            "Continue the conversation of another agent run of this namespace after one of its "
+            "turns, instead of starting from the goal (kubectl agentrun fork RUN --from TURN). "
+            "The plan, if any, still runs first (a fork carries its results), but the first "
+            "turn's messages are that run's: instructions and goal included. maxTurns and the "
+            "token budget count from this run's first turn; approvals are never carried: a "
+            "gated call of this run needs its own. The creator of this run must be allowed to "
+            "get that run and the ConfigMap holding its conversation. Fixed at creation."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "resumeFrom cannot change"}
+            ]
+        },
     )
 
 
@@ -323,6 +381,29 @@ class TurnSummary(ApiModel):
     )
 
 
+class ResumedFrom(ApiModel):
+    """The conversation this run continues, as the operator took it (spec.agent.resumeFrom)."""
+
+    run: str = Field(description="namespace/name of the run continued.", max_length=317)
+    uid: str = Field(description="Its metadata.uid.", max_length=64)
+    turn: int = Field(ge=1, description="Its last turn kept.")
+    context_digest: str = Field(
+        description=(
+            "sha256 of its context document the messages were taken from (the one of its turn "
+            "turn+1), as verified against its committed records."
+        ),
+        max_length=64,
+    )
+    earlier_turns: int = Field(
+        ge=0,
+        description=(
+            "Turns of the conversation before this run's first: turn, plus the earlier turns "
+            "of that run itself when it too continued another. This run's turn k is turn k + "
+            "earlierTurns of the conversation (the numbers the context's notes use)."
+        ),
+    )
+
+
 class AgentStatus(ApiModel):
     """The agent loop: bounded counters and the current turn; the transcript is kept by
     reference in ConfigMaps owned by the run (label agentrun.dev/object=transcript)."""
@@ -379,4 +460,8 @@ class AgentStatus(ApiModel):
         default=None,
         description="Name prefix of the run's transcript ConfigMaps (one per finished turn).",
         max_length=253,
+    )
+    resumed_from: ResumedFrom | None = Field(
+        default=None,
+        description="The conversation this run continues (spec.agent.resumeFrom), once taken.",
     )

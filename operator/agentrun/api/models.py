@@ -652,6 +652,11 @@ class AgentRunSpec(ApiModel):
                     "message": "every carriedResults entry must name a step of this plan",
                 },
                 {
+                    "rule": "(has(self.agent) && has(self.agent.resumeFrom)) == "
+                    "(has(oldSelf.agent) && has(oldSelf.agent.resumeFrom))",
+                    "message": "spec.agent.resumeFrom can only be set when the run is created",
+                },
+                {
                     "rule": "has(self.plan) || has(self.agent)",
                     "message": "a run needs spec.plan, spec.agent or both",
                 },

@@ -15,7 +15,13 @@ from agentrun.core.actions import (
     StoreResult,
 )
 from agentrun.core.machine import CoreConfig, Decision, reconcile
-from agentrun.core.observed import CarriedSource, JobState, Observed, ObservedJob
+from agentrun.core.observed import (
+    CarriedSource,
+    JobState,
+    Observed,
+    ObservedJob,
+    ResumeSource,
+)
 
 __all__ = [
     "Action",
@@ -30,6 +36,7 @@ __all__ = [
     "Observed",
     "ObservedJob",
     "ReleaseJob",
+    "ResumeSource",
     "StoreResult",
     "reconcile",
 ]

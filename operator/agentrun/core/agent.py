@@ -32,7 +32,13 @@ assistant message, each call with its arguments, outcome, approval and result, u
 written to a ConfigMap owned by the run, the context of turn N+1 is assembled from turn N's
 context and that record and paged to ``contextBytes``, the turn's steps leave
 ``status.steps`` (the record keeps them), and turn N+1 is ready. A model still calling tools
-in turn ``maxTurns`` fails the run with reason MaxTurnsReached.
+in turn ``maxTurns`` fails the run with reason MaxTurnsReached (the context of turn N+1 is
+stored all the same, so that a fork can continue after the last turn).
+
+A run with ``spec.agent.resumeFrom`` starts from another run's conversation instead of the
+goal: its first context holds the messages that run's turn N+1 saw, read from that run's
+records and verified by the shell and the core (:mod:`agentrun.core.resume`); if that fails,
+the run fails (reason ResumeRefused) before its plan or any turn runs.
 
 Everything the loop reads beyond the status comes from committed records: results kept in
 ConfigMaps and the previous context are read by the shell when :func:`wanted_documents` asks
@@ -53,6 +59,7 @@ from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import context as cx
 from agentrun.core import naming
+from agentrun.core import resume as resuming
 from agentrun.core.actions import DeleteJob, StoreRecord
 from agentrun.core.calls import call_outcome, content_of, cut, validate_calls
 from agentrun.core.envelope import summary_line
@@ -257,10 +264,35 @@ def _tools(agent: a.Agent) -> list[dict[str, Any]]:
 
 
 def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
-    """Once the plan is done: the first turn's context."""
+    """Once the plan is done: the first turn's context. A run that continues another's
+    conversation checks that first, so that it fails before its plan runs when it cannot."""
+    taken: tuple[cx.Context, a.ResumedFrom] | None = None
+    if agent.resume_from is not None:
+        found = resuming.take(b.run, agent.resume_from, b.observed.resume, _tools(agent))
+        if found is None:
+            _wait(b)
+            return
+        if isinstance(found, str):
+            b.stop(resuming.REASON, found)
+            return
+        taken = found
     plan = b.run.spec.plan.steps
     sts = [b.steps[s.name] for s in plan if s.name in b.steps]
     if len(sts) != len(plan) or any(st.phase not in (SP.SUCCEEDED, SP.SKIPPED) for st in sts):
+        return
+    if taken is not None:
+        first, ag.resumed_from = taken
+        _store_context(b, ag, cx.page(first, agent.context_bytes))
+        ag.turn = 1
+        ag.stage = a.AgentStage.READY
+        phase = str(b.status.phase) if b.status.phase else None
+        b.record(
+            None,
+            phase,
+            str(b.status.phase or m.RunPhase.RUNNING),
+            "AgentStarted",
+            resuming.started_message(ag.resumed_from, len(first.messages)),
+        )
         return
     sections: list[str] = []
     for st in sts:
@@ -515,7 +547,8 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
         return
     model_st = b.steps[model_step(ag.turn)]
     records: list[dict[str, Any]] = []
-    messages = [cx.assistant_message(ag.turn, _as_called(output, calls))]
+    marked = resuming.conversation_turn(ag)
+    messages = [cx.assistant_message(marked, _as_called(output, calls))]
     for call, outcome in zip(calls, outcomes, strict=True):
         full = outcome.pop("answer", None)
         result = outcome.get("result")
@@ -525,7 +558,7 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
         else:
             answer = str(full)
         summary = outcome.get("summary") or summary_line(answer) or "(no output)"
-        messages.append(cx.tool_message(ag.turn, call.id, answer, summary))
+        messages.append(cx.tool_message(marked, call.id, answer, summary))
         records.append({"id": call.id, "name": call.tool, "arguments": call.arguments, **outcome})
     record = _record(b, ag, model_st, output, records)
     b.before.append(
@@ -539,6 +572,16 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
     _remember(ag, output, sum(1 for c in calls if c.problem))
     for name in dynamic_names(ag):
         b.steps.pop(name, None)
+    nxt = cx.Context(
+        turn=ag.turn + 1,
+        messages=[*previous.messages, *messages],
+        tools=_tools(agent),
+        omitted_turns=previous.omitted_turns,
+        paged_results=previous.paged_results,
+        previous=ag.context.digest if ag.context is not None else None,
+    )
+    # Stored even after the last turn: a fork from this turn continues with it.
+    _store_context(b, ag, cx.page(nxt, agent.context_bytes))
     if ag.turn >= agent.max_turns:
         ag.stage = a.AgentStage.STOPPED
         b.stop(
@@ -547,14 +590,6 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
             f"(spec.agent.maxTurns {agent.max_turns}), and gave no answer",
         )
         return
-    nxt = cx.Context(
-        turn=ag.turn + 1,
-        messages=[*previous.messages, *messages],
-        tools=_tools(agent),
-        omitted_turns=previous.omitted_turns,
-        paged_results=previous.paged_results,
-    )
-    _store_context(b, ag, cx.page(nxt, agent.context_bytes))
     ag.turn += 1
     ag.calls = None
     ag.finish_reason = None

@@ -7,7 +7,13 @@ Completions form, each with a few bookkeeping members whose names start with ``x
 (``x-turn``: the turn a message belongs to; ``x-summary``: a tool result's summary;
 ``x-paged``: the result was replaced by its summary) and the tools::
 
-    {"turn": N, "messages": [...], "tools": [...], "omittedTurns": k, "pagedResults": p}
+    {"turn": N, "messages": [...], "tools": [...], "omittedTurns": k, "pagedResults": p,
+     "previous": "<sha256 of the context of turn N-1>"}
+
+``previous`` (absent in a run's first context) chains each context to the one it was made
+from. Only the newest context's digest is committed in status; the chain lets an older one be
+checked against it, which is how a fork (``spec.agent.resumeFrom``) verifies the conversation
+it continues (:mod:`agentrun.core.resume`).
 
 ``agentrun step llm`` drops the ``x-`` members and sends the rest. The context of turn N+1 is
 the one of turn N, plus turn N's assistant message and one tool message per call, paged to
@@ -194,17 +200,20 @@ class Context:
     tools: list[dict[str, Any]] = field(default_factory=list)
     omitted_turns: int = 0
     paged_results: int = 0
+    previous: str | None = None
+    """sha256 of the context this one was made from (the previous turn's), if any."""
 
     def to_json(self) -> str:
-        return _json(
-            {
-                "turn": self.turn,
-                "messages": self.messages,
-                "tools": self.tools,
-                "omittedTurns": self.omitted_turns,
-                "pagedResults": self.paged_results,
-            }
-        )
+        body: dict[str, Any] = {
+            "turn": self.turn,
+            "messages": self.messages,
+            "tools": self.tools,
+            "omittedTurns": self.omitted_turns,
+            "pagedResults": self.paged_results,
+        }
+        if self.previous is not None:
+            body["previous"] = self.previous
+        return _json(body)
 
     @property
     def bytes(self) -> int:
@@ -233,12 +242,14 @@ class Context:
             return "the context document has no messages"
         messages = [m for m in data["messages"] if isinstance(m, dict)]
         tools = [t for t in data.get("tools") or [] if isinstance(t, dict)]
+        previous = data.get("previous")
         return cls(
             turn=_count(data.get("turn")),
             messages=messages,
             tools=tools,
             omitted_turns=_count(data.get("omittedTurns")),
             paged_results=_count(data.get("pagedResults")),
+            previous=previous if isinstance(previous, str) else None,
         )
 
 
@@ -382,4 +393,5 @@ def page(context: Context, limit: int) -> Context:
         tools=context.tools,
         omitted_turns=omitted,
         paged_results=sum(1 for m in messages if m.get("x-paged")),
+        previous=context.previous,
     )

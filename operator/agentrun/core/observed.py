@@ -84,6 +84,26 @@ class CarriedSource:
 
 
 @dataclass(frozen=True)
+class ResumeSource:
+    """The conversation ``spec.agent.resumeFrom`` names, as the shell read it from that run in
+    the run's own namespace (:mod:`agentrun.resume`): the context document of the turn after
+    ``turn``, verified against the chain of digests that run committed, or why it cannot be
+    continued (``problem``). The core checks the document against ``digest`` again."""
+
+    run: str
+    """``namespace/name`` of the run read."""
+    uid: str
+    turn: int
+    document: str | None = None
+    """The context document (JSON text) of that run's turn ``turn + 1``."""
+    digest: str | None = None
+    """sha256 of ``document`` as the chain of that run's committed digests gives it."""
+    earlier_turns: int = 0
+    """That run's own ``status.agent.resumedFrom.earlierTurns`` (a fork of a fork)."""
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything observed for one run."""
 
@@ -111,6 +131,9 @@ class Observed:
     """Names of Jobs the shell created or observed for a committed attempt and that are now
     gone without a trace (their finalizer stripped, then deleted). The core counts such an
     attempt as lost, as it would a Running one, rather than creating its Job again."""
+    resume: ResumeSource | None = None
+    """For an agent run with ``spec.agent.resumeFrom`` whose first turn has not started: the
+    conversation it continues, as read in this pass; None when not read (the loop waits)."""
     documents: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """Keyed by (ConfigMap name, key): the records an agent run's loop asked for
     (:func:`agentrun.core.agent.wanted_documents`), as the shell read them; keys not found

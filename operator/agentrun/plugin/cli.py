@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import approvals, audit, objects
+from agentrun import approvals, audit, forks, objects
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.plugin import fork as forking
@@ -367,76 +368,26 @@ def cmd_fork(session: Session, args: argparse.Namespace) -> int:
     old_name = strip_kind(args.run)
     body, run = session.get_run(old_name)
     new_name = args.name or forking.default_name(old_name, forking.random_suffix())
-    try:
-        plan = forking.plan(run, args.from_step, new_name)
-    except ValueError as error:
-        raise PluginError(str(error)) from None
-
-    sources: dict[str, dict[str, Any]] = {}
-    contents: dict[str, str] = {}
-    for carry in plan.carry:
-        ref = carry.status.result_ref
-        if carry.copy_name is None or ref is None:
-            continue
-        cm = session.get_config_map(ref.name) if ref.kind == "ConfigMap" else None
-        data = (cm or {}).get("data") or {}
-        if cm is None or ref.key not in data:
-            raise PluginError(
-                f"cannot carry the result of step '{carry.step}': {ref.kind} '{ref.name}' "
-                f"(key {ref.key}) is gone; fork from '{carry.step}' or an earlier step instead"
-            )
-        content = str(data[ref.key])
-        digest = carry.status.result_digest
-        if digest and naming.sha256_text(content) != digest:
-            raise PluginError(
-                f"cannot carry the result of step '{carry.step}': ConfigMap '{ref.name}' no "
-                f"longer matches the digest {digest} the step committed"
-            )
-        sources[carry.step], contents[carry.step] = cm, content
-    entries = [forking.carried_result(plan, c, contents.get(c.step)) for c in plan.carry]
-
-    try:
-        created = session.create_run(forking.new_run(body, plan, entries))
-    except ApiException as error:
-        if error.status == 409:
-            raise PluginError(
-                f"agentrun '{new_name}' already exists in namespace '{session.namespace}'; "
-                "choose another --name"
-            ) from None
-        raise PluginError(f"cannot create agentrun '{new_name}': {api_message(error)}") from None
-    uid = str((created.get("metadata") or {}).get("uid", ""))
-    for carry in plan.carry:
-        if carry.step not in sources or carry.copy_name is None:
-            continue
-        copy = forking.result_copy(sources[carry.step], carry.copy_name, new_name, uid, carry.step)
-        try:
-            session.create_config_map(copy)
-        except (ApiException, PluginError) as error:
-            why = api_message(error) if isinstance(error, ApiException) else str(error)
-            _delete_quietly(session, new_name)
-            raise PluginError(
-                f"cannot copy the result of step '{carry.step}' into ConfigMap "
-                f"'{carry.copy_name}': {why}; agentrun '{new_name}' was deleted again"
-            ) from None
-    with session.reporting(
-        f"created agentrun '{new_name}' (suspended) but cannot resume it; "
-        f"run `kubectl agentrun resume {new_name}`"
-    ):
-        session.patch_run(new_name, {"spec": {"suspend": False}}, MERGE_PATCH)
-    carried = ", ".join(c.step for c in plan.carry) or "nothing"
-    _note(
-        f"forked {_ref(run)} at step {args.from_step}: carried {carried}; "
-        f"runs {', '.join(plan.rerun)}"
+    api = forks.ForkApi(
+        get_config_map=session.get_config_map,
+        create_run=session.create_run,
+        create_config_map=session.create_config_map,
+        resume_run=lambda name: session.patch_run(name, {"spec": {"suspend": False}}, MERGE_PATCH),
+        delete_run=session.delete_run,
     )
+    try:
+        forked = forks.make(api, body, run, forks.plan(run, args.start, new_name),
+                            dry_run=args.dry_run)  # fmt: skip
+    except forks.ForkRefused as error:
+        raise PluginError(str(error)) from None
+    _note(forked.note())
+    if forked.dry_run:
+        copies = ", ".join(forked.copies)
+        _note("dry run: nothing was created" + (f"; it would copy {copies}" if copies else ""))
+        sys.stdout.write(yaml.safe_dump(forked.run, sort_keys=False))
+        return 0
     _out(new_name)
     return 0
-
-
-def _delete_quietly(session: Session, name: str) -> None:
-    try:
-        session.delete_run(name)
-    except (ApiException, PluginError) as error:
-        _note(f"warning: could not delete agentrun '{name}' again: {error}")
 
 
 # -- wait -----------------------------------------------------------------------------------
@@ -585,15 +536,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "fork",
         cmd_fork,
-        "Run STEP and what follows it again, in a new run.",
-        "The new run has the same spec (without approvals, suspend and cancel) and carries "
-        "the results of every other step that succeeded; results kept in ConfigMaps are "
-        "copied, so they outlive the old run. Prints the new run's name.",
+        "Run STEP and what follows it again, or continue an agent run after TURN, in a new run.",
+        "The new run has the same spec (without approvals, suspend and cancel). From a STEP it "
+        "carries the results of every other step that succeeded; results kept in ConfigMaps "
+        "are copied, so they outlive the old run. From a TURN (a number, for an agent run) it "
+        "carries the plan's results and continues the conversation after that turn "
+        "(spec.agent.resumeFrom): its first model turn sees what the old run's turn TURN+1 "
+        "saw, read by the operator from the old run's records. Prints the new run's name.",
     )
     p.add_argument(
-        "--from", dest="from_step", metavar="STEP", required=True, help="run again from here"
+        "--from",
+        dest="start",
+        metavar="STEP|TURN",
+        required=True,
+        help="run again from this step, or continue after this turn of an agent run",
     )
     p.add_argument("--name", help="name of the new run (default: RUN-fork-<4 letters>)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the new run with the API server (a server-side dry run) and print it; "
+        "create nothing",
+    )
     p = sub.add_parser(
         "release",
         help="Delete every AgentRun in the namespace and release the operator's finalizers.",

@@ -1,10 +1,17 @@
-"""Planning a fork (``kubectl agentrun fork RUN --from STEP``): pure functions, no API calls.
+"""Planning a fork (``kubectl agentrun fork RUN --from STEP|TURN``): pure functions, no API
+calls.
 
 A fork is a new run with the same spec that starts again at one step. Every step of the old
 run that Succeeded and is neither that step nor downstream of it keeps its result: the new
 run gets it in ``spec.carriedResults`` and the operator marks it Succeeded without a Job.
 A result kept in a ConfigMap is copied into a ConfigMap owned by the new run, so deleting the
 old run loses nothing.
+
+A fork of an agent run from a turn N (a number) continues its conversation after turn N: the
+new run has ``spec.agent.resumeFrom`` naming the old run (name and uid) and N, and carries
+the results of every plan step that succeeded (the plan ran before the conversation, which
+holds its results already). The operator reads the conversation from the old run's records,
+never from the new run's spec.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ from agentrun import objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
+from agentrun.core import resume as resuming
 from agentrun.core.graph import downstream
 
 _DNS_LABEL = re.compile(m.DNS_LABEL_PATTERN)
 ANNOTATION_FORKED_FROM = f"{m.GROUP}/forked-from"
-"""On a forked run: ``namespace/name`` of the run it was forked from, and the step."""
+"""On a forked run: ``namespace/name`` of the run it was forked from, and the step or turn."""
 
 
 @dataclass(frozen=True)
@@ -46,10 +54,18 @@ class ForkPlan:
     source: str
     """``namespace/name`` of the run forked."""
     name: str
-    from_step: str
+    from_step: str | None
     carry: list[Carry] = field(default_factory=list)
     rerun: list[str] = field(default_factory=list)
     """Steps the new run runs, in plan order."""
+    from_turn: int | None = None
+    """An agent run's turn the new run continues the conversation after."""
+    source_uid: str = ""
+
+    @property
+    def starts_at(self) -> str:
+        """``step S`` or ``turn N``, for messages."""
+        return f"turn {self.from_turn}" if self.from_turn is not None else f"step {self.from_step}"
 
 
 def random_suffix(length: int = 4) -> str:
@@ -70,6 +86,43 @@ def copy_name(new_run: str, step: str) -> str:
         return plain
     digest = hashlib.sha256(f"{new_run}\x00{step}".encode()).hexdigest()[:8]
     return naming.dns_label(f"{new_run}-carried-{step}", digest)
+
+
+def turn_of(run: m.AgentRun, value: str) -> int | None:
+    """The turn ``--from VALUE`` names: a number, for an agent run that has no plan step of
+    that name; None when it names a step."""
+    if run.spec.agent is None or not value.isdigit() or run.step(value) is not None:
+        return None
+    return int(value)
+
+
+def plan_turn(run: m.AgentRun, turn: int, name: str) -> ForkPlan:
+    """A fork continuing the conversation of agent run ``run`` after ``turn``: every plan step
+    that succeeded is carried. ``ValueError`` (a message for people) when ``run`` did not close
+    that turn (the operator checks again, against its committed records)."""
+    where = f"agentrun/{run.metadata.name}"
+    problem = resuming.turn_problem(run, turn, where)
+    if problem is not None:
+        raise ValueError(f"cannot fork {where} from turn {turn}: {problem}")
+    statuses = {st.name: st for st in (run.status.steps if run.status else None) or []}
+    carry: list[Carry] = []
+    rerun: list[str] = []
+    for step in run.spec.plan.steps:
+        st = statuses.get(step.name)
+        if st is None or st.phase != m.StepPhase.SUCCEEDED:
+            rerun.append(step.name)
+            continue
+        target = copy_name(name, step.name) if st.result_ref is not None else None
+        carry.append(Carry(step.name, st, target))
+    return ForkPlan(
+        source=f"{run.metadata.namespace}/{run.metadata.name}",
+        name=name,
+        from_step=None,
+        carry=carry,
+        rerun=rerun,
+        from_turn=turn,
+        source_uid=run.metadata.uid,
+    )
 
 
 def plan(run: m.AgentRun, from_step: str, name: str) -> ForkPlan:
@@ -137,13 +190,17 @@ def new_run(
     spec["suspend"] = True
     if carried:
         spec["carriedResults"] = carried
+    agent = spec.get("agent")
+    if isinstance(agent, dict) and fork.from_turn is not None:
+        name = fork.source.partition("/")[2]
+        agent["resumeFrom"] = {"run": name, "uid": fork.source_uid, "turn": fork.from_turn}
     meta = old.get("metadata") or {}
     labels = {
         k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(f"{m.GROUP}/")
     }
     metadata: dict[str, Any] = {
         "name": fork.name,
-        "annotations": {ANNOTATION_FORKED_FROM: f"{fork.source} at step {fork.from_step}"},
+        "annotations": {ANNOTATION_FORKED_FROM: f"{fork.source} at {fork.starts_at}"},
     }
     if labels:
         metadata["labels"] = labels

@@ -224,13 +224,17 @@ class Session:
         )  # fmt: skip
         return result
 
-    def create_run(self, body: dict[str, Any]) -> dict[str, Any]:
+    def create_run(self, body: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """Create an AgentRun; with ``dry_run``, only as a server-side dry run (admission
+        checks it, nothing is stored)."""
+        extra = {"dry_run": "All"} if dry_run else {}
         result: dict[str, Any] = self.call(
             "create an agentrun",
             lambda: self.custom.create_namespaced_custom_object(
-                m.GROUP, m.VERSION, self.namespace, m.PLURAL, body, field_manager=FIELD_MANAGER
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL, body,
+                field_manager=FIELD_MANAGER, **extra,
             ),
-        )
+        )  # fmt: skip
         return result
 
     def delete_run(self, name: str) -> None:

@@ -124,9 +124,22 @@ def current_lines(run: m.AgentRun) -> list[str]:
     return lines
 
 
+def _resumed_line(run: m.AgentRun) -> list[str]:
+    ag = run.status.agent if run.status else None
+    taken = ag.resumed_from if ag is not None else None
+    if taken is None:
+        return []
+    name = taken.run.partition("/")[2]
+    return [
+        f"(continues the conversation of {taken.run} after its turn {taken.turn}: "
+        f"kubectl agentrun transcript {name})"
+    ]
+
+
 def transcript_lines(run: m.AgentRun, records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The whole conversation: every finished turn, then the one in progress."""
-    lines: list[str] = []
+    """The whole conversation: every finished turn, then the one in progress (for a run that
+    continues another's conversation, a first line saying whose)."""
+    lines: list[str] = _resumed_line(run)
     for record in records:
         lines.extend(turn_lines(record))
     lines.extend(current_lines(run))
@@ -142,6 +155,11 @@ def agent_status_lines(run: m.AgentRun) -> list[str]:
     lines = [f"agent: model {agent.model.name} at {agent.model.base_url}"]
     if ag is None:
         return [*lines, "  not started"]
+    if ag.resumed_from is not None:
+        lines.append(
+            f"  continues the conversation of {ag.resumed_from.run} after its turn "
+            f"{ag.resumed_from.turn}"
+        )
     lines.append(
         f"  {str(ag.stage).lower()}, turn {ag.turn} of {agent.max_turns}; "
         f"{ag.tool_calls} tool calls ({ag.invalid_tool_calls} invalid); "
