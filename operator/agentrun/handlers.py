@@ -37,7 +37,7 @@ from agentrun.api import models as m
 from agentrun.core import EmitEvent, Observed, reconcile
 from agentrun.janitor import Janitor, keep_sweeping
 from agentrun.observer import ClusterView, Informer
-from agentrun.reconciler import Apis, Checkpoint, Outcome, Reconciler
+from agentrun.reconciler import Apis, Checkpoint, Outcome, Reconciler, RunBodies
 
 log = logging.getLogger("agentrun.handlers")
 
@@ -250,10 +250,11 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
     )
     view = ClusterView()
     waker = _Waker()
+    bodies = RunBodies()
     reconciler = (
-        Reconciler(apis, settings, view=view, wake=waker)
+        Reconciler(apis, settings, view=view, wake=waker, bodies=bodies)
         if checkpoint is None
-        else Reconciler(apis, settings, checkpoint=checkpoint, view=view, wake=waker)
+        else Reconciler(apis, settings, checkpoint=checkpoint, view=view, wake=waker, bodies=bodies)
     )
     informer = Informer(apis, settings.namespaces, waker, view)
     state = OperatorState(reconciler, settings, Janitor(reconciler, settings.namespaces), informer)
@@ -403,9 +404,21 @@ async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float)
 
 @kopf.on.event(m.GROUP, m.VERSION, m.PLURAL)
 async def run_changed(
-    name: str, namespace: str | None, body: kopf.Body, status: kopf.Status, memo: Any, **_: Any
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    status: kopf.Status,
+    memo: Any,
+    type: str | None,
+    **_: Any,
 ) -> None:
     state = _state(memo)
+    bodies = state.reconciler.bodies
+    if bodies is not None:
+        if type == "DELETED":
+            bodies.drop(namespace or "", name)
+        else:
+            bodies.offer(dict(body))  # before the wake: the pass starts from it
     state.wake(namespace or "", name)
     if status.get("phase") in FINISHED and (namespace or "", name) not in state.wakeups:
         state.finished_run_seen(body)

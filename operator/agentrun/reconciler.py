@@ -2,7 +2,9 @@
 
 One :meth:`Reconciler.reconcile` call is one level-triggered pass over one run:
 
-1. read the run (quorum read) and list its Jobs and their pods;
+1. take the run as last watched or written (:class:`RunBodies`; a quorum read without one,
+   after a conflict, or before deleting a Job on a decision no commit fenced) and its Jobs
+   and their pods from the view;
 2. ``decision = core.reconcile(run, observed, now)``;
 3. run ``decision.before_commit`` (result ConfigMaps);
 4. commit ``decision.status`` with the resourceVersion read (409: go back to 1);
@@ -17,6 +19,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -113,8 +116,13 @@ class Reconciler:
         *,
         view: ClusterView | None = None,
         wake: Wake | None = None,
+        bodies: RunBodies | None = None,
     ) -> None:
         self.apis = apis
+        self.bodies = bodies
+        """The latest body of each run, from the watch or this process's own writes: a pass
+        starts from it and reads the run (a quorum read) only without one, after a conflict,
+        or before deleting a Job on a decision no commit fenced. None: always read."""
         self.view = view
         """The watched step Jobs, pods and pod refusals (agentrun.observer); a pass waits
         until it is synced. Only deletion cleanup works without one."""
@@ -147,6 +155,8 @@ class Reconciler:
         """Run uid -> Job name -> the API's message refusing its create (fed to the core)."""
         self._reported: set[tuple[str, str, str]] = set()
         """(run uid, ConfigMap, why) of foreign audit objects already reported by an Event."""
+        self._read_at: dict[tuple[str, str], float] = {}
+        """(namespace, name) -> monotonic time of the run's last quorum read."""
         self._launched: dict[str, set[str]] = {}
         """Run uid -> Jobs of attempts still Launching that this process created or saw: one
         gone without a trace is lost, not to be created again (Observed.vanished)."""
@@ -163,6 +173,9 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+            self._read_at.pop((namespace, name), None)
+        if self.bodies is not None:
+            self.bodies.drop(namespace, name)
 
     # -- observing ------------------------------------------------------------------------
 
@@ -480,8 +493,24 @@ class Reconciler:
     def _reconcile(self, namespace: str, name: str) -> Outcome:
         conflicts = 0
         levelled = False
+        key = (namespace, name)
+        with self._locks_guard:
+            last = self._read_at.get(key)
+        # At least one quorum read per resync period, should the watch have missed a change.
+        quorum = (
+            self.bodies is None
+            or last is None
+            or (time.monotonic() - last >= self.settings.resync_seconds)
+        )
         for _ in range(self.settings.max_conflict_retries):
-            body = self.ledger.read(namespace, name)
+            body = None if quorum or self.bodies is None else self.bodies.get(namespace, name)
+            if body is None:
+                quorum = True
+                with self._locks_guard:
+                    self._read_at[key] = time.monotonic()
+                body = self.ledger.read(namespace, name)
+                if body is not None and self.bodies is not None:
+                    self.bodies.offer(body)
             if body is None:
                 return Outcome(None, None, conflicts)
             if (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -495,10 +524,18 @@ class Reconciler:
             decision = reconcile(run, observed, self.clock(), self.config)
             self._anchor(run, decision.status)
             try:
-                self._commit(body, run, decision)
+                stored = self._commit(body, run, decision)
             except Conflict:
                 conflicts += 1
+                quorum = True
                 log.info("status conflict: re-reading and re-deriving", extra=_ctx(run))
+                continue
+            if stored is not None and self.bodies is not None:
+                self.bodies.offer(stored)
+            elif not quorum and any(isinstance(a, DeleteJob) for a in decision.after_commit):
+                # Nothing written, so nothing proved the body current: a Job is deleted only
+                # on a decision from a quorum read (or one a commit fenced).
+                quorum = True
                 continue
             self._act(run, decision.after_commit)
             if self._flush_record(run, decision.status) and not levelled:
@@ -516,7 +553,11 @@ class Reconciler:
         )
         return Outcome(1.0, None, conflicts)
 
-    def _commit(self, body: dict[str, Any], run: m.AgentRun, decision: Decision) -> None:
+    def _commit(
+        self, body: dict[str, Any], run: m.AgentRun, decision: Decision
+    ) -> dict[str, Any] | None:
+        """Before-commit actions, then the status write when needed; the run as stored by
+        that write (None when nothing was written)."""
         stores = [a for a in decision.before_commit if isinstance(a, StoreResult | StoreRecord)]
         self._act(run, decision.before_commit)
         if stores:
@@ -525,15 +566,16 @@ class Reconciler:
             run.status, decision.status
         )
         if not changed and not decision.needs_fence:
-            return
+            return None
         newly_done = _newly_finished(run.status, decision.status)
         if newly_done:
             self.checkpoint("before-result-commit")
-        self.ledger.commit(body, decision.status)
+        stored = self.ledger.commit(body, decision.status)
         if newly_done:
             self.checkpoint("after-result-commit")
         if any(isinstance(a, CreateJob) for a in decision.after_commit):
             self.checkpoint("after-intent-commit")
+        return stored
 
     # -- acting ---------------------------------------------------------------------------
 
@@ -783,6 +825,43 @@ def _only_record_progress(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -
     elif old.audit is None and levelled.audit is not None:
         return False
     return old.to_wire() == levelled.to_wire()
+
+
+class RunBodies:
+    """The latest known body of each run: as kopf's watch delivered it, or as a status write
+    of this process returned it, whichever is newer (resourceVersions compared as the
+    integers etcd makes them; one that is not taken as newer). Safe across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bodies: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def offer(self, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        with self._lock:
+            known = self._bodies.get(key)
+            if known is None or not _older(body, known):
+                self._bodies[key] = body
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._bodies.get((namespace, name))
+
+    def drop(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._bodies.pop((namespace, name), None)
+
+
+def _older(body: dict[str, Any], than: dict[str, Any]) -> bool:
+    def version(b: dict[str, Any]) -> int | None:
+        text = str((b.get("metadata") or {}).get("resourceVersion") or "")
+        return int(text) if text.isdigit() else None
+
+    mine, theirs = version(body), version(than)
+    if (body.get("metadata") or {}).get("uid") != (than.get("metadata") or {}).get("uid"):
+        return False  # another run of that name: the newer one
+    return mine is not None and theirs is not None and mine < theirs
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""A pass starts from the run as the watch delivered it (agentrun.reconciler.RunBodies): the
+newest body wins, whoever offered it; a run is read (a quorum read) on its first pass and at
+least once per resync period, and a decision that would delete a Job without a commit fencing
+it is taken again from a quorum read."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+from agentrun import settings as s
+from agentrun.core import Decision, DeleteJob
+from agentrun.observer import ClusterView
+from agentrun.reconciler import Apis, Reconciler, RunBodies
+from tests.support.sim import UID, Sim, make_run, step
+
+
+def body(rv: str, uid: str = UID, name: str = "demo") -> dict[str, Any]:
+    return {"metadata": {"namespace": "default", "name": name, "uid": uid, "resourceVersion": rv}}
+
+
+def test_the_newest_body_wins_whoever_offers_it() -> None:
+    bodies = RunBodies()
+    bodies.offer(body("10"))
+    bodies.offer(body("9"))  # a late watch event
+    assert bodies.get("default", "demo") == body("10")
+    bodies.offer(body("11"))
+    assert bodies.get("default", "demo") == body("11")
+    bodies.offer(body("3", uid="another"))  # a new run of that name
+    assert bodies.get("default", "demo") == body("3", uid="another")
+    bodies.drop("default", "demo")
+    assert bodies.get("default", "demo") is None
+
+
+def _reconciler(bodies: RunBodies, quorum_body: dict[str, Any]) -> tuple[Reconciler, mock.Mock]:
+    custom = mock.Mock()
+    custom.get_namespaced_custom_object.return_value = quorum_body
+    apis = Apis(core=mock.Mock(), batch=mock.Mock(), custom=custom)
+    view = ClusterView()
+    rec = Reconciler(apis, s.Settings(namespaces=("default",)), view=view, bodies=bodies)
+    return rec, custom
+
+
+def _isolated() -> list[Any]:
+    """The pass's reads and writes other than the run's own, out of the way."""
+    passthrough = [
+        mock.patch.object(Reconciler, n, lambda self, run, observed: observed)
+        for n in ("_with_documents", "_with_verdicts", "_with_carried_sources",
+                  "_with_resume_source")
+    ]  # fmt: skip
+    return [
+        *passthrough,
+        mock.patch.object(Reconciler, "_anchor"),
+        mock.patch.object(Reconciler, "_flush_record", return_value=False),
+    ]
+
+
+def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    run = sim.run.to_wire()
+    run["metadata"].update(namespace="default", resourceVersion="7")
+    bodies = RunBodies()
+    bodies.offer(run)
+    rec, custom = _reconciler(bodies, run)
+    quiet = Decision(status=sim.status.model_copy(deep=True))
+    deleting = Decision(status=sim.status.model_copy(deep=True),
+                        after_commit=(DeleteJob("x", "NotCurrentAttempt"),))  # fmt: skip
+    for patcher in _isolated():
+        patcher.start()
+    with (
+        mock.patch("agentrun.reconciler.reconcile", return_value=quiet),
+        mock.patch.object(Reconciler, "_observe", return_value=sim.observed()),
+        mock.patch.object(Reconciler, "_act") as act,
+    ):
+        rec.reconcile("default", "demo")  # the first pass of a run reads it
+        assert custom.get_namespaced_custom_object.call_count == 1
+        rec.reconcile("default", "demo")
+        assert custom.get_namespaced_custom_object.call_count == 1, "read despite the body"
+        assert act.call_args_list[-1].args[1] == quiet.after_commit
+    with (
+        mock.patch("agentrun.reconciler.reconcile", return_value=deleting),
+        mock.patch.object(Reconciler, "_observe", return_value=sim.observed()),
+        mock.patch.object(Reconciler, "_act") as act,
+    ):
+        rec.reconcile("default", "demo")
+        assert custom.get_namespaced_custom_object.call_count == 2, "deleted on a watched body"
+        # The first derivation (from the watched body) acted on nothing after its commit.
+        after = [c.args[1] for c in act.call_args_list if c.args[1]]
+        assert after == [deleting.after_commit]
+    mock.patch.stopall()
