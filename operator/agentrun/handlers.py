@@ -488,11 +488,17 @@ def run_operator(
         if settings.liveness_port
         else None
     )
-    endpoints = (
-        Endpoints(settings.metrics_host, settings.metrics_port, state.readiness).start()
-        if settings.metrics_port
-        else None
-    )
+    endpoints = None
+    if settings.metrics_port:
+        try:
+            endpoints = Endpoints(settings.metrics_host, settings.metrics_port, state.readiness)
+        except OSError as error:
+            raise SystemExit(
+                f"agentrun run: cannot serve /metrics and /readyz on "
+                f"{settings.metrics_host}:{settings.metrics_port}: {error.strerror or error}; "
+                "choose another --metrics-port (AGENTRUN_METRICS_PORT), or 0 to turn them off"
+            ) from error
+        endpoints.start()
     unwatch = watch_kopf_listings(state.readiness)
     tracing.install(settings)
     try:
