@@ -57,10 +57,13 @@ COPY pyproject.toml uv.lock ./
 # The workspace's local-cluster member is declared in pyproject.toml: only its metadata is
 # copied (the image installs no development packages).
 COPY hack/devcluster/pyproject.toml ./hack/devcluster/pyproject.toml
-RUN /opt/uv/bin/uv sync --locked --no-dev --no-install-project
+# Optional extras of the distribution, e.g. EXTRAS=otel for OpenTelemetry traces
+# (docs/observability.md); none by default.
+ARG EXTRAS=""
+RUN /opt/uv/bin/uv sync --locked --no-dev --no-install-project ${EXTRAS:+--extra $EXTRAS}
 COPY README.md ./
 COPY operator ./operator
-RUN /opt/uv/bin/uv sync --locked --no-dev --no-editable
+RUN /opt/uv/bin/uv sync --locked --no-dev --no-editable ${EXTRAS:+--extra $EXTRAS}
 
 # --- runtime ----------------------------------------------------------------------------------
 FROM python
@@ -73,6 +76,7 @@ ENV PATH=/opt/agentrun/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 # Non-root, numeric (so runAsNonRoot can check it); the same uid as step pods' default.
 USER 65532:65532
-EXPOSE 8080
+# 8080: /healthz (liveness); 8081: /metrics (Prometheus) and /readyz.
+EXPOSE 8080 8081
 ENTRYPOINT ["agentrun"]
 CMD ["run", "--all-namespaces"]

@@ -87,8 +87,8 @@ say "the API, the admission policies, a namespace, and the operator watching it"
 run kubectl apply -f crds/ -f manifests/admission/
 run kubectl wait --for=condition=Established crd/agentruns.agentrun.dev --timeout=60s
 run kubectl create namespace "$NAMESPACE"
-printf '$ agentrun run -n %s --liveness-port 0 &\n' "$NAMESPACE"
-agentrun run -n "$NAMESPACE" --liveness-port 0 >"$WORK/operator.log" 2>&1 &
+printf '$ agentrun run -n %s --liveness-port 0 --metrics-port 0 &\n' "$NAMESPACE"
+agentrun run -n "$NAMESPACE" --liveness-port 0 --metrics-port 0 >"$WORK/operator.log" 2>&1 &
 OPERATOR_PID=$!
 # Admission policies act a moment after they are created: a dry run shows when the API server
 # records who creates a run.

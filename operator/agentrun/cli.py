@@ -40,6 +40,10 @@ def _run(args: argparse.Namespace) -> int:
         overrides["namespaces"] = tuple(args.namespace)
     if args.liveness_port is not None:
         overrides["liveness_port"] = args.liveness_port
+    if args.metrics_port is not None:
+        overrides["metrics_port"] = args.metrics_port
+    if args.metrics_host is not None:
+        overrides["metrics_host"] = args.metrics_host
     if args.standalone:
         overrides["peering"] = None
     elif args.peering:
@@ -138,6 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--liveness-host",
         default="0.0.0.0",
         help="address of the liveness endpoint (default 0.0.0.0)",
+    )
+    run_parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve /metrics and /readyz on this port (0: off; default "
+        "$AGENTRUN_METRICS_PORT or 8081)",
+    )
+    run_parser.add_argument(
+        "--metrics-host",
+        metavar="ADDR",
+        help="address of /metrics and /readyz (default $AGENTRUN_METRICS_HOST or 0.0.0.0)",
     )
     peering = run_parser.add_mutually_exclusive_group()
     peering.add_argument(

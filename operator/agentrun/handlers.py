@@ -31,10 +31,11 @@ import kopf
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 
-from agentrun import concurrency, jobs
+from agentrun import concurrency, jobs, metrics, tracing
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent, Observed, reconcile
+from agentrun.endpoints import Endpoints, Readiness, watch_kopf_listings
 from agentrun.janitor import Janitor, keep_sweeping
 from agentrun.observer import ClusterView, Informer
 from agentrun.reconciler import Apis, Checkpoint, Outcome, Reconciler, RunBodies
@@ -61,6 +62,8 @@ class OperatorState:
     unchecked: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     """Finished runs seen before the watches listed, checked once they have."""
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    readiness: Readiness = field(default_factory=Readiness)
+    """What /readyz waits for: kopf's watch of runs and the watches below having listed."""
 
     @property
     def view(self) -> ClusterView:
@@ -122,7 +125,7 @@ class OperatorState:
         if self.synced is not None:
             await self.synced.wait()
         try:
-            outcome = await asyncio.to_thread(self.reconciler.reconcile, namespace, name)
+            outcome = await asyncio.to_thread(_pass, self.reconciler, namespace, name)
         except Exception:
             log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
             self.schedule_pass(namespace, name, 5.0)
@@ -168,6 +171,7 @@ class OperatorState:
         await asyncio.to_thread(self.view.wait_synced)
         assert self.synced is not None
         self.synced.set()
+        self.readiness.informer_listed()
         log.info("watches of step Jobs, pods and pod refusals listed; %d objects seen",
                  self.view.size())  # fmt: skip
         unchecked, self.unchecked = self.unchecked, {}
@@ -177,6 +181,12 @@ class OperatorState:
 
 FINISHED = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
 SETTLE_SECONDS = 1.0
+
+
+def _pass(reconciler: Reconciler, namespace: str, name: str) -> Outcome:
+    """One reconcile pass, timed (agentrun_reconcile_duration_seconds)."""
+    with metrics.reconcile_pass():
+        return reconciler.reconcile(namespace, name)
 
 
 def _ctx(namespace: str, name: str) -> dict[str, Any]:
@@ -210,7 +220,8 @@ def _due_in(body: dict[str, Any], found: list[dict[str, Any]], rec: Reconciler) 
 def api_client() -> Any:
     """A client from $KUBECONFIG (or ~/.kube/config), else the in-cluster ServiceAccount.
 
-    Its User-Agent names the operator: the API server records a write that names no field
+    Every request it sends is counted (agentrun_api_requests_total). Its User-Agent names the
+    operator: the API server records a write that names no field
     manager under the User-Agent's first word, so every write of the operator shows in
     managedFields as ``agentrun-operator`` (the ledger also names it on status writes)."""
     from agentrun import __version__
@@ -223,7 +234,7 @@ def api_client() -> Any:
         in_cluster()
         client = kube_client.ApiClient()
     client.user_agent = f"{s.FIELD_MANAGER}/{__version__}"
-    return client
+    return metrics.count_requests(client)
 
 
 class _Waker:
@@ -257,7 +268,13 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         else Reconciler(apis, settings, checkpoint=checkpoint, view=view, wake=waker, bodies=bodies)
     )
     informer = Informer(apis, settings.namespaces, waker, view)
-    state = OperatorState(reconciler, settings, Janitor(reconciler, settings.namespaces), informer)
+    state = OperatorState(
+        reconciler,
+        settings,
+        Janitor(reconciler, settings.namespaces),
+        informer,
+        readiness=Readiness(settings.namespaces),
+    )
     waker.state = state
     return state
 
@@ -375,7 +392,7 @@ async def drive_run(
         while not stopped:
             wake.clear()
             try:
-                outcome = await asyncio.to_thread(state.reconciler.reconcile, namespace, name)
+                outcome = await asyncio.to_thread(_pass, state.reconciler, namespace, name)
                 if outcome.phase in FINISHED:
                     state.after_pass(namespace, name, outcome)
                     return
@@ -409,9 +426,13 @@ async def run_changed(
     body: kopf.Body,
     status: kopf.Status,
     memo: Any,
-    type: str | None,
+    type: str | None = None,
     **_: Any,
 ) -> None:
+    if type == "DELETED":
+        metrics.RUNS.gone(namespace or "", name)
+    else:
+        metrics.RUNS.seen(namespace or "", name, status.get("phase"))
     state = _state(memo)
     bodies = state.reconciler.bodies
     if bodies is not None:
@@ -474,11 +495,30 @@ def run_operator(
         if settings.liveness_port
         else None
     )
-    kopf.run(
-        clusterwide=not settings.namespaces,
-        namespaces=settings.namespaces,
-        standalone=settings.peering is None,
-        peering_name=settings.peering,
-        liveness_endpoint=liveness,
-        memo=memo,
-    )
+    endpoints = None
+    if settings.metrics_port:
+        try:
+            endpoints = Endpoints(settings.metrics_host, settings.metrics_port, state.readiness)
+        except OSError as error:
+            raise SystemExit(
+                f"agentrun run: cannot serve /metrics and /readyz on "
+                f"{settings.metrics_host}:{settings.metrics_port}: {error.strerror or error}; "
+                "choose another --metrics-port (AGENTRUN_METRICS_PORT), or 0 to turn them off"
+            ) from error
+        endpoints.start()
+    unwatch = watch_kopf_listings(state.readiness)
+    tracing.install(settings)
+    try:
+        kopf.run(
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            standalone=settings.peering is None,
+            peering_name=settings.peering,
+            liveness_endpoint=liveness,
+            memo=memo,
+        )
+    finally:
+        tracing.shutdown()
+        unwatch()
+        if endpoints is not None:
+            endpoints.stop()

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrun import metrics
 from agentrun.api import models as m
 from agentrun.kubeapi import tolerate
 from agentrun.settings import FIELD_MANAGER
@@ -86,6 +87,7 @@ class Ledger:
             )
         if moved_on:
             self.stats.add(conflicts=1)
+            metrics.STATUS_CONFLICTS.inc()
             raise Conflict(f"{meta['namespace']}/{meta['name']}") from moved_on.error
         self.stats.add(commits=1)
         return stored

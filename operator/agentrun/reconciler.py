@@ -27,7 +27,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit, authz, events, jobs, objects, resume
+from agentrun import audit, authz, events, jobs, objects, resume, telemetry
 from agentrun import settings as s
 from agentrun.adoption import Adoption
 from agentrun.api import models as m
@@ -537,6 +537,7 @@ class Reconciler:
                 # on a decision from a quorum read (or one a commit fenced).
                 quorum = True
                 continue
+            telemetry.observe_commit(run, decision.status)
             self._act(run, decision.after_commit)
             if self._flush_record(run, decision.status) and not levelled:
                 levelled = True  # once more: commit recordedSeq, now that the record has it

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agentrun.api.models import GROUP
@@ -77,6 +78,18 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not a whole number") from error
 
 
+def _tracing_configured(env: Mapping[str, str]) -> bool:
+    """The OpenTelemetry variables ask for an OTLP trace export (the exporter reads them)."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return any(
+        env.get(name, "").strip()
+        for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
 @dataclass(frozen=True)
 class Settings:
     """What an operator process is configured with."""
@@ -85,6 +98,16 @@ class Settings:
     """Namespaces to watch; all namespaces when empty."""
     liveness_port: int = field(default_factory=lambda: _env_int("AGENTRUN_LIVENESS_PORT", 8080))
     """Port of the /healthz endpoint (0: none)."""
+    metrics_port: int = field(default_factory=lambda: _env_int("AGENTRUN_METRICS_PORT", 8081))
+    """Port of the /metrics (Prometheus) and /readyz endpoints (0: none)."""
+    metrics_host: str = field(
+        default_factory=lambda: os.environ.get("AGENTRUN_METRICS_HOST") or "0.0.0.0"
+    )
+    """Address the /metrics and /readyz endpoints listen on."""
+    tracing: bool = field(default_factory=lambda: _tracing_configured(os.environ))
+    """Whether spans of runs and step attempts are exported over OTLP (agentrun/tracing.py):
+    when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, unless
+    OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none says otherwise. Needs the ``otel`` extra."""
     peering: str | None = field(default_factory=lambda: os.environ.get("AGENTRUN_PEERING"))
     """kopf peering object name; None runs standalone (no peering)."""
     instance: str = field(default_factory=lambda: os.environ.get("POD_NAME") or os.uname().nodename)

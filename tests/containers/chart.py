@@ -39,8 +39,8 @@ def free_port() -> int:
 
 
 def values(images: Images) -> list[str]:
-    """``--set`` flags: the local images (never pulled), the healthz port on a free port of
-    the host, and step Jobs kept long enough to look at their pods."""
+    """``--set`` flags: the local images (never pulled), the healthz and metrics ports on free
+    ports of the host, and step Jobs kept long enough to look at their pods."""
     settings = {
         "image.repository": images.operator.rpartition(":")[0],
         "image.tag": images.operator.rpartition(":")[2],
@@ -50,6 +50,7 @@ def values(images: Images) -> list[str]:
         "tests.image.pullPolicy": "Never",
         "tests.stepImage": images.step,
         "operator.livenessPort": str(free_port()),
+        "operator.metricsPort": str(free_port()),
         "operator.resyncSeconds": "10",
         "operator.jobDeletionGraceSeconds": "600",
     }

@@ -1,7 +1,7 @@
 """What manifest scanners (kube-score, checkov) ask of the operator's pod, in the Helm chart and
 in manifests/: CPU and ephemeral-storage limits, a readiness probe, the ServiceAccount token
 mounted only where it is used, and a NetworkPolicy letting the operator reach only the API
-server and DNS and be reached only on its probe port. The chart's NetworkPolicy (off by
+server and DNS and be reached only on its probe and metrics ports. The chart's NetworkPolicy (off by
 default, networkPolicy.enabled) is accepted by the real API server.
 """
 
@@ -34,9 +34,11 @@ def test_the_operator_container_has_limits_and_both_probes(helm: Helm) -> None:
         resources = container["resources"]
         assert {"cpu", "memory", "ephemeral-storage"} <= set(resources["limits"]), where
         assert {"cpu", "memory", "ephemeral-storage"} <= set(resources["requests"]), where
-        probe = {"path": "/healthz", "port": "healthz"}
-        assert container["livenessProbe"]["httpGet"] == probe, where
-        assert container["readinessProbe"]["httpGet"] == probe, where
+        liveness = {"path": "/healthz", "port": "healthz"}
+        assert container["livenessProbe"]["httpGet"] == liveness, where
+        readiness = {"path": "/readyz", "port": "metrics"}
+        assert container["readinessProbe"]["httpGet"] == readiness, where
+        assert {"name": "metrics", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
     (_, chart), (_, plain) = operator_pods(helm)
     assert chart["containers"][0]["readinessProbe"] == plain["containers"][0]["readinessProbe"]
 
@@ -54,7 +56,7 @@ def test_the_token_is_mounted_only_where_it_is_used(helm: Helm) -> None:
         assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
 
 
-def test_the_network_policy_allows_the_api_server_dns_and_the_probe_port_only(
+def test_the_network_policy_allows_the_api_server_dns_and_the_probe_and_metrics_ports_only(
     helm: Helm,
 ) -> None:
     assert "NetworkPolicy" not in [d["kind"] for d in helm.template()]  # off by default
@@ -62,7 +64,9 @@ def test_the_network_policy_allows_the_api_server_dns_and_the_probe_port_only(
     plain = manifest("networkpolicy.yaml")["spec"]
     for where, spec in (("chart", chart), ("manifests", plain)):
         assert spec["policyTypes"] == ["Ingress", "Egress"], where
-        assert spec["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}], where
+        assert spec["ingress"] == [
+            {"ports": [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8081}]}
+        ], where
         ports = [
             sorted((p["protocol"], p["port"]) for p in rule["ports"]) for rule in spec["egress"]
         ]
@@ -80,6 +84,7 @@ def test_the_network_policy_allows_the_api_server_dns_and_the_probe_port_only(
             "--set", "networkPolicy.apiServerCIDRs={10.0.0.1/32}",
             "--set", "networkPolicy.apiServerPorts={6443}",
             "--set", "operator.livenessPort=9090",
+            "--set", "operator.metricsPort=9091",
         ),
         "NetworkPolicy",
     )["spec"]  # fmt: skip
@@ -87,7 +92,9 @@ def test_the_network_policy_allows_the_api_server_dns_and_the_probe_port_only(
         "ports": [{"protocol": "TCP", "port": 6443}],
         "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}],
     }
-    assert narrowed["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9090}]}]
+    assert narrowed["ingress"] == [
+        {"ports": [{"protocol": "TCP", "port": 9090}, {"protocol": "TCP", "port": 9091}]}
+    ]
 
 
 @pytest.mark.parametrize(

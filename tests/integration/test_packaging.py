@@ -92,6 +92,7 @@ def test_kustomization_lists_every_manifest() -> None:
 def test_helm_lint(helm: Helm) -> None:
     helm.run("lint", "--strict", str(CHART))
     helm.run("lint", "--strict", str(CHART), "--set", "watchNamespaces={team-a,team-b}")
+    helm.run("lint", "--strict", str(CHART), "--set", "metrics.serviceMonitor.enabled=true")
 
 
 def test_template_default_is_cluster_wide(helm: Helm) -> None:
@@ -103,6 +104,7 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
             "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
+            "Service",
             "MutatingAdmissionPolicy",
             "MutatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",
@@ -123,9 +125,12 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
     container = pod["containers"][0]
     assert container["image"] == "agentrun-operator:0.1.0"  # the chart's appVersion
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert container["ports"][0]["containerPort"] == 8080
+    assert container["ports"][1] == {"name": "metrics", "containerPort": 8081, "protocol": "TCP"}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["AGENTRUN_LIVENESS_PORT"] == "8080"
+    assert env["AGENTRUN_METRICS_PORT"] == "8081"
     (pod_name,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["AGENTRUN_RESYNC_SECONDS"] == "30"
@@ -220,8 +225,67 @@ def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
     chart_pod = chart_deployment["template"]["spec"]
     manifest_pod = manifest_deployment["template"]["spec"]
     assert manifest_pod["securityContext"] == chart_pod["securityContext"]
-    for key in ("args", "env", "livenessProbe", "securityContext", "resources", "ports"):
+    for key in (
+        "args",
+        "env",
+        "livenessProbe",
+        "readinessProbe",
+        "securityContext",
+        "resources",
+        "ports",
+    ):
         assert manifest_pod["containers"][0][key] == chart_pod["containers"][0][key], key
+
+
+def test_metrics_service_and_service_monitor(helm: Helm) -> None:
+    docs = without_hooks(helm.template())
+    service = one(docs, "Service")
+    deployment = one(docs, "Deployment")
+    assert service["metadata"]["name"] == "agentrun-operator-metrics"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert "ServiceMonitor" not in kinds(docs)  # off by default
+    plain = yaml.safe_load((MANIFESTS / "metrics-service.yaml").read_text())
+    assert plain["spec"]["ports"] == service["spec"]["ports"]
+    assert plain["spec"]["selector"].items() <= (
+        yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())["spec"]["template"]["metadata"][
+            "labels"
+        ].items()
+    )
+
+    docs = helm.template(
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.serviceMonitor.interval=30s",
+        "--set", "metrics.serviceMonitor.labels.release=prometheus",
+        "--set-string", "metrics.service.annotations.prometheus\\.io/scrape=true",
+        "--set", "operator.metricsPort=9100",
+        "--set", "metrics.service.port=9200",
+    )  # fmt: skip
+    monitor = one(docs, "ServiceMonitor")
+    service = one(docs, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ]
+    assert service["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    assert service["spec"]["ports"][0]["port"] == 9200
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "AGENTRUN_METRICS_PORT", "value": "9100"} in container["env"]
+    assert container["ports"][1]["containerPort"] == 9100
+
+    assert "Service" not in kinds(helm.template("--set", "metrics.service.enabled=false"))
+    proc = helm.run(
+        "template", "x", str(CHART), "--set", "metrics.service.enabled=false",
+        "--set", "metrics.serviceMonitor.enabled=true", check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "metrics.serviceMonitor.enabled needs metrics.service.enabled" in proc.stderr
 
 
 def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
@@ -285,6 +349,11 @@ def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
         (["--set", "image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
         (["--set", "operator.resyncSeconds=0"], "at '/operator/resyncSeconds'"),
         (["--set-string", "uninstall.releaseRuns=yes"], "at '/uninstall/releaseRuns'"),
+        (["--set", "operator.metricsPort=0"], "at '/operator/metricsPort'"),
+        (
+            ["--set", "metrics.serviceMonitor.interval=soon"],
+            "at '/metrics/serviceMonitor/interval'",
+        ),
     ],
     ids=[
         "replicas-string",
@@ -295,6 +364,8 @@ def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
         "pull-policy",
         "resync-zero",
         "release-runs-string",
+        "metrics-port-zero",
+        "scrape-interval",
     ],
 )
 def test_schema_rejects_bad_values(helm: Helm, values: Sequence[str], message: str) -> None:
@@ -392,6 +463,8 @@ def test_kubectl_apply_k_manifests_dry_run(
         "clusterrole.rbac.authorization.k8s.io/agentrun-operator",
         "clusterrolebinding.rbac.authorization.k8s.io/agentrun-operator",
         "deployment.apps/agentrun-operator",
+        "service/agentrun-operator-metrics",
+        "networkpolicy.networking.k8s.io/agentrun-operator",
         "mutatingadmissionpolicy.admissionregistration.k8s.io/agentrun-identity",
         "validatingadmissionpolicy.admissionregistration.k8s.io/agentrun-approvals",
     ):

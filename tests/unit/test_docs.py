@@ -9,7 +9,8 @@ For README.md and every page under docs/:
   ``--options`` that the parsers define (``agentrun.cli.build_parser()`` with its
   ``devcluster`` extension, and ``agentrun.plugin.cli.build_parser()``);
 * every repository path in code (``examples/foo.yaml``, ``hack/x.sh``, ``charts/...``) exists;
-* every Python name in code (``agentrun.reconciler.CHECKPOINTS``) can be imported.
+* every Python name in code (``agentrun.reconciler.CHECKPOINTS``) can be imported, or is a
+  span or attribute name that ``agentrun.tracing`` emits (``agentrun.step_attempt``).
 
 "In code" means inline code spans and fenced code blocks. Failures name the page, the line
 and what is missing.
@@ -18,6 +19,7 @@ and what is missing.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import re
 from collections.abc import Callable, Iterator
@@ -325,10 +327,24 @@ def resolves(name: str) -> bool:
     return False
 
 
+def trace_names() -> set[str]:
+    """Span and attribute names agentrun.tracing emits (``agentrun.step_attempt``,
+    ``agentrun.tokens``): the string constants of its source that look like Python names."""
+    source = (ROOT / "operator" / "agentrun" / "tracing.py").read_text()
+    return {
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and PYTHON_NAME.fullmatch(node.value)
+    }
+
+
 def python_problems(page: Page) -> Iterator[str]:
+    traced = trace_names()
     for line, name in python_mentions(page):
-        if not resolves(name):
-            yield f"{page.at(line)}: `{name}` cannot be imported"
+        if not resolves(name) and name not in traced:
+            yield f"{page.at(line)}: `{name}` cannot be imported (nor is it a span or attribute)"
 
 
 # -- the tests ------------------------------------------------------------------------------

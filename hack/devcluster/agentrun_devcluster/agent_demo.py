@@ -120,7 +120,8 @@ def run_demo(timeout: int) -> int:
             with log_path.open("wb") as log:
                 operator = subprocess.Popen(
                     [sys.executable, "-m", "agentrun.cli", "run", "--namespace", NAMESPACE,
-                     "--liveness-port", str(free_port()), "--liveness-host", "127.0.0.1"],
+                     "--liveness-port", str(free_port()), "--liveness-host", "127.0.0.1",
+                     "--metrics-port", "0"],
                     env=operator_env, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                 )  # fmt: skip

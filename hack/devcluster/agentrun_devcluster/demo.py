@@ -64,7 +64,8 @@ def run_demo(example: Path, timeout: int) -> int:
             with log_path.open("wb") as log:
                 operator = subprocess.Popen(
                     [sys.executable, "-m", "agentrun.cli", "run", "--namespace", NAMESPACE,
-                     "--liveness-port", str(free_port()), "--liveness-host", "127.0.0.1"],
+                     "--liveness-port", str(free_port()), "--liveness-host", "127.0.0.1",
+                     "--metrics-port", "0"],
                     env={**env, "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "5"},
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 )  # fmt: skip

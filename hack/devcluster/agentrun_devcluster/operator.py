@@ -1,8 +1,10 @@
 """The operator (``agentrun run``) as a child process, for end-to-end and crash tests.
 
 :class:`OperatorProcess` starts ``python -m agentrun.cli run --namespace NS ... --kubeconfig
-PATH --liveness-port PORT`` with :data:`sys.executable`, on a free liveness port, with output
-(stdout and stderr) appended to a log file, and waits until ``/healthz`` answers 200::
+PATH --liveness-port PORT --metrics-port PORT`` with :data:`sys.executable`, on a free liveness
+port and a free metrics port (``/metrics`` and ``/readyz``: :attr:`OperatorProcess.metrics_url`,
+:attr:`OperatorProcess.readiness_url`), with output (stdout and stderr) appended to a log file,
+and waits until ``/healthz`` answers 200::
 
     with OperatorProcess(kubeconfig, namespaces=[ns], env={"AGENTRUN_RESYNC_SECONDS": "5"}) as op:
         ...
@@ -85,6 +87,7 @@ class OperatorProcess:
         self.stop_timeout = stop_timeout
         self.inherit_agentrun_env = inherit_agentrun_env
         self.liveness_port = 0
+        self.metrics_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         """How many times the process was started."""
@@ -95,6 +98,14 @@ class OperatorProcess:
     @property
     def liveness_url(self) -> str:
         return f"http://127.0.0.1:{self.liveness_port}/healthz"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def readiness_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/readyz"
 
     @property
     def pid(self) -> int | None:
@@ -118,6 +129,7 @@ class OperatorProcess:
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
         argv += ["--liveness-port", str(self.liveness_port)]
+        argv += ["--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1"]
         if self.peering:
             argv += ["--peering", self.peering]
         return [*argv, *self.extra_args]
@@ -135,11 +147,13 @@ class OperatorProcess:
         return env
 
     def start(self, *, wait_ready: bool = True) -> Self:
-        """Start the process (on a new free liveness port) and wait until /healthz is 200."""
+        """Start the process (on new free liveness and metrics ports) and wait until /healthz
+        is 200."""
         if self.alive():
             raise OperatorError(f"the operator is already running (pid {self.pid})")
         self._close_log()
         self.liveness_port = free_port()
+        self.metrics_port = free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         argv = self.argv()

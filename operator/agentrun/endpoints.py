@@ -1,0 +1,177 @@
+"""The operator's HTTP endpoints beside kopf's liveness endpoint (/healthz): ``/metrics``
+(Prometheus' text format, :mod:`agentrun.metrics`) and ``/readyz``, on one port
+(``AGENTRUN_METRICS_PORT``), served from a thread of their own so that a busy event loop
+never delays a scrape.
+
+``/readyz`` answers 200 once the operator's watches have listed what they watch, and 503
+before, with a JSON body naming what it still waits for:
+
+* kopf's watch of AgentRuns, in each watched namespace (or cluster-wide): kopf lists the runs
+  and then watches from the list's resourceVersion; the end of that listing is marked only
+  inside kopf's watch stream (``kopf._cogs.clients.watching``, a ``Bookmark.LISTED`` in the
+  stream of events). :func:`watch_kopf_listings` wraps that stream, the one place kopf says
+  it, and passes every event on unchanged;
+* the operator's own watches of step Jobs, their pods and pod refusals
+  (:mod:`agentrun.observer`), once each has completed its first list.
+
+Once ready it stays ready: later relists happen while the operator keeps working from what it
+has seen.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from contextlib import aclosing
+from socketserver import ThreadingMixIn
+from typing import Any, cast
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import REGISTRY, make_wsgi_app
+
+from agentrun.api import models as m
+
+log = logging.getLogger("agentrun.endpoints")
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class Readiness:
+    """What the operator waits for before it is ready; thread-safe."""
+
+    def __init__(self, namespaces: Sequence[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._runs_unlisted: set[str | None] = set(namespaces) if namespaces else {None}
+        self._informer_listed = False
+
+    def runs_listed(self, namespace: str | None) -> None:
+        """kopf's watch of AgentRuns in ``namespace`` (None: cluster-wide) has listed them."""
+        with self._lock:
+            self._runs_unlisted.discard(namespace)
+
+    def runs_listed_everywhere(self) -> None:
+        with self._lock:
+            self._runs_unlisted.clear()
+
+    def informer_listed(self) -> None:
+        """The watches of step Jobs, pods and pod refusals have all listed once."""
+        with self._lock:
+            self._informer_listed = True
+
+    def waiting_for(self) -> list[str]:
+        """What is not listed yet; empty once ready."""
+        with self._lock:
+            waiting = [
+                f"kopf's watch of AgentRuns in namespace {ns}"
+                if ns is not None
+                else "kopf's watch of AgentRuns (all namespaces)"
+                for ns in sorted(self._runs_unlisted, key=lambda n: n or "")
+            ]
+            if not self._informer_listed:
+                waiting.append("the watches of step Jobs, their pods and pod refusals")
+        return waiting
+
+    def ready(self) -> bool:
+        return not self.waiting_for()
+
+
+def watch_kopf_listings(readiness: Readiness) -> Callable[[], None]:
+    """Tell ``readiness`` when kopf's watch of AgentRuns has listed them (see the module
+    docstring); returns the function that undoes it. If kopf no longer has the stream this
+    relies on, readiness says so in the log and counts kopf's watch as listed at once."""
+    try:
+        from kopf._cogs.clients import watching
+
+        original = watching.infinite_watch
+        listed = watching.Bookmark.LISTED
+    except (ImportError, AttributeError):
+        log.warning(
+            "this kopf does not mark the end of its listing where expected; /readyz reports "
+            "the operator's own watches only"
+        )
+        readiness.runs_listed_everywhere()
+        return lambda: None
+
+    async def infinite_watch(*, resource: Any, namespace: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        runs = getattr(resource, "group", None) == m.GROUP and (
+            getattr(resource, "plural", None) == m.PLURAL
+        )
+        events = cast(
+            AsyncGenerator[Any, None],
+            original(resource=resource, namespace=namespace, **kwargs),
+        )
+        async with aclosing(events) as stream:
+            async for event in stream:
+                if runs and event is listed:
+                    readiness.runs_listed(namespace)
+                yield event
+
+    watching.infinite_watch = infinite_watch
+
+    def undo() -> None:
+        watching.infinite_watch = original
+
+    return undo
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds
+        return None
+
+
+def application(readiness: Readiness) -> WSGIApp:
+    """The WSGI application of /metrics and /readyz."""
+    metrics = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/metrics":
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/readyz":
+            waiting = readiness.waiting_for()
+            body = json.dumps({"ready": not waiting, "waitingFor": waiting}).encode() + b"\n"
+            status = "200 OK" if not waiting else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "application/json")])
+            return [body]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found: the operator serves /metrics and /readyz here\n"]
+
+    return app
+
+
+class Endpoints:
+    """/metrics and /readyz on ``host:port``, served by a daemon thread."""
+
+    def __init__(self, host: str, port: int, readiness: Readiness) -> None:
+        server_class = _Server6 if ":" in host else _Server
+        self.server = make_server(
+            host, port, application(readiness), server_class, handler_class=_QuietHandler
+        )
+        self.port: int = self.server.server_port
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, name="metrics-endpoint", daemon=True
+        )
+
+    def start(self) -> Endpoints:
+        self.thread.start()
+        log.info("serving /metrics and /readyz on port %d", self.port)
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

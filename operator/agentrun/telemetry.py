@@ -1,0 +1,258 @@
+"""What one committed status write changed, as facts for metrics and traces.
+
+A pass reads a run (``before``: its status as read), the core derives the next status, and the
+ledger commits it (``after``). :func:`derive` compares the two and says what happened in
+between: attempts started and ended, approvals decided, tokens reported, the run ending. It is
+called only once a write has committed, with the status as read and the status committed, so
+a pass that meets 409 counts nothing; the pass that re-derives and commits counts the change
+once. Nothing here keeps state between passes, reads the cluster or adds a request: every fact
+comes from the two statuses (the transitions committed since ``before`` are those of
+``after.history`` with a higher ``seq``).
+
+:func:`observe_commit` is the one call the reconciler makes: it derives the changes and hands
+them to :mod:`agentrun.metrics` and :mod:`agentrun.tracing`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from agentrun import metrics, tracing
+from agentrun.api import models as m
+
+log = logging.getLogger("agentrun.telemetry")
+
+SP = m.StepPhase
+ACTIVE = frozenset({str(SP.LAUNCHING), str(SP.RUNNING)})
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+"""Outcomes of a step attempt. Cancelled: stopped by the run ending or the step leaving the
+plan, or its intent dropped before its Job was created (the step changed)."""
+
+APPROVED = "approved"
+REJECTED = "rejected"
+EXPIRED = "expired"
+"""Decisions on a step waiting for approval."""
+
+
+@dataclass(frozen=True)
+class AttemptEnded:
+    """A step attempt whose end this commit recorded."""
+
+    step: str
+    attempt: int
+    outcome: str
+    """:data:`SUCCEEDED`, :data:`FAILED` or :data:`CANCELLED`."""
+    retried: bool
+    """A failed attempt after which another one is scheduled (the step is BackingOff)."""
+    reason: str
+    started_at: datetime | None
+    """When the attempt was launched (its committed intent); None when not known."""
+    ended_at: datetime
+    tokens: int
+    """Tokens the attempt reported (a succeeded attempt's envelope), else 0."""
+    approval_wait_seconds: float | None
+    """How long the step waited for the approval that launched this attempt, when it did
+    and the committed history still holds both transitions."""
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return max((self.ended_at - self.started_at).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True)
+class ApprovalDecided:
+    """A step left WaitingForApproval on a decision (approved, rejected or expired)."""
+
+    step: str
+    decision: str
+    requested_at: datetime | None
+    decided_at: datetime
+    by: str | None
+
+    @property
+    def wait_seconds(self) -> float | None:
+        if self.requested_at is None:
+            return None
+        return max((self.decided_at - self.requested_at).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    """The run reached a terminal phase in this commit."""
+
+    phase: str
+    reason: str
+    started_at: datetime | None
+    completed_at: datetime | None
+    tokens: int
+    attempts: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a committed write changed."""
+
+    attempts_started: int = 0
+    attempts_ended: tuple[AttemptEnded, ...] = ()
+    approvals: tuple[ApprovalDecided, ...] = ()
+    tokens: int = 0
+    run_ended: RunEnded | None = None
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.attempts_started
+            or self.attempts_ended
+            or self.approvals
+            or self.tokens
+            or self.run_ended
+        )
+
+
+def new_transitions(before: m.AgentRunStatus | None, after: m.AgentRunStatus) -> list[m.Transition]:
+    """The transitions ``after`` committed that ``before`` did not hold, oldest first."""
+    seen = (before.history_seq if before else None) or 0
+    if (after.history_seq or 0) <= seen:
+        return []
+    return sorted((t for t in after.history or [] if t.seq > seen), key=lambda t: t.seq)
+
+
+def derive(before: m.AgentRunStatus | None, after: m.AgentRunStatus) -> Changes:
+    """What was committed between the status as read (``before``, None for a new run) and the
+    status written (``after``)."""
+    old_steps = {st.name: st for st in (before.steps if before else None) or []}
+    new_steps = {st.name: st for st in after.steps or []}
+    old_usage = (before.usage if before else None) or m.Usage()
+    new_usage = after.usage or m.Usage()
+    transitions = new_transitions(before, after)
+
+    attempt = {name: st.attempt for name, st in old_steps.items()}
+    launched_at: dict[str, datetime] = {}
+    ended: list[AttemptEnded] = []
+    approvals: list[ApprovalDecided] = []
+    for t in transitions:
+        name = t.step
+        if name is None:
+            continue
+        old = old_steps.get(name)
+        new = new_steps.get(name)
+        if t.from_phase == SP.WAITING_FOR_APPROVAL and t.to_phase != SP.WAITING_FOR_APPROVAL:
+            decision = _decision(t)
+            if decision is not None:
+                requested = old.approval_requested_at if old is not None else None
+                approvals.append(ApprovalDecided(name, decision, requested, t.at, t.by))
+        if t.to_phase == SP.LAUNCHING and t.from_phase != SP.LAUNCHING:
+            attempt[name] = attempt.get(name, 0) + 1
+            launched_at[name] = t.at
+            continue
+        outcome = _attempt_outcome(t)
+        if outcome is None:
+            continue
+        started = launched_at.pop(name, None)
+        if started is None and old is not None:
+            started = old.attempt_started_at
+        ended_at = t.at
+        tokens = 0
+        if outcome == SUCCEEDED and new is not None:
+            ended_at = min(new.finished_at or t.at, t.at)
+            old_tokens = old.usage.tokens if old is not None and old.usage else 0
+            tokens = max((new.usage.tokens if new.usage else 0) - old_tokens, 0)
+        ended.append(
+            AttemptEnded(
+                step=name,
+                attempt=attempt.get(name, new.attempt if new is not None else 0),
+                outcome=outcome,
+                retried=t.to_phase == SP.BACKING_OFF,
+                reason=t.reason,
+                started_at=started,
+                ended_at=ended_at,
+                tokens=tokens,
+                approval_wait_seconds=_approval_wait(after.history or [], name, t.seq),
+            )
+        )
+    return Changes(
+        attempts_started=max(new_usage.attempts - old_usage.attempts, 0),
+        attempts_ended=tuple(ended),
+        approvals=tuple(approvals),
+        tokens=max(new_usage.tokens - old_usage.tokens, 0),
+        run_ended=_run_ended(before, after),
+    )
+
+
+def _attempt_outcome(t: m.Transition) -> str | None:
+    """How a transition of a step ends its attempt, if it does (from Launching or Running)."""
+    if t.from_phase not in ACTIVE:
+        return None
+    if t.to_phase == SP.SUCCEEDED:
+        return SUCCEEDED
+    if t.to_phase in (SP.FAILED, SP.BACKING_OFF):
+        return FAILED
+    if t.to_phase in (SP.CANCELLED, SP.PENDING, SP.SKIPPED):
+        return CANCELLED
+    return None
+
+
+def _decision(t: m.Transition) -> str | None:
+    if t.to_phase == SP.LAUNCHING:
+        return APPROVED
+    if t.reason == "Rejected":
+        return REJECTED
+    if t.reason == "ApprovalExpired":
+        return EXPIRED
+    return None  # e.g. skipped because the run ended, or the step left the plan
+
+
+def _approval_wait(history: list[m.Transition], step: str, until_seq: int) -> float | None:
+    """Seconds between the step entering WaitingForApproval and its approval launching the
+    attempt that the transition ``until_seq`` ends; None when that attempt was not launched
+    by an approval, or the history no longer holds both transitions."""
+    launch: m.Transition | None = None
+    for t in reversed(history):
+        if t.step != step or t.seq > until_seq:
+            continue
+        if launch is None:
+            if t.to_phase == SP.LAUNCHING and t.from_phase != SP.LAUNCHING:
+                if t.from_phase != SP.WAITING_FOR_APPROVAL:
+                    return None
+                launch = t
+            continue
+        if t.to_phase == SP.WAITING_FOR_APPROVAL and t.from_phase != SP.WAITING_FOR_APPROVAL:
+            return max((launch.at - t.at).total_seconds(), 0.0)
+    return None
+
+
+def _run_ended(before: m.AgentRunStatus | None, after: m.AgentRunStatus) -> RunEnded | None:
+    was = before.phase if before else None
+    if after.phase not in m.TERMINAL_RUN_PHASES or was in m.TERMINAL_RUN_PHASES:
+        return None
+    usage = after.usage or m.Usage()
+    succeeded = next((c for c in after.conditions or [] if c.type == "Succeeded"), None)
+    return RunEnded(
+        phase=str(after.phase),
+        reason=succeeded.reason if succeeded is not None else str(after.phase),
+        started_at=after.started_at,
+        completed_at=after.completed_at,
+        tokens=usage.tokens,
+        attempts=usage.attempts,
+        steps=usage.steps,
+    )
+
+
+def observe_commit(run: m.AgentRun, committed: m.AgentRunStatus) -> None:
+    """Count and trace what a pass committed: ``run`` as read, ``committed`` as written. Never
+    raises (what is observed must not fail the pass that has already committed)."""
+    try:
+        changes = derive(run.status, committed)
+        if not changes:
+            return
+        metrics.record(run.metadata.namespace, changes)
+        tracing.record(run, changes)
+    except Exception:
+        log.exception("could not record the metrics of a committed pass")

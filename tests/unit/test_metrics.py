@@ -1,0 +1,277 @@
+"""The Prometheus side: what a committed pass adds to the counters, the verb and resource of API
+requests, runs by phase, and the /metrics and /readyz endpoints (a real HTTP server on a free
+port; kopf's listing marker fed through the real wrapper)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from agentrun import metrics
+from agentrun.api import models as m
+from agentrun.endpoints import Endpoints, Readiness, watch_kopf_listings
+from agentrun.telemetry import ApprovalDecided, AttemptEnded, Changes
+from tests.support.sim import T0
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_record_counts_what_a_pass_committed() -> None:
+    names = [
+        "agentrun_step_attempts_started_total",
+        "agentrun_step_attempts_succeeded_total",
+        "agentrun_step_attempts_failed_total",
+        "agentrun_step_attempts_cancelled_total",
+        "agentrun_step_retries_total",
+    ]
+    before = {n: sample(n) for n in names}
+    tokens = sample("agentrun_tokens_total", namespace="team-x")
+    waits = sample("agentrun_approval_wait_seconds_count", decision="approved")
+    wait_sum = sample("agentrun_approval_wait_seconds_sum", decision="approved")
+    failed_durations = sample("agentrun_step_attempt_duration_seconds_count", outcome="failed")
+
+    def ended(outcome: str, retried: bool = False) -> AttemptEnded:
+        return AttemptEnded("a", 1, outcome, retried, "r", T0, T0 + timedelta(seconds=4), 0, None)
+
+    changes = Changes(
+        attempts_started=3,
+        attempts_ended=(ended("succeeded"), ended("failed", retried=True), ended("cancelled")),
+        approvals=(ApprovalDecided("a", "approved", T0, T0 + timedelta(seconds=90), "ann"),),
+        tokens=42,
+    )
+    metrics.record("team-x", changes)
+    after = {n: sample(n) - before[n] for n in names}
+    assert after == {
+        "agentrun_step_attempts_started_total": 3,
+        "agentrun_step_attempts_succeeded_total": 1,
+        "agentrun_step_attempts_failed_total": 1,
+        "agentrun_step_attempts_cancelled_total": 1,
+        "agentrun_step_retries_total": 1,
+    }
+    assert sample("agentrun_tokens_total", namespace="team-x") - tokens == 42
+    assert sample("agentrun_approval_wait_seconds_count", decision="approved") - waits == 1
+    assert sample("agentrun_approval_wait_seconds_sum", decision="approved") - wait_sum == 90
+    assert (
+        sample("agentrun_step_attempt_duration_seconds_count", outcome="failed") - failed_durations
+        == 1
+    )
+
+
+def test_a_reconcile_pass_is_timed() -> None:
+    count = sample("agentrun_reconcile_duration_seconds_count")
+    with metrics.reconcile_pass():
+        pass
+    with pytest.raises(RuntimeError), metrics.reconcile_pass():
+        raise RuntimeError("a failed pass is timed too")
+    assert sample("agentrun_reconcile_duration_seconds_count") - count == 2
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "expected"),
+    [
+        ("GET", "https://h/apis/batch/v1/namespaces/ns/jobs?labelSelector=x", ("list", "jobs")),
+        ("GET", "https://h/apis/batch/v1/namespaces/ns/jobs?watch=true&rv=1", ("watch", "jobs")),
+        ("GET", "https://h/apis/batch/v1/jobs?watch=True", ("watch", "jobs")),
+        ("GET", "https://h/apis/batch/v1/namespaces/ns/jobs/j", ("get", "jobs")),
+        ("POST", "https://h/apis/batch/v1/namespaces/ns/jobs?dryRun=All", ("create", "jobs")),
+        ("DELETE", "https://h/apis/batch/v1/namespaces/ns/jobs/j", ("delete", "jobs")),
+        ("PATCH", "https://h/apis/batch/v1/namespaces/ns/jobs/j", ("patch", "jobs")),
+        (
+            "PUT",
+            "https://h/apis/agentrun.dev/v1alpha1/namespaces/ns/agentruns/r/status",
+            ("update", "agentruns/status"),
+        ),
+        (
+            "DELETE",
+            "https://h/api/v1/namespaces/ns/pods?labelSelector=x",
+            ("deletecollection", "pods"),
+        ),
+        ("GET", "https://h/api/v1/namespaces/ns/configmaps/c", ("get", "configmaps")),
+        ("POST", "https://h/apis/events.k8s.io/v1/namespaces/ns/events", ("create", "events")),
+        (
+            "POST",
+            "https://h/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            ("create", "subjectaccessreviews"),
+        ),
+        ("GET", "https://h/api/v1/namespaces/ns", ("get", "namespaces")),
+        ("PUT", "https://h/api/v1/namespaces/ns/finalize", ("update", "namespaces/finalize")),
+        ("GET", "https://h/api/v1/namespaces", ("list", "namespaces")),
+        ("GET", "https://h/version", ("get", "")),
+        ("GET", "https://h/apis", ("get", "")),
+    ],
+)
+def test_request_info_names_verb_and_resource(
+    method: str, url: str, expected: tuple[str, str]
+) -> None:
+    assert metrics.request_info(method, url) == expected
+
+
+class _Response:
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+class _Refused(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+class _Client:
+    """What count_requests needs of an ApiClient: the method every request goes through."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> _Response:
+        self.sent.append((method, url))
+        if url.endswith("/gone"):
+            raise _Refused(404)
+        if url.endswith("/down"):
+            raise OSError("connection refused")
+        return _Response(409 if method == "PUT" else 200)
+
+
+def test_count_requests_counts_every_request_by_verb_resource_and_code() -> None:
+    client = _Client()
+    assert metrics.count_requests(client) is client
+    metrics.count_requests(client)  # counting twice would count each request twice
+    base = "https://h/apis/batch/v1/namespaces/ns/jobs"
+    labels = {
+        ("create", "200"): sample(
+            "agentrun_api_requests_total", verb="create", resource="jobs", code="200"
+        ),
+        ("update", "409"): sample(
+            "agentrun_api_requests_total", verb="update", resource="jobs", code="409"
+        ),
+        ("get", "404"): sample(
+            "agentrun_api_requests_total", verb="get", resource="jobs", code="404"
+        ),
+        ("get", "error"): sample(
+            "agentrun_api_requests_total", verb="get", resource="jobs", code="error"
+        ),
+    }
+    client.call_api("POST", base, None, {"kind": "Job"}, _request_timeout=3)
+    client.call_api("PUT", f"{base}/j")
+    with pytest.raises(_Refused):
+        client.call_api("GET", f"{base}/gone")
+    with pytest.raises(OSError):
+        client.call_api("GET", f"{base}/down")
+    assert len(client.sent) == 4
+    for (verb, code), was in labels.items():
+        now = sample("agentrun_api_requests_total", verb=verb, resource="jobs", code=code)
+        assert now - was == 1, (verb, code)
+
+
+def test_runs_by_phase_counts_each_run_once_in_its_latest_phase() -> None:
+    phases = metrics.RunPhases()
+    assert set(phases.counts()) == {str(p) for p in m.RunPhase}
+    assert sum(phases.counts().values()) == 0
+    phases.seen("a", "r1", None)
+    phases.seen("a", "r2", "Running")
+    phases.seen("b", "r1", "Running")
+    phases.seen("a", "r2", "Succeeded")
+    phases.gone("b", "r1")
+    counts = phases.counts()
+    assert counts["Pending"] == 1 and counts["Succeeded"] == 1 and counts["Running"] == 0
+
+
+# -- the endpoints --------------------------------------------------------------------------------
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Readiness, str]]:
+    readiness = Readiness(("team-a", "team-b"))
+    endpoints = Endpoints("127.0.0.1", 0, readiness).start()
+    try:
+        yield readiness, f"http://127.0.0.1:{endpoints.port}"
+    finally:
+        endpoints.stop()
+
+
+def test_readyz_answers_503_until_every_watch_has_listed(served: tuple[Readiness, str]) -> None:
+    readiness, url = served
+    code, body = get(f"{url}/readyz")
+    assert code == 503
+    assert json.loads(body) == {
+        "ready": False,
+        "waitingFor": [
+            "kopf's watch of AgentRuns in namespace team-a",
+            "kopf's watch of AgentRuns in namespace team-b",
+            "the watches of step Jobs, their pods and pod refusals",
+        ],
+    }
+    readiness.runs_listed("team-a")
+    readiness.informer_listed()
+    code, body = get(f"{url}/readyz")
+    assert code == 503 and json.loads(body)["waitingFor"] == [
+        "kopf's watch of AgentRuns in namespace team-b"
+    ]
+    readiness.runs_listed("team-b")
+    assert get(f"{url}/readyz") == (200, '{"ready": true, "waitingFor": []}\n')
+
+
+def test_metrics_are_served_in_the_prometheus_text_format(served: tuple[Readiness, str]) -> None:
+    _, url = served
+    metrics.RUNS.seen("unit-test-ns", "r", "Suspended")
+    try:
+        code, body = get(f"{url}/metrics")
+    finally:
+        metrics.RUNS.gone("unit-test-ns", "r")
+    assert code == 200
+    lines = body.splitlines()
+    assert "# TYPE agentrun_runs gauge" in lines
+    assert any(line.startswith('agentrun_runs{phase="Suspended"} ') for line in lines)
+    assert "# TYPE agentrun_step_attempts_started_total counter" in lines
+    assert "# TYPE agentrun_reconcile_duration_seconds histogram" in lines
+    assert get(f"{url}/other")[0] == 404
+
+
+def test_kopf_listing_of_runs_marks_readiness_and_passes_every_event_on() -> None:
+    from kopf._cogs.clients import watching
+    from kopf._cogs.structs import references
+
+    listed = watching.Bookmark.LISTED
+    events: list[Any] = [{"type": None, "object": {}}, listed, {"type": "ADDED", "object": {}}]
+
+    async def stream(*, resource: Any, namespace: Any, **_: Any) -> AsyncIterator[Any]:
+        for event in events:
+            yield event
+
+    runs = references.Resource(m.GROUP, m.VERSION, m.PLURAL)
+    other = references.Resource("", "v1", "namespaces")
+    real = watching.infinite_watch
+    watching.infinite_watch = stream
+    readiness = Readiness(("ns",))
+    undo = watch_kopf_listings(readiness)
+    try:
+
+        async def drain(resource: Any, namespace: str | None) -> list[Any]:
+            wrapped: Any = watching.infinite_watch  # as kopf's watcher calls it
+            return [e async for e in wrapped(resource=resource, namespace=namespace)]
+
+        assert asyncio.run(drain(other, "ns")) == events
+        assert readiness.waiting_for()[0] == "kopf's watch of AgentRuns in namespace ns"
+        assert asyncio.run(drain(runs, "ns")) == events
+        assert readiness.waiting_for() == ["the watches of step Jobs, their pods and pod refusals"]
+    finally:
+        undo()
+        assert watching.infinite_watch is stream
+        watching.infinite_watch = real
