@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -229,7 +230,9 @@ def api_client() -> Any:
     from_file: Callable[..., Any] = kube_config.new_client_from_config
     in_cluster: Callable[[], None] = kube_config.load_incluster_config
     try:
-        client = from_file()
+        # Named here: the client's own default was read from $KUBECONFIG when it was imported,
+        # before `agentrun run --kubeconfig` set it.
+        client = from_file(config_file=os.environ.get("KUBECONFIG") or None)
     except kube_config.ConfigException:
         in_cluster()
         client = kube_client.ApiClient()
