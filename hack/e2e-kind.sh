@@ -99,9 +99,10 @@ log "creating kind cluster $CLUSTER"
     ${KIND_NODE_IMAGE:+--image "$KIND_NODE_IMAGE"} >&2
 export KUBECONFIG="$KUBECONFIG_FILE"
 
-log "building the image $IMAGE_REPO:$IMAGE_TAG and loading it into the cluster"
-docker build -t "$IMAGE_REPO:$IMAGE_TAG" "$ROOT" >&2
-"$KIND" load docker-image "$IMAGE_REPO:$IMAGE_TAG" --name "$CLUSTER" >&2
+log "building the images (hack/build-images.sh, no registry needed) and loading them"
+"$HACK_DIR/build-images.sh" "$IMAGE_REPO:$IMAGE_TAG" >/dev/null
+# The examples' steps run busybox:1.36, built locally from Debian's busybox-static.
+"$KIND" load docker-image "$IMAGE_REPO:$IMAGE_TAG" busybox:1.36 --name "$CLUSTER" >&2
 
 # --- the chart, as a user installs it --------------------------------------------
 log "installing the chart (operator watching $SMOKE_NS)"
