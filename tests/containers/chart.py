@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sysconfig
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from agentrun_devcluster.controlplane import free_ports
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.containers.conftest import Images
 from tests.containers.pods import Pod, as_dict, condition
@@ -30,17 +30,10 @@ RESTRICTED_LABELS = {
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 free a moment ago: pods share the node's network here."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def values(images: Images) -> list[str]:
     """``--set`` flags: the local images (never pulled), the healthz and metrics ports on free
     ports of the host, and step Jobs kept long enough to look at their pods."""
+    liveness, metrics = free_ports(2)  # pods share the node's network here
     settings = {
         "image.repository": images.operator.rpartition(":")[0],
         "image.tag": images.operator.rpartition(":")[2],
@@ -49,8 +42,8 @@ def values(images: Images) -> list[str]:
         "tests.image.tag": images.kubectl_tag,
         "tests.image.pullPolicy": "Never",
         "tests.stepImage": images.step,
-        "operator.livenessPort": str(free_port()),
-        "operator.metricsPort": str(free_port()),
+        "operator.livenessPort": str(liveness),
+        "operator.metricsPort": str(metrics),
         "operator.resyncSeconds": "10",
         "operator.jobDeletionGraceSeconds": "600",
     }

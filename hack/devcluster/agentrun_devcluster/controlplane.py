@@ -107,9 +107,22 @@ class ControlPlaneError(RuntimeError):
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago (held open
+    together while chosen, so no two are the same)."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
@@ -431,8 +444,9 @@ class ControlPlane:
 
     def _start_etcd(self, env: Mapping[str, str]) -> str:
         """Start etcd; return its client URL."""
-        client_url = f"http://127.0.0.1:{free_port()}"
-        peer_url = f"http://127.0.0.1:{free_port()}"
+        client_port, peer_port = free_ports(2)
+        client_url = f"http://127.0.0.1:{client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
         self._start_component(
             "etcd",
             [

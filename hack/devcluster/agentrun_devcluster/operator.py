@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from .controlplane import free_port, tail
+from .controlplane import free_ports, tail
 from .faults import CRASH_ENV
 
 __all__ = ["OperatorError", "OperatorProcess"]
@@ -152,8 +152,7 @@ class OperatorProcess:
         if self.alive():
             raise OperatorError(f"the operator is already running (pid {self.pid})")
         self._close_log()
-        self.liveness_port = free_port()
-        self.metrics_port = free_port()
+        self.liveness_port, self.metrics_port = free_ports(2)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         argv = self.argv()
