@@ -44,6 +44,7 @@ from pydantic import ValidationError
 from agentrun import approvals, audit, forks, objects
 from agentrun.api import models as m
 from agentrun.core import naming
+from agentrun.kubeapi import list_items
 from agentrun.plugin import fork as forking
 from agentrun.plugin.kube import JSON_PATCH, MERGE_PATCH, api_message
 from agentrun.plugin.render import merge_timeline
@@ -422,8 +423,16 @@ class AgentRunClient:
         run = self.get(name)
         selector = objects.owned_by(run.metadata.uid, "audit")
         with self._refusals(f"cannot read the audit record of agentrun/{name}"):
-            found = self._core.list_namespaced_config_map(self.namespace, label_selector=selector)
-        record = audit.parse([cm.data or {} for cm in found.items])
+            found = self._core.list_namespaced_config_map(
+                self.namespace, label_selector=selector, _preload_content=False
+            )
+        run = self.get(name)  # read after the record: its anchor is never older than it
+        # Only the run's own chunks count: anyone who may write ConfigMaps can add labels.
+        status = run.status or m.AgentRunStatus()
+        anchor = status.audit or m.AuditStatus()
+        latest = anchor.head_seq if anchor.head_seq is not None else status.history_seq
+        prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
+        record = audit.select(list_items(found), prefix, run.metadata.uid, latest).entries
         status_history = [t.to_wire() for t in (run.status.history if run.status else None) or []]
         transitions = []
         for entry in merge_timeline(record, status_history):
