@@ -829,20 +829,27 @@ def _only_record_progress(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -
 
 
 class RunBodies:
-    """The latest known body of each run: as kopf's watch delivered it, or as a status write
-    of this process returned it, whichever is newer (resourceVersions compared as the
-    integers etcd makes them; one that is not taken as newer). Safe across threads."""
+    """The latest known body of each unfinished run: as kopf's watch delivered it, or as a
+    status write of this process returned it, whichever is newer (resourceVersions compared
+    as the integers etcd makes them; one that is not taken as newer). Safe across threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._bodies: dict[tuple[str, str], dict[str, Any]] = {}
 
     def offer(self, body: dict[str, Any]) -> None:
+        """Keep ``body`` unless a newer one is known. A finished run's is not kept: such a
+        run is rarely passed again (and then read), and thousands of them would cost memory."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        finished = (body.get("status") or {}).get("phase") in FINISHED_PHASES
         with self._lock:
             known = self._bodies.get(key)
-            if known is None or not _older(body, known):
+            if known is not None and _older(body, known):
+                return
+            if finished:
+                self._bodies.pop(key, None)
+            else:
                 self._bodies[key] = body
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -852,6 +859,9 @@ class RunBodies:
     def drop(self, namespace: str, name: str) -> None:
         with self._lock:
             self._bodies.pop((namespace, name), None)
+
+
+FINISHED_PHASES = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
 
 
 def _older(body: dict[str, Any], than: dict[str, Any]) -> bool:

@@ -30,6 +30,9 @@ def test_the_newest_body_wins_whoever_offers_it() -> None:
     assert bodies.get("default", "demo") == body("3", uid="another")
     bodies.drop("default", "demo")
     assert bodies.get("default", "demo") is None
+    bodies.offer(body("12"))
+    bodies.offer({**body("13"), "status": {"phase": "Succeeded"}})  # finished: not kept
+    assert bodies.get("default", "demo") is None
 
 
 def _reconciler(bodies: RunBodies, quorum_body: dict[str, Any]) -> tuple[Reconciler, mock.Mock]:
