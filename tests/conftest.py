@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from agentrun_devcluster import binaries
+from agentrun_devcluster.controlplane import wait_established
 from agentrun_devcluster.testing import KubeClients, TestCluster, start_test_cluster
 from tests.support.cluster import TEST_LABELS, Kubectl, create_namespace, delete_namespace
 from tests.support.helm import Helm
@@ -111,9 +112,7 @@ def crd_installed(cluster: TestCluster) -> list[str]:
     if files:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", *(f"-f={p}" for p in files))
     for name in names:
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s", timeout=90
-        )
+        wait_established(cluster.kubectl_path, cluster.kubeconfig, name)
     return names
 
 

@@ -27,7 +27,7 @@ import yaml
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.settings import LABEL_RUN_UID
-from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.controlplane import ControlPlane, wait_established
 from agentrun_devcluster.node import NodeProcess
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
@@ -368,13 +368,7 @@ def strict_cluster(cluster: TestCluster, tmp_path: Path) -> Iterator[TestCluster
             node=node,
         )
         strict.kubectl("apply", "--server-side", f"-f={CRDS_DIR}")
-        strict.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "crd/agentruns.agentrun.dev",
-            "--timeout=60s",
-            timeout=90,
-        )
+        wait_established(strict.kubectl_path, strict.kubeconfig, "agentruns.agentrun.dev")
         yield strict
     finally:
         if node is not None:

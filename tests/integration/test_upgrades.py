@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from agentrun_devcluster.binaries import resolve_bin_dir
-from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.controlplane import ControlPlane, wait_established
 from agentrun_devcluster.testing import TEST_KUBECONFIG_ENV, wait_for
 from tests.support.helm import Helm
 from tests.support.paths import CHART, CRD_FILE, MANIFESTS, REPO_ROOT
@@ -206,7 +206,7 @@ def test_crd_upgrade_after_helm_install(fresh: Cluster, tmp_path: Path) -> None:
     assert live["additionalPrinterColumns"] == want["additionalPrinterColumns"]
     assert live["schema"] == want["schema"]
     assert "agentrun-crds" in managers(upgraded), managers(upgraded)
-    fresh.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    wait_established(fresh.control_plane.kubectl, fresh.control_plane.kubeconfig, CRD_NAME)
 
     # Again (the next upgrade, or the same one twice), and Helm carries on upgrading the rest.
     fresh.kubectl(*args)

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from .binaries import resolve_bin_dir
-from .controlplane import ControlPlane, free_port, tail
+from .controlplane import ControlPlane, free_port, tail, wait_established
 from .modelserver import ScriptedModel, reply, tool_call
 from .node import NodeProcess
 
@@ -101,14 +101,7 @@ def run_demo(timeout: int) -> int:
         _say(f"scripted model at {model.base_url}; starting the local node")
         with NodeProcess(cp.kubeconfig, state_dir=state / "node"):
             kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-            for _ in range(30):  # the CRD may have no conditions yet: wait fails at once
-                established = kubectl(
-                    "wait", "--for=condition=Established", "crd/agentruns.agentrun.dev",
-                    check=False,
-                )  # fmt: skip
-                if established.returncode == 0:
-                    break
-                time.sleep(1)
+            wait_established(cp.kubectl, cp.kubeconfig, "agentruns.agentrun.dev")
             kubectl("create", "namespace", NAMESPACE)
             log_path = state / "operator.log"
             _say(f"starting the operator (log: {log_path})")

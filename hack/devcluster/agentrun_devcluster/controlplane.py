@@ -125,6 +125,27 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def wait_established(
+    kubectl: Path | str, kubeconfig: Path | str, crd: str, timeout: float = 60.0
+) -> None:
+    """Wait until CRD ``crd`` is Established. ``kubectl wait --for=condition=...`` fails at
+    once (".status.conditions accessor error") while the CRD has no conditions yet, so it is
+    asked again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(int(deadline - time.monotonic()), 1)
+        proc = subprocess.run(
+            [str(kubectl), f"--kubeconfig={kubeconfig}", "wait", "--for=condition=Established",
+             f"crd/{crd}", f"--timeout={left}s"],
+            capture_output=True, text=True, timeout=left + 30,
+        )  # fmt: skip
+        if proc.returncode == 0:
+            return
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"CRD {crd} not Established within {timeout:.0f}s: {proc.stderr}")
+        time.sleep(0.5)
+
+
 def tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
     """The last ``lines`` lines of a text file (empty if it does not exist)."""
     try:

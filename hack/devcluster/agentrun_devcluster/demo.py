@@ -22,7 +22,7 @@ import yaml
 from agentrun.plugin import render
 
 from .binaries import resolve_bin_dir
-from .controlplane import ControlPlane, free_port, tail
+from .controlplane import ControlPlane, free_port, tail, wait_established
 from .node import NodeProcess
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,7 +57,7 @@ def run_demo(example: Path, timeout: int) -> int:
         _say(f"control plane ready in {cp.time_to_ready:.1f}s; starting the local node")
         with NodeProcess(cp.kubeconfig, state_dir=state / "node"):
             kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-            kubectl("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev")
+            wait_established(cp.kubectl, cp.kubeconfig, "agentruns.agentrun.dev")
             kubectl("create", "namespace", NAMESPACE)
             log_path = state / "operator.log"
             _say(f"starting the operator (log: {log_path})")

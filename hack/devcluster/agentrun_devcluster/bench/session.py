@@ -22,7 +22,7 @@ from kubernetes import config as kube_config
 
 from agentrun.api import crd
 from agentrun_devcluster.binaries import resolve_bin_dir
-from agentrun_devcluster.controlplane import ControlPlane
+from agentrun_devcluster.controlplane import ControlPlane, wait_established
 from agentrun_devcluster.node import NodeProcess
 from agentrun_devcluster.operator import OperatorProcess
 
@@ -111,7 +111,7 @@ class BenchCluster:
             log_path=self.cp.logs_dir / "node.log",
         ).start()
         self.kubectl("apply", "--server-side", "-f", "-", input=crd.render())
-        self.kubectl("wait", "--for=condition=Established", "crd/agentruns.agentrun.dev")
+        wait_established(self.cp.kubectl, self.cp.kubeconfig, "agentruns.agentrun.dev")
         for namespace in (RUNS_NAMESPACE, BARE_NAMESPACE, REST_NAMESPACE):
             self.kubectl("create", "namespace", namespace)
         for namespace in (RUNS_NAMESPACE, BARE_NAMESPACE, REST_NAMESPACE):
