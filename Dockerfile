@@ -6,7 +6,8 @@
 #                                                           the base from Debian packages first)
 #
 # BASE_IMAGE is any Debian bookworm image with apt; hack/build-images.sh passes the one
-# hack/build-base-images.sh makes with debootstrap (agentrun/debian:bookworm-slim).
+# hack/build-base-images.sh makes with debootstrap (agentrun/debian:bookworm-slim). It is named by
+# tag: pin the base you vetted with --build-arg BASE_IMAGE=debian:bookworm-slim@sha256:...
 # The build reaches the Debian mirror (python3) and PyPI (uv, the locked dependencies); where
 # the engine's default network cannot, build with `--network host`.
 #
