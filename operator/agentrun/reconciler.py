@@ -51,7 +51,7 @@ from agentrun.core import agent as agent_loop
 from agentrun.core.actions import StoreRecord
 from agentrun.kubeapi import finalizer_removal, list_items, tolerate
 from agentrun.ledger import Conflict, Ledger
-from agentrun.observer import ClusterView, Wake
+from agentrun.observer import ClusterView, Wake, controller_uid
 
 log = logging.getLogger("agentrun.reconciler")
 
@@ -185,11 +185,7 @@ class Reconciler:
         transitions are appended to it)."""
         found = self._observe_jobs(run)
         uid = run.metadata.uid
-        launching = {
-            st.job_name
-            for st in (run.status.steps if run.status else None) or []
-            if st.phase == m.StepPhase.LAUNCHING and st.job_name
-        }
+        launching = _launching_jobs(run)
         present = {j.name for j in found}
         with self._locks_guard:
             known = self._launched.get(uid, set()) & launching
@@ -302,11 +298,7 @@ class Reconciler:
         refused (still current: an attempt's refusal is dropped once it is no longer
         Launching)."""
         refusals = self.authorizer.refusals(run)
-        launching = {
-            st.job_name
-            for st in (run.status.steps if run.status else None) or []
-            if st.phase == m.StepPhase.LAUNCHING and st.job_name
-        }
+        launching = _launching_jobs(run)
         with self._locks_guard:
             known = self._job_refusals.get(run.metadata.uid, {})
             job_refusals = {k: v for k, v in known.items() if k in launching}
@@ -685,11 +677,8 @@ class Reconciler:
         seen = self.view.job_named(ns, action.job_name) if self.view is not None else None
         job = seen or self._read_job(ns, action.job_name)
         meta = (job or {}).get("metadata") or {}
-        controller: dict[str, Any] = next(
-            (r for r in meta.get("ownerReferences") or [] if r.get("controller")), {}
-        )
         removal = finalizer_removal(meta.get("finalizers") or [], s.JOB_FINALIZER)
-        if removal is None or controller.get("uid") != run.metadata.uid:
+        if removal is None or controller_uid(job or {}) != run.metadata.uid:
             return
         patch = [
             {"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
@@ -880,6 +869,12 @@ class _Record:
     prefix: str
     maps: dict[str, dict[str, Any]]
     entries: list[dict[str, Any]]
+
+
+def _launching_jobs(run: m.AgentRun) -> set[str]:
+    """Job names of the run's attempts committed as Launching."""
+    steps = (run.status.steps if run.status else None) or []
+    return {st.job_name for st in steps if st.phase == m.StepPhase.LAUNCHING and st.job_name}
 
 
 def _newly_finished(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -> bool:
