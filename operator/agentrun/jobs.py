@@ -127,23 +127,34 @@ def _terminal_condition(job: Mapping[str, Any]) -> tuple[JobState, str | None, s
     return JobState.ACTIVE, None, None
 
 
+def job_state(job: Mapping[str, Any]) -> JobState:
+    """Active, or how the Job ended (its True Complete or Failed condition)."""
+    return _terminal_condition(job)[0]
+
+
 def is_finished(job: Mapping[str, Any]) -> bool:
     """Whether the Job has ended (a True Complete or Failed condition)."""
-    return _terminal_condition(job)[0] != JobState.ACTIVE
+    return job_state(job) != JobState.ACTIVE
+
+
+def step_terminated(pod: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The terminated state of a pod's step container, None while it has not terminated."""
+    for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER_NAME:
+            terminated: Mapping[str, Any] | None = (cs.get("state") or {}).get("terminated")
+            return terminated or None
+    return None
 
 
 def _terminated(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The terminated state of the step container of the newest finished pod."""
     best: tuple[str, Mapping[str, Any]] | None = None
     for pod in pods:
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            if cs.get("name") != CONTAINER_NAME:
-                continue
-            terminated = (cs.get("state") or {}).get("terminated")
-            if terminated:
-                stamp = str(terminated.get("finishedAt") or "")
-                if best is None or stamp > best[0]:
-                    best = (stamp, terminated)
+        terminated = step_terminated(pod)
+        if terminated:
+            stamp = str(terminated.get("finishedAt") or "")
+            if best is None or stamp > best[0]:
+                best = (stamp, terminated)
     return best[1] if best else None
 
 

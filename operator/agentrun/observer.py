@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun import settings as s
-from agentrun.jobs import CONTAINER_NAME
+from agentrun.jobs import job_state, step_terminated
 
 log = logging.getLogger("agentrun.observer")
 
@@ -278,7 +278,7 @@ def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any
     if kind == EVENTS:
         return True
     if kind == PODS:
-        return _step_terminated(after) and not _step_terminated(before)
+        return step_terminated(after) is not None and step_terminated(before) is None
     if before is None or after is None:
         return True
     return _essence(before) != _essence(after)
@@ -286,13 +286,8 @@ def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any
 
 def _essence(job: Mapping[str, Any]) -> tuple[Any, ...]:
     meta, status = _meta(job), job.get("status") or {}
-    ended = sorted(
-        str(c.get("type"))
-        for c in status.get("conditions") or []
-        if c.get("status") == "True" and c.get("type") in ("Complete", "Failed")
-    )
     return (
-        tuple(ended),
+        job_state(job),
         bool(meta.get("deletionTimestamp")),
         status.get("startTime"),
         status.get("completionTime"),
@@ -300,15 +295,6 @@ def _essence(job: Mapping[str, Any]) -> tuple[Any, ...]:
         controller_uid(job),
         (meta.get("labels") or {}).get(s.LABEL_RUN_UID),
     )
-
-
-def _step_terminated(pod: Mapping[str, Any] | None) -> bool:
-    if pod is None:
-        return False
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if cs.get("name") == CONTAINER_NAME and (cs.get("state") or {}).get("terminated"):
-            return True
-    return False
 
 
 def _version(obj: Mapping[str, Any]) -> str:
