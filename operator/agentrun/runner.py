@@ -38,6 +38,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.envelope import result_object_data, summary_line
+from agentrun.core.turns import ENV_TOOL_ARGS
 from agentrun.kubeapi import tolerate
 
 TERMINATION_LIMIT = 4096
@@ -47,8 +48,6 @@ DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 LABEL_KEY_HASH = f"{m.GROUP}/idempotency-key-hash"
 ANNOTATION_COMPLETE = f"{m.GROUP}/complete"
 ANNOTATION_SUMMARY = f"{m.GROUP}/summary"
-ENV_TOOL_ARGS = "AGENTRUN_TOOL_ARGS"
-"""A tool call's arguments (JSON text), set by the operator on the tool's container."""
 ENV_TOOL_ARGS_FILE = "AGENTRUN_TOOL_ARGS_FILE"
 """Set by the runner for a tool call's command: a file holding the same arguments."""
 
