@@ -44,7 +44,7 @@ from pydantic import ValidationError
 from agentrun import approvals, audit, forks, objects
 from agentrun.api import models as m
 from agentrun.core import naming
-from agentrun.kubeapi import list_items
+from agentrun.kubeapi import list_items, tolerate
 from agentrun.plugin import fork as forking
 from agentrun.plugin.kube import JSON_PATCH, MERGE_PATCH, api_message
 from agentrun.plugin.render import merge_timeline
@@ -382,12 +382,10 @@ class AgentRunClient:
         return self._parse(forked.run)
 
     def _config_map(self, cm_name: str) -> dict[str, Any] | None:
-        try:
+        with tolerate(404) as missing:
             found = self._core.read_namespaced_config_map(cm_name, self.namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        if missing:
+            return None
         plain: dict[str, Any] = self.api_client.sanitize_for_serialization(found)
         return plain
 
