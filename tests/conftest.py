@@ -21,8 +21,6 @@ attached to its report.
 
 from __future__ import annotations
 
-import re
-import secrets
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -32,7 +30,7 @@ import yaml
 from agentrun_devcluster import binaries
 from agentrun_devcluster.controlplane import wait_established
 from agentrun_devcluster.testing import KubeClients, TestCluster, start_test_cluster
-from tests.support.cluster import TEST_LABELS, Kubectl, create_namespace, delete_namespace
+from tests.support.cluster import Kubectl, fresh_namespace, kube_clients
 from tests.support.helm import Helm
 from tests.support.paths import CRDS_DIR
 
@@ -83,9 +81,7 @@ def cluster() -> Iterator[TestCluster]:
 
 @pytest.fixture(scope="session")
 def kube(cluster: TestCluster) -> Iterator[KubeClients]:
-    clients = KubeClients.from_kubeconfig(cluster.kubeconfig)
-    yield clients
-    clients.close()
+    yield from kube_clients(cluster)
 
 
 @pytest.fixture(scope="session")
@@ -95,10 +91,7 @@ def kubectl(cluster: TestCluster) -> Kubectl:
 
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, kube: KubeClients) -> Iterator[str]:
-    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = create_namespace(kube, f"{base or 't'}-{secrets.token_hex(3)}", labels=TEST_LABELS)
-    yield name
-    delete_namespace(kube, name)
+    yield from fresh_namespace(request, kube)
 
 
 @pytest.fixture(scope="session")

@@ -26,75 +26,23 @@ containers attached to its report.
 
 from __future__ import annotations
 
-import os
-import re
-import secrets
-import subprocess
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from agentrun_devcluster import binaries
 from agentrun_devcluster.dockerapi import DockerEngine, engine_from_env
 from agentrun_devcluster.testing import KubeClients, TestCluster, start_test_cluster
-from tests.support.cluster import TEST_LABELS, Kubectl, create_namespace, delete_namespace
+from tests.support.cluster import Kubectl, fresh_namespace, kube_clients
+from tests.support.docker import Images, hack_script
 from tests.support.helm import Helm
-from tests.support.paths import REPO_ROOT
-
-HACK = REPO_ROOT / "hack"
-NO_DOCKER = 3
-"""The scripts' exit code for "no Docker engine can be had here"."""
-BUILD_TIMEOUT = 3600
-REQUIRE_ENV = "AGENTRUN_REQUIRE_DOCKER"
-
-
-@dataclass(frozen=True)
-class Images:
-    """The images the suite runs, all in the local engine."""
-
-    operator: str
-    step: str
-    kubectl: str
-
-    @property
-    def kubectl_repository(self) -> str:
-        return self.kubectl.rpartition(":")[0]
-
-    @property
-    def kubectl_tag(self) -> str:
-        return self.kubectl.rpartition(":")[2]
-
-
-def _script(name: str, *args: str) -> str:
-    """Run ``hack/NAME``; its last stdout line. Skips the suite on "no Docker here" (unless
-    required), fails on anything else."""
-    proc = subprocess.run(
-        [str(HACK / name), *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=BUILD_TIMEOUT,
-        check=False,
-    )
-    if proc.returncode == 0:
-        lines = proc.stdout.strip().splitlines()
-        return lines[-1] if lines else ""
-    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-8000:]}"
-    if proc.returncode == NO_DOCKER:
-        said = proc.stderr.strip().splitlines()
-        reason = f"container suite: {said[-1] if said else 'no Docker engine'} (hack/{name})"
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {reason}\n{output}", pytrace=False)
-        pytest.skip(reason)
-    pytest.fail(f"hack/{name} exited with {proc.returncode}\n{output}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def images() -> Images:
-    _script("docker-up.sh")
-    operator = _script("build-images.sh", "agentrun-operator:dev")  # base images first
-    kubectl = _script("build-kubectl-image.sh")
+    hack_script("docker-up.sh")
+    operator = hack_script("build-images.sh", "agentrun-operator:dev")  # base images first
+    kubectl = hack_script("build-kubectl-image.sh")
     assert operator == "agentrun-operator:dev" and kubectl.startswith("agentrun/kubectl:")
     return Images(operator=operator, step="busybox:1.36", kubectl=kubectl)
 
@@ -124,9 +72,7 @@ def docker_cluster(request: pytest.FixtureRequest, images: Images) -> Iterator[T
 
 @pytest.fixture(scope="session")
 def dkube(docker_cluster: TestCluster) -> Iterator[KubeClients]:
-    clients = KubeClients.from_kubeconfig(docker_cluster.kubeconfig)
-    yield clients
-    clients.close()
+    yield from kube_clients(docker_cluster)
 
 
 @pytest.fixture(scope="session")
@@ -142,10 +88,7 @@ def dhelm(docker_cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture
 def dnamespace(request: pytest.FixtureRequest, dkube: KubeClients) -> Iterator[str]:
-    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = create_namespace(dkube, f"{base or 't'}-{secrets.token_hex(3)}", labels=TEST_LABELS)
-    yield name
-    delete_namespace(dkube, name)
+    yield from fresh_namespace(request, dkube)
 
 
 # -- reports --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from agentrun_devcluster.agent_demo import SCRIPT as AGENT_SCRIPT
 from agentrun_devcluster.dockerapi import DockerEngine
 from agentrun_devcluster.modelserver import ScriptedModel
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.containers.chart import (
+from tests.support.chart import (
     EXAMPLES,
     RELEASE,
     RESTRICTED_LABELS,
@@ -30,15 +30,15 @@ from tests.containers.chart import (
     apply,
     installed,
     operator_pods,
-    plugin,
     ready_operator_pod,
     waiting_steps,
 )
-from tests.containers.conftest import Images
-from tests.containers.pods import as_dict, status_of, terminated
 from tests.support.cluster import TEST_LABELS, create_namespace, delete_namespace
+from tests.support.docker import Images
 from tests.support.helm import Helm
 from tests.support.paths import CHART, EXAMPLES_DIR
+from tests.support.plugin import kubectl_agentrun as plugin
+from tests.support.pods import as_dict, status_of, terminated
 from tests.support.runs import get, step_status
 from tests.support.runs import status_of as run_status
 from tests.support.waiting import wait_phase

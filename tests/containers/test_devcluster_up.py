@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.containers.conftest import Images
+from tests.support.docker import Images
 
 
 def test_up_with_runtime_auto_runs_docker_and_says_so(images: Images, tmp_path: Path) -> None:

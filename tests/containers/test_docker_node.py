@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun_devcluster.testing import KubeClients
-from tests.containers.conftest import Images
-from tests.containers.pods import (
+from tests.support.docker import Images
+from tests.support.paths import CRD_FILE
+from tests.support.pods import (
     RESTRICTED,
     condition,
     container,
@@ -19,7 +20,6 @@ from tests.containers.pods import (
     wait_pod,
     waiting,
 )
-from tests.support.paths import CRD_FILE
 
 
 def test_command_replaces_the_entrypoint_and_drops_the_image_cmd(

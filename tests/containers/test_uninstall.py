@@ -10,8 +10,8 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.settings import JOB_FINALIZER, LABEL_RUN_UID, RUN_FINALIZER
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.containers.chart import RELEASE, apply, installed, operator_pods
-from tests.containers.conftest import Images
+from tests.support.chart import RELEASE, apply, installed, operator_pods
+from tests.support.docker import Images
 from tests.support.helm import Helm
 from tests.support.paths import EXAMPLES_DIR
 from tests.support.runs import get

@@ -9,6 +9,7 @@ cluster (see tests/conftest.py). Every test under tests/e2e is marked ``e2e``.
   their finalizers), then every process started is stopped, and any finalizer left is
   removed: the namespace can go.
 * ``operator`` (function): one such process for the test's ``namespace``.
+* ``model`` (function): a scripted OpenAI-compatible model server on 127.0.0.1, for agent runs.
 
 On failure the report gets the tail of every operator log of the test and a dump of the
 namespace (AgentRuns, Jobs, pods, ConfigMaps, Events).
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
+from agentrun_devcluster.modelserver import ScriptedModel
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.cluster import OPERATOR_TEST_ENV, StartOperator, release_finalizers
@@ -132,3 +134,10 @@ def _delete_runs(kube: KubeClients, namespace: str, timeout: float = 60.0) -> No
 @pytest.fixture
 def operator(start_operator: StartOperator) -> OperatorProcess:
     return start_operator()
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModel]:
+    """A scripted OpenAI-compatible model server on 127.0.0.1, for agent runs."""
+    with ScriptedModel() as server:
+        yield server

@@ -9,13 +9,9 @@ sides: what the run did, and what the model saw (the validation errors, the tool
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shlex
 import socket
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +21,9 @@ from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, t
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import creator_recorded, policies_bound_to
+from tests.support.agents import RESTART, SEARCH, agent_run
 from tests.support.cluster import Kubectl, StartOperator, bind_role, mint_user, user_subject
+from tests.support.plugin import LLM_COMMAND, kubectl_agentrun
 from tests.support.runs import (
     Run,
     condition,
@@ -38,80 +36,12 @@ from tests.support.runs import (
 )
 from tests.support.waiting import wait_phase, wait_step_phase
 
-VENV_BIN = Path(sys.executable).parent
-LLM_COMMAND = (
-    [str(VENV_BIN / "agentrun"), "step", "llm"]
-    if (VENV_BIN / "agentrun").exists()
-    else [sys.executable, "-m", "agentrun.cli", "step", "llm"]
-)
-"""``agentrun step llm`` as the local node's processes can run it (the operator image's own
-command on a real cluster)."""
-
-
-def _tool_script(name: str) -> str:
-    """A tool that answers with its name and the arguments it got (plain text result)."""
-    return f'echo "{name} got $AGENTRUN_TOOL_ARGS" > /dev/termination-log'
-
-
-SEARCH = {
-    "name": "search",
-    "description": "Search the service's logs.",
-    "parameters": {
-        "type": "object",
-        "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}},
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-    "container": {"image": "busybox:1.36", "command": ["sh", "-c", _tool_script("search")]},
-}
-RESTART = {
-    "name": "restart",
-    "description": "Restart a service.",
-    "parameters": {
-        "type": "object",
-        "properties": {"service": {"type": "string"}},
-        "required": ["service"],
-    },
-    "risk": "external",
-    "approval": "required",
-    "container": {"image": "busybox:1.36", "command": ["sh", "-c", _tool_script("restart")]},
-}
-
-
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel() as server:
-        yield server
-
 
 @pytest.fixture
 def agent_operator(cluster: TestCluster, start_operator: StartOperator) -> OperatorProcess:
     if cluster.external:
         pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
     return start_operator(env={"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND)})
-
-
-def agent_run(
-    name: str,
-    model: ScriptedModel | str,
-    *,
-    tools: list[dict[str, Any]] | None = None,
-    model_extra: dict[str, Any] | None = None,
-    **spec: Any,
-) -> Run:
-    base_url = model if isinstance(model, str) else model.base_url
-    agent = {
-        "model": {"baseURL": base_url, "name": "scripted", **(model_extra or {})},
-        "instructions": "You are an SRE. Use the tools, then answer.",
-        "tools": tools if tools is not None else [SEARCH],
-        **spec.pop("agent", {}),
-    }
-    return {
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentRun",
-        "metadata": {"name": name},
-        "spec": {"goal": "find out why checkout is slow", "agent": agent, **spec},
-    }
 
 
 def _history(run: Run) -> list[dict[str, Any]]:
@@ -264,19 +194,6 @@ def test_a_risky_call_waits_for_approval_and_changed_arguments_need_a_new_one(
     assert "     Succeeded as step t1-0-restart, decided by admin" in lines
     assert '     result: restart got {"service": "checkout"}' in lines
     assert "  answer: both restarted" in lines
-
-
-def kubectl_agentrun(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """``kubectl agentrun ARGS``, the plugin found on PATH as kubectl finds it."""
-    env = cluster.env()
-    env["PATH"] = os.pathsep.join([str(VENV_BIN), env["PATH"]])
-    return subprocess.run(
-        [cluster.kubectl_path, "agentrun", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
 
 
 def test_the_token_budget_pauses_the_run_and_raising_it_resumes(

@@ -20,8 +20,8 @@ import yaml
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster
-from tests.e2e.test_agent import LLM_COMMAND, RESTART, SEARCH, agent_run, kubectl_agentrun
 from tests.support.admission import creator_recorded, policies_bound_to
+from tests.support.agents import RESTART, SEARCH, agent_run
 from tests.support.cluster import (
     TEST_LABELS,
     StartOperator,
@@ -31,16 +31,11 @@ from tests.support.cluster import (
     mint_user,
     user_subject,
 )
+from tests.support.plugin import LLM_COMMAND, kubectl_agentrun
 from tests.support.runs import Run, condition, create, get, status_of, step_status
 from tests.support.waiting import wait_phase, wait_step_phase, wait_until
 
 GROUP = "agentrun.dev"
-
-
-@pytest.fixture
-def model() -> Iterator[ScriptedModel]:
-    with ScriptedModel() as server:
-        yield server
 
 
 @pytest.fixture

@@ -12,11 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 from agentrun import audit
@@ -25,25 +20,11 @@ from agentrun.core.naming import canonical_json
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support.plugin import kubectl_agentrun as plugin
 from tests.support.runs import Run, agentrun, audit_record, create, envelope, step
 from tests.support.waiting import wait_phase, wait_until
 
-VENV_BIN = Path(sys.executable).parent
 FORGED_SEQ = 1_000_000
-
-
-def plugin(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """``kubectl agentrun ARGS`` as a person types it; never raises on a non-zero exit."""
-    env = cluster.env()
-    env["PATH"] = os.pathsep.join([str(VENV_BIN), env["PATH"]])
-    assert shutil.which("kubectl-agentrun", path=env["PATH"]), "run `uv sync`"
-    return subprocess.run(
-        [cluster.kubectl_path, "agentrun", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
 
 
 def two_steps(name: str, pause: int = 0) -> Run:

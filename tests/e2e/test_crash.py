@@ -31,7 +31,6 @@ import os
 import random
 import re
 import shlex
-import sys
 import threading
 import time
 from collections import Counter
@@ -53,7 +52,9 @@ from agentrun_devcluster.testing import (
     job_creations,
     wait_for,
 )
+from tests.support.agents import tool
 from tests.support.cluster import StartOperator
+from tests.support.plugin import LLM_COMMAND
 from tests.support.runs import TERMINAL, Run, agentrun, create, get, status_of, step
 from tests.support.waiting import assert_holds
 
@@ -642,12 +643,6 @@ answer."""
 AGENT_CALLS = 2
 AGENT_MIN_KILLS = 12
 AGENT_CRASH_PHASE_BUDGET = 150.0
-VENV_BIN = Path(sys.executable).parent
-LLM_COMMAND = (
-    [str(VENV_BIN / "agentrun"), "step", "llm"]
-    if (VENV_BIN / "agentrun").exists()
-    else [sys.executable, "-m", "agentrun.cli", "step", "llm"]
-)
 
 
 @dataclass
@@ -684,16 +679,9 @@ def agent_manifest(name: str, base_url: str, ledger: Path) -> Run:
         f'echo "$AGENTRUN_RUN/$AGENTRUN_STEP/$AGENTRUN_ATTEMPT" >> {shlex.quote(str(ledger))}; '
         f'sleep 0.5; echo "noted $AGENTRUN_TOOL_ARGS {PAD}" > /dev/termination-log'
     )
-    tool = {
-        "name": "record",
-        "description": "Record a note.",
-        "parameters": {
-            "type": "object",
-            "properties": {"note": {"type": "string"}},
-            "required": ["note"],
-        },
-        "container": {"image": "busybox:1.36", "command": ["sh", "-c", script]},
-    }
+    note = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
+    container = {"image": "busybox:1.36", "command": ["sh", "-c", script]}
+    record = tool("record", "Record a note.", note, container)
     return {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentRun",
@@ -702,7 +690,7 @@ def agent_manifest(name: str, base_url: str, ledger: Path) -> Run:
             "goal": f"crash test {name}",
             "agent": {
                 "model": {"baseURL": base_url, "name": "scripted"},
-                "tools": [tool],
+                "tools": [record],
                 "maxTurns": AGENT_TURNS,
             },
         },

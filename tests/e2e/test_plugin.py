@@ -10,11 +10,9 @@ PATH, in this virtualenv's bin dir). kubectl refuses flags placed before a plugi
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -27,6 +25,8 @@ from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from tests.support.admission import APPROVERS, policies_bound_to
 from tests.support.cluster import bind_role, mint_user, user_subject
+from tests.support.plugin import fails, ok
+from tests.support.plugin import kubectl_agentrun as plugin
 from tests.support.runs import (
     TIMEOUT,
     Run,
@@ -42,48 +42,6 @@ from tests.support.runs import (
     step_status,
 )
 from tests.support.waiting import assert_holds, wait_step_phase, wait_until
-
-VENV_BIN = Path(sys.executable).parent
-
-
-# -- running the plugin ---------------------------------------------------------------------------
-
-
-def plugin(
-    cluster: TestCluster,
-    *args: str,
-    kubeconfig: Path | None = None,
-    timeout: float = 180.0,
-) -> subprocess.CompletedProcess[str]:
-    """``kubectl agentrun ARGS`` as a person types it; never raises on a non-zero exit."""
-    env = cluster.env()
-    env["PATH"] = os.pathsep.join([str(VENV_BIN), env["PATH"]])
-    assert shutil.which("kubectl-agentrun", path=env["PATH"]), (
-        f"kubectl-agentrun is not installed in {VENV_BIN}: run `uv sync`"
-    )
-    extra = [f"--kubeconfig={kubeconfig}"] if kubeconfig else []
-    return subprocess.run(
-        [cluster.kubectl_path, "agentrun", *args, *extra],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
-
-
-def ok(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
-    )
-    return proc.stdout
-
-
-def fails(proc: subprocess.CompletedProcess[str], code: int = 1) -> str:
-    assert proc.returncode == code, (
-        f"expected exit {code}, got {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
-    )
-    return proc.stderr
-
 
 # -- runs and users -------------------------------------------------------------------------------
 

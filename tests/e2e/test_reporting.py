@@ -12,12 +12,7 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from agentrun.api import models as m
@@ -26,28 +21,12 @@ from agentrun.core.machine import posts_event
 from agentrun.settings import FIELD_MANAGER
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.cluster import StartOperator
+from tests.support.plugin import kubectl_agentrun, ok
 from tests.support.runs import agentrun, create, envelope, jobs_of, status_of, step
 from tests.support.waiting import wait_phase, wait_step_phase
 
-VENV_BIN = Path(sys.executable).parent
 POD_NAME = "agentrun-operator-5d8f7c9b4-x7k2q"
 PLUGIN_MANAGER = "kubectl-agentrun"
-
-
-def kubectl_agentrun(cluster: TestCluster, *args: str) -> str:
-    """``kubectl agentrun ARGS``, found by kubectl's plugin discovery on PATH."""
-    env = cluster.env()
-    env["PATH"] = os.pathsep.join([str(VENV_BIN), env["PATH"]])
-    assert shutil.which("kubectl-agentrun", path=env["PATH"]), f"no kubectl-agentrun in {VENV_BIN}"
-    proc = subprocess.run(
-        [cluster.kubectl_path, "agentrun", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode == 0, f"kubectl agentrun {' '.join(args)}: {proc.stderr}"
-    return proc.stdout
 
 
 def managers(obj: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -79,7 +58,7 @@ def test_writes_carry_the_operators_and_the_plugins_field_manager(
     name = "managed"
     gated_run(cluster, namespace, name)
     wait_step_phase(kube, namespace, name, "deploy", "WaitingForApproval")
-    kubectl_agentrun(cluster, "approve", name, "deploy", "-n", namespace, "--reason", "go")
+    ok(kubectl_agentrun(cluster, "approve", name, "deploy", "-n", namespace, "--reason", "go"))
     run = wait_phase(kube, namespace, name, "Succeeded")
 
     fields = managers(run)

@@ -27,39 +27,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.docker import hack_script
+
 ROOT = Path(__file__).resolve().parents[2]
-HACK = ROOT / "hack"
 CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
 DEFAULT_TAG = "agentrun-operator:dev"
 STEP_IMAGE = "busybox:1.36"
-NO_DOCKER = 3
-"""hack/docker-up.sh's exit code for "no Docker engine can be had here"."""
-BUILD_TIMEOUT = 3600  # a cold build with the vfs storage driver takes minutes
 RUN_TIMEOUT = 120
-
-
-def script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(HACK / name), *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=BUILD_TIMEOUT,
-        check=False,
-    )
-
-
-def require(proc: subprocess.CompletedProcess[str], what: str) -> None:
-    """Skip on "no Docker here" (unless it is required), fail on any other error."""
-    if proc.returncode == 0:
-        return
-    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    if proc.returncode == NO_DOCKER:
-        reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no reason"
-        if os.environ.get("AGENTRUN_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"AGENTRUN_REQUIRE_DOCKER=1 but {reason}\n{output}", pytrace=False)
-        pytest.skip(reason)
-    pytest.fail(f"{what} exited with {proc.returncode}\n{output}", pytrace=False)
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -84,19 +58,17 @@ def image() -> str:
     """The operator image: AGENTRUN_TEST_IMAGE, or built (or reused) by hack/build-images.sh."""
     given = os.environ.get("AGENTRUN_TEST_IMAGE")
     if given:
-        require(script("docker-up.sh"), "hack/docker-up.sh")
+        hack_script("docker-up.sh")
         return given
-    proc = script("build-images.sh", DEFAULT_TAG)
-    require(proc, "hack/build-images.sh")
-    built = proc.stdout.strip().splitlines()[-1]
+    built = hack_script("build-images.sh", DEFAULT_TAG)
     assert built == DEFAULT_TAG
     return built
 
 
 @pytest.fixture(scope="module")
 def step_image() -> str:
-    require(script("docker-up.sh"), "hack/docker-up.sh")
-    require(script("build-base-images.sh"), "hack/build-base-images.sh")
+    hack_script("docker-up.sh")
+    hack_script("build-base-images.sh")
     return STEP_IMAGE
 
 

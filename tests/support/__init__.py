@@ -13,5 +13,17 @@
 * :mod:`tests.support.sim`: an in-memory cluster and ledger driving the pure core.
 * :mod:`tests.support.phases`: a run in each phase (in memory or in the API server), and the
   conditions, kstatus and Argo CD health expected of it.
+* :mod:`tests.support.passes`: the operator's passes over a sim, with its faults (crashes,
+  stale reads, stalls, repeats), for the property tests.
+* :mod:`tests.support.recorded`: a sim whose commits are derived as telemetry.
+* :mod:`tests.support.agent_sim`: the sim for agent runs; :mod:`tests.support.agents`: their
+  tools, and agent runs for the local cluster.
+* :mod:`tests.support.stores`: an in-memory result store for the step runner.
+* :mod:`tests.support.plugin`: ``kubectl agentrun`` and ``agentrun step llm`` as the suites
+  run them.
+* :mod:`tests.support.docker`: the hack/ scripts that bring up Docker and build the images,
+  and when a test skips for want of Docker.
+* :mod:`tests.support.chart` and :mod:`tests.support.pods`: the chart installed with the
+  local images, and plain pods, for the container suite.
 * :mod:`tests.support.schema`: the CRD's schema as a JSON Schema validator.
 """

@@ -21,31 +21,13 @@ from agentrun.core import agent as loop
 from agentrun.core import context as cx
 from agentrun.core.actions import StoreRecord
 
+from . import agents
 from .sim import UID, Sim, SimJob
 
-SEARCH = {
-    "name": "search",
-    "description": "search the logs",
-    "parameters": {
-        "type": "object",
-        "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}},
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-    "container": {"image": "ghcr.io/acme/search:1", "command": ["search"]},
-}
-RESTART = {
-    "name": "restart",
-    "description": "restart a service",
-    "parameters": {
-        "type": "object",
-        "properties": {"service": {"type": "string"}},
-        "required": ["service"],
-    },
-    "risk": "external",
-    "approval": "required",
-    "container": {"image": "ghcr.io/acme/ops:1", "command": ["restart"]},
-}
+SEARCH = agents.search({"image": "ghcr.io/acme/search:1", "command": ["search"]})
+"""The search tool of in-memory runs (its image never runs)."""
+RESTART = agents.restart({"image": "ghcr.io/acme/ops:1", "command": ["restart"]})
+"""The restart tool of in-memory runs."""
 
 
 def agent_run(

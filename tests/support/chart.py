@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,11 +13,11 @@ import yaml
 
 from agentrun_devcluster.controlplane import free_ports
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.containers.conftest import Images
-from tests.containers.pods import Pod, as_dict, condition
 from tests.support.cluster import create_namespace, delete_namespace
+from tests.support.docker import Images
 from tests.support.helm import Helm
 from tests.support.paths import CHART, EXAMPLES_DIR
+from tests.support.pods import Pod, as_dict, condition
 
 RELEASE = "agentrun"
 OPERATOR_SELECTOR = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
@@ -102,20 +100,6 @@ def apply(cluster: TestCluster, namespace: str, path: Path, model_url: str = "")
         "apply", "-n", namespace, "-f", "-", "-o", "name", input=yaml.safe_dump(body)
     )
     return proc.stdout.strip().rpartition("/")[2]
-
-
-def plugin(cluster: TestCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """``kubectl agentrun ARGS`` as a person types it (the plugin of this environment)."""
-    env = cluster.env()
-    env["PATH"] = os.pathsep.join([sysconfig.get_path("scripts"), env["PATH"]])
-    return subprocess.run(
-        [cluster.kubectl_path, "agentrun", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
 
 
 def waiting_steps(run: dict[str, Any]) -> list[str]:

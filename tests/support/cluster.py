@@ -4,6 +4,8 @@ the types of the session fixtures (tests/conftest.py, tests/e2e/conftest.py)."""
 from __future__ import annotations
 
 import contextlib
+import re
+import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -55,6 +57,26 @@ def read_or_none(read: Callable[..., _T], *args: Any) -> _T | None:
 
 
 # -- namespaces ---------------------------------------------------------------------------------
+
+
+def kube_clients(cluster: TestCluster) -> Iterator[KubeClients]:
+    """API clients of ``cluster`` for a fixture to yield from; closed at its teardown."""
+    clients = KubeClients.from_kubeconfig(cluster.kubeconfig)
+    try:
+        yield clients
+    finally:
+        clients.close()
+
+
+def fresh_namespace(request: pytest.FixtureRequest, kube: KubeClients) -> Iterator[str]:
+    """A namespace named after the test, for a fixture to yield from; deleted at its
+    teardown."""
+    base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = create_namespace(kube, f"{base or 't'}-{secrets.token_hex(3)}", labels=TEST_LABELS)
+    try:
+        yield name
+    finally:
+        delete_namespace(kube, name)
 
 
 def create_namespace(

@@ -32,6 +32,7 @@ from tests.support.agent_sim import (
     tool_envelope,
     turn_envelope,
 )
+from tests.support.passes import FAULTS, Passes, assert_approved
 from tests.support.schema import VALIDATOR
 
 SP = m.StepPhase
@@ -106,13 +107,7 @@ class Checker:
             return
         name = action.step.name
         assert name not in self.succeeded, f"{name} launched again after it succeeded"
-        if action.step.approval == m.ApprovalMode.REQUIRED:
-            assert any(
-                ap.step == name
-                and ap.args_hash == action.args_hash
-                and ap.decision == m.ApprovalDecision.APPROVE
-                for ap in sim.run.spec.approvals or []
-            ), f"gated call {name} launched without a matching approval"
+        assert_approved(sim, action, "gated call")
 
     def after_event(self) -> None:
         sim = self.sim
@@ -160,12 +155,7 @@ EVENTS = st.lists(
                 "tool",
                 "tool",
                 "advance",
-                "stale",
-                "crash_after_commit",
-                "crash_before_commit",
-                "duplicate",
-                "pause",
-                "resume",
+                *FAULTS,
                 "approve",
                 "raise_budget",
                 "lose_job",
@@ -217,35 +207,14 @@ def _raise_budget(sim: AgentSim) -> None:
 
 
 def _run_events(sim: AgentSim, checker: Checker, events: list[tuple[str, int]]) -> None:
-    snapshots = [sim.snapshot()]
-    paused: list[Any] = []
+    passes = Passes(sim, lambda actions: _execute(sim, checker, actions))
     for kind, seed in events:
-        if kind in ("tick", "duplicate", "stale", "crash_after_commit", "crash_before_commit",
-                    "pause"):  # fmt: skip
-            snap = snapshots[seed % len(snapshots)] if kind == "stale" else sim.snapshot()
-            decision, version = sim.decide(snap)
-            if kind == "crash_before_commit":
-                for action in decision.before_commit:
-                    sim.apply(action)
-            elif sim.commit(decision, version):
-                actions = list(decision.after_commit)
-                if kind == "crash_after_commit":
-                    actions = actions[: seed % (len(actions) + 1)]
-                if kind == "pause":
-                    paused.extend(actions)
-                else:
-                    _execute(sim, checker, actions)
-                    if kind == "duplicate":
-                        _execute(sim, checker, actions)
-            snapshots.append(sim.snapshot())
-        elif kind == "resume":
-            _execute(sim, checker, paused)
-            paused.clear()
+        if passes.handle(kind, seed):
+            pass  # a pass of the operator, or a stalled one resuming
         elif kind in ("model", "tool"):
             _finish_one(sim, seed, kind == "model")
         elif kind == "advance":
-            _execute(sim, checker, paused)
-            paused.clear()
+            passes.resume()
             sim.advance(seed % 90)
         elif kind == "approve":
             _approve(sim, seed)
@@ -254,7 +223,7 @@ def _run_events(sim: AgentSim, checker: Checker, events: list[tuple[str, int]]) 
         elif kind == "lose_job" and sim.active() and seed % 4 == 0:
             sim.lose(sim.active()[seed % len(sim.active())].name)
         checker.after_event()
-    _execute(sim, checker, paused)
+    passes.resume()
     checker.after_event()
 
 

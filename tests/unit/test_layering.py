@@ -50,3 +50,27 @@ def test_pure_module_imports_nothing_impure(path: Path) -> None:
 def test_api_does_not_import_the_core() -> None:
     for path in (PACKAGE / "api").rglob("*.py"):
         assert not [n for n in _imports(path) if n.startswith("agentrun.core")], path.name
+
+
+def test_test_modules_import_only_support_and_conftest() -> None:
+    """What tests share lives in tests/support (and fixtures in conftest.py): a test module
+    that imported another would run that module's tests' imports and couple the two."""
+    tests = Path(__file__).resolve().parents[1]
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.is_relative_to(tests / "support"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                last = name.rsplit(".", 1)[-1]
+                if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
+                    offenders.append(f"{path.relative_to(tests)} imports {name}")
+    assert not offenders, "\n".join(offenders)

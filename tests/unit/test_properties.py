@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from agentrun.api import models as m
 from agentrun.core import CreateJob
+from tests.support.passes import FAULTS, Passes, assert_approved
 from tests.support.sim import Sim, make_run, step
 
 SP = m.StepPhase
@@ -75,12 +76,7 @@ EVENTS = st.lists(
                 "finish",
                 "finish",
                 "advance",
-                "stale",
-                "crash_after_commit",
-                "crash_before_commit",
-                "duplicate",
-                "pause",
-                "resume",
+                *FAULTS,
                 "approve",
                 "lose_job",
                 "suspend",
@@ -111,13 +107,7 @@ class Checker:
             return  # AlreadyExists: adopted, nothing new runs
         name = action.step.name
         assert name not in self.finished, f"finished step {name} launched again"
-        if action.step.approval == m.ApprovalMode.REQUIRED:
-            assert any(
-                a.step == name
-                and a.args_hash == action.args_hash
-                and a.decision == m.ApprovalDecision.APPROVE
-                for a in sim.run.spec.approvals or []
-            ), f"gated step {name} launched without a matching approval"
+        assert_approved(sim, action, "gated step")
         if self.deadline_at is not None:
             assert sim.now < self.deadline_at, "a Job was created after the run deadline"
 
@@ -174,36 +164,10 @@ def _execute(sim: Sim, checker: Checker, actions: Any) -> None:
 
 
 def _run_events(sim: Sim, checker: Checker, events: list[tuple[str, int]]) -> None:
-    snapshots = [sim.snapshot()]
-    paused: list[Any] = []
+    passes = Passes(sim, lambda actions: _execute(sim, checker, actions))
     for kind, seed in events:
-        if kind in (
-            "tick",
-            "duplicate",
-            "stale",
-            "crash_after_commit",
-            "crash_before_commit",
-            "pause",
-        ):
-            snap = snapshots[seed % len(snapshots)] if kind == "stale" else sim.snapshot()
-            decision, version = sim.decide(snap)
-            if kind == "crash_before_commit":
-                for action in decision.before_commit:
-                    sim.apply(action)
-            elif sim.commit(decision, version):
-                actions = list(decision.after_commit)
-                if kind == "crash_after_commit":
-                    actions = actions[: seed % (len(actions) + 1)]
-                if kind == "pause":
-                    paused.extend(actions)
-                else:
-                    _execute(sim, checker, actions)
-                    if kind == "duplicate":
-                        _execute(sim, checker, actions)
-            snapshots.append(sim.snapshot())
-        elif kind == "resume":
-            _execute(sim, checker, paused)
-            paused.clear()
+        if passes.handle(kind, seed):
+            pass  # a pass of the operator, or a stalled one resuming
         elif kind == "finish" and sim.active():
             job = sim.active()[seed % len(sim.active())]
             ok, message = _outcome(sim, seed)
@@ -211,8 +175,7 @@ def _run_events(sim: Sim, checker: Checker, events: list[tuple[str, int]]) -> No
         elif kind == "advance":
             # A stalled operator resumes before the clock moves on: the documented bound on
             # how long an operator may stall between its fence write and its Job creation.
-            _execute(sim, checker, paused)
-            paused.clear()
+            passes.resume()
             sim.advance(seed % 90)
         elif kind == "approve":
             waiting = [
@@ -243,7 +206,7 @@ def _run_events(sim: Sim, checker: Checker, events: list[tuple[str, int]]) -> No
         elif kind == "resume_run":
             sim.spec_update(suspend=False)
         checker.after_event()
-    _execute(sim, checker, paused)
+    passes.resume()
     checker.after_event()
 
 

@@ -19,8 +19,8 @@ from agentrun import tracing
 from agentrun.api import models as m
 from agentrun.settings import Settings, _tracing_configured
 from agentrun.telemetry import Changes
+from tests.support.recorded import Recorded
 from tests.support.sim import T0, UID, Sim, make_run, step
-from tests.unit.test_telemetry import Recorded
 
 
 @pytest.fixture
