@@ -27,15 +27,13 @@ import ssl
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 
 from .kubeconfig import request_serviceaccount_kubeconfig, write_kubeconfig
+from .lifecycle import StartStop, http_answer, wait_answer
 from .pki import PKI, CertPair
 
 __all__ = [
@@ -207,30 +205,14 @@ class _Component:
     def wait_healthy(self, probe: _Probe, timeout: float, logs: Callable[[], str]) -> None:
         """Poll ``probe`` until it answers healthy; raise :class:`ControlPlaneError` with
         ``logs()`` (the log tails) if the process exits or ``timeout`` seconds pass."""
-        deadline = time.monotonic() + timeout
-        last = "no response yet"
-        while True:
-            code = self.exited()
-            if code is not None:
-                raise ControlPlaneError(
-                    f"{self.name} exited with code {code} while starting\n" + logs()
-                )
-            try:
-                with urllib.request.urlopen(probe.url, timeout=5, context=probe.context) as resp:
-                    body = resp.read()
-                if probe.ok(body):
-                    return
-                last = f"HTTP {resp.status}: {body[:300]!r}"
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}: {e.read()[:300]!r}"
-            except (OSError, ssl.SSLError) as e:
-                last = repr(e)
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(
-                    f"{self.name} not healthy at {probe.url} after {timeout:.0f}s "
-                    f"(last: {last})\n" + logs()
-                )
-            time.sleep(0.2)
+        wait_answer(
+            lambda: http_answer(probe.url, probe.ok, context=probe.context),
+            exit_code=self.exited,
+            timeout=timeout,
+            what=self.name,
+            where=f"at {probe.url}",
+            error=lambda message: ControlPlaneError(f"{message}\n{logs()}"),
+        )
 
     def describe(self) -> str:
         code = self.exited()
@@ -242,7 +224,7 @@ class _Component:
         return f"--- {self.name} ({state}); last lines of {self.log_path}:\n{tail(self.log_path)}"
 
 
-class ControlPlane:
+class ControlPlane(StartStop):
     """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, as a context manager.
 
     ``bin_dir`` holds ``etcd``, ``kube-apiserver``, ``kube-controller-manager`` and
@@ -354,21 +336,6 @@ class ControlPlane:
         self._started = False
         if self._own_state_dir and not self.keep_state and not self._failed:
             shutil.rmtree(self.state_dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def logs(self) -> str:
         """The tail of every component's log, for error messages."""

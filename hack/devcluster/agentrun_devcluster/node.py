@@ -48,11 +48,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 import yaml
 
 from .kubeapi import JSON, KubeApi
+from .lifecycle import StartStop, wait_answer
 from .pod import TERMINAL_PHASES, PodRunner, report_lost
 from .pod import delete_now as delete_pod_now
 from .podenv import ConfigError, expand_vars
@@ -342,7 +343,7 @@ def run_node(
     LocalNode(kubeconfig, name=name, state_dir=state_dir, runtime=runtime).run(stop)
 
 
-class NodeProcess:
+class NodeProcess(StartStop):
     """A :class:`LocalNode` in a child process (``python -m agentrun_devcluster.cli node``).
 
     Context manager: :meth:`start` launches it and waits until the Node is Ready (then
@@ -374,7 +375,7 @@ class NodeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
-    def start(self, ready_timeout: float = 60.0) -> NodeProcess:
+    def start(self, ready_timeout: float = 60.0) -> Self:
         """Launch the node and wait until its Node object reports Ready."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -399,27 +400,29 @@ class NodeProcess:
     def wait_ready(self, timeout: float) -> None:
         """Poll the Node object until Ready=True; raise RuntimeError with the log tail."""
         api = KubeApi(self.kubeconfig)
-        deadline = time.monotonic() + timeout
         try:
-            while True:
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"local node exited with code {self.proc.returncode}\n{self.describe()}"
-                    )
-                with contextlib.suppress(Exception):
-                    node = api.get(f"/api/v1/nodes/{self.name}")
-                    conds = (node.get("status") or {}).get("conditions") or []
-                    if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
-                        labels = node.get("metadata", {}).get("labels") or {}
-                        self.runtime_in_use = str(labels.get(RUNTIME_LABEL, ""))
-                        return
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"local node {self.name} not Ready after {timeout:.0f}s\n{self.describe()}"
-                    )
-                time.sleep(0.2)
+            wait_answer(
+                lambda: self._ready(api),
+                exit_code=lambda: None if self.proc is None else self.proc.poll(),
+                timeout=timeout,
+                what=f"local node {self.name}",
+                error=lambda message: RuntimeError(f"{message}\n{self.describe()}"),
+            )
         finally:
             api.close()
+
+    def _ready(self, api: KubeApi) -> str | None:
+        """None once the Node is Ready (and :attr:`runtime_in_use` read from its label)."""
+        try:
+            node = api.get(f"/api/v1/nodes/{self.name}")
+            conds = (node.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                labels = node.get("metadata", {}).get("labels") or {}
+                self.runtime_in_use = str(labels.get(RUNTIME_LABEL, ""))
+                return None
+        except Exception as e:
+            return repr(e)
+        return "not Ready yet"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -443,13 +446,3 @@ class NodeProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-    def __enter__(self) -> NodeProcess:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

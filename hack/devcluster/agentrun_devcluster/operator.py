@@ -27,15 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 
 from .controlplane import free_ports, tail
 from .faults import CRASH_ENV
+from .lifecycle import StartStop, http_answer, wait_answer
 
 __all__ = ["OperatorError", "OperatorProcess"]
 
@@ -44,7 +42,7 @@ class OperatorError(RuntimeError):
     """The operator did not become ready, or exited while starting; carries the log tail."""
 
 
-class OperatorProcess:
+class OperatorProcess(StartStop):
     """One operator process (``agentrun run``), restartable; a context manager.
 
     ``kubeconfig``: passed as ``--kubeconfig`` and ``KUBECONFIG``. ``namespaces``: one
@@ -178,30 +176,14 @@ class OperatorProcess:
     def wait_ready(self, timeout: float | None = None) -> None:
         """Poll /healthz until it answers 200; raise :class:`OperatorError` with the log tail
         if the process exits first or ``timeout`` passes."""
-        timeout = self.ready_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while True:
-            code = self.returncode
-            if code is not None:
-                raise OperatorError(
-                    f"the operator exited with code {code} before it was ready\n{self.logs()}"
-                )
-            try:
-                with urllib.request.urlopen(self.liveness_url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-                    last = f"HTTP {resp.status}"
-            except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code}"
-            except OSError as e:
-                last = repr(e)
-            if time.monotonic() > deadline:
-                raise OperatorError(
-                    f"the operator was not ready at {self.liveness_url} after {timeout:.0f}s "
-                    f"(last: {last})\n{self.logs()}"
-                )
-            time.sleep(0.2)
+        wait_answer(
+            lambda: http_answer(self.liveness_url, timeout=2),
+            exit_code=lambda: self.returncode,
+            timeout=self.ready_timeout if timeout is None else timeout,
+            what="the operator",
+            where=f"at {self.liveness_url}",
+            error=lambda message: OperatorError(f"{message}\n{self.logs()}"),
+        )
 
     def wait_exit(self, timeout: float) -> int:
         """Wait until the process exits by itself (e.g. a crash point fired); its exit code
@@ -256,21 +238,6 @@ class OperatorProcess:
             else:
                 self.env[key] = value
         return self.start(wait_ready=wait_ready)
-
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- logs ---------------------------------------------------------------------------------
 
