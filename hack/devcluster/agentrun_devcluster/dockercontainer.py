@@ -87,6 +87,7 @@ from .probes import Prober
 from .process import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     START_ERROR_EXIT_CODE,
+    failed_state,
     read_termination_message,
 )
 from .registration import NODE_IP
@@ -411,16 +412,7 @@ class DockerContainer:
         return status
 
     def fail(self, reason: str, message: str, exit_code: int = START_ERROR_EXIT_CODE) -> None:
-        t = now_rfc3339()
-        self.state = {
-            "terminated": {
-                "exitCode": exit_code,
-                "reason": reason,
-                "message": message,
-                "startedAt": self.started_at or t,
-                "finishedAt": t,
-            }
-        }
+        self.state = failed_state(reason, message, exit_code, started_at=self.started_at)
 
     def service_env(self, sa_env: Mapping[str, str]) -> dict[str, str]:
         """Always, as a kubelet sets them: where the API server is."""
@@ -472,12 +464,7 @@ class DockerContainer:
             raise ConfigError(f"container {self.name}: its image has not been pulled")
         image_config = self._image.get("Config") or {}
         user = container_user(self.ctx.pod, self.spec, str(image_config.get("User") or ""))
-        full_env = {
-            **self.ctx.extra_env,
-            "HOSTNAME": self.ctx.name,
-            **self.service_env(sa_env),
-            **env,
-        }
+        full_env = self.ctx.container_env(self.service_env(sa_env), env)
         mounts = self.volumes.mounts(self.spec)
         message_target = str(
             self.spec.get("terminationMessagePath") or DEFAULT_TERMINATION_MESSAGE_PATH

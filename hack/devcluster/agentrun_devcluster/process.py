@@ -62,6 +62,7 @@ __all__ = [
     "ContainerProcess",
     "container_argv",
     "exit_code_of",
+    "failed_state",
     "process_env",
     "read_termination_message",
     "tail_bytes",
@@ -124,6 +125,22 @@ def process_env(*layers: Mapping[str, str]) -> dict[str, str]:
     for layer in layers:
         env.update(layer)
     return env
+
+
+def failed_state(reason: str, message: str, exit_code: int, *, started_at: str) -> JSON:
+    """The ``terminated`` state of a container that failed without running to an exit of its
+    own (``StartError``, ``NoCommand``, ...): it finished now, and started at ``started_at``
+    or, if it never started, now too."""
+    t = now_rfc3339()
+    return {
+        "terminated": {
+            "exitCode": exit_code,
+            "reason": reason,
+            "message": message,
+            "startedAt": started_at or t,
+            "finishedAt": t,
+        }
+    }
 
 
 def working_dir(spec: JSON, default: Path) -> Path:
@@ -198,16 +215,7 @@ class ContainerProcess:
         return status
 
     def fail(self, reason: str, message: str, exit_code: int = START_ERROR_EXIT_CODE) -> None:
-        t = now_rfc3339()
-        self.state = {
-            "terminated": {
-                "exitCode": exit_code,
-                "reason": reason,
-                "message": message,
-                "startedAt": self.started_at or t,
-                "finishedAt": t,
-            }
-        }
+        self.state = failed_state(reason, message, exit_code, started_at=self.started_at)
 
     def fail_without_command(self) -> bool:
         """Fail with ``NoCommand`` if the container has no command; True if it had none."""
@@ -240,10 +248,7 @@ class ContainerProcess:
         paths.update(ctx.token_volume.path_map(self.spec))
         argv = container_argv(self.spec, {**service_env, **env}, paths)
         proc_env = process_env(
-            ctx.extra_env,
-            {"HOSTNAME": ctx.name},
-            service_env,  # the container's own env wins, as with a kubelet
-            env,
+            ctx.container_env(service_env, env),
             {TERMINATION_MESSAGE_ENV: str(self.message_path)},
             {k: v for k, v in sa_env.items() if k == SERVICEACCOUNT_DIR_ENV},
         )

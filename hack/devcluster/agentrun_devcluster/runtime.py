@@ -82,6 +82,14 @@ class PodContext:
     def uid(self) -> str:
         return str(self.pod["metadata"]["uid"])
 
+    def container_env(
+        self, service_env: Mapping[str, str], env: Mapping[str, str]
+    ) -> dict[str, str]:
+        """The environment every runtime gives a container of this pod, before what is its
+        own: the node's extra env, ``HOSTNAME`` (the pod name), ``service_env``, then the
+        container's resolved ``env``, which wins over them all, as with a kubelet."""
+        return {**self.extra_env, "HOSTNAME": self.name, **service_env, **env}
+
 
 class Container(Protocol):
     """One container of a pod, in whatever runtime, and what has happened to it so far."""
