@@ -30,9 +30,10 @@ token volume); :func:`process_env` layers them in that order. The working direct
 stderr merged) goes to ``<state_dir>/pods/<namespace>_<name>_<uid>/<container>.log``; it is
 not served through the ``pods/log`` API.
 
-Killing: :func:`terminate` sends SIGTERM to the running containers' process groups and
-SIGKILL once the grace period is over; a container killed for the pod's deadline reports
-reason ``DeadlineExceeded``, and a process killed by signal N exits with code 128+N.
+Killing: :func:`terminate` (:func:`agentrun_devcluster.runtime.terminate`, the same for
+both runtimes) sends SIGTERM to the running containers' process groups and SIGKILL once the
+grace period is over; a container killed for the pod's deadline reports reason
+``DeadlineExceeded``, and a process killed by signal N exits with code 128+N.
 """
 
 from __future__ import annotations
@@ -42,18 +43,15 @@ import logging
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from .kubeapi import JSON, now_rfc3339
 from .podenv import expand_vars
+from .runtime import PodContext, terminate
 from .serviceaccount import SERVICEACCOUNT_DIR_ENV
-
-if TYPE_CHECKING:
-    from .runtime import PodContext
 
 __all__ = [
     "DEFAULT_TERMINATION_MESSAGE_PATH",
@@ -346,23 +344,3 @@ class ContainerProcess:
 
     def cancel_restart(self) -> None:
         pass
-
-
-def terminate(containers: Iterable[ContainerProcess], grace: float, *, reason: str = "") -> None:
-    """SIGTERM the running ``containers``, SIGKILL them after ``grace`` seconds, and record
-    their exits (with ``reason`` ``DeadlineExceeded`` when that is why they were killed)."""
-    running = [c for c in containers if c.running]
-    for c in running:
-        if reason == "DeadlineExceeded" and not c.kill_reason:
-            c.kill_reason = reason
-        c.signal(signal.SIGTERM)
-    end = time.monotonic() + max(0.0, grace)
-    while time.monotonic() < end and not all(c.poll() for c in running):
-        time.sleep(0.1)
-    for c in running:
-        c.signal(signal.SIGKILL)
-    for c in running:
-        if c.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                c.proc.wait(5)
-        c.poll()
