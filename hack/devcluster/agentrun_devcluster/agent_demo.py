@@ -26,14 +26,10 @@ from typing import Any
 
 import yaml
 
-from .binaries import resolve_bin_dir
-from .controlplane import ControlPlane, free_port, tail, wait_established
+from .democluster import NAMESPACE, REPO, DemoCluster, demo_cluster
 from .modelserver import ScriptedModel, reply, tool_call
-from .node import NodeProcess
 
-REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "agent-investigation.yaml"
-NAMESPACE = "demo"
 VENV_BIN = Path(sys.executable).parent
 
 SCRIPT = [
@@ -75,104 +71,76 @@ def _llm_command() -> list[str]:
 def run_demo(timeout: int) -> int:
     started = time.monotonic()
     state = Path(tempfile.mkdtemp(prefix="agentrun-demo-agent-"))
-    _say(f"starting the local control plane (state in {state})")
-    with (
-        ControlPlane(resolve_bin_dir(), state_dir=state / "cp") as cp,
-        ScriptedModel(script=list(SCRIPT)) as model,
-    ):
-        env = cp.env()
-        env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", os.defpath)])
-
-        def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-            proc = subprocess.run(
-                [str(cp.kubectl), *args], env=env, text=True, capture_output=True,
-                timeout=timeout + 60,
-            )  # fmt: skip
-            if check and proc.returncode != 0:
-                raise RuntimeError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}")
-            return proc
-
-        def run_json() -> dict[str, Any]:
-            found: dict[str, Any] = json.loads(
-                kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json").stdout
-            )
-            return found
-
-        _say(f"scripted model at {model.base_url}; starting the local node")
-        with NodeProcess(cp.kubeconfig, state_dir=state / "node"):
-            kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-            wait_established(cp.kubectl, cp.kubeconfig, "agentruns.agentrun.dev")
-            kubectl("create", "namespace", NAMESPACE)
-            log_path = state / "operator.log"
-            _say(f"starting the operator (log: {log_path})")
-            operator_env = {
-                **env,
-                "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "5",
-                "AGENTRUN_LLM_COMMAND": shlex.join(_llm_command()),
-            }
-            with log_path.open("wb") as log:
-                operator = subprocess.Popen(
-                    [sys.executable, "-m", "agentrun.cli", "run", "--namespace", NAMESPACE,
-                     "--liveness-port", str(free_port()), "--liveness-host", "127.0.0.1",
-                     "--metrics-port", "0"],
-                    env=operator_env, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                )  # fmt: skip
-                try:
-                    body = yaml.safe_load(EXAMPLE.read_text())
-                    name = body["metadata"]["name"]
-                    body["spec"]["agent"]["model"]["baseURL"] = model.base_url
-                    _say(f"applying {EXAMPLE.relative_to(REPO)} (baseURL: the scripted model)")
-                    print(_apply(cp.kubectl, env, body), end="")
-                    deadline = time.monotonic() + timeout
-                    gated = None
-                    while time.monotonic() < deadline and gated is None:
-                        status = run_json().get("status") or {}
-                        if status.get("phase") in ("Succeeded", "Failed", "Cancelled"):
-                            break
-                        gated = next(
-                            (
-                                s["name"]
-                                for s in status.get("steps") or []
-                                if s.get("phase") == "WaitingForApproval"
-                            ),
-                            None,
-                        )
-                        time.sleep(1)
-                    if gated is not None:
-                        _say(f"{gated} waits for approval:")
-                        print(_plugin(env, "status", name, "-n", NAMESPACE), end="")
-                        _say(f"kubectl agentrun approve {name} {gated}")
-                        print(
-                            _plugin(env, "approve", name, gated, "-n", NAMESPACE,
-                                    "--reason", "the logs point at a cold cache"),
-                            end="",
-                        )  # fmt: skip
-                    waited = kubectl(
-                        "wait", "-n", NAMESPACE, "--for=condition=Succeeded", f"agentrun/{name}",
-                        f"--timeout={max(int(deadline - time.monotonic()), 1)}s", check=False,
-                    )  # fmt: skip
-                    print(kubectl("get", "agentruns", "-n", NAMESPACE).stdout, end="")
-                    _say(f"kubectl agentrun transcript {name}")
-                    print(_plugin(env, "transcript", name, "-n", NAMESPACE), end="")
-                    if waited.returncode != 0:
-                        _say(f"the run did not succeed: {waited.stderr.strip()}")
-                        _say("operator log tail:\n" + tail(log_path))
-                        return 1
-                    _say(f"kubectl agentrun result {name}")
-                    print(_plugin(env, "result", name, "-n", NAMESPACE))
-                    _say(
-                        f"the model was asked {len(model.completions())} times; nothing left "
-                        "this machine"
-                    )
-                finally:
-                    operator.terminate()
-                    try:
-                        operator.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        operator.kill()
+    with ScriptedModel(script=list(SCRIPT)) as model:
+        _say(f"scripted model at {model.base_url}")
+        with demo_cluster(
+            state,
+            _say,
+            timeout=timeout,
+            path_first=[VENV_BIN],
+            operator_env={"AGENTRUN_LLM_COMMAND": shlex.join(_llm_command())},
+        ) as cluster:
+            if not _run_agent(cluster, model, timeout):
+                return 1
     _say(f"succeeded in {time.monotonic() - started:.1f}s")
     return 0
+
+
+def _run_agent(cluster: DemoCluster, model: ScriptedModel, timeout: int) -> bool:
+    """Apply the example pointed at ``model``, approve its gated call, follow it to the end
+    and print what it did; False (after printing why) if it did not succeed."""
+    kubectl, env = cluster.kubectl, cluster.env
+
+    def run_json() -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(
+            kubectl("get", "agentrun", name, "-n", NAMESPACE, "-o", "json").stdout
+        )
+        return found
+
+    body = yaml.safe_load(EXAMPLE.read_text())
+    name = body["metadata"]["name"]
+    body["spec"]["agent"]["model"]["baseURL"] = model.base_url
+    _say(f"applying {EXAMPLE.relative_to(REPO)} (baseURL: the scripted model)")
+    print(_apply(cluster.cp.kubectl, env, body), end="")
+    deadline = time.monotonic() + timeout
+    gated = None
+    while time.monotonic() < deadline and gated is None:
+        status = run_json().get("status") or {}
+        if status.get("phase") in ("Succeeded", "Failed", "Cancelled"):
+            break
+        gated = next(
+            (
+                s["name"]
+                for s in status.get("steps") or []
+                if s.get("phase") == "WaitingForApproval"
+            ),
+            None,
+        )
+        time.sleep(1)
+    if gated is not None:
+        _say(f"{gated} waits for approval:")
+        print(_plugin(env, "status", name, "-n", NAMESPACE), end="")
+        _say(f"kubectl agentrun approve {name} {gated}")
+        print(
+            _plugin(env, "approve", name, gated, "-n", NAMESPACE,
+                    "--reason", "the logs point at a cold cache"),
+            end="",
+        )  # fmt: skip
+    waited = kubectl(
+        "wait", "-n", NAMESPACE, "--for=condition=Succeeded", f"agentrun/{name}",
+        f"--timeout={max(int(deadline - time.monotonic()), 1)}s", check=False,
+    )  # fmt: skip
+    print(kubectl("get", "agentruns", "-n", NAMESPACE).stdout, end="")
+    _say(f"kubectl agentrun transcript {name}")
+    print(_plugin(env, "transcript", name, "-n", NAMESPACE), end="")
+    if waited.returncode != 0:
+        _say(f"the run did not succeed: {waited.stderr.strip()}")
+        _say("operator log tail:\n" + cluster.operator_log_tail())
+        return False
+    _say(f"kubectl agentrun result {name}")
+    print(_plugin(env, "result", name, "-n", NAMESPACE))
+    _say(f"the model was asked {len(model.completions())} times; nothing left this machine")
+    return True
 
 
 def _apply(kubectl_path: Path, env: dict[str, str], body: dict[str, Any]) -> str:
