@@ -55,8 +55,10 @@ ReadJob = Callable[[str, str], Obj | None]
 """``read_job(namespace, name)``: the Job as stored now (a quorum read), None when absent."""
 ListPods = Callable[[str, str], list[Obj]]
 """``list_pods(namespace, run_uid)``: the run's pods as stored now."""
-Report = Callable[[m.AgentRun, str], None]
-"""Called once per Job found holding an attempt's name that is not the attempt's."""
+Report = Callable[[m.AgentRun, str, str], None]
+"""``report(run, reason, message)``: a Warning for the run's creator, called once per Job found
+holding an attempt's name that is not the attempt's (reason ``JobNameTaken``) and once per pod
+a step Job counts that does not run its template (reason ``UntrustedPod``)."""
 
 DERIVED_LABELS = (
     "controller-uid",
@@ -307,7 +309,7 @@ class Adoption:
             new = key not in self._reported
             self._reported.remember(key, True)
         if new:
-            self.report(run, message)
+            self.report(run, "JobNameTaken", message)
         return ObservedJob(
             name=st.job_name or "",
             step=st.name,
@@ -369,8 +371,28 @@ class Adoption:
             # The pod's last change may not have reached the view yet: read them now.
             listed = self.list_pods(run.metadata.namespace, run.metadata.uid)
             pods = [p for p in listed if _controlled_by(p, job_uid)]
+        self._report_foreign_pods(run, job, pods)
         refused = None if pods else self.view.pod_refusal(job_uid)
         return jobs.observe_job(job, pods, pod_refused=refused)
+
+    def _report_foreign_pods(self, run: m.AgentRun, job: Obj, pods: Iterable[Obj]) -> None:
+        """Warn once per pod that the Job counts but that does not run its template (made by
+        someone else and adopted by the Job controller): it never tells the step's outcome."""
+        for pod in pods:
+            problem = jobs.pod_problem(job, pod)
+            if problem is None:
+                continue
+            key = f"{run.metadata.uid}/pod/{_uid(pod)}"
+            with self._lock:
+                new = key not in self._reported
+                self._reported.remember(key, True)
+            if new:
+                self.report(
+                    run,
+                    jobs.UNTRUSTED_POD,
+                    f"pod {_name(pod)} of Job {_name(job)} does not run the step's template "
+                    f"({problem}): someone else made it, and its outcome is ignored",
+                )
 
     def deletable(self, run: m.AgentRun, name: str) -> str | None:
         """The uid to delete Job ``name`` by (a precondition), or None when it must not be

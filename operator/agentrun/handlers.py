@@ -211,7 +211,7 @@ def _due_in(body: dict[str, Any], found: list[dict[str, Any]], rec: Reconciler) 
     core is asked what it would do with the run and its watched Jobs (unverified: a pass
     verifies them before acting)."""
     run = m.AgentRun.model_validate(body)
-    observed = [o for o in (jobs.observe_job(j, []) for j in found) if o is not None]
+    observed = [o for o in (jobs.observe_job(j, None) for j in found) if o is not None]
     decision = reconcile(run, Observed(tuple(observed)), rec.clock(), rec.config)
     if decision.after_commit or decision.status_changed(run.status):
         return 0.0

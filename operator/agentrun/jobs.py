@@ -158,15 +158,133 @@ def _terminated(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     return best[1] if best else None
 
 
+UNTRUSTED_POD = "UntrustedPod"
+"""The reason of an attempt whose Job finished by a pod that does not run its template."""
+
+_HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace")
+
+
+def _containers(spec: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {str(c.get("name")): c for c in spec.get("containers") or []}
+
+
+def _image_matches(wanted: Any, found: Any) -> bool:
+    """The same image, or the same tag pinned to a digest (as image-verifying admission
+    webhooks rewrite it)."""
+    return found == wanted or (isinstance(found, str) and found.startswith(f"{wanted}@sha256:"))
+
+
+def _env_problem(wanted: list[Mapping[str, Any]], found: list[Mapping[str, Any]]) -> str | None:
+    """Every variable of the template is there, once, with its value; others may be added
+    (admission webhooks add some, e.g. for workload identity)."""
+    for var in wanted:
+        same_name = [e for e in found if e.get("name") == var.get("name")]
+        if same_name != [var]:
+            return f"its environment variable {var.get('name')} differs from the Job's template"
+    return None
+
+
+_POD_FIELDS = ("serviceAccountName", "securityContext", *_HOST_NAMESPACES)
+_STEP_FIELDS = ("name", "image", "command", "args", "workingDir", "securityContext", "env")
+
+
+def pod_essentials(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a pod's spec that :func:`pod_problem` reads (what a watch cache keeps)."""
+    spec = pod.get("spec") or {}
+    found = _containers(spec).get(CONTAINER_NAME)
+    kept: dict[str, Any] = {k: spec[k] for k in _POD_FIELDS if k in spec}
+    if found is not None:
+        kept["containers"] = [{k: found[k] for k in _STEP_FIELDS if k in found}]
+    return kept
+
+
+def pod_problem(job: Mapping[str, Any], pod: Mapping[str, Any]) -> str | None:
+    """Why a pod the Job controls does not run the Job's template, None when it does.
+
+    The Job controller counts every pod that carries the Job's selector labels, and adopts one
+    made by someone else (who may create pods, or add labels to their own). Such a pod runs
+    whatever its maker chose, so its outcome must not stand for the step's. A pod counts when
+    its step container runs the template's image, command, arguments and working directory,
+    with the template's environment variables and security context, and the pod runs as the
+    template's ServiceAccount and pod security context, sharing no host namespace. What
+    admission adds to every pod (a ServiceAccount token volume, default resources, variables
+    and volumes of workload identity) is allowed."""
+    template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    spec = pod.get("spec") or {}
+    wanted = _containers(template).get(CONTAINER_NAME)
+    if wanted is None:
+        return "its Job has no step container to compare it with"
+    found = _containers(spec).get(CONTAINER_NAME)
+    if found is None:
+        return f"it has no container named {CONTAINER_NAME}"
+    if not _image_matches(wanted.get("image"), found.get("image")):
+        return f"it runs image {found.get('image')}, not the Job's {wanted.get('image')}"
+    for key in ("command", "args", "workingDir", "securityContext"):
+        if found.get(key) != wanted.get(key):
+            return f"its step container's {key} differs from the Job's template"
+    env_problem = _env_problem(wanted.get("env") or [], found.get("env") or [])
+    if env_problem:
+        return env_problem
+    account = spec.get("serviceAccountName") or "default"
+    if account != (template.get("serviceAccountName") or "default"):
+        return f"it runs as ServiceAccount {account}, not the Job's"
+    if spec.get("securityContext") != template.get("securityContext"):
+        return "its pod securityContext differs from the Job's template"
+    shared = [key for key in _HOST_NAMESPACES if spec.get(key)]
+    if shared:
+        return f"it sets {', '.join(shared)}"
+    return None
+
+
+POD_LOST = "PodLost"
+"""The reason of an attempt whose Job reports success that none of its own pods confirms."""
+
+
+def _own_outcome(
+    job: Mapping[str, Any], pods: list[Mapping[str, Any]] | None
+) -> tuple[JobState, str | None, str | None, Mapping[str, Any] | None]:
+    """State, reason, message and terminated step container of a Job. A success counts only
+    when one of the Job's pods that run its template (:func:`pod_problem`) ended with exit
+    code 0: a pod someone else made and the Job controller counted can end a Job, and a Job's
+    end stops its own pod. ``pods`` None: the pods were not looked at, the conditions tell."""
+    state, reason, message = _terminal_condition(job)
+    if state == JobState.ACTIVE or pods is None:
+        return state, reason, message, None
+    foreign = [(p, problem) for p in pods if (problem := pod_problem(job, p)) is not None]
+    terminated = _terminated([p for p in pods if pod_problem(job, p) is None])
+    if terminated is not None:
+        ok = terminated.get("exitCode") == 0
+        if not foreign and ok == (state == JobState.SUCCEEDED):
+            return state, reason, message, terminated
+        return (JobState.SUCCEEDED if ok else JobState.FAILED), None, None, terminated
+    if foreign:
+        pod, problem = foreign[0]
+        name = (pod.get("metadata") or {}).get("name", "")
+        text = (
+            f"the Job ended by pod {name}, which does not run the step ({problem}); "
+            "no pod of the step's own ran to its end"
+        )
+        return JobState.FAILED, UNTRUSTED_POD, text, None
+    if state == JobState.SUCCEEDED:
+        text = (
+            "the Job reports success, but none of its own pods is seen to have ended: they were "
+            "deleted, or a pod someone else made ended the Job and left again"
+        )
+        return JobState.FAILED, POD_LOST, text, None
+    return state, reason, message, None
+
+
 def observe_job(
     job: Mapping[str, Any],
-    pods: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] | None,
     *,
     pod_refused: str | None = None,
 ) -> ObservedJob | None:
     """What the core needs to know of a step Job; None for a Job that is not a step Job.
-    ``pods`` must be the Job's own (controlled by it); ``pod_refused``: why the API server
-    refused its pod, if it did and the Job has none."""
+    ``pods`` must be the Job's (controlled by it); only those that run its template tell the
+    outcome (:func:`pod_problem`); None when they were not looked at (the Job's conditions
+    alone, for a guess). ``pod_refused``: why the API server refused its pod, if it
+    did and the Job has none."""
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     try:
@@ -174,9 +292,8 @@ def observe_job(
         attempt = int(labels[s.LABEL_ATTEMPT])
     except (KeyError, ValueError):
         return None
-    state, reason, message = _terminal_condition(job)
+    state, reason, message, terminated = _own_outcome(job, None if pods is None else list(pods))
     status = job.get("status") or {}
-    terminated = _terminated(pods) if state != JobState.ACTIVE else None
     return ObservedJob(
         name=meta.get("name", ""),
         step=step,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun import settings as s
-from agentrun.jobs import job_state, step_terminated
+from agentrun.jobs import job_state, pod_essentials, step_terminated
 
 log = logging.getLogger("agentrun.observer")
 
@@ -90,14 +90,15 @@ def _owner_key(kind: str, obj: Mapping[str, Any]) -> str | None:
 
 
 def _slim(kind: str, obj: Obj) -> Obj:
-    """What the view keeps of an object: Jobs whole (their spec is compared), pods without
-    their spec, Events with what names their Job and says what went wrong."""
+    """What the view keeps of an object: Jobs whole (their spec is compared), pods with only
+    what tells whether they run their Job's template, Events with what names their Job and
+    says what went wrong."""
     meta = dict(_meta(obj))
     meta.pop("managedFields", None)
     if kind == JOBS:
         return {**obj, "metadata": meta}
     if kind == PODS:
-        return {"metadata": meta, "status": obj.get("status") or {}}
+        return {"metadata": meta, "spec": pod_essentials(obj), "status": obj.get("status") or {}}
     keep = ("involvedObject", "reason", "message", "type", "count", "lastTimestamp", "eventTime")
     return {"metadata": meta, **{k: obj[k] for k in keep if k in obj}}
 

@@ -133,7 +133,7 @@ class Reconciler:
             self._dry_run_job,
             self._read_job,
             self._list_pods,
-            self._report_name_taken,
+            self._report,
         )
         self.checkpoint = checkpoint
         self.settings = settings
@@ -275,9 +275,9 @@ class Reconciler:
             )
         )
 
-    def _report_name_taken(self, run: m.AgentRun, message: str) -> None:
+    def _report(self, run: m.AgentRun, reason: str, message: str) -> None:
         log.warning(message, extra=_ctx(run))
-        self._act(run, (EmitEvent("Warning", "JobNameTaken", message),))
+        self._act(run, (EmitEvent("Warning", reason, message),))
 
     # -- verdicts fed to the core ------------------------------------------------------------
 

@@ -15,7 +15,9 @@ step's:
   audit record).
 
 The same holds for a step behind an approval. And a pod that only carries a real step Job's
-name in its labels (and a finished status she wrote herself) is never read as that Job's pod.
+name in its labels (and a finished status she wrote herself) is never read as that Job's pod;
+nor is one that the Job controller adopted and counted because she gave it the Job's selector
+label (without the agentrun-job-pods admission policy, which is not bound here).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from agentrun import jobs
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import job_name
 from agentrun.settings import (
@@ -42,7 +45,7 @@ from agentrun.settings import (
 )
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.support.cluster import Kubectl, bind_role, mint_user, user_subject
+from tests.support.cluster import Kubectl, bind_role, mint_user, read_or_none, user_subject
 from tests.support.runs import (
     IMAGE,
     Run,
@@ -65,10 +68,11 @@ RETRY = {"limit": 1, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds":
 def mallory(
     cluster: TestCluster, kube: KubeClients, namespace: str, tmp_path: Path
 ) -> Iterator[KubeClients]:
-    """A user who may create Jobs and pods (and write pod status) and read runs, nothing more."""
+    """A user who may create Jobs, create and change pods (and write pod status) and read runs,
+    nothing more."""
     rules = [
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "patch"]},
         {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
         {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch"]},
     ]
@@ -275,3 +279,86 @@ def test_a_pod_that_only_names_a_steps_job_in_its_labels_is_ignored(
     assert_nothing_forged(kube, namespace, run)
     forged = kube.core.read_namespaced_pod("forged-step-pod", namespace)
     assert forged.status.phase == "Succeeded", "the forged pod was not in place"
+
+
+def test_a_pod_the_job_controller_adopted_from_someone_else_never_tells_the_outcome(
+    kube: KubeClients,
+    kubectl: Kubectl,
+    namespace: str,
+    operator: OperatorProcess,
+    mallory: KubeClients,
+) -> None:
+    real = "sleep 8; " + envelope("the real step")
+    created = create(
+        kube,
+        namespace,
+        agentrun("adopted", [step("only", real, retry=RETRY)], suspend=True),
+    )
+    uid = created["metadata"]["uid"]
+    taken = job_name("adopted", uid, "only", 1)
+    patch_spec(kubectl, namespace, "adopted", suspend=False)
+    job = wait_for(
+        "the step's Job", lambda: read_or_none(mallory.batch.read_namespaced_job, taken, namespace)
+    )
+    # Her pod: finished as she says (she may write pod status), carrying the Job controller's
+    # tracking finalizer, and then labelled with the Job's selector: the Job controller adopts
+    # it, counts its success, ends the Job and stops the step's own pod.
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "adopted-forgery", "finalizers": ["batch.kubernetes.io/job-tracking"]},
+        "spec": {
+            "schedulingGates": [{"name": "never-scheduled"}],  # nothing runs it
+            "restartPolicy": "Never",
+            "containers": [{"name": "step", "image": IMAGE, "command": ["true"]}],
+        },
+    }
+    mallory.core.create_namespaced_pod(namespace, pod)
+    terminated = {
+        "exitCode": 0,
+        "reason": "Completed",
+        "message": json.dumps({"ok": True, "summary": MARK}),
+        "startedAt": "2099-01-01T00:00:00Z",
+        "finishedAt": "2099-01-01T00:00:01Z",
+    }
+    status = {
+        "phase": "Succeeded",
+        "containerStatuses": [
+            {
+                "name": "step",
+                "image": IMAGE,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+        ],
+    }
+    mallory.core.patch_namespaced_pod_status("adopted-forgery", namespace, {"status": status})
+    selector = {"batch.kubernetes.io/controller-uid": job.metadata.uid, "job-name": taken}
+    mallory.core.patch_namespaced_pod(
+        "adopted-forgery", namespace, {"metadata": {"labels": selector}}
+    )
+
+    def adopted() -> bool:
+        found = kube.core.read_namespaced_pod("adopted-forgery", namespace)
+        return any(ref.uid == job.metadata.uid for ref in found.metadata.owner_references or [])
+
+    wait_for("the Job controller to adopt her pod", adopted)
+    run = wait_phase(kube, namespace, "adopted", "Succeeded")
+    assert step_status(run, "only").get("summary") == "the real step", status_of(run)
+    assert_nothing_forged(kube, namespace, run)
+    # Attempt 1 failed: her pod does not run the step, and its own pod never ended (the Job
+    # controller stopped it when her pod completed the Job). Attempt 2 ran the step.
+    history = status_of(run).get("history") or []
+    failures = [
+        t
+        for t in history
+        if t.get("step") == "only"
+        and any(
+            f"attempt 1 failed ({r}:" in t.get("message", "")
+            for r in (jobs.POD_LOST, jobs.UNTRUSTED_POD)
+        )
+    ]
+    assert failures, json.dumps(history, indent=1)
+    assert step_status(run, "only")["attempt"] == 2

@@ -75,7 +75,7 @@ class FakeApi:
     def list_pods(self, namespace: str, run_uid: str) -> list[dict[str, Any]]:
         return self.pods
 
-    def report(self, run: m.AgentRun, message: str) -> None:
+    def report(self, run: m.AgentRun, reason: str, message: str) -> None:
         self.reports.append(message)
 
 
@@ -104,7 +104,12 @@ def job_pod(job: dict[str, Any], message: str | None, *, controlled: bool = True
             {"kind": "Job", "uid": job["metadata"]["uid"], "controller": True}
         ]
     state = {"terminated": {"exitCode": 0, "message": message, "finishedAt": FINISHED_AT}}
-    return {"metadata": meta, "status": {"containerStatuses": [{"name": "step", "state": state}]}}
+    spec = copy.deepcopy(job["spec"]["template"]["spec"])  # made from the Job's template
+    return {
+        "metadata": meta,
+        "spec": spec,
+        "status": {"containerStatuses": [{"name": "step", "state": state}]},
+    }
 
 
 def finished(job: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from agentrun import jobs, objects
@@ -75,15 +76,33 @@ def test_secret_env_is_passed_by_reference() -> None:
     }
 
 
+_RUN = make_run([step("a")])
+_TEMPLATE: dict[str, Any] = jobs.build_job(_RUN, _create(_RUN))["spec"]["template"]
+
+
 def _job(conditions: list[dict[str, Any]], **meta: Any) -> dict[str, Any]:
     return {
         "metadata": {"name": "j", "labels": {s.LABEL_STEP: "a", s.LABEL_ATTEMPT: "1"}, **meta},
+        "spec": {"template": copy.deepcopy(_TEMPLATE)},
         "status": {"conditions": conditions, "startTime": "2026-11-22T09:00:00Z"},
     }
 
 
-def _pod(message: str | None, code: int, finished: str = "2026-11-22T09:00:05Z") -> dict[str, Any]:
+def _pod(
+    message: str | None,
+    code: int,
+    finished: str = "2026-11-22T09:00:05Z",
+    name: str = "j-abcde",
+    **spec: Any,
+) -> dict[str, Any]:
+    """A pod of :func:`_job`, made from its template (``spec`` changes its spec) and
+    terminated with ``code`` and ``message``."""
+    pod_spec = copy.deepcopy(_TEMPLATE["spec"])
+    pod_spec["serviceAccountName"] = "default"  # as the API server admits it
+    pod_spec.update(spec)
     return {
+        "metadata": {"name": name, "uid": f"uid-{name}"},
+        "spec": pod_spec,
         "status": {
             "containerStatuses": [
                 {
@@ -93,7 +112,7 @@ def _pod(message: str | None, code: int, finished: str = "2026-11-22T09:00:05Z")
                     },
                 }
             ]
-        }
+        },
     }
 
 
@@ -158,3 +177,85 @@ def test_a_pod_refusal_counts_only_while_the_job_is_active() -> None:
     done = {**active, "status": {"conditions": [{"type": "Failed", "status": "True"}]}}
     seen = jobs.observe_job(done, [], pod_refused="forbidden")
     assert seen is not None and seen.state == JobState.FAILED and seen.pod_refused is None
+
+
+def _step_container(**changes: Any) -> list[dict[str, Any]]:
+    container = copy.deepcopy(_TEMPLATE["spec"]["containers"][0])
+    container.update(changes)
+    return [container]
+
+
+def test_a_pod_made_from_the_jobs_template_runs_it() -> None:
+    job = _job([])
+    assert jobs.pod_problem(job, _pod(None, 0)) is None
+    # What admission adds to every pod does not matter: a token volume and its mount,
+    # default resources, workload identity variables, an image pinned to its digest.
+    env = [*_TEMPLATE["spec"]["containers"][0]["env"], {"name": "AWS_REGION", "value": "x"}]
+    mount = {"name": "kube-api-access-x", "mountPath": "/var/run/secrets"}
+    image = f"{_TEMPLATE['spec']['containers'][0]['image']}@sha256:{'0' * 64}"
+    added = _step_container(
+        env=env, volumeMounts=[mount], resources={"limits": {"cpu": "1"}}, image=image
+    )
+    assert jobs.pod_problem(job, _pod(None, 0, containers=added)) is None
+
+
+def test_a_pod_that_runs_anything_else_is_not_the_steps() -> None:
+    job = _job([])
+    env = _TEMPLATE["spec"]["containers"][0]["env"]
+    changed = {
+        "image": _step_container(image="evil:1"),
+        "command": _step_container(command=["sh", "-c", "echo forged"]),
+        "args": _step_container(args=["--forge"]),
+        "workingDir": _step_container(workingDir="/tmp"),
+        "securityContext": _step_container(securityContext={"privileged": True}),
+        "environment": _step_container(env=[{**env[0], "value": "other"}, *env[1:]]),
+        "twice": _step_container(env=[*env, {**env[0], "value": "other"}]),
+        "missing": _step_container(env=env[1:]),
+        "renamed": [{**_step_container()[0], "name": "main"}],
+    }
+    for what, containers in changed.items():
+        assert jobs.pod_problem(job, _pod(None, 0, containers=containers)), what
+    assert "ServiceAccount" in (jobs.pod_problem(job, _pod(None, 0, serviceAccountName="ci")) or "")
+    assert jobs.pod_problem(job, _pod(None, 0, securityContext={"runAsUser": 0}))
+    assert "hostPID" in (jobs.pod_problem(job, _pod(None, 0, hostPID=True)) or "")
+
+
+def test_a_job_ended_by_a_pod_that_is_not_the_steps_fails_without_its_outcome() -> None:
+    forged = _pod('{"ok": true, "summary": "forged"}', 0, name="forged", hostIPC=True)
+    # Its own pod never ran to its end (the Job controller stopped it, or never made it).
+    for killed in ([], [_pod(None, 137, name="own")]):
+        pods = [forged, *killed]
+        ended = jobs.observe_job(_job([{"type": "Complete", "status": "True"}]), pods)
+        assert ended is not None and ended.state == JobState.FAILED, killed
+        if killed:
+            assert ended.exit_code == 137
+        else:
+            assert ended.reason == jobs.UNTRUSTED_POD and "forged" in (ended.message or "")
+        assert (
+            ended.termination_message
+            != forged["status"]["containerStatuses"][0]["state"]["terminated"]["message"]
+        )
+    # Its own pod ran to its end: that is the outcome, whatever the Job's conditions say.
+    own = _pod('{"ok": true, "summary": "real"}', 0, name="own", finished="2026-11-22T09:00:01Z")
+    ended = jobs.observe_job(_job([{"type": "Failed", "status": "True"}]), [forged, own])
+    assert ended is not None and ended.state == JobState.SUCCEEDED
+    assert ended.termination_message == '{"ok": true, "summary": "real"}'
+    # While the Job runs, nothing is read from any pod.
+    running = jobs.observe_job(_job([]), [forged])
+    assert running is not None and running.state == JobState.ACTIVE
+
+
+def test_a_success_no_pod_of_the_jobs_own_confirms_fails_the_attempt() -> None:
+    complete = _job([{"type": "Complete", "status": "True"}])
+    lost = jobs.observe_job(complete, [])
+    assert lost is not None and lost.state == JobState.FAILED and lost.reason == jobs.POD_LOST
+    # Its own pod says otherwise: the pod tells.
+    failed = jobs.observe_job(complete, [_pod("boom", 2)])
+    assert failed is not None and failed.state == JobState.FAILED and failed.exit_code == 2
+    # A failure stands as the Job reports it, pods or not.
+    job_failed = jobs.observe_job(_job([{"type": "Failed", "status": "True", "reason": "X"}]), [])
+    assert job_failed is not None and job_failed.state == JobState.FAILED
+    assert job_failed.reason == "X"
+    # Pods not looked at: the conditions alone.
+    guessed = jobs.observe_job(complete, None)
+    assert guessed is not None and guessed.state == JobState.SUCCEEDED

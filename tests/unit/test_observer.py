@@ -127,7 +127,8 @@ def test_pods_belong_to_the_job_that_controls_them_not_to_the_one_their_label_na
     view.apply(PODS, "ADDED", pod("other", "pu3", job_uid="u9", job_name="j1"))
 
     assert [p["metadata"]["name"] for p in view.pods_of_job("u1")] == ["p1"]
-    assert "spec" not in view.pods_of_job("u1")[0]  # pods are kept without their spec
+    # Pods are kept with only what tells whether they run their Job's template.
+    assert view.pods_of_job("u1")[0]["spec"] == {"containers": [{"name": "step"}]}
 
 
 def test_a_pod_refusal_is_the_latest_failed_create_event_of_the_job() -> None:
