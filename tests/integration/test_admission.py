@@ -217,7 +217,11 @@ def admission(cluster: TestCluster, namespace: str, users: dict[str, Path]) -> I
 def test_shipped_manifests_are_accepted_by_the_api_server(cluster: TestCluster) -> None:
     out = cluster.kubectl("apply", "--dry-run=server", "-f", str(ADMISSION_DIR)).stdout
     for doc in shipped_policies():
-        assert doc["metadata"]["name"] in ("agentrun-identity", "agentrun-approvals")
+        assert doc["metadata"]["name"] in (
+            "agentrun-identity",
+            "agentrun-approvals",
+            "agentrun-job-pods",
+        )
         if doc["kind"].endswith("Binding"):
             assert "matchResources" not in doc["spec"], "the shipped bindings are cluster-wide"
         ref = f"{doc['kind'].lower()}.admissionregistration.k8s.io/{doc['metadata']['name']}"
@@ -229,6 +233,8 @@ def test_shipped_manifests_are_accepted_by_the_api_server(cluster: TestCluster) 
         "MutatingAdmissionPolicy",
         "MutatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
 

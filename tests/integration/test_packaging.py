@@ -109,6 +109,8 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
             "MutatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
     assert container_args(docs) == ["run", "--all-namespaces"]
@@ -467,6 +469,7 @@ def test_kubectl_apply_k_manifests_dry_run(
         "networkpolicy.networking.k8s.io/agentrun-operator",
         "mutatingadmissionpolicy.admissionregistration.k8s.io/agentrun-identity",
         "validatingadmissionpolicy.admissionregistration.k8s.io/agentrun-approvals",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/agentrun-job-pods",
     ):
         assert expected in proc.stdout, proc.stdout
     # Client-side apply (what `kubectl apply -k` does by default) is accepted as well.

@@ -44,6 +44,8 @@ POLICIES = [
     ("mutatingadmissionpolicybindings", "agentrun-identity"),
     ("validatingadmissionpolicies", "agentrun-approvals"),
     ("validatingadmissionpolicybindings", "agentrun-approvals"),
+    ("validatingadmissionpolicies", "agentrun-job-pods"),
+    ("validatingadmissionpolicybindings", "agentrun-job-pods"),
 ]
 KEEP = "helm.sh/resource-policy"
 
