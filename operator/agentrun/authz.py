@@ -45,10 +45,12 @@ operator's RBAC gains): it asks about one namespace, the run's, and is itself na
 Role in each watched namespace grants it (the chart's namespaced mode); a SubjectAccessReview
 is cluster-scoped and would need a ClusterRole that can ask about any namespace.
 
-Cost: a verdict is cached per (run uid, creator, permission) for the run's life, so a plan of
-many steps reading the same Secret costs one review, and a run that references nothing costs
-none. A permission granted after a refusal does not revive the failed step; one revoked while
-the run goes on is not noticed by its later attempts.
+Cost: a verdict is cached per (run uid, creator, permission), so a plan of many steps reading
+the same Secret costs one review, and a run that references nothing costs none. A permission
+held is asked again when a launch needs it more than ``AGENTRUN_RIGHTS_TTL_SECONDS`` (60) after
+it was last confirmed, so a right revoked while a run goes on stops its later launches within
+that time. A refusal is kept for the run's life: a permission granted after a refusal does not
+revive the failed step.
 
 The refusal fails the step before any Job exists (the core reads it from
 :attr:`~agentrun.core.Observed.refusals`), with reason ``Forbidden`` and a message naming what
@@ -59,8 +61,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,11 +208,17 @@ class Authorizer:
     ``api`` is an ``AuthorizationV1Api``. Safe to use from several threads.
     """
 
-    def __init__(self, api: Any) -> None:
+    def __init__(
+        self, api: Any, *, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.api = api
-        self._verdicts: OrderedDict[str, dict[tuple[Creator, tuple[str, str, str]], bool]] = (
-            OrderedDict()
-        )
+        self.ttl = ttl
+        """Seconds a granted permission is trusted before it is asked again."""
+        self.clock = clock
+        self._verdicts: OrderedDict[
+            str, dict[tuple[Creator, tuple[str, str, str]], tuple[bool, float]]
+        ] = OrderedDict()
+        """run uid -> (creator, permission) -> (allowed, when it was asked)."""
         self._guard = threading.Lock()
         self.reviews = 0
         """Reviews asked so far (the API cost, for tests)."""
@@ -263,19 +272,22 @@ class Authorizer:
 
     def _may(self, run_uid: str, namespace: str, creator: Creator, check: Check) -> bool:
         cache_key = (creator, check.permission)
+        now = self.clock()
         with self._guard:
             cached = self._verdicts.get(run_uid, {}).get(cache_key)
             if run_uid in self._verdicts:
                 self._verdicts.move_to_end(run_uid)
         if cached is not None:
-            return cached
+            allowed, asked = cached
+            if not allowed or now - asked < self.ttl:  # a refusal is final for the run
+                return allowed
         response = self.api.create_namespaced_local_subject_access_review(
             namespace, review(namespace, creator, check)
         )
         allowed = _allowed(response)
         with self._guard:
             self.reviews += 1
-            self._verdicts.setdefault(run_uid, {})[cache_key] = allowed
+            self._verdicts.setdefault(run_uid, {})[cache_key] = (allowed, now)
             self._verdicts.move_to_end(run_uid)
             while len(self._verdicts) > RUNS_REMEMBERED:
                 self._verdicts.popitem(last=False)

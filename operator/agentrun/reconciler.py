@@ -290,7 +290,7 @@ class Reconciler:
                 from kubernetes import client as kube_client
 
                 api = kube_client.AuthorizationV1Api(self.apis.core.api_client)
-            self._authorizer = authz.Authorizer(api)
+            self._authorizer = authz.Authorizer(api, ttl=self.settings.rights_ttl_seconds)
         return self._authorizer
 
     def _with_verdicts(self, run: m.AgentRun, observed: Observed) -> Observed:

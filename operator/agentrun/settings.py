@@ -137,6 +137,11 @@ class Settings:
     )
     """A step shows Running once its Job has been active this long; shorter steps go from
     Launching straight to their outcome (a status write fewer per step)."""
+    rights_ttl_seconds: int = field(
+        default_factory=lambda: _env_int("AGENTRUN_RIGHTS_TTL_SECONDS", 60)
+    )
+    """How long a run creator's right, once confirmed by a review, is taken as still held
+    before a later launch that needs it asks again (a revoked right is noticed this late)."""
     llm_image: str = field(
         default_factory=lambda: os.environ.get("AGENTRUN_LLM_IMAGE") or DEFAULT_LLM_IMAGE
     )

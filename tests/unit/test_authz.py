@@ -174,6 +174,25 @@ def test_verdicts_are_cached_per_run_and_permission() -> None:
     assert authorizer.reviews == 2, "verdicts belong to one run"
 
 
+def test_a_right_revoked_while_the_run_goes_on_stops_its_later_launches() -> None:
+    run = created_by(make_run([with_env("read", secret_env("DB", "db"))]), "alice", [])
+    grants = {("alice", "get", "secrets", "db")}
+    now = [0.0]
+    authorizer = authz.Authorizer(FakeAuthorization(grants), ttl=60, clock=lambda: now[0])
+    assert authorizer.refusals(run) == {}
+    grants.clear()  # revoked
+    now[0] = 59.0
+    assert authorizer.refusals(run) == {}, "a grant is trusted for the ttl"
+    assert authorizer.reviews == 1
+    now[0] = 60.0
+    assert "may not get secrets/db" in authorizer.refusals(run)["read"]
+    assert authorizer.reviews == 2
+    grants.add(("alice", "get", "secrets", "db"))
+    now[0] = 1000.0
+    assert "read" in authorizer.refusals(run), "a refusal is final for the run"
+    assert authorizer.reviews == 2
+
+
 def test_no_recorded_creator_fails_closed_without_asking() -> None:
     run = make_run(
         [with_env("read", config_env("S", "settings")), step("plain")],
