@@ -367,7 +367,7 @@ class Adoption:
     def _observe_verified(self, run: m.AgentRun, job: Obj) -> ObservedJob | None:
         job_uid = _uid(job)
         pods = self.view.pods_of_job(job_uid)
-        if jobs.is_finished(job) and not _has_terminated_step(pods):
+        if jobs.is_finished(job) and not any(jobs.step_terminated(p) for p in pods):
             # The pod's last change may not have reached the view yet: read them now.
             listed = self.list_pods(run.metadata.namespace, run.metadata.uid)
             pods = [p for p in listed if _controlled_by(p, job_uid)]
@@ -408,14 +408,6 @@ class Adoption:
 def _controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
     ref = controller_ref(obj)
     return ref is not None and ref.get("uid") == uid
-
-
-def _has_terminated_step(pods: Iterable[Mapping[str, Any]]) -> bool:
-    for pod in pods:
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            if cs.get("name") == jobs.CONTAINER_NAME and (cs.get("state") or {}).get("terminated"):
-                return True
-    return False
 
 
 def _newer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
