@@ -174,6 +174,17 @@ def _image_matches(wanted: Any, found: Any) -> bool:
     return found == wanted or (isinstance(found, str) and found.startswith(f"{wanted}@sha256:"))
 
 
+def _holds(wanted: Any, found: Any) -> bool:
+    """Every field ``wanted`` sets is in ``found`` with the same value; ``found`` may set more
+    (admission that adds security settings, e.g. an SELinux context or a group)."""
+    if wanted is None:
+        return True
+    if isinstance(wanted, Mapping):
+        given = found if isinstance(found, Mapping) else {}
+        return all(_holds(value, given.get(key)) for key, value in wanted.items())
+    return bool(wanted == found)
+
+
 def _env_problem(wanted: list[Mapping[str, Any]], found: list[Mapping[str, Any]]) -> str | None:
     """Every variable of the template is there, once, with its value; others may be added
     (admission webhooks add some, e.g. for workload identity)."""
@@ -205,10 +216,10 @@ def pod_problem(job: Mapping[str, Any], pod: Mapping[str, Any]) -> str | None:
     made by someone else (who may create pods, or add labels to their own). Such a pod runs
     whatever its maker chose, so its outcome must not stand for the step's. A pod counts when
     its step container runs the template's image, command, arguments and working directory,
-    with the template's environment variables and security context, and the pod runs as the
-    template's ServiceAccount and pod security context, sharing no host namespace. What
-    admission adds to every pod (a ServiceAccount token volume, default resources, variables
-    and volumes of workload identity) is allowed."""
+    with the template's environment variables and security settings, and the pod runs as the
+    template's ServiceAccount with its pod security settings, sharing no host namespace. What
+    admission adds to pods (a ServiceAccount token volume, default resources, variables and
+    volumes of workload identity, security settings the template leaves open) is allowed."""
     template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
     spec = pod.get("spec") or {}
     wanted = _containers(template).get(CONTAINER_NAME)
@@ -219,16 +230,18 @@ def pod_problem(job: Mapping[str, Any], pod: Mapping[str, Any]) -> str | None:
         return f"it has no container named {CONTAINER_NAME}"
     if not _image_matches(wanted.get("image"), found.get("image")):
         return f"it runs image {found.get('image')}, not the Job's {wanted.get('image')}"
-    for key in ("command", "args", "workingDir", "securityContext"):
+    for key in ("command", "args", "workingDir"):
         if found.get(key) != wanted.get(key):
             return f"its step container's {key} differs from the Job's template"
+    if not _holds(wanted.get("securityContext"), found.get("securityContext")):
+        return "its step container's securityContext differs from the Job's template"
     env_problem = _env_problem(wanted.get("env") or [], found.get("env") or [])
     if env_problem:
         return env_problem
     account = spec.get("serviceAccountName") or "default"
     if account != (template.get("serviceAccountName") or "default"):
         return f"it runs as ServiceAccount {account}, not the Job's"
-    if spec.get("securityContext") != template.get("securityContext"):
+    if not _holds(template.get("securityContext"), spec.get("securityContext")):
         return "its pod securityContext differs from the Job's template"
     shared = [key for key in _HOST_NAMESPACES if spec.get(key)]
     if shared:

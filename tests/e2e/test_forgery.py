@@ -146,6 +146,45 @@ def assert_nothing_forged(kube: KubeClients, namespace: str, run: Run) -> None:
         )
 
 
+def forge_finished_pod(
+    mallory: KubeClients, namespace: str, name: str, metadata: dict[str, Any]
+) -> None:
+    """Her pod ``name`` (with ``metadata``), never scheduled (nothing runs it), with a status
+    she writes herself: finished, with her envelope, later than any real pod."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **metadata},
+        "spec": {
+            "schedulingGates": [{"name": "never-scheduled"}],
+            "restartPolicy": "Never",
+            "containers": [{"name": "step", "image": IMAGE, "command": ["true"]}],
+        },
+    }
+    mallory.core.create_namespaced_pod(namespace, pod)
+    terminated = {
+        "exitCode": 0,
+        "reason": "Completed",
+        "message": json.dumps({"ok": True, "summary": MARK}),
+        "startedAt": "2099-01-01T00:00:00Z",
+        "finishedAt": "2099-01-01T00:00:01Z",
+    }
+    status = {
+        "phase": "Succeeded",
+        "containerStatuses": [
+            {
+                "name": "step",
+                "image": IMAGE,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+        ],
+    }
+    mallory.core.patch_namespaced_pod_status(name, namespace, {"status": status})
+
+
 CASES = {
     "plain-unlabelled": (False, False, False),
     "plain-owned": (False, True, True),
@@ -239,39 +278,7 @@ def test_a_pod_that_only_names_a_steps_job_in_its_labels_is_ignored(
         "job-name": taken,
         "batch.kubernetes.io/job-name": taken,
     }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "forged-step-pod", "labels": labels},
-        "spec": {
-            "schedulingGates": [{"name": "never-scheduled"}],  # nothing runs it
-            "restartPolicy": "Never",
-            "containers": [{"name": "step", "image": IMAGE, "command": ["true"]}],
-        },
-    }
-    mallory.core.create_namespaced_pod(namespace, pod)
-    # A status she writes herself: finished, with her envelope, later than any real pod.
-    terminated = {
-        "exitCode": 0,
-        "reason": "Completed",
-        "message": json.dumps({"ok": True, "summary": MARK}),
-        "startedAt": "2099-01-01T00:00:00Z",
-        "finishedAt": "2099-01-01T00:00:01Z",
-    }
-    status = {
-        "phase": "Succeeded",
-        "containerStatuses": [
-            {
-                "name": "step",
-                "image": IMAGE,
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {"terminated": terminated},
-            }
-        ],
-    }
-    mallory.core.patch_namespaced_pod_status("forged-step-pod", namespace, {"status": status})
+    forge_finished_pod(mallory, namespace, "forged-step-pod", {"labels": labels})
     patch_spec(kubectl, namespace, "podforge", suspend=False)
 
     run = wait_phase(kube, namespace, "podforge", "Succeeded")
@@ -303,38 +310,8 @@ def test_a_pod_the_job_controller_adopted_from_someone_else_never_tells_the_outc
     # Her pod: finished as she says (she may write pod status), carrying the Job controller's
     # tracking finalizer, and then labelled with the Job's selector: the Job controller adopts
     # it, counts its success, ends the Job and stops the step's own pod.
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "adopted-forgery", "finalizers": ["batch.kubernetes.io/job-tracking"]},
-        "spec": {
-            "schedulingGates": [{"name": "never-scheduled"}],  # nothing runs it
-            "restartPolicy": "Never",
-            "containers": [{"name": "step", "image": IMAGE, "command": ["true"]}],
-        },
-    }
-    mallory.core.create_namespaced_pod(namespace, pod)
-    terminated = {
-        "exitCode": 0,
-        "reason": "Completed",
-        "message": json.dumps({"ok": True, "summary": MARK}),
-        "startedAt": "2099-01-01T00:00:00Z",
-        "finishedAt": "2099-01-01T00:00:01Z",
-    }
-    status = {
-        "phase": "Succeeded",
-        "containerStatuses": [
-            {
-                "name": "step",
-                "image": IMAGE,
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {"terminated": terminated},
-            }
-        ],
-    }
-    mallory.core.patch_namespaced_pod_status("adopted-forgery", namespace, {"status": status})
+    tracked = {"finalizers": ["batch.kubernetes.io/job-tracking"]}
+    forge_finished_pod(mallory, namespace, "adopted-forgery", tracked)
     selector = {"batch.kubernetes.io/controller-uid": job.metadata.uid, "job-name": taken}
     mallory.core.patch_namespaced_pod(
         "adopted-forgery", namespace, {"metadata": {"labels": selector}}

@@ -197,6 +197,19 @@ def test_a_pod_made_from_the_jobs_template_runs_it() -> None:
         env=env, volumeMounts=[mount], resources={"limits": {"cpu": "1"}}, image=image
     )
     assert jobs.pod_problem(job, _pod(None, 0, containers=added)) is None
+    # Security settings the template leaves open, set by admission.
+    pod_security = {**_TEMPLATE["spec"]["securityContext"], "fsGroup": 1000}
+    container_security = {
+        **_TEMPLATE["spec"]["containers"][0]["securityContext"],
+        "seLinuxOptions": {"level": "s0:c1"},
+    }
+    tightened = _pod(
+        None,
+        0,
+        securityContext=pod_security,
+        containers=_step_container(securityContext=container_security),
+    )
+    assert jobs.pod_problem(job, tightened) is None
 
 
 def test_a_pod_that_runs_anything_else_is_not_the_steps() -> None:
@@ -217,6 +230,13 @@ def test_a_pod_that_runs_anything_else_is_not_the_steps() -> None:
         assert jobs.pod_problem(job, _pod(None, 0, containers=containers)), what
     assert "ServiceAccount" in (jobs.pod_problem(job, _pod(None, 0, serviceAccountName="ci")) or "")
     assert jobs.pod_problem(job, _pod(None, 0, securityContext={"runAsUser": 0}))
+    loosened = {**_TEMPLATE["spec"]["securityContext"], "runAsNonRoot": False}
+    assert jobs.pod_problem(job, _pod(None, 0, securityContext=loosened))
+    lowered = {
+        **_TEMPLATE["spec"]["containers"][0]["securityContext"],
+        "capabilities": {"drop": []},
+    }
+    assert jobs.pod_problem(job, _pod(None, 0, containers=_step_container(securityContext=lowered)))
     assert "hostPID" in (jobs.pod_problem(job, _pod(None, 0, hostPID=True)) or "")
 
 
