@@ -263,8 +263,9 @@ def _own_outcome(
     state, reason, message = _terminal_condition(job)
     if state == JobState.ACTIVE or pods is None:
         return state, reason, message, None
-    foreign = [(p, problem) for p in pods if (problem := pod_problem(job, p)) is not None]
-    terminated = _terminated([p for p in pods if pod_problem(job, p) is None])
+    checked = [(p, pod_problem(job, p)) for p in pods]
+    foreign = [(p, problem) for p, problem in checked if problem is not None]
+    terminated = _terminated([p for p, problem in checked if problem is None])
     if terminated is not None:
         ok = terminated.get("exitCode") == 0
         if not foreign and ok == (state == JobState.SUCCEEDED):
