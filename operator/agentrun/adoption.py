@@ -367,8 +367,10 @@ class Adoption:
     def _observe_verified(self, run: m.AgentRun, job: Obj) -> ObservedJob | None:
         job_uid = _uid(job)
         pods = self.view.pods_of_job(job_uid)
-        if jobs.is_finished(job) and not any(jobs.step_terminated(p) for p in pods):
-            # The pod's last change may not have reached the view yet: read them now.
+        if jobs.is_finished(job) and not any(
+            jobs.step_terminated(p) and jobs.pod_problem(job, p) is None for p in pods
+        ):
+            # Its own pod's last change may not have reached the view yet: read them now.
             listed = self.list_pods(run.metadata.namespace, run.metadata.uid)
             pods = [p for p in listed if _controlled_by(p, job_uid)]
         self._report_foreign_pods(run, job, pods)

@@ -340,6 +340,24 @@ def test_a_finished_job_whose_pod_the_view_lacks_gets_its_pods_read_now() -> Non
     assert seen.termination_message == "real"
 
 
+def test_a_pod_someone_else_made_is_reported_and_its_own_pod_read_now() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = finished(operators_job(run))
+    view.apply(JOBS, "ADDED", job)
+    # The Job controller adopted her pod, finished as she wrote it; the view has not seen
+    # the step's own pod end yet.
+    forged = job_pod(job, "forged")
+    forged["metadata"]["uid"] = forged["metadata"]["name"] = "hers"
+    forged["spec"]["containers"][0]["command"] = ["sh", "-c", "echo forged"]
+    view.apply(PODS, "ADDED", forged)
+    api.pods = [forged, job_pod(job, "real")]
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.termination_message == "real"
+    (reported,) = api.reports
+    assert "pod hers of Job" in reported and "command differs" in reported
+
+
 def test_a_pod_refusal_is_observed_for_an_active_job_without_pods() -> None:
     run = launched(step("a"))
     view, api = ClusterView(), FakeApi()
