@@ -20,8 +20,9 @@
 #
 # The Debian mirror is the one this machine's apt uses for bookworm (from /etc/apt/sources.list
 # and /etc/apt/sources.list.d/), else http://deb.debian.org/debian; AGENTRUN_DEBIAN_MIRROR
-# overrides it. debootstrap is installed with apt-get when missing (building the Debian image
-# needs root; a machine that already has both images needs nothing).
+# overrides it. debootstrap is installed with apt-get when missing (hack/lib/apt.sh: it waits for
+# any other apt-get or dpkg to finish; building the Debian image needs root; a machine that
+# already has both images needs nothing). Concurrent runs take turns (a lock in the cache).
 #
 # Pinning and cache: each image carries the label dev.agentrun.base.stamp, a hash of this
 # recipe (suite, variant, mirror, architecture and this script's text); an image whose label
@@ -48,6 +49,9 @@ die() {
     printf 'build-base-images: error: %s\n' "$*" >&2
     exit 1
 }
+HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/apt.sh
+source "$HACK_DIR/lib/apt.sh"
 
 docker info >/dev/null 2>&1 || die "no Docker engine answers \`docker info\`: run hack/docker-up.sh"
 
@@ -118,6 +122,13 @@ image_stamp() { docker image inspect -f "{{ index .Config.Labels \"$LABEL.stamp\
 current() { [[ ${AGENTRUN_BASE_REFRESH:-} != 1 && $(image_stamp "$1") == "$STAMP" ]]; }
 
 mkdir -p "$CACHE"
+# One build at a time (the image suite and the container suite may both ask at once): a second
+# caller waits, then finds the images the first one made up to date.
+exec 8>"$CACHE/build.lock"
+if ! flock -n 8; then
+    log "waiting for another build-base-images.sh to finish (lock $CACHE/build.lock)"
+    flock 8
+fi
 WORK=$(mktemp -d "$CACHE/tmp.XXXXXX")
 cleanup() {
     # debootstrap mounts /proc and /sys in the target: never remove through a mount.
@@ -133,11 +144,8 @@ build_debian() {
     local rootfs=$WORK/rootfs release_date version
     [[ $(id -u) == 0 ]] || die "building $DEBIAN_IMAGE needs root (debootstrap)"
     if ! command -v debootstrap >/dev/null 2>&1; then
-        log "installing debootstrap"
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -q --no-install-recommends debootstrap >"$WORK/apt.log" 2>&1 ||
-            { apt-get update -q && apt-get install -y -q --no-install-recommends debootstrap; } >"$WORK/apt.log" 2>&1 ||
-            { tail -n 20 "$WORK/apt.log" >&2; die "\`apt-get install debootstrap\` failed (last lines above)"; }
+        # Waits for any other apt-get or dpkg, such as hack/docker-up.sh's (hack/lib/apt.sh).
+        apt_install debootstrap || die "\`apt-get install debootstrap\` failed (see above)"
     fi
     log "debootstrap --variant=$VARIANT $SUITE from $MIRROR ($ARCH)"
     debootstrap --variant="$VARIANT" --arch="$ARCH" "$SUITE" "$rootfs" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 ||

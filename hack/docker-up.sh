@@ -5,7 +5,7 @@
 #
 # 1. `docker info` works: done (whatever engine that is: Docker Desktop, a system service...).
 # 2. Otherwise, as root on a machine with apt: install Debian's `docker.io` when `dockerd` is
-#    missing, then start `dockerd` in the background and wait, bounded, until `docker info`
+#    missing (hack/lib/apt.sh: waits for any other apt-get or dpkg to finish), then start `dockerd` in the background and wait, bounded, until `docker info`
 #    answers. The engine keeps running after this script exits.
 #    Storage driver: overlay2 when an overlay mount works in the data root (a test mount says),
 #    else vfs, which works on any filesystem but copies the whole image for every layer: with
@@ -30,7 +30,10 @@ LOG="$CACHE/dockerd.log"
 PIDFILE="$CACHE/dockerd.pid"
 WAIT=${AGENTRUN_DOCKER_WAIT:-60}
 
+HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 log() { printf 'docker-up: %s\n' "$*" >&2; }
+# shellcheck source=lib/apt.sh
+source "$HACK_DIR/lib/apt.sh"
 unavailable() {
     printf 'docker is not available: %s\n' "$*" >&2
     exit 3
@@ -72,14 +75,8 @@ if [[ -z $mine ]]; then
     if ! command -v dockerd >/dev/null 2>&1; then
         command -v apt-get >/dev/null 2>&1 ||
             unavailable "no engine answers \`docker info\`, dockerd is not installed and there is no apt-get to install it"
-        log "installing Debian's docker.io"
-        export DEBIAN_FRONTEND=noninteractive
-        if ! apt-get install -y -q --no-install-recommends docker.io >/dev/null 2>&1; then
-            # The package lists may be missing or stale on a fresh machine.
-            apt-get update -q >/dev/null 2>&1 || true
-            apt-get install -y -q --no-install-recommends docker.io >&2 ||
-                unavailable "\`apt-get install docker.io\` failed (see above)"
-        fi
+        # Waits for any other apt-get or dpkg (hack/lib/apt.sh).
+        apt_install docker.io || unavailable "\`apt-get install docker.io\` failed (see above)"
         command -v dockerd >/dev/null 2>&1 || unavailable "docker.io is installed but dockerd is not on PATH"
     fi
     command -v docker >/dev/null 2>&1 || unavailable "dockerd is installed but the docker client is not on PATH"
