@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 
 from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.ports import lease_ports
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.agents import RESTART, SEARCH, agent_run
@@ -265,19 +265,13 @@ def test_an_endpoint_answering_errors_and_garbage_is_retried_per_policy(
     assert agent_operator.alive()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def test_an_endpoint_that_is_down_fails_the_run_and_the_operator_goes_on(
     kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
 ) -> None:
-    down = f"http://127.0.0.1:{_closed_port()}/v1"
-    create(kube, namespace, agent_run("down", down))
-    run = wait_phase(kube, namespace, "down", "Failed")
+    with lease_ports(1) as port:  # leased and never bound: connections are refused
+        down = f"http://127.0.0.1:{port.port}/v1"
+        create(kube, namespace, agent_run("down", down))
+        run = wait_phase(kube, namespace, "down", "Failed")
     message = status_of(run)["message"]
     assert message.startswith("step t1-model failed: ")
     assert f"the model endpoint {down} cannot be reached" in message

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from agentrun_devcluster.controlplane import free_ports
+from agentrun_devcluster.ports import PortLease, lease_ports
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.cluster import create_namespace, delete_namespace
 from tests.support.docker import Images
@@ -28,10 +28,11 @@ RESTRICTED_LABELS = {
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
 
 
-def values(images: Images) -> list[str]:
-    """``--set`` flags: the local images (never pulled), the healthz and metrics ports on free
-    ports of the host, and step Jobs kept long enough to look at their pods."""
-    liveness, metrics = free_ports(2)  # pods share the node's network here
+def values(images: Images, ports: PortLease) -> list[str]:
+    """``--set`` flags: the local images (never pulled), the healthz and metrics ports on the
+    two leased ports of the host (pods share the node's network here), and step Jobs kept long
+    enough to look at their pods."""
+    liveness, metrics = ports.ports
     settings = {
         "image.repository": images.operator.rpartition(":")[0],
         "image.tag": images.operator.rpartition(":")[2],
@@ -64,13 +65,16 @@ def installed(helm: Helm, kube: KubeClients, images: Images, namespace: str) -> 
     own pods pass the restricted standard too); ``helm uninstall`` afterwards if still there."""
     create_namespace(kube, namespace, labels=RESTRICTED_LABELS)
     release = Release(helm, namespace, images)
+    ports = lease_ports(2)  # held while the operator's pod may listen on them
     try:
-        release.run("install", RELEASE, str(CHART), "--wait", "--timeout", "5m", *values(images))
+        install = ("install", RELEASE, str(CHART), "--wait", "--timeout", "5m")
+        release.run(*install, *values(images, ports))
         yield release
     finally:
         if release.run("status", RELEASE, check=False).returncode == 0:
             release.run("uninstall", RELEASE, "--wait", "--timeout", "5m", check=False)
         delete_namespace(kube, namespace)
+        ports.release()
 
 
 def operator_pods(kube: KubeClients, namespace: str) -> list[Pod]:

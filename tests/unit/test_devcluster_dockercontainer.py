@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import socket
 import stat
 import struct
 import threading
@@ -27,6 +26,7 @@ from agentrun_devcluster.dockercontainer import (
     parse_quantity,
 )
 from agentrun_devcluster.podenv import ConfigError
+from agentrun_devcluster.ports import lease_ports
 from agentrun_devcluster.probes import probe_once, resolve_port
 from agentrun_devcluster.runtime import ProcessRuntime, RuntimeUnavailable, select_runtime
 from agentrun_devcluster.serviceaccount import ServiceAccountVolume
@@ -242,10 +242,8 @@ def test_http_and_tcp_probes_by_port_number_or_name(http_server: int) -> None:
     )
     assert not ok and detail.endswith(": 500")
     assert probe_once({"tcpSocket": {"port": http_server}}, c, "127.0.0.1", no_exec)[0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
-    assert not probe_once({"tcpSocket": {"port": closed}}, c, "127.0.0.1", no_exec)[0]
+    with lease_ports(1) as closed:  # leased and never bound: connections are refused
+        assert not probe_once({"tcpSocket": {"port": closed.port}}, c, "127.0.0.1", no_exec)[0]
     assert not probe_once({"tcpSocket": {"port": "nope"}}, c, "127.0.0.1", no_exec)[0]
 
 

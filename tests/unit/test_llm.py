@@ -4,7 +4,6 @@ HTTP (on 127.0.0.1), through the official ``openai`` client."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from agentrun.core import agent as loop
 from agentrun.core import context as cx
 from agentrun.core.naming import sha256_text
 from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
+from agentrun_devcluster.ports import lease_ports
 from tests.support.stores import FakeStore
 
 
@@ -120,17 +120,11 @@ def test_an_answer_without_calls(tmp_path: Path, model: ScriptedModel) -> None:
     assert envelope["result"]["toolCalls"] == []
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def test_an_endpoint_that_is_down_fails_the_turn_with_the_reason(tmp_path: Path) -> None:
-    base_url = f"http://127.0.0.1:{_closed_port()}/v1"
-    env = _env(tmp_path, base_url)
-    assert llm.run_turn(env, store_factory=_no_store) == 1
+    with lease_ports(1) as down:  # leased and never bound: connections are refused
+        base_url = f"http://127.0.0.1:{down.port}/v1"
+        env = _env(tmp_path, base_url)
+        assert llm.run_turn(env, store_factory=_no_store) == 1
     assert _termination(env).startswith(f"the model endpoint {base_url} cannot be reached")
 
 

@@ -1,7 +1,8 @@
 """A real, node-less Kubernetes control plane run as local processes, for tests.
 
 :class:`ControlPlane` starts etcd, kube-apiserver and kube-controller-manager (binaries
-built by ``hack/build-controlplane.sh``) on 127.0.0.1 with free ports and a private state
+built by ``hack/build-controlplane.sh``) on 127.0.0.1 with leased ports
+(:mod:`agentrun_devcluster.ports`: no other process takes them first) and a private state
 directory, waits until they are healthy and writes an admin kubeconfig. There is no
 kube-scheduler and no kubelet: :mod:`agentrun_devcluster.node` provides a stand-in node
 that binds and runs pods as local processes.
@@ -22,7 +23,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -35,6 +35,7 @@ from typing import IO, Self
 from .kubeconfig import request_serviceaccount_kubeconfig, write_kubeconfig
 from .lifecycle import StartStop, http_answer, wait_answer
 from .pki import PKI, CertPair
+from .ports import PortLease, lease_ports, retry_port_clash
 
 __all__ = [
     "AUDIT_POLICY",
@@ -103,26 +104,6 @@ class ControlPlaneError(RuntimeError):
     """A component failed to start or become healthy; the message carries the log tails."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago (held open
-    together while chosen, so no two are the same)."""
-    held: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            held.append(s)
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in held]
-    finally:
-        for s in held:
-            s.close()
-
-
 def wait_established(
     kubectl: Path | str, kubeconfig: Path | str, crd: str, timeout: float = 60.0
 ) -> None:
@@ -162,6 +143,8 @@ class _Component:
     name: str
     argv: list[str]
     log_path: Path
+    lease: PortLease
+    """The ports it listens on, held until :meth:`stop`."""
     proc: subprocess.Popen[bytes] | None = None
     _log_file: IO[bytes] | None = field(default=None, repr=False)
 
@@ -201,6 +184,7 @@ class _Component:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+        self.lease.release()
 
     def wait_healthy(self, probe: _Probe, timeout: float, logs: Callable[[], str]) -> None:
         """Poll ``probe`` until it answers healthy; raise :class:`ControlPlaneError` with
@@ -315,20 +299,13 @@ class ControlPlane(StartStop):
         """Start all components and wait until healthy; raise :class:`ControlPlaneError`."""
         if self._started:
             return self
-        attempts = 3
-        for attempt in range(1, attempts + 1):
-            try:
-                self._start_once()
-                self._started = True
-                return self
-            except ControlPlaneError as e:
-                port_clash = "address already in use" in str(e).lower()
-                self._stop_components()
-                if not port_clash or attempt == attempts:
-                    self._failed = True  # keep the state dir: its logs explain the failure
-                    raise ControlPlaneError(f"{e}\n(state dir kept: {self.state_dir})") from None
-                log.warning("port clash starting the control plane; retrying with new ports")
-        raise AssertionError("unreachable")
+        try:
+            retry_port_clash(self._start_once, what="the control plane")
+        except ControlPlaneError as e:
+            self._failed = True  # keep the state dir: its logs explain the failure
+            raise ControlPlaneError(f"{e}\n(state dir kept: {self.state_dir})") from None
+        self._started = True
+        return self
 
     def stop(self) -> None:
         """Stop all components (SIGTERM, then SIGKILL) and remove a temporary state dir."""
@@ -401,16 +378,21 @@ class ControlPlane(StartStop):
             comp.stop(self.stop_timeout)
 
     def _start_once(self) -> None:
+        """Start every component on newly leased ports; on failure, stop what was started."""
         self._components = []
         self.timings = {}
         t0 = time.monotonic()
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG",)}
-        etcd_url = self._start_etcd(env)
-        self.timings["etcd"] = time.monotonic() - t0
-        self._start_apiserver(env, etcd_url)
-        self.timings["kube-apiserver"] = time.monotonic() - t0
-        self._start_controller_manager(env)
-        self.timings["kube-controller-manager"] = time.monotonic() - t0
+        try:
+            etcd_url = self._start_etcd(env)
+            self.timings["etcd"] = time.monotonic() - t0
+            self._start_apiserver(env, etcd_url)
+            self.timings["kube-apiserver"] = time.monotonic() - t0
+            self._start_controller_manager(env)
+            self.timings["kube-controller-manager"] = time.monotonic() - t0
+        except BaseException:
+            self._stop_components()
+            raise
         self.time_to_ready = time.monotonic() - t0
         self._write_cluster_info()
         log.info(
@@ -421,18 +403,25 @@ class ControlPlane(StartStop):
         )
 
     def _start_component(
-        self, name: str, argv: list[str], env: Mapping[str, str], probe: _Probe
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        probe: _Probe,
+        lease: PortLease,
     ) -> None:
-        """Start ``name`` (logging to ``<logs>/<name>.log``) and wait until ``probe`` says it
-        is healthy; the error on failure carries every component's log tail."""
-        comp = _Component(name, argv, self.logs_dir / f"{name}.log")
+        """Start ``name`` (logging to ``<logs>/<name>.log``, holding ``lease`` until it stops)
+        and wait until ``probe`` says it is healthy; the error on failure carries every
+        component's log tail."""
+        comp = _Component(name, argv, self.logs_dir / f"{name}.log", lease)
         self._components.append(comp)
         comp.start(env)
         comp.wait_healthy(probe, self.start_timeout, self.logs)
 
     def _start_etcd(self, env: Mapping[str, str]) -> str:
         """Start etcd; return its client URL."""
-        client_port, peer_port = free_ports(2)
+        lease = lease_ports(2)
+        client_port, peer_port = lease.ports
         client_url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         self._start_component(
@@ -443,6 +432,7 @@ class ControlPlane(StartStop):
             ],
             env,
             _Probe(f"{client_url}/health", None, lambda body: b'"true"' in body),
+            lease,
         )
         return client_url
 
@@ -456,7 +446,8 @@ class ControlPlane(StartStop):
         # and delegated authentication in the controller-manager finds a CA bundle.
         front_proxy = self.pki.client_cert("front-proxy-client")
         self.audit_policy.write_text(self.audit_policy_text)
-        port = free_port()
+        lease = lease_ports(1)
+        port = lease.port
         self.server = f"https://127.0.0.1:{port}"
         flags = apiserver_flags(
             etcd_url,
@@ -473,7 +464,7 @@ class ControlPlane(StartStop):
         ctx = ssl.create_default_context(cafile=str(self.pki.ca.cert))
         ctx.load_cert_chain(str(admin.cert), str(admin.key))
         ready = _Probe(f"{self.server}/readyz", ctx, lambda body: body.strip() == b"ok")
-        self._start_component("kube-apiserver", argv, env, ready)
+        self._start_component("kube-apiserver", argv, env, ready, lease)
         self._write_kubeconfig(self.kubeconfig, "admin", admin)
 
     def _start_controller_manager(self, env: Mapping[str, str]) -> None:
@@ -485,7 +476,8 @@ class ControlPlane(StartStop):
         kubeconfig = self._write_kubeconfig(
             self.state_dir / "controller-manager.kubeconfig", user, cert
         )
-        port = free_port()
+        lease = lease_ports(1)
+        port = lease.port
         flags = controller_manager_flags(
             kubeconfig,
             port=port,
@@ -509,6 +501,7 @@ class ControlPlane(StartStop):
             ],
             env,
             _Probe(f"https://127.0.0.1:{port}/healthz", insecure, lambda b: b.strip() == b"ok"),
+            lease,
         )
 
     def _write_kubeconfig(self, path: Path, user: str, cert: CertPair) -> Path:

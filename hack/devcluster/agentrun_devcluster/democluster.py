@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .binaries import resolve_bin_dir
-from .controlplane import ControlPlane, free_port, tail, wait_established
+from .controlplane import ControlPlane, tail, wait_established
 from .node import NodeProcess
+from .operator import OperatorProcess
 
 __all__ = ["NAMESPACE", "REPO", "DemoCluster", "demo_cluster"]
 
@@ -76,19 +76,17 @@ def demo_cluster(
             wait_established(cp.kubectl, cp.kubeconfig, "agentruns.agentrun.dev")
             cluster.kubectl("create", "namespace", NAMESPACE)
             say(f"starting the operator (log: {cluster.operator_log})")
-            with cluster.operator_log.open("wb") as log:
-                operator = subprocess.Popen(
-                    [sys.executable, "-m", "agentrun.cli", "run", "--namespace", NAMESPACE,
-                     "--liveness-port", str(free_port()), "--liveness-host", "127.0.0.1",
-                     "--metrics-port", "0"],
-                    env={**env, "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "5", **(operator_env or {})},
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                )  # fmt: skip
-                try:
-                    yield cluster
-                finally:
-                    operator.terminate()
-                    try:
-                        operator.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        operator.kill()
+            cluster.operator_log.unlink(missing_ok=True)
+            operator = OperatorProcess(
+                cp.kubeconfig,
+                namespaces=[NAMESPACE],
+                env={
+                    "PATH": env["PATH"],
+                    "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "5",
+                    **(operator_env or {}),
+                },
+                log_path=cluster.operator_log,
+                inherit_agentrun_env=True,
+            )
+            with operator:
+                yield cluster

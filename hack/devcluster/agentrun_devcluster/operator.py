@@ -1,10 +1,11 @@
 """The operator (``agentrun run``) as a child process, for end-to-end and crash tests.
 
 :class:`OperatorProcess` starts ``python -m agentrun.cli run --namespace NS ... --kubeconfig
-PATH --liveness-port PORT --metrics-port PORT`` with :data:`sys.executable`, on a free liveness
-port and a free metrics port (``/metrics`` and ``/readyz``: :attr:`OperatorProcess.metrics_url`,
-:attr:`OperatorProcess.readiness_url`), with output (stdout and stderr) appended to a log file,
-and waits until ``/healthz`` answers 200::
+PATH --liveness-port PORT --metrics-port PORT`` with :data:`sys.executable`, on a liveness port
+and a metrics port leased for that start (:mod:`agentrun_devcluster.ports`; ``/metrics`` and
+``/readyz``: :attr:`OperatorProcess.metrics_url`, :attr:`OperatorProcess.readiness_url`), with
+output (stdout and stderr) appended to a log file, and waits until ``/healthz`` answers 200
+(starting again on new ports if one was taken before the operator bound it)::
 
     with OperatorProcess(kubeconfig, namespaces=[ns], env={"AGENTRUN_RESYNC_SECONDS": "5"}) as op:
         ...
@@ -31,15 +32,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Self
 
-from .controlplane import free_ports, tail
+from .controlplane import tail
 from .faults import CRASH_ENV
 from .lifecycle import StartStop, http_answer, wait_answer
+from .ports import PortLease, lease_ports, port_clash, retry_port_clash
 
 __all__ = ["OperatorError", "OperatorProcess"]
 
 
 class OperatorError(RuntimeError):
     """The operator did not become ready, or exited while starting; carries the log tail."""
+
+
+class _PortTaken(OperatorError):
+    """This start failed because a port was taken before the operator bound it."""
 
 
 class OperatorProcess(StartStop):
@@ -90,6 +96,9 @@ class OperatorProcess(StartStop):
         self.starts = 0
         """How many times the process was started."""
         self._log: IO[bytes] | None = None
+        self._lease: PortLease | None = None
+        self._log_offset = 0
+        """Where the log of the last start begins."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -145,14 +154,28 @@ class OperatorProcess(StartStop):
         return env
 
     def start(self, *, wait_ready: bool = True) -> Self:
-        """Start the process (on new free liveness and metrics ports) and wait until /healthz
-        is 200."""
+        """Start the process (on newly leased liveness and metrics ports) and, with
+        ``wait_ready``, wait until /healthz is 200, starting again on new ports while the
+        process exits because a port was taken before it bound it."""
         if self.alive():
             raise OperatorError(f"the operator is already running (pid {self.pid})")
+        if not wait_ready:
+            self._start_once(wait_ready=False)
+        else:
+            retry_port_clash(
+                lambda: self._start_once(wait_ready=True),
+                what="the operator",
+                clash=lambda e: isinstance(e, _PortTaken),
+            )
+        return self
+
+    def _start_once(self, *, wait_ready: bool) -> None:
         self._close_log()
-        self.liveness_port, self.metrics_port = free_ports(2)
+        self._lease = lease_ports(2)
+        self.liveness_port, self.metrics_port = self._lease.ports
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
+        self._log_offset = self._log.tell()
         argv = self.argv()
         crash = self.env.get(CRASH_ENV)
         header = f"--- start {self.starts + 1} at {time.strftime('%FT%T')}: {' '.join(argv)}"
@@ -169,9 +192,24 @@ class OperatorProcess(StartStop):
             start_new_session=True,  # a Ctrl-C of the test runner is not the operator's
         )
         self.starts += 1
-        if wait_ready:
+        if not wait_ready:
+            return
+        try:
             self.wait_ready()
-        return self
+        except OperatorError as e:
+            self.kill()
+            if port_clash(self._last_start_log()):
+                raise _PortTaken(str(e)) from None
+            raise
+
+    def _last_start_log(self) -> str:
+        """The log of the last start only."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Poll /healthz until it answers 200; raise :class:`OperatorError` with the log tail
@@ -268,6 +306,10 @@ class OperatorProcess(StartStop):
             self._log.flush()
 
     def _close_log(self) -> None:
+        """Close the log and release the ports of a process that no longer runs."""
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._lease is not None and not self.alive():
+            self._lease.release()
+            self._lease = None
