@@ -31,6 +31,7 @@ from agentrun_devcluster import binaries
 from agentrun_devcluster.controlplane import wait_established
 from agentrun_devcluster.testing import KubeClients, TestCluster, start_test_cluster
 from tests.support.cluster import Kubectl, fresh_namespace, kube_clients
+from tests.support.docker import DOCKER_MODULES
 from tests.support.helm import Helm
 from tests.support.paths import CRDS_DIR
 
@@ -40,12 +41,14 @@ _TESTS = Path(__file__).resolve().parent
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs two workers, each
     with a session cluster of its own): a module's tests stay on one worker (its module
-    fixtures are built once), and all of tests/containers on one (one Docker engine, one
-    image build at a time)."""
+    fixtures are built once), and every test of the Docker engine (all of tests/containers,
+    and the modules in :data:`DOCKER_MODULES`) on one: they share one engine, whose start
+    installs Debian's docker.io on a new machine, and one set of images built from Debian
+    packages; on two workers they would build the same images twice at once."""
     for item in items:
         path = item.path.resolve()
-        if _TESTS / "containers" in path.parents:
-            group = "containers"
+        if _TESTS / "containers" in path.parents or path in DOCKER_MODULES:
+            group = "docker"
         else:
             group = path.relative_to(_TESTS).as_posix()
         item.add_marker(pytest.mark.xdist_group(group))

@@ -23,6 +23,9 @@ NO_DOCKER = 3
 BUILD_TIMEOUT = 3600
 """Seconds a script may take: a cold image build with the vfs storage driver takes minutes."""
 REQUIRE_ENV = "AGENTRUN_REQUIRE_DOCKER"
+DOCKER_MODULES = frozenset({REPO_ROOT / "tests" / "integration" / "test_image.py"})
+"""Test modules outside tests/containers that build or run Docker images: tests/conftest.py
+puts them in one pytest-xdist group with tests/containers."""
 
 
 @dataclass(frozen=True)

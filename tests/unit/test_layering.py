@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.docker import DOCKER_MODULES
+
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "agentrun"
 PURE = sorted([*(PACKAGE / "core").rglob("*.py"), *(PACKAGE / "api").rglob("*.py")])
 FORBIDDEN = (
@@ -74,3 +76,21 @@ def test_test_modules_import_only_support_and_conftest() -> None:
                 if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
                     offenders.append(f"{path.relative_to(tests)} imports {name}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_every_docker_test_module_shares_the_docker_group() -> None:
+    """Tests of the Docker engine run on one pytest-xdist worker (tests/conftest.py groups
+    them): two workers would install docker.io and build the same images at once."""
+    tests = Path(__file__).resolve().parents[1]
+    using = {
+        path
+        for path in tests.rglob("test_*.py")
+        if "tests.support.docker" in _imports(path) or "hack_script" in path.read_text()
+    }
+    outside = sorted(
+        str(p.relative_to(tests))
+        for p in using - DOCKER_MODULES
+        if tests / "containers" not in p.parents and p != Path(__file__).resolve()
+    )
+    assert not outside, f"add to tests/conftest.py's DOCKER_MODULES: {outside}"
+    assert all(p.exists() for p in DOCKER_MODULES), DOCKER_MODULES
