@@ -23,6 +23,6 @@ def test_an_operator_whose_port_was_taken_starts_on_new_ports_and_runs(
         op = start_operator()
     assert asked == [2, 2]
     assert op.starts == 2
-    assert "Address already in use" in op.log_text()
+    assert "address already in use" in op.log_text().lower()
     create(kube, namespace, agentrun("after-clash", [step("one", envelope("ran"))]))
     wait_phase(kube, namespace, "after-clash", "Succeeded")
