@@ -9,7 +9,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentrun.reconciler import Checkpoint
+    from agentrun.loop.reconciler import Checkpoint
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -28,7 +28,8 @@ def _run(args: argparse.Namespace) -> int:
     import dataclasses
     import os
 
-    from agentrun import logs, settings
+    from agentrun import settings
+    from agentrun.telemetry import logs
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
@@ -50,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
         overrides["peering"] = args.peering
     chosen = dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
     logs.configure()
-    from agentrun import handlers
+    from agentrun.loop import handlers
 
     handlers.run_operator(chosen, liveness_host=args.liveness_host, checkpoint=args.checkpoint)
     return 0
@@ -61,9 +62,9 @@ def _release(args: argparse.Namespace) -> int:
 
     from kubernetes.client.exceptions import ApiException
 
-    from agentrun import janitor
-    from agentrun.handlers import api_client
-    from agentrun.plugin.kube import api_message
+    from agentrun.clients.plugin.kube import api_message
+    from agentrun.loop import janitor
+    from agentrun.loop.handlers import api_client
 
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
@@ -85,10 +86,10 @@ def _release(args: argparse.Namespace) -> int:
 
 def _step(args: argparse.Namespace) -> int:
     if args.command[:1] == ["llm"]:
-        from agentrun import llm
+        from agentrun.pod import llm
 
         return llm.main(args.command[1:])
-    from agentrun import runner
+    from agentrun.pod import runner
 
     return runner.main(args.command)
 
@@ -232,7 +233,7 @@ def _no_devcluster(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None, *, checkpoint: Checkpoint | None = None) -> int:
     """Run the ``agentrun`` command. ``checkpoint`` reaches the reconciler of ``agentrun run``
-    (fault injection in tests; see :data:`agentrun.reconciler.Checkpoint`)."""
+    (fault injection in tests; see :data:`agentrun.loop.reconciler.Checkpoint`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.checkpoint = checkpoint

@@ -105,7 +105,8 @@ class Settings:
     )
     """Address the /metrics and /readyz endpoints listen on."""
     tracing: bool = field(default_factory=lambda: _tracing_configured(os.environ))
-    """Whether spans of runs and step attempts are exported over OTLP (agentrun/tracing.py):
+    """Whether spans of runs and step attempts are exported over OTLP
+    (agentrun/telemetry/tracing.py):
     when OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, unless
     OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none says otherwise. Needs the ``otel`` extra."""
     peering: str | None = field(default_factory=lambda: os.environ.get("AGENTRUN_PEERING"))
@@ -120,13 +121,13 @@ class Settings:
     )
     workers: int = field(default_factory=lambda: _env_int("AGENTRUN_WORKERS", 8))
     """Reconcile passes (and janitor sweeps) run at once, at most; so do deletion handlers.
-    The API client keeps as many connections (agentrun/concurrency.py)."""
+    The API client keeps as many connections (agentrun/loop/concurrency.py)."""
     cleanup_timeout_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_CLEANUP_TIMEOUT_SECONDS", 60)
     )
     """How long deletion cleanup may keep failing before the run's finalizer is released."""
     janitor_seconds: int = field(default_factory=lambda: _env_int("AGENTRUN_JANITOR_SECONDS", 30))
-    """Period of the janitor (agentrun/janitor.py), which finishes deletions no watch
+    """Period of the janitor (agentrun/loop/janitor.py), which finishes deletions no watch
     delivered: runs deleted in a namespace being deleted or while the operator was down."""
     jitter_seed: int = field(default_factory=lambda: _env_int("AGENTRUN_JITTER_SEED", 0))
     job_deletion_grace_seconds: int = field(

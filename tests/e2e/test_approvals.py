@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrun import audit
+from agentrun.access import audit
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, wait_for
 from tests.support.cluster import Kubectl

@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Any
 
-from agentrun import audit
+from agentrun.access import audit
 from agentrun.api.models import API_VERSION, KIND
 from agentrun.core.naming import canonical_json
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID

@@ -1,4 +1,5 @@
-"""Forged step Jobs and pods never stand for a step (the trust model: agentrun.adoption).
+"""Forged step Jobs and pods never stand for a step (the trust model:
+agentrun.observation.adoption).
 
 Mallory may create Jobs and pods in the namespace and read runs, but not create or change
 AgentRuns. A step Job's name is a function of (run name, run uid, step, attempt), so she can
@@ -30,9 +31,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import jobs
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.naming import job_name
+from agentrun.execution import jobs
 from agentrun.settings import (
     JOB_FINALIZER,
     LABEL_ATTEMPT,

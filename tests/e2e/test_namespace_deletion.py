@@ -43,7 +43,11 @@ DELETION_BOUND = 120.0
 STUCK_FOR = 15.0
 """Seconds a namespace is shown to stay Terminating while nobody releases the finalizers."""
 RELEASE = [sys.executable, "-m", "agentrun.cli", "release"]
-PLUGIN = [sys.executable, "-c", "import sys; from agentrun.plugin import main; sys.exit(main())"]
+PLUGIN = [
+    sys.executable,
+    "-c",
+    "import sys; from agentrun.clients.plugin import main; sys.exit(main())",
+]
 
 
 # -- namespaces and runs ----------------------------------------------------------------------

@@ -235,9 +235,9 @@ def test_charts_cluster_role_grants_nothing_more(
         ("watch", "pods", "--all-namespaces"),
         ("watch", "events", "--all-namespaces"),
         ("create", "jobs.batch", ns),
-        ("create", "events.events.k8s.io", ns),  # the operator's Events (agentrun.events)
+        ("create", "events.events.k8s.io", ns),  # the operator's Events (agentrun.telemetry.events)
         ("update", "agentruns.agentrun.dev", "--subresource=status", ns),
-        # Asking whether a run's creator may use what its steps reference (agentrun.authz).
+        # Asking whether a run's creator may use what its steps reference (agentrun.access.authz).
         ("create", "localsubjectaccessreviews.authorization.k8s.io", ns),
     ):
         assert can_i(cluster, me, *args), f"{me.user} should be allowed to {' '.join(args)}"

@@ -1,4 +1,4 @@
-"""agentrun.client.AgentRunClient against the real API server, without an operator.
+"""agentrun.clients.typed.AgentRunClient against the real API server, without an operator.
 
 The operator's part is played by the pure core (:class:`tests.support.sim.Sim`, the same
 ``reconcile`` the operator runs) on the run the client created: its status is written through
@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agentrun import audit, objects
+from agentrun.access import audit
 from agentrun.api import models as m
-from agentrun.client import (
+from agentrun.clients.typed import (
     FIELD_MANAGER,
     AgentRunClient,
     AgentRunError,
@@ -25,6 +25,7 @@ from agentrun.client import (
     WaitTimeout,
 )
 from agentrun.core import naming
+from agentrun.execution import objects
 from agentrun.kubeapi import tolerate
 from agentrun_devcluster.testing import KubeClients, TestCluster
 from tests.support import agent_sim

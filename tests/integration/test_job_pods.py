@@ -4,7 +4,8 @@ The Job controller counts every pod that carries a Job's selector label and adop
 nothing controls. Two defences, each checked against the real API server and Job controller:
 
 * the operator reads an outcome only from pods that run the Job's template
-  (``agentrun.jobs.pod_problem``): a pod the Job controller really made from a step Job passes,
+  (``agentrun.execution.jobs.pod_problem``): a pod the Job controller really made from a step Job
+  passes,
   as the API server admitted it and as the operator's watch cache keeps it;
 * the agentrun-job-pods admission policy (manifests/admission/job-pods-policy.yaml) lets only
   the Job controller create a pod with that label, or set or change it, while Jobs still run.
@@ -20,8 +21,8 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import jobs
 from agentrun.core import CreateJob
+from agentrun.execution import jobs
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import policies_bound_to
 from tests.support.cluster import bind_role, mint_user, user_subject

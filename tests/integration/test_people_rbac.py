@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from agentrun.api import models as m
-from agentrun.client import AgentRunClient, DecisionError
+from agentrun.clients.typed import AgentRunClient, DecisionError
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import APPROVERS, policies_bound_to
 from tests.support.cluster import mint_user, read_or_none, user_subject

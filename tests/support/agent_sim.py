@@ -14,12 +14,13 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import authz, resume
+from agentrun.access import authz
 from agentrun.api import models as m
 from agentrun.core import Observed, ResumeSource
 from agentrun.core import agent as loop
 from agentrun.core import context as cx
 from agentrun.core.actions import StoreRecord
+from agentrun.observation import conversation as resume
 
 from . import agents
 from .sim import UID, Sim, SimJob
@@ -233,7 +234,8 @@ class _Reviews:
 class Sources:
     """The namespace as the shell sees it when it reads a conversation to continue: source
     runs (their :class:`AgentSim`) by name, and ConfigMaps laid over theirs (forgeries,
-    edits; None deletes one). :meth:`read` is :func:`agentrun.resume.read_source` against them,
+    edits; None deletes one). :meth:`read` is :func:`agentrun.observation.conversation.read_source`
+    against them,
     with the creator's rights from ``denied``."""
 
     runs: dict[str, AgentSim] = field(default_factory=dict)

@@ -1,5 +1,5 @@
 """A :class:`~tests.support.sim.Sim` whose committed writes are compared with the status they
-were derived from (:func:`agentrun.telemetry.derive`), as the reconciler does after each
+were derived from (:func:`agentrun.telemetry.changes.derive`), as the reconciler does after each
 successful commit: what the telemetry tests and the tracing tests observe."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from agentrun.api import models as m
 from agentrun.core import Decision
-from agentrun.telemetry import AttemptEnded, Changes, derive
+from agentrun.telemetry.changes import AttemptEnded, Changes, derive
 
 from .sim import Sim, SimJob
 

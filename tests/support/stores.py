@@ -1,11 +1,11 @@
 """An in-memory result store for the step runner's unit tests; the real one
-(:class:`agentrun.runner.ResultStore`) is exercised against the API server in tests/e2e."""
+(:class:`agentrun.pod.runner.ResultStore`) is exercised against the API server in tests/e2e."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentrun import runner
+from agentrun.pod import runner
 
 
 class FakeStore(runner.ResultStore):

@@ -1,4 +1,5 @@
-"""Which Jobs count as a step attempt's (agentrun.adoption): the two checks (controller, spec),
+"""Which Jobs count as a step attempt's (agentrun.observation.adoption): the two checks
+(controller, spec),
 each way of failing them, the verdict cache, the pods that count, and what the core does with
 a Job that holds an attempt's name but is not its Job, or whose pod the API refused."""
 
@@ -9,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from agentrun import adoption, jobs
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, DeleteJob, JobState, Observed, ObservedJob, reconcile
 from agentrun.core.machine import committed_launch
-from agentrun.observer import JOBS, PODS, ClusterView
+from agentrun.execution import jobs
+from agentrun.observation import adoption
+from agentrun.observation.watches import JOBS, PODS, ClusterView
 from tests.support.sim import T0, UID, Sim, make_run, step
 
 

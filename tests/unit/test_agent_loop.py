@@ -483,7 +483,7 @@ def test_token_counts_are_clamped() -> None:
 
 def test_a_new_step_of_the_loop_launches_only_once_committed() -> None:
     """The shell checks a step's Secrets and env against the creator's rights from the status
-    as read (agentrun.authz); a turn's new steps wait one pass, so that they are checked."""
+    as read (agentrun.access.authz); a turn's new steps wait one pass, so that they are checked."""
     sim = AgentSim(agent_run())
     sim.tick()
     assert sim.agent.stage == a.AgentStage.THINKING and not sim.jobs
@@ -500,7 +500,7 @@ def test_a_new_step_of_the_loop_launches_only_once_committed() -> None:
 
 def test_the_committed_launch_of_a_turn_and_a_call_is_the_job_the_machine_created() -> None:
     """A restarted operator verifies a Job found under an attempt's name against the create
-    the committed status gives (agentrun.adoption): for the loop's steps too."""
+    the committed status gives (agentrun.observation.adoption): for the loop's steps too."""
     from agentrun.core.machine import committed_launch
 
     sim = AgentSim(agent_run())

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from agentrun import forks
 from agentrun.api import models as m
-from agentrun.plugin import cli, transcript
-from agentrun.plugin import fork as forking
+from agentrun.clients import forks
+from agentrun.clients.plugin import cli, transcript
+from agentrun.clients.plugin import fork as forking
 from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call
 from tests.support.sim import UID
 

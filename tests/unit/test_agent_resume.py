@@ -1,7 +1,7 @@
 """A run that continues another agent run's conversation (spec.agent.resumeFrom): its first
 turn sees exactly the source's committed conversation up to the turn, read from the source's
 own records and verified against the digests it committed (agentrun.core.resume, and the
-shell's reads in agentrun.resume against an in-memory namespace)."""
+shell's reads in agentrun.observation.conversation against an in-memory namespace)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
+from agentrun.clients.plugin import transcript
 from agentrun.core import context as cx
 from agentrun.core import resume as checks
 from agentrun.core.naming import sha256_text
-from agentrun.plugin import transcript
 from tests.support.agent_sim import (
     FORK_UID,
     RESTART,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from agentrun import audit
+from agentrun.access import audit
 from agentrun.api import models as m
 
 UID = "uid-1"

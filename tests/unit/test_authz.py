@@ -1,4 +1,4 @@
-"""Acting with the creator's rights: which permissions a step needs (agentrun.authz), the
+"""Acting with the creator's rights: which permissions a step needs (agentrun.access.authz), the
 verdicts asked and cached, and how the core fails a refused step."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrun import authz
+from agentrun.access import authz
 from agentrun.api import models as m
 from agentrun.core import CreateJob, EmitEvent, Observed, reconcile
 from tests.support.sim import T0, Sim, make_run, step

@@ -1,4 +1,4 @@
-"""Bounded concurrency (agentrun/concurrency.py): the pass executor, the API client's pool."""
+"""Bounded concurrency (agentrun/loop/concurrency.py): the pass executor, the API client's pool."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from kubernetes import client as kube_client
 
-from agentrun import concurrency
+from agentrun.loop import concurrency
 from agentrun.settings import Settings
 
 

@@ -40,12 +40,12 @@ def wheel_files(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 def test_wheel_holds_the_product(wheel_files: list[str]) -> None:
     for module in (
         "agentrun/cli.py",
-        "agentrun/handlers.py",
-        "agentrun/reconciler.py",
-        "agentrun/runner.py",
+        "agentrun/loop/handlers.py",
+        "agentrun/loop/reconciler.py",
+        "agentrun/pod/runner.py",
         "agentrun/core/machine.py",
         "agentrun/api/models.py",
-        "agentrun/plugin/cli.py",
+        "agentrun/clients/plugin/cli.py",
     ):
         assert module in wheel_files
 

@@ -7,10 +7,10 @@ For README.md and every page under docs/:
 * every ``make TARGET`` in code is a target of the Makefile;
 * every ``agentrun ...`` and ``kubectl agentrun ...`` command in code names subcommands and
   ``--options`` that the parsers define (``agentrun.cli.build_parser()`` with its
-  ``devcluster`` extension, and ``agentrun.plugin.cli.build_parser()``);
+  ``devcluster`` extension, and ``agentrun.clients.plugin.cli.build_parser()``);
 * every repository path in code (``examples/foo.yaml``, ``hack/x.sh``, ``charts/...``) exists;
-* every Python name in code (``agentrun.reconciler.CHECKPOINTS``) can be imported, or is a
-  span or attribute name that ``agentrun.tracing`` emits (``agentrun.step_attempt``).
+* every Python name in code (``agentrun.loop.reconciler.CHECKPOINTS``) can be imported, or is a
+  span or attribute name that ``agentrun.telemetry.tracing`` emits (``agentrun.step_attempt``).
 
 "In code" means inline code spans and fenced code blocks. Failures name the page, the line
 and what is missing.
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from agentrun import cli as agentrun_cli
-from agentrun.plugin import cli as plugin_cli
+from agentrun.clients.plugin import cli as plugin_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -328,9 +328,9 @@ def resolves(name: str) -> bool:
 
 
 def trace_names() -> set[str]:
-    """Span and attribute names agentrun.tracing emits (``agentrun.step_attempt``,
+    """Span and attribute names agentrun.telemetry.tracing emits (``agentrun.step_attempt``,
     ``agentrun.tokens``): the string constants of its source that look like Python names."""
-    source = (ROOT / "operator" / "agentrun" / "tracing.py").read_text()
+    source = (ROOT / "operator" / "agentrun" / "telemetry" / "tracing.py").read_text()
     return {
         node.value
         for node in ast.walk(ast.parse(source))
@@ -405,7 +405,7 @@ uv run agentrun crd -o crds/agentrun.dev_agentruns.yaml
 ```
 
 Files: `examples/approval-gate.yaml`, `examples/no-such-example.yaml`, `hack/nothing.sh`.
-Names: `agentrun.reconciler.CHECKPOINTS`, `agentrun.reconciler.NO_SUCH_NAME`, `agentrun.dev/run`.
+Names: `agentrun.loop.ledger.Ledger`, `agentrun.loop.ledger.NO_SUCH_NAME`, `agentrun.dev/run`.
 """
 
 
@@ -422,7 +422,7 @@ def test_the_checks_report_what_is_missing_with_page_and_line() -> None:
         ("docs/fake.md:13:", "frobnicate is not a subcommand of `kubectl agentrun`"),
         ("docs/fake.md:17:", "`examples/no-such-example.yaml` does not exist"),
         ("docs/fake.md:17:", "`hack/nothing.sh` does not exist"),
-        ("docs/fake.md:18:", "`agentrun.reconciler.NO_SUCH_NAME` cannot be imported"),
+        ("docs/fake.md:18:", "`agentrun.loop.ledger.NO_SUCH_NAME` cannot be imported"),
     ]
     for where, what in expected:
         assert any(p.startswith(where) and what in p for p in problems), (where, what, problems)

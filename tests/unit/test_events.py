@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 
-from agentrun import events
 from agentrun.core import EmitEvent
+from agentrun.telemetry import events
 
 NOW = datetime(2026, 11, 22, 9, 0, 0, 999_999, tzinfo=UTC)
 

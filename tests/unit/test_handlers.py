@@ -1,4 +1,5 @@
-"""Finished runs cost nothing at rest (agentrun.handlers): which finished runs get a pass, when,
+"""Finished runs cost nothing at rest (agentrun.loop.handlers): which finished runs get a pass,
+when,
 and that a run with nothing due gets neither a pass nor a timer, at startup or later."""
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from unittest import mock
 
 import pytest
 
-from agentrun import handlers
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.janitor import Janitor
-from agentrun.observer import ClusterView, Informer
-from agentrun.reconciler import Apis, Reconciler
+from agentrun.loop import handlers
+from agentrun.loop.janitor import Janitor
+from agentrun.loop.reconciler import Apis, Reconciler
+from agentrun.observation.watches import ClusterView, Informer
 from tests.support.sim import T0, UID, Sim, make_run, step
 
 

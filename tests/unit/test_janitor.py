@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import janitor
 from agentrun import settings as s
-from agentrun.reconciler import Apis, Reconciler
+from agentrun.loop import janitor
+from agentrun.loop.reconciler import Apis, Reconciler
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 Body = dict[str, Any]

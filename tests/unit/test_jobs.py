@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from agentrun import jobs, objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState
+from agentrun.execution import jobs, objects
 from tests.support.sim import UID, make_run, step
 
 

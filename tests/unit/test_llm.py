@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from agentrun import llm, runner
 from agentrun import settings as s
 from agentrun.core import agent as loop
 from agentrun.core import context as cx
 from agentrun.core.naming import sha256_text
+from agentrun.pod import llm, runner
 from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
 from agentrun_devcluster.ports import lease_ports
 from tests.support.stores import FakeStore

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import models as m
+from agentrun.clients.plugin import fork
 from agentrun.core import (
     CreateJob,
     DeleteJob,
@@ -22,7 +23,6 @@ from agentrun.core import (
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.naming import sha256_text
 from agentrun.core.observed import CarriedSource, Observed
-from agentrun.plugin import fork
 from tests.support.sim import T0, Sim, SimJob, make_run, step
 
 SP = m.StepPhase

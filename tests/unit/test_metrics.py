@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from agentrun import metrics
 from agentrun.api import models as m
-from agentrun.endpoints import Endpoints, Readiness, watch_kopf_listings
-from agentrun.telemetry import ApprovalDecided, AttemptEnded, Changes
+from agentrun.telemetry import metrics
+from agentrun.telemetry.changes import ApprovalDecided, AttemptEnded, Changes
+from agentrun.telemetry.endpoints import Endpoints, Readiness, watch_kopf_listings
 from tests.support.sim import T0
 
 

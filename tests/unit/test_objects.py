@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agentrun import objects
 from agentrun import settings as s
 from agentrun.api import models as m
+from agentrun.execution import objects
 
 RUN = objects.RunRef(name="r" * 70, namespace="ns", uid="uid-1")
 

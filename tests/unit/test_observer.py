@@ -1,4 +1,5 @@
-"""The watched view of step Jobs, their pods and their pods' refusals (agentrun.observer):
+"""The watched view of step Jobs, their pods and their pods' refusals
+(agentrun.observation.watches):
 indexing by controller, atomic relists, what wakes a run, and the reflector's list+watch loop
 (pages, resumption, 410 Gone) against a fake API."""
 
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentrun import settings as s
-from agentrun.observer import (
+from agentrun.observation.watches import (
     EVENTS,
     JOBS,
     PODS,

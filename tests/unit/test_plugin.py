@@ -13,17 +13,18 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit, objects
+from agentrun.access import audit
 from agentrun.api import models as m
+from agentrun.clients.plugin import cli, render
+from agentrun.clients.plugin import fork as forking
+from agentrun.clients.plugin.kube import PluginError, strip_kind
 from agentrun.core import CarriedSource, graph, naming
-from agentrun.plugin import cli, render
-from agentrun.plugin import fork as forking
-from agentrun.plugin.kube import PluginError, strip_kind
+from agentrun.execution import objects
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID, LABEL_STEP
 from tests.support.sim import T0, UID, Sim, make_run, step
 
 SP = m.StepPhase
-PLUGIN = Path(__file__).resolve().parents[2] / "operator" / "agentrun" / "plugin"
+PLUGIN = Path(__file__).resolve().parents[2] / "operator" / "agentrun" / "clients" / "plugin"
 
 
 def plan_steps(*steps: dict[str, Any]) -> list[m.Step]:
@@ -474,7 +475,7 @@ def test_an_unreachable_server_is_a_readable_failure(
 
 
 def test_the_namespace_comes_from_the_flag_then_the_context(tmp_path: Path) -> None:
-    from agentrun.plugin.kube import Session
+    from agentrun.clients.plugin.kube import Session
 
     config = tmp_path / "config"
     config.write_text(

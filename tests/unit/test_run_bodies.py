@@ -1,4 +1,4 @@
-"""A pass starts from the run as the watch delivered it (agentrun.reconciler.RunBodies): the
+"""A pass starts from the run as the watch delivered it (agentrun.loop.reconciler.RunBodies): the
 newest body wins, whoever offered it; a run is read (a quorum read) on its first pass and at
 least once per resync period, and a decision that would delete a Job without a commit fencing
 it is taken again from a quorum read."""
@@ -10,8 +10,8 @@ from unittest import mock
 
 from agentrun import settings as s
 from agentrun.core import Decision, DeleteJob
-from agentrun.observer import ClusterView
-from agentrun.reconciler import Apis, Reconciler, RunBodies
+from agentrun.loop.reconciler import Apis, Reconciler, RunBodies
+from agentrun.observation.watches import ClusterView
 from tests.support.sim import UID, Sim, make_run, step
 
 
@@ -72,7 +72,7 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
     for patcher in _isolated():
         patcher.start()
     with (
-        mock.patch("agentrun.reconciler.reconcile", return_value=quiet),
+        mock.patch("agentrun.loop.reconciler.reconcile", return_value=quiet),
         mock.patch.object(Reconciler, "_observe", return_value=sim.observed()),
         mock.patch.object(Reconciler, "_act") as act,
     ):
@@ -82,7 +82,7 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
         assert custom.get_namespaced_custom_object.call_count == 1, "read despite the body"
         assert act.call_args_list[-1].args[1] == quiet.after_commit
     with (
-        mock.patch("agentrun.reconciler.reconcile", return_value=deleting),
+        mock.patch("agentrun.loop.reconciler.reconcile", return_value=deleting),
         mock.patch.object(Reconciler, "_observe", return_value=sim.observed()),
         mock.patch.object(Reconciler, "_act") as act,
     ):

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import runner
 from agentrun import settings as s
 from agentrun.core import envelope
+from agentrun.pod import runner
 from tests.support.stores import FakeStore
 
 

@@ -1,4 +1,5 @@
-"""What a committed pass changed (agentrun.telemetry.derive), driven through the real core: each
+"""What a committed pass changed (agentrun.telemetry.changes.derive), driven through the real core:
+each
 committed write is compared with the status it was derived from, as the reconciler does after
 a successful commit; a write that meets a conflict is never compared."""
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from agentrun.api import models as m
-from agentrun.telemetry import (
+from agentrun.telemetry.changes import (
     APPROVED,
     CANCELLED,
     EXPIRED,

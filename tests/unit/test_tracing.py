@@ -15,10 +15,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from agentrun import tracing
 from agentrun.api import models as m
 from agentrun.settings import Settings, _tracing_configured
-from agentrun.telemetry import Changes
+from agentrun.telemetry import tracing
+from agentrun.telemetry.changes import Changes
 from tests.support.recorded import Recorded
 from tests.support.sim import T0, UID, Sim, make_run, step
 
@@ -172,7 +172,7 @@ def test_without_opentelemetry_configured_tracing_is_off_and_says_why(
 def test_the_operator_imports_nothing_of_opentelemetry_while_tracing_is_off() -> None:
     code = (
         "import sys\n"
-        "from agentrun import handlers, telemetry, tracing\n"
+        "from agentrun.loop import handlers\nfrom agentrun.telemetry import changes, tracing\n"
         "from agentrun.settings import Settings\n"
         "assert not tracing.install(Settings(tracing=False))\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"

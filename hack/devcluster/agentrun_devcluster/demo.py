@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from agentrun.plugin import render
+from agentrun.clients.plugin import render
 
 from .democluster import NAMESPACE, REPO, demo_cluster
 

@@ -1,7 +1,7 @@
 """Fault injection for the crash tests: the operator with a checkpoint hook that kills it.
 
 ``python -m agentrun_devcluster.faults run ...`` is ``agentrun run ...`` with a
-:data:`agentrun.reconciler.Checkpoint` hook. ``AGENTRUN_CRASH_AT="after-intent-commit:3,
+:data:`agentrun.loop.reconciler.Checkpoint` hook. ``AGENTRUN_CRASH_AT="after-intent-commit:3,
 after-job-create:1"`` makes that process SIGKILL itself the 3rd time a pass reaches
 ``after-intent-commit`` and the 1st time it reaches ``after-job-create``. The product never
 imports this module: the hook is passed in from here.
@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from agentrun import cli
-from agentrun.reconciler import CHECKPOINTS
+from agentrun.loop.reconciler import CHECKPOINTS
 
 CRASH_ENV = "AGENTRUN_CRASH_AT"
 POINTS = CHECKPOINTS

@@ -20,7 +20,7 @@ class JobState(StrEnum):
 @dataclass(frozen=True)
 class ObservedJob:
     """A step Job as found in the cluster: controlled by the run, and verified by the shell
-    to be the Job the operator created for the attempt (see agentrun.adoption)."""
+    to be the Job the operator created for the attempt (see agentrun.observation.adoption)."""
 
     name: str
     step: str
@@ -86,7 +86,8 @@ class CarriedSource:
 @dataclass(frozen=True)
 class ResumeSource:
     """The conversation ``spec.agent.resumeFrom`` names, as the shell read it from that run in
-    the run's own namespace (:mod:`agentrun.resume`): the context document of the turn after
+    the run's own namespace (:mod:`agentrun.observation.conversation`): the context document of the
+    turn after
     ``turn``, verified against the chain of digests that run committed, or why it cannot be
     continued (``problem``). The core checks the document against ``digest`` again."""
 

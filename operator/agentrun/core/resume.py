@@ -16,7 +16,8 @@ forking user writes goes into it, and nothing is trusted for its name or labels:
   from (``previous``, :class:`agentrun.core.context.Context`), so walking back from the newest
   context to turn N+1 checks every document on the way;
 * the run's creator must be allowed to ``get`` S and the ConfigMap holding that document (the
-  shell asks with LocalSubjectAccessReviews, :mod:`agentrun.authz`): the operator does not lend
+  shell asks with LocalSubjectAccessReviews, :mod:`agentrun.access.authz`): the operator does not
+  lend
   its own right to read them.
 
 Any failure ends the run before its first model turn, reason :data:`REASON`, with a message

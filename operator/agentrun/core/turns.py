@@ -325,7 +325,7 @@ def committed(run: m.AgentRun, step: str) -> bool:
     """Whether ``step`` may be launched in this pass: a plan step always; a step of the loop
     (a new turn's model step, a new tool call) only once the status as read has it, so that
     the shell checked what it uses (the API key Secret, a tool's env) against the creator's
-    rights (agentrun.authz) before its launch is decided."""
+    rights (agentrun.access.authz) before its launch is decided."""
     if run.spec.agent is None or run.step(step) is not None:
         return True
     return any(st.name == step for st in (run.status.steps if run.status else None) or [])

@@ -12,10 +12,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from agentrun import jobs as step_jobs
 from agentrun.api import models as m
 from agentrun.core import CoreConfig, CreateJob, DeleteJob, JobState, Observed, ObservedJob
 from agentrun.core import reconcile as core_reconcile
+from agentrun.execution import jobs as step_jobs
 from agentrun.settings import RUN_FINALIZER
 
 __all__ = [

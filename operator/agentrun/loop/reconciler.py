@@ -27,9 +27,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import audit, authz, events, jobs, objects, resume, telemetry
 from agentrun import settings as s
-from agentrun.adoption import Adoption
+from agentrun.access import audit, authz
 from agentrun.api import models as m
 from agentrun.core import (
     Action,
@@ -49,9 +48,14 @@ from agentrun.core import (
 )
 from agentrun.core import agent as agent_loop
 from agentrun.core.actions import StoreRecord
+from agentrun.execution import jobs, objects
 from agentrun.kubeapi import finalizer_removal, list_items, tolerate
-from agentrun.ledger import Conflict, Ledger
-from agentrun.observer import ClusterView, Wake, controller_uid
+from agentrun.loop.ledger import Conflict, Ledger
+from agentrun.observation import conversation as resume
+from agentrun.observation.adoption import Adoption
+from agentrun.observation.watches import ClusterView, Wake, controller_uid
+from agentrun.telemetry import changes as telemetry
+from agentrun.telemetry import events
 
 log = logging.getLogger("agentrun.reconciler")
 
@@ -124,7 +128,7 @@ class Reconciler:
         starts from it and reads the run (a quorum read) only without one, after a conflict,
         or before deleting a Job on a decision no commit fenced. None: always read."""
         self.view = view
-        """The watched step Jobs, pods and pod refusals (agentrun.observer); a pass waits
+        """The watched step Jobs, pods and pod refusals (agentrun.observation.watches); a pass waits
         until it is synced. Only deletion cleanup works without one."""
         self.wake = wake
         """Wakes a run's next pass (a create met a Job already holding the name)."""
@@ -232,7 +236,7 @@ class Reconciler:
 
     def _with_resume_source(self, run: m.AgentRun, observed: Observed) -> Observed:
         """The conversation spec.agent.resumeFrom names, read from that run and verified
-        (agentrun.resume), until the run's first turn has taken it."""
+        (agentrun.observation.conversation), until the run's first turn has taken it."""
         source = resume.read_source(run, self.apis.core, self._read_source_run, self.authorizer)
         return observed if source is None else dataclasses.replace(observed, resume=source)
 
@@ -246,7 +250,8 @@ class Reconciler:
             return None
 
     def _observe_jobs(self, run: m.AgentRun) -> tuple[ObservedJob, ...]:
-        """The run's Jobs from the view (agentrun.adoption: only those the operator made)."""
+        """The run's Jobs from the view (agentrun.observation.adoption: only those the operator
+        made)."""
         if self.view is None:
             raise RuntimeError("a reconcile pass needs the view of the cluster")
         while not self.view.wait_synced(timeout=30):
@@ -283,7 +288,7 @@ class Reconciler:
 
     @property
     def authorizer(self) -> authz.Authorizer:
-        """SubjectAccessReviews on behalf of runs' creators (see :mod:`agentrun.authz`)."""
+        """SubjectAccessReviews on behalf of runs' creators (see :mod:`agentrun.access.authz`)."""
         if self._authorizer is None:
             api = self.apis.authorization
             if api is None:
@@ -735,7 +740,7 @@ class Reconciler:
         self.post_event(run.metadata.namespace, run.metadata.name, run.metadata.uid, action)
 
     def post_event(self, namespace: str, name: str, uid: str, action: EmitEvent) -> None:
-        """An events.k8s.io/v1 Event on the run (see :mod:`agentrun.events`)."""
+        """An events.k8s.io/v1 Event on the run (see :mod:`agentrun.telemetry.events`)."""
         at = self.event_clock.stamp(self.clock())
         body = events.event_body(
             namespace,

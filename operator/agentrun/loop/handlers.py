@@ -2,7 +2,8 @@
 
 * a daemon per unfinished AgentRun drives it: one reconcile pass, then sleep until the next
   timer, a wake-up (an event on the run, or a change the watches of its Jobs, their pods and
-  their pods' refusals report: agentrun/observer.py) or the periodic resync, whichever comes
+  their pods' refusals report: agentrun/observation/watches.py) or the periodic resync, whichever
+  comes
   first. No pass runs before those watches have listed once;
 * a finished run costs nothing at rest: its daemon ends with the pass that finishes it, and
   what it still needs (deleting its Jobs after the grace, deleting itself past its retention
@@ -11,7 +12,7 @@
   against the watched Jobs and gets a timer only when something is due;
 * the deletion handler removes what the run owns, and releases the run's finalizer within
   ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was left);
-* the janitor (agentrun/janitor.py), started with the operator, finishes the deletions that no
+* the janitor (agentrun/loop/janitor.py), started with the operator, finishes the deletions that no
   watch delivers (a namespace being deleted, runs deleted while the operator was down).
 
 kopf keeps its own bookkeeping in annotations under ``agentrun.dev/`` and never touches
@@ -32,14 +33,16 @@ import kopf
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 
-from agentrun import concurrency, jobs, metrics, tracing
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent, Observed, reconcile
-from agentrun.endpoints import Endpoints, Readiness, watch_kopf_listings
-from agentrun.janitor import Janitor, keep_sweeping
-from agentrun.observer import ClusterView, Informer
-from agentrun.reconciler import Apis, Checkpoint, Outcome, Reconciler, RunBodies
+from agentrun.execution import jobs
+from agentrun.loop import concurrency
+from agentrun.loop.janitor import Janitor, keep_sweeping
+from agentrun.loop.reconciler import Apis, Checkpoint, Outcome, Reconciler, RunBodies
+from agentrun.observation.watches import ClusterView, Informer
+from agentrun.telemetry import metrics, tracing
+from agentrun.telemetry.endpoints import Endpoints, Readiness, watch_kopf_listings
 
 log = logging.getLogger("agentrun.handlers")
 
@@ -320,7 +323,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 @kopf.on.startup()
 async def bound_concurrency(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Passes and sweeps (``asyncio.to_thread``: the loop's default executor) and kopf's own
-    sync handlers (deletion cleanup) each run on ``workers`` threads (agentrun/concurrency.py).
+    sync handlers (deletion cleanup) each run on ``workers`` threads (agentrun/loop/concurrency.py).
     """
     workers = _state(memo).settings.workers
     asyncio.get_running_loop().set_default_executor(concurrency.pass_executor(workers))

@@ -1,5 +1,5 @@
 """The operator's HTTP endpoints beside kopf's liveness endpoint (/healthz): ``/metrics``
-(Prometheus' text format, :mod:`agentrun.metrics`) and ``/readyz``, on one port
+(Prometheus' text format, :mod:`agentrun.telemetry.metrics`) and ``/readyz``, on one port
 (``AGENTRUN_METRICS_PORT``), served from a thread of their own so that a busy event loop
 never delays a scrape.
 
@@ -12,7 +12,7 @@ before, with a JSON body naming what it still waits for:
   stream of events). :func:`watch_kopf_listings` wraps that stream, the one place kopf says
   it, and passes every event on unchanged;
 * the operator's own watches of step Jobs, their pods and pod refusals
-  (:mod:`agentrun.observer`), once each has completed its first list.
+  (:mod:`agentrun.observation.watches`), once each has completed its first list.
 
 Once ready it stays ready: later relists happen while the operator keeps working from what it
 has seen.

@@ -25,12 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrun import objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core import resume as resuming
 from agentrun.core.graph import downstream
+from agentrun.execution import objects
 
 _DNS_LABEL = re.compile(m.DNS_LABEL_PATTERN)
 ANNOTATION_FORKED_FROM = f"{m.GROUP}/forked-from"

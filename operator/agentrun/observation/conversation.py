@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from agentrun import authz
+from agentrun.access import authz
 from agentrun.api import models as m
 from agentrun.core import ResumeSource
 from agentrun.core import resume as checks

@@ -10,7 +10,7 @@ comes from the two statuses (the transitions committed since ``before`` are thos
 ``after.history`` with a higher ``seq``).
 
 :func:`observe_commit` is the one call the reconciler makes: it derives the changes and hands
-them to :mod:`agentrun.metrics` and :mod:`agentrun.tracing`.
+them to :mod:`agentrun.telemetry.metrics` and :mod:`agentrun.telemetry.tracing`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from agentrun import metrics, tracing
 from agentrun.api import models as m
+from agentrun.telemetry import metrics, tracing
 
 log = logging.getLogger("agentrun.telemetry")
 

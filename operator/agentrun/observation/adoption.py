@@ -39,12 +39,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun import jobs
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, ObservedJob
 from agentrun.core.machine import committed_launch
-from agentrun.observer import ClusterView, controller_ref
+from agentrun.execution import jobs
+from agentrun.observation.watches import ClusterView, controller_ref
 
 log = logging.getLogger("agentrun.adoption")
 

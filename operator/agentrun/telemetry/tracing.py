@@ -6,7 +6,8 @@ Tracing is on when the standard OpenTelemetry variables ask for an OTLP export
 opentelemetry-sdk and the OTLP/HTTP exporter). Otherwise :func:`record` returns at once and
 nothing of OpenTelemetry is imported.
 
-Spans are made from what a pass commits (:mod:`agentrun.telemetry`), after the fact, with the
+Spans are made from what a pass commits (:mod:`agentrun.telemetry.changes`), after the fact, with
+the
 start and end times the committed status records, so no span is held open between passes:
 
 * ``agentrun.step_attempt``: one per step attempt, emitted by the pass that commits its end;
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
     from agentrun.settings import Settings
-    from agentrun.telemetry import Changes
+    from agentrun.telemetry.changes import Changes
 
 log = logging.getLogger("agentrun.tracing")
 

@@ -1,7 +1,7 @@
 """Recording a person's decision on a gated step: an entry appended to ``spec.approvals``.
 
 One implementation for every client that decides: ``kubectl agentrun approve|reject`` and
-:class:`agentrun.client.AgentRunClient`. A decision
+:class:`agentrun.clients.typed.AgentRunClient`. A decision
 
 * names the step's current ``argsHash`` (from status), so it covers exactly the arguments the
   person saw; a step without one cannot be decided yet;

@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrun import runner
 from agentrun import settings as s
 from agentrun.core import agent as loop
 from agentrun.core import context as cx
 from agentrun.core import naming
+from agentrun.pod import runner
 
 NO_KEY = "none"
 """Sent as the API key when the run names none (a local server that checks nothing)."""

@@ -25,7 +25,7 @@ is not in the view would be taken for a lost one. :meth:`ClusterView.wait_synced
 every reflector has completed its first list. After that, the view may lag the API server by
 a moment, which is harmless for decisions that end in a status write (the resourceVersion
 fence turns a stale decision into a 409) and is checked with a direct read where it is not
-(see :mod:`agentrun.adoption`).
+(see :mod:`agentrun.observation.adoption`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun import settings as s
-from agentrun.jobs import job_state, pod_essentials, step_terminated
+from agentrun.execution.jobs import job_state, pod_essentials, step_terminated
 
 log = logging.getLogger("agentrun.observer")
 

@@ -8,6 +8,6 @@ release, wait. ``kubectl`` hands the plugin only what follows its name, so clust
 
 from __future__ import annotations
 
-from agentrun.plugin.cli import build_parser, main
+from agentrun.clients.plugin.cli import build_parser, main
 
 __all__ = ["build_parser", "main"]

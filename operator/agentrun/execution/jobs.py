@@ -13,7 +13,7 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, ObservedJob
-from agentrun.objects import RunRef, owner_reference, run_labels
+from agentrun.execution.objects import RunRef, owner_reference, run_labels
 
 CONTAINER_NAME = "step"
 DEFAULT_USER = 65532

@@ -16,13 +16,13 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from agentrun import approvals, audit, forks, objects
+from agentrun.access import approvals, audit
 from agentrun.api import models as m
-from agentrun.core import naming
-from agentrun.plugin import fork as forking
-from agentrun.plugin import render
-from agentrun.plugin import transcript as transcripts
-from agentrun.plugin.kube import (
+from agentrun.clients import forks
+from agentrun.clients.plugin import fork as forking
+from agentrun.clients.plugin import render
+from agentrun.clients.plugin import transcript as transcripts
+from agentrun.clients.plugin.kube import (
     JSON_PATCH,
     MERGE_PATCH,
     PluginError,
@@ -30,6 +30,8 @@ from agentrun.plugin.kube import (
     api_message,
     strip_kind,
 )
+from agentrun.core import naming
+from agentrun.execution import objects
 
 WAIT_INTERVAL_SECONDS = 1.0
 
@@ -75,8 +77,8 @@ def _step_status(run: m.AgentRun, step: str) -> m.StepStatus | None:
 
 # -- approve / reject -----------------------------------------------------------------------
 
-# The decision itself (which argsHash, the entry, the guarded append) is agentrun.approvals,
-# shared with agentrun.client; the names stay importable from here.
+# The decision itself (which argsHash, the entry, the guarded append) is agentrun.access.approvals,
+# shared with agentrun.clients.typed; the names stay importable from here.
 approval_entry = approvals.approval_entry
 append_approval_patch = approvals.append_approval_patch
 
@@ -416,7 +418,7 @@ def cmd_wait(session: Session, args: argparse.Namespace) -> int:
 
 
 def cmd_release(session: Session, args: argparse.Namespace) -> int:
-    from agentrun import janitor
+    from agentrun.loop import janitor
 
     namespaces = () if args.all_namespaces else (session.namespace,)
     sweeper = janitor.Janitor.connect(session.api_client, namespaces)

@@ -14,7 +14,7 @@ the creator's own rights, with a LocalSubjectAccessReview per permission (:func:
 A run that continues another's conversation (``spec.agent.resumeFrom``) has its creator
 checked the same way, once, before the operator hands it that conversation: ``get
 agentruns.agentrun.dev/<source>`` and ``get configmaps/<the source's context>``
-(:mod:`agentrun.resume`).
+(:mod:`agentrun.observation.conversation`).
 
 The env vars that carry inputs from earlier steps are not checked: the core derives them from
 ``step.inputs`` (``_resolve_inputs``), and those that are references name the run's own result

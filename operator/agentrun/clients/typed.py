@@ -3,7 +3,7 @@ steps, read a step's result and the run's history. Runs go in and come out as th
 models of :mod:`agentrun.api.models`, the same ones the operator reads.
 
     from agentrun.api import models as m
-    from agentrun.client import AgentRunClient
+    from agentrun.clients.typed import AgentRunClient
 
     with AgentRunClient(namespace="demo") as runs:
         run = runs.create(m.AgentRun.model_validate(yaml.safe_load(manifest)))
@@ -12,10 +12,11 @@ models of :mod:`agentrun.api.models`, the same ones the operator reads.
         done = runs.wait(run.metadata.name, timeout=600)
 
 :meth:`AgentRunClient.fork` makes a fork exactly as ``kubectl agentrun fork`` does (the shared
-:mod:`agentrun.forks`): from a plan step, or after a turn of an agent run.
+:mod:`agentrun.clients.forks`): from a plan step, or after a turn of an agent run.
 
 Decisions are recorded exactly as ``kubectl agentrun approve|reject`` records them (the shared
-:mod:`agentrun.approvals`): bound to the step's current argsHash, signed with the name the API
+:mod:`agentrun.access.approvals`): bound to the step's current argsHash, signed with the name the
+API
 server knows the caller by, appended by a resourceVersion-guarded JSON patch. Every write
 names the field manager ``agentrun-client``. The client never writes status: that is the
 operator's.
@@ -41,13 +42,15 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from agentrun import approvals, audit, forks, objects
+from agentrun.access import approvals, audit
 from agentrun.api import models as m
+from agentrun.clients import forks
+from agentrun.clients.plugin import fork as forking
+from agentrun.clients.plugin.kube import JSON_PATCH, MERGE_PATCH, api_message
+from agentrun.clients.plugin.render import merge_timeline
 from agentrun.core import naming
+from agentrun.execution import objects
 from agentrun.kubeapi import list_items, tolerate
-from agentrun.plugin import fork as forking
-from agentrun.plugin.kube import JSON_PATCH, MERGE_PATCH, api_message
-from agentrun.plugin.render import merge_timeline
 
 __all__ = [
     "FIELD_MANAGER",

@@ -1,6 +1,7 @@
 """Prometheus metrics of the operator (prometheus-client, on its default registry).
 
-Served with /readyz by :mod:`agentrun.endpoints`; docs/observability.md lists every metric.
+Served with /readyz by :mod:`agentrun.telemetry.endpoints`; docs/observability.md lists every
+metric.
 Labels stay few and bounded: never a run's or a step's name; a namespace only on
 ``agentrun_tokens_total``.
 
@@ -9,7 +10,8 @@ Where the numbers come from:
 * ``agentrun_runs`` (by phase): the runs kopf's watch delivers (:data:`RUNS`, fed by the
   handlers), counted when scraped;
 * step attempts, retries, approval waits, step durations and tokens: what each pass
-  *committed* (:mod:`agentrun.telemetry` compares the status read with the status written), so
+  *committed* (:mod:`agentrun.telemetry.changes` compares the status read with the status written),
+  so
   a pass that meets a conflict and re-derives counts once;
 * reconcile pass durations: timed around each pass by the handlers;
 * status conflicts: counted by the ledger on each 409;
@@ -37,7 +39,7 @@ from prometheus_client.registry import Collector
 from agentrun.api import models as m
 
 if TYPE_CHECKING:
-    from agentrun.telemetry import Changes
+    from agentrun.telemetry.changes import Changes
 
 STEP_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 APPROVAL_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 7200, 21600, 86400, 259200, 604800)

@@ -18,8 +18,8 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 import agentrun
-from agentrun import objects
 from agentrun.api import models as m
+from agentrun.execution import objects
 from agentrun.kubeapi import tolerate
 
 _T = TypeVar("_T")
@@ -279,7 +279,7 @@ class Session:
 
     def audit_record(self, run: m.AgentRun) -> list[dict[str, Any]]:
         """The ConfigMaps labelled as the run's audit record (none while the operator keeps
-        no record); :func:`agentrun.audit.select` tells the record from imitations."""
+        no record); :func:`agentrun.access.audit.select` tells the record from imitations."""
         return self.list_config_maps(objects.owned_by(run.metadata.uid, "audit"))
 
     # -- who am I --------------------------------------------------------------------------

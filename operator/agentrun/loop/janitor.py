@@ -55,7 +55,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
 from agentrun.kubeapi import finalizer_removal, list_items, tolerate
-from agentrun.reconciler import Reconciler
+from agentrun.loop.reconciler import Reconciler
 
 log = logging.getLogger("agentrun.janitor")
 
@@ -130,7 +130,7 @@ class Janitor:
         """A janitor of its own over ``api_client`` (``agentrun release`` and the plugin)."""
         from kubernetes import client as kube_client
 
-        from agentrun.reconciler import Apis
+        from agentrun.loop.reconciler import Apis
 
         apis = Apis(
             core=kube_client.CoreV1Api(api_client),

@@ -33,12 +33,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrun import objects
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.envelope import result_object_data, summary_line
 from agentrun.core.turns import ENV_TOOL_ARGS
+from agentrun.execution import objects
 from agentrun.kubeapi import tolerate
 
 TERMINATION_LIMIT = 4096

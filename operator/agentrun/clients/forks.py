@@ -1,7 +1,7 @@
 """Making a fork: one implementation for ``kubectl agentrun fork`` and
-:meth:`agentrun.client.AgentRunClient.fork`.
+:meth:`agentrun.clients.typed.AgentRunClient.fork`.
 
-What a fork keeps and runs is planned by :mod:`agentrun.plugin.fork` (pure). Making it:
+What a fork keeps and runs is planned by :mod:`agentrun.clients.plugin.fork` (pure). Making it:
 
 1. read the results it carries that are kept by reference (ConfigMaps of the old run), each
    checked against the digest its step committed;
@@ -13,7 +13,8 @@ What a fork keeps and runs is planned by :mod:`agentrun.plugin.fork` (pure). Mak
 
 A fork from an agent run's turn copies nothing of the conversation: the new run names the old
 one in ``spec.agent.resumeFrom``, and the operator reads the conversation from the old run's
-own records (:mod:`agentrun.resume`). The API calls are the caller's (:class:`ForkApi`), so
+own records (:mod:`agentrun.observation.conversation`). The API calls are the caller's
+(:class:`ForkApi`), so
 each client keeps its own connection; a refusal becomes :class:`ForkRefused`, whose message
 says what to do.
 """
@@ -28,9 +29,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
+from agentrun.clients.plugin import fork as forking
+from agentrun.clients.plugin.kube import PluginError, api_message
 from agentrun.core import naming
-from agentrun.plugin import fork as forking
-from agentrun.plugin.kube import PluginError, api_message
 
 
 class ForkRefused(Exception):

@@ -13,10 +13,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrun import metrics
 from agentrun.api import models as m
 from agentrun.kubeapi import tolerate
 from agentrun.settings import FIELD_MANAGER
+from agentrun.telemetry import metrics
 
 log = logging.getLogger("agentrun.ledger")
 
