@@ -11,7 +11,7 @@ Two measures close it:
 
 1. :func:`lease_ports` picks ports *below* that ephemeral range (default 32768-60999, so from
    20000-32767 here), which the kernel never hands out by itself, and skips any port something
-   listens on. A lease holds an exclusive ``flock`` on ``<tmp>/agentrun-ports/<port>.lock`` until
+   listens on. A lease holds an exclusive ``flock`` on ``/tmp/agentrun-ports/<port>.lock`` until
    it is released (or its process dies), so no two leases anywhere on the machine (two pytest
    workers, two clusters of one worker) hold the same port at once. Keep a lease for as long as
    its process uses the port.
@@ -34,7 +34,6 @@ import logging
 import os
 import random
 import socket
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -53,9 +52,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-LOCK_DIR = Path(tempfile.gettempdir()) / "agentrun-ports"
+LOCK_DIR = Path("/tmp/agentrun-ports")
 """Where the leases' lock files live, one per port ever leased (empty files, never removed:
-removing a lock file while another process waits on it would split the lock)."""
+removing a lock file while another process waits on it would split the lock). One directory
+for the whole machine, whatever a process's TMPDIR: the leases of every process must meet."""
 LOWEST = 20000
 """The lowest port leased when the ephemeral range leaves room below it."""
 MIN_SPAN = 1024
