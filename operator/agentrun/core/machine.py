@@ -646,32 +646,19 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         if not agent_loop.image_exempt(b.status.agent, step.name) and not _image_allowed(
             b.run, step
         ):
-            st.finished_at = b.now
-            st.error = m.StepError(
-                reason="ImageNotAllowed",
-                message=f"image {step.container.image} is not allowed by policy.allowedImages",
-                at=b.now,
-            )
-            b.move(st, SP.FAILED, "ImageNotAllowed", st.error.message)
-            b.stop("ImageNotAllowed", f"step {step.name}: {st.error.message}")
+            image = step.container.image
+            message = f"image {image} is not allowed by policy.allowedImages"
+            _fail_before_launch(b, step, st, "ImageNotAllowed", message)
             return
         refusal = b.observed.refusals.get(step.name)
         if refusal is not None:  # the creator may not have it run: fail before any Job
-            st.finished_at = b.now
             st.next_attempt_at = None
             st.approval_requested_at = None
-            st.error = m.StepError(reason="Forbidden", message=_truncate(refusal, 1024), at=b.now)
-            b.move(st, SP.FAILED, "Forbidden", refusal)
-            b.stop("Forbidden", f"step {step.name}: {refusal}")
+            _fail_before_launch(b, step, st, "Forbidden", refusal)
             return
         resolved = _resolve_inputs(b, step)
         if isinstance(resolved, str):
-            st.finished_at = b.now
-            st.error = m.StepError(
-                reason="InputMissing", message=_truncate(resolved, 1024), at=b.now
-            )
-            b.move(st, SP.FAILED, "InputMissing", resolved)
-            b.stop("InputMissing", f"step {step.name}: {resolved}")
+            _fail_before_launch(b, step, st, "InputMissing", resolved)
             return
         input_env, input_digests = resolved
         # Recomputed for every attempt: a retry whose arguments, ServiceAccount or any other
@@ -679,10 +666,7 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         # a new approval (and the attempt a new idempotency key).
         h = _args_hash(b.run, step, input_digests)
         if h is None:
-            st.finished_at = b.now
-            st.error = m.StepError(reason="InvalidStep", message=UNHASHABLE, at=b.now)
-            b.move(st, SP.FAILED, "InvalidStep", UNHASHABLE)
-            b.stop("InvalidStep", f"step {step.name}: {UNHASHABLE}")
+            _fail_before_launch(b, step, st, "InvalidStep", UNHASHABLE)
             return
         if st.args_hash is not None and st.args_hash != h:
             b.record(
@@ -725,6 +709,17 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
             )
             return
         _commit_launch_intent(b, step, st, h, input_env, first, decision)
+
+
+def _fail_before_launch(
+    b: _Builder, step: m.Step, st: m.StepStatus, reason: str, message: str
+) -> None:
+    """The step cannot be launched (its image, its creator's rights, its inputs or its
+    arguments forbid it): it fails before any Job of it exists, and the run stops."""
+    st.finished_at = b.now
+    st.error = m.StepError(reason=reason, message=_truncate(message, 1024), at=b.now)
+    b.move(st, SP.FAILED, reason, message)
+    b.stop(reason, f"step {step.name}: {message}")
 
 
 def _wait_for_approval(b: _Builder, step: m.Step, st: m.StepStatus, h: str) -> bool:
