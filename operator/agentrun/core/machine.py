@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from agentrun.api import models as m
@@ -48,9 +48,21 @@ from agentrun.core.actions import (
     StoreResult,
 )
 from agentrun.core.backoff import backoff_seconds
-from agentrun.core.envelope import MAX_TOKENS, Envelope, clean, parse, result_object_data
+from agentrun.core.builder import (
+    MESSAGE_LIMIT,
+    REASON_LIMIT,
+    Builder,
+    CoreConfig,
+    all_steps,
+    floor_seconds,
+    posts_event,
+    truncate,
+)
+from agentrun.core.envelope import MAX_TOKENS, Envelope, parse, result_object_data
 from agentrun.core.graph import plan_problems
 from agentrun.core.observed import JobState, Observed, ObservedJob
+
+__all__ = ["CoreConfig", "Decision", "committed_launch", "posts_event", "reconcile"]
 
 SUCCEEDED = "Succeeded"
 APPROVAL_PENDING = "ApprovalPending"
@@ -58,34 +70,12 @@ READY = "Ready"
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
 """Ready, Reconciling and Stalled follow kstatus (sigs.k8s.io/cli-utils/pkg/kstatus), the
-library behind Flux's health checks and Helm 4's ``--wait``: see :func:`_set_conditions`."""
-MESSAGE_LIMIT = 512
-REASON_LIMIT = 128
-"""StepError.reason's maxLength; reasons also become condition and transition reasons."""
-USER_LIMIT = 253
+library behind Flux's health checks and Helm 4's ``--wait``: see :func:`set_conditions`."""
 INLINE_RESULT_MAX = m.MAX_INLINE_RESULT
 """Results are kept inline only up to this many bytes, whatever the configured limit:
 status.steps[].result's maxLength."""
 EXIT_CODES = range(-(2**31), 2**31)
 TTL_LIMIT = 100 * 365 * 86400
-
-
-@dataclass(frozen=True)
-class CoreConfig:
-    """Tunables of the state machine (operator settings, not user API)."""
-
-    inline_result_limit: int = 256
-    """Results up to this many bytes are kept in status; larger ones in a ConfigMap."""
-    history_limit: int = m.MAX_HISTORY
-    jitter_seed: int = 0
-    job_deletion_grace_seconds: int = 30
-    step_timeout_grace_seconds: int = 30
-    running_after_seconds: int = 2
-    """A step moves from Launching to Running once its Job has been active this long: a
-    shorter step goes from Launching straight to its outcome, one status write fewer."""
-    """After a step's timeout plus this, the core stops waiting for the Job's own deadline."""
-    agent: agent_loop.AgentConfig = field(default_factory=agent_loop.AgentConfig)
-    """Settings of the agent loop (model turns' image and command)."""
 
 
 @dataclass(frozen=True)
@@ -108,129 +98,15 @@ class Decision:
         return old != self.status.to_wire()
 
 
-def _truncate(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """``text`` fit for status: valid Unicode, at most ``limit`` characters."""
-    if len(text) <= limit:
-        return clean(text)
-    return clean(text[: limit - 1]) + "…"
-
-
-NOTABLE_STEP_PHASES = frozenset({SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF, SP.FAILED})
-NOTABLE_RUN_PHASES = m.TERMINAL_RUN_PHASES | {m.RunPhase.SUSPENDED}
-NOTABLE_REASONS = frozenset({"ApprovalRequested", "Rejected", "ApprovalExpired", "ArgsChanged"})
-
-
-def posts_event(transition: m.Transition) -> bool:
-    """Whether the operator posts an Event for ``transition`` (see :func:`_notable`)."""
-    t = transition
-    return _warns(t.to_phase, t.reason) or _notable(t.step, t.to_phase, t.reason, t.by)
-
-
-def _warns(new: str, reason: str) -> bool:
-    return new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith(("Exceeded", "Refused"))
-
-
-def _notable(step: str | None, new: str, reason: str, by: str | None) -> bool:
-    """Whether a transition is worth an Event: what a person watching the run acts on (a
-    failed attempt, an approval asked for or decided, a person's own action, the run's end or
-    pause). Every transition is in status.history and the audit record either way; routine
-    ones (Launching, Running, Succeeded of a step) post no Event, which saves a write each."""
-    if by is not None or reason in NOTABLE_REASONS:
-        return True
-    if step is None:
-        return new in NOTABLE_RUN_PHASES
-    return new in NOTABLE_STEP_PHASES
-
-
-def _floor_seconds(t: datetime) -> datetime:
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=UTC)
-    return t.astimezone(UTC).replace(microsecond=0)
-
-
-@dataclass
-class _Halt:
-    reason: str
-    message: str
-
-
-@dataclass
-class _Builder:
-    """Mutable working state of one reconcile."""
-
-    run: m.AgentRun
-    observed: Observed
-    now: datetime
-    config: CoreConfig
-    status: m.AgentRunStatus
-    steps: dict[str, m.StepStatus]
-    transitions: list[m.Transition] = field(default_factory=list)
-    events: list[EmitEvent] = field(default_factory=list)
-    before: list[Action] = field(default_factory=list)
-    after: list[Action] = field(default_factory=list)
-    timers: list[datetime] = field(default_factory=list)
-    halt: _Halt | None = None
-
-    # -- recording -------------------------------------------------------------------------
-
-    def record(
-        self,
-        step: str | None,
-        old: str | None,
-        new: str,
-        reason: str,
-        msg: str,
-        by: str | None = None,
-    ) -> None:
-        seq = (self.status.history_seq or 0) + 1
-        self.status.history_seq = seq
-        self.transitions.append(
-            m.Transition(
-                at=self.now,
-                step=step,
-                from_phase=old,
-                to_phase=new,
-                reason=reason,
-                message=_truncate(msg, 256) or None,
-                by=_truncate(by, USER_LIMIT) if by is not None else None,
-                seq=seq,
-            )
-        )
-        warning = _warns(new, reason)
-        if warning or _notable(step, new, reason, by):
-            self.events.append(
-                EmitEvent("Warning" if warning else "Normal", reason, _truncate(msg))
-            )
-
-    def move(
-        self, st: m.StepStatus, phase: SP, reason: str, msg: str, by: str | None = None
-    ) -> None:
-        if st.phase == phase:
-            st.message = _truncate(msg)
-            return
-        old = st.phase
-        st.phase = phase
-        st.message = _truncate(msg)
-        self.record(st.name, old, phase, reason, f"step {st.name}: {msg}", by)
-
-    def stop(self, reason: str, message: str) -> None:
-        if self.halt is None:
-            self.halt = _Halt(reason, message)
-
-    def timer(self, at: datetime | None) -> None:
-        if at is not None:
-            self.timers.append(at)
-
-
 def reconcile(
     run: m.AgentRun, observed: Observed, now: datetime, config: CoreConfig | None = None
 ) -> Decision:
     """Derive the next status of ``run`` and the actions that move it forward."""
     config = config or CoreConfig()
-    now = _floor_seconds(now)
+    now = floor_seconds(now)
     status = (run.status or m.AgentRunStatus()).model_copy(deep=True)
     steps = {s.name: s for s in (status.steps or [])}
-    b = _Builder(run, observed, now, config, status, steps)
+    b = Builder(run, observed, now, config, status, steps)
 
     if status.phase is None:
         status.phase = m.RunPhase.PENDING
@@ -241,12 +117,12 @@ def reconcile(
 
     if status.phase in m.TERMINAL_RUN_PHASES:
         if not any(c.type == READY for c in status.conditions or []):
-            _set_conditions(b, _ended_reason(status))  # finished before Ready existed
+            set_conditions(b, ended_reason(status))  # finished before Ready existed
         return _finish(b)
 
     problems = plan_problems(run.spec.plan.steps)
     if problems:
-        _end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
+        end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
         return _finish(b)
 
     carried = {c.step: c for c in run.spec.carried_results or []}
@@ -259,16 +135,16 @@ def reconcile(
         elif steps[step.name].phase == SP.CANCELLED:
             # Only removal from the plan cancels a step of a run that goes on (every other
             # cancellation ends the run): the step is back, so it starts again.
-            _restart_readded(b, steps[step.name])
-        if _needs_approval(run, step):
+            restart_readded(b, steps[step.name])
+        if needs_approval(run, step):
             steps[step.name].gated = True  # and stays so: see StepStatus.gated
-    _carry_results(b, to_carry, carried)
-    _forget_removed_steps(b)
+    carry_results(b, to_carry, carried)
+    forget_removed_steps(b)
 
-    for step in _all_steps(b):
+    for step in all_steps(b):
         st = steps[step.name]
         if st.phase in (SP.LAUNCHING, SP.RUNNING):
-            _observe_attempt(b, step, st)
+            observe_attempt(b, step, st)
 
     budget = run.spec.budget or m.Budget()
     deadline = (
@@ -277,7 +153,7 @@ def reconcile(
         else None
     )
     if run.spec.cancel:
-        _abort(
+        abort(
             b,
             m.RunPhase.CANCELLED,
             "Cancelled",
@@ -286,7 +162,7 @@ def reconcile(
         )
         return _finish(b)
     if deadline is not None and now >= deadline:
-        _abort(
+        abort(
             b,
             m.RunPhase.FAILED,
             "DeadlineExceeded",
@@ -306,7 +182,7 @@ def reconcile(
     # A failed tool call is answered to the model; a failed plan step or model turn fails.
     failed = [
         s
-        for s in _all_steps(b)
+        for s in all_steps(b)
         if steps[s.name].phase == SP.FAILED and not agent_loop.is_tool_step(status.agent, s.name)
     ]
     if failed:
@@ -320,9 +196,9 @@ def reconcile(
     if b.halt is None:
         agent_loop.advance(b, config.agent)
     if b.halt is None and not run.spec.suspend:
-        _launch_ready_steps(b, budget)
+        launch_ready_steps(b, budget)
 
-    _settle(b)
+    settle(b)
     return _finish(b)
 
 
@@ -331,8 +207,8 @@ def reconcile(
 # ---------------------------------------------------------------------------------------------
 
 
-def _carry_results(
-    b: _Builder, to_carry: Sequence[m.Step], carried: dict[str, m.CarriedResult]
+def carry_results(
+    b: Builder, to_carry: Sequence[m.Step], carried: dict[str, m.CarriedResult]
 ) -> None:
     """Accept or refuse, once, the carried results of steps seen for the first time.
 
@@ -353,17 +229,17 @@ def _carry_results(
                 _carry(b, st, carried[step.name])
             else:
                 origin = carried[step.name].from_run or "an unnamed run"
-                text = _truncate(
+                text = truncate(
                     f"step {step.name}: the result carried from {origin} is refused "
                     f"({refused}); the step runs",
                     256,
                 )
-                st.message = _truncate(f"carried result refused: {refused}")
+                st.message = truncate(f"carried result refused: {refused}")
                 b.record(step.name, None, SP.PENDING, "CarriedResultRefused", text)
 
 
 def _refuse_carried(
-    b: _Builder, step: m.Step, st: m.StepStatus, carried: m.CarriedResult
+    b: Builder, step: m.Step, st: m.StepStatus, carried: m.CarriedResult
 ) -> str | None:
     """Why a carried result cannot be accepted, or None when it can: it must be what its
     source run committed for the step's current arguments, and a gated step's arguments must
@@ -373,10 +249,10 @@ def _refuse_carried(
         return f"dependency {not_carried[0]} was not carried"
     if carried.args_hash is None:
         return "the entry has no argsHash"
-    resolved = _resolve_inputs(b, step)
+    resolved = resolve_inputs(b, step)
     if isinstance(resolved, str):  # pragma: no cover - every dependency succeeded
         return resolved
-    h = _args_hash(b.run, step, resolved[1])
+    h = args_hash(b.run, step, resolved[1])
     if h is None:
         return UNHASHABLE
     st.args_hash = h
@@ -400,14 +276,14 @@ def _refuse_carried(
         source.summary[:1024] if source.summary else None
     ):
         return f"it is not the result {carried.from_run} committed"
-    if _needs_approval(b.run, step):
-        decision = _decision_for(b.run, step.name, h)
+    if needs_approval(b.run, step):
+        decision = decision_for(b.run, step.name, h)
         if decision is None or decision.decision != m.ApprovalDecision.APPROVE:
             return f"the step needs approval and spec.approvals does not approve args {h[:12]}"
     return None
 
 
-def _carry(b: _Builder, st: m.StepStatus, carried: m.CarriedResult) -> None:
+def _carry(b: Builder, st: m.StepStatus, carried: m.CarriedResult) -> None:
     """A result committed by an earlier run: the step counts as Succeeded, runs no Job."""
     st.summary = carried.summary
     st.result = carried.result
@@ -418,14 +294,14 @@ def _carry(b: _Builder, st: m.StepStatus, carried: m.CarriedResult) -> None:
     b.move(st, SP.SUCCEEDED, "Carried", f"result carried over from the run{origin}")
 
 
-def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
+def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
     job = b.observed.job(st.job_name or "")
     if job is None:
         refused = b.observed.job_refusals.get(st.job_name or "")
         if st.phase == SP.LAUNCHING and refused is not None:
             _job_refused(b, step, st, refused)
         elif st.phase == SP.LAUNCHING and (st.job_name or "") not in b.observed.vanished:
-            _reissue_create(b, step, st)
+            reissue_create(b, step, st)
         else:
             _attempt_failed(
                 b,
@@ -480,11 +356,11 @@ def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
     _attempt_failed(b, step, st, reason, message, exit_code)
 
 
-def _note_running(b: _Builder, st: m.StepStatus, job: ObservedJob) -> None:
+def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
     """Launching becomes Running once the Job has been active ``running_after_seconds``
     (a timer brings the pass that sees it); a Job that ends sooner skips Running."""
     started = job.started_at or st.attempt_started_at  # the Job's startTime, else the intent's
-    since = min(_floor_seconds(started), b.now) if started else b.now
+    since = min(floor_seconds(started), b.now) if started else b.now
     due = since + timedelta(seconds=b.config.running_after_seconds)
     if b.now >= due:
         b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
@@ -492,14 +368,14 @@ def _note_running(b: _Builder, st: m.StepStatus, job: ObservedJob) -> None:
         b.timer(due)
 
 
-def _job_refused(b: _Builder, step: m.Step, st: m.StepStatus, message: str) -> None:
+def _job_refused(b: Builder, step: m.Step, st: m.StepStatus, message: str) -> None:
     """The API server refused the attempt's Job: the attempt failed, and the step's retry
     policy decides what follows (a spec the API rejects is rejected again, so retries end)."""
     attempt = st.attempt
     _attempt_failed(b, step, st, "JobRefused", message, None)
     if st.phase != SP.FAILED:  # a retry is scheduled: warn all the same, in the API's words
         text = f"step {step.name}: the Job of attempt {attempt} was refused: {message}"
-        b.events.append(EmitEvent("Warning", "JobRefused", _truncate(text)))
+        b.events.append(EmitEvent("Warning", "JobRefused", truncate(text)))
 
 
 def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
@@ -512,7 +388,7 @@ def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
     return job.reason or "Error", detail or "the Job failed"
 
 
-def _check_step_timeout(b: _Builder, step: m.Step, st: m.StepStatus, job: ObservedJob) -> None:
+def _check_step_timeout(b: Builder, step: m.Step, st: m.StepStatus, job: ObservedJob) -> None:
     if not step.timeout_seconds or st.attempt_started_at is None:
         return
     limit = st.attempt_started_at + timedelta(
@@ -533,7 +409,7 @@ def _check_step_timeout(b: _Builder, step: m.Step, st: m.StepStatus, job: Observ
 
 
 def _attempt_succeeded(
-    b: _Builder, step: m.Step, st: m.StepStatus, job: ObservedJob, env: Envelope
+    b: Builder, step: m.Step, st: m.StepStatus, job: ObservedJob, env: Envelope
 ) -> None:
     st.summary = env.summary
     st.result = None
@@ -564,18 +440,18 @@ def _attempt_succeeded(
         b.status.usage = usage
     st.error = None
     # Never later than now: a finish time from the future would only postpone retention.
-    st.finished_at = min(_floor_seconds(job.finished_at), b.now) if job.finished_at else b.now
+    st.finished_at = min(floor_seconds(job.finished_at), b.now) if job.finished_at else b.now
     st.next_attempt_at = None
     st.attempt_started_at = None
     b.move(st, SP.SUCCEEDED, "StepSucceeded", f"attempt {st.attempt} succeeded")
 
 
 def _attempt_failed(
-    b: _Builder, step: m.Step, st: m.StepStatus, reason: str, message: str, exit_code: int | None
+    b: Builder, step: m.Step, st: m.StepStatus, reason: str, message: str, exit_code: int | None
 ) -> None:
     st.error = m.StepError(
-        reason=_truncate(reason, REASON_LIMIT),
-        message=_truncate(message, 1024),
+        reason=truncate(reason, REASON_LIMIT),
+        message=truncate(message, 1024),
         exit_code=exit_code,
         at=b.now,
     )
@@ -597,14 +473,14 @@ def _attempt_failed(
             st,
             SP.BACKING_OFF,
             "RetryScheduled",
-            f"attempt {st.attempt} failed ({reason}: {_truncate(message, 200)}); "
+            f"attempt {st.attempt} failed ({reason}: {truncate(message, 200)}); "
             f"attempt {st.attempt + 1} in {delay}s",
         )
         return
     st.finished_at = b.now
     st.next_attempt_at = None
     st.attempt_started_at = None
-    why = f"{reason}: {_truncate(message, 300)}"
+    why = f"{reason}: {truncate(message, 300)}"
     if retries_left and not attempts_left:
         why += f" (no retry: budget.maxAttempts {budget.max_attempts} reached)"
         st.error.reason = "BudgetExceeded"
@@ -618,16 +494,11 @@ def _attempt_failed(
 # ---------------------------------------------------------------------------------------------
 
 
-def _all_steps(b: _Builder) -> list[m.Step]:
-    """The plan's steps and, in an agent run, the current turn's (model turn, tool calls)."""
-    return [*b.run.spec.plan.steps, *agent_loop.current_steps(b, b.config.agent)]
-
-
-def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
+def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
     steps = b.steps
     usage = b.status.usage or m.Usage()
     b.status.usage = usage
-    for step in _all_steps(b):
+    for step in all_steps(b):
         st = steps[step.name]
         if st.phase not in (SP.PENDING, SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF):
             continue
@@ -656,7 +527,7 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
             st.approval_requested_at = None
             _fail_before_launch(b, step, st, "Forbidden", refusal)
             return
-        resolved = _resolve_inputs(b, step)
+        resolved = resolve_inputs(b, step)
         if isinstance(resolved, str):
             _fail_before_launch(b, step, st, "InputMissing", resolved)
             return
@@ -664,7 +535,7 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
         # Recomputed for every attempt: a retry whose arguments, ServiceAccount or any other
         # covered field changed since the last attempt gets a new hash, so a gated step needs
         # a new approval (and the attempt a new idempotency key).
-        h = _args_hash(b.run, step, input_digests)
+        h = args_hash(b.run, step, input_digests)
         if h is None:
             _fail_before_launch(b, step, st, "InvalidStep", UNHASHABLE)
             return
@@ -678,9 +549,9 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
             )
         st.args_hash = h
         decision = None
-        if _needs_approval(b.run, step) or st.gated:
+        if needs_approval(b.run, step) or st.gated:
             st.gated = True  # once gated, gated for the run's life (see StepStatus.gated)
-            decision = _decision_for(b.run, step.name, h)
+            decision = decision_for(b.run, step.name, h)
             if decision is None:
                 if _wait_for_approval(b, step, st, h):
                     continue
@@ -712,17 +583,17 @@ def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
 
 
 def _fail_before_launch(
-    b: _Builder, step: m.Step, st: m.StepStatus, reason: str, message: str
+    b: Builder, step: m.Step, st: m.StepStatus, reason: str, message: str
 ) -> None:
     """The step cannot be launched (its image, its creator's rights, its inputs or its
     arguments forbid it): it fails before any Job of it exists, and the run stops."""
     st.finished_at = b.now
-    st.error = m.StepError(reason=reason, message=_truncate(message, 1024), at=b.now)
+    st.error = m.StepError(reason=reason, message=truncate(message, 1024), at=b.now)
     b.move(st, SP.FAILED, reason, message)
     b.stop(reason, f"step {step.name}: {message}")
 
 
-def _wait_for_approval(b: _Builder, step: m.Step, st: m.StepStatus, h: str) -> bool:
+def _wait_for_approval(b: Builder, step: m.Step, st: m.StepStatus, h: str) -> bool:
     """Wait (or expire). Returns whether the launch loop may go on with other steps."""
     if st.phase != SP.WAITING_FOR_APPROVAL or st.approval_requested_at is None:
         st.approval_requested_at = b.now
@@ -750,13 +621,13 @@ def _wait_for_approval(b: _Builder, step: m.Step, st: m.StepStatus, h: str) -> b
 
 
 def _refuse(
-    b: _Builder, step: m.Step, st: m.StepStatus, reason: str, text: str, by: str | None
+    b: Builder, step: m.Step, st: m.StepStatus, reason: str, text: str, by: str | None
 ) -> bool:
     """A gated step is refused (rejected or expired): skip it or fail the run, as the step
     says. Returns whether the launch loop may go on with other steps."""
     st.finished_at = b.now
     st.approval_requested_at = None
-    st.error = m.StepError(reason=reason, message=_truncate(text, 1024), at=b.now)
+    st.error = m.StepError(reason=reason, message=truncate(text, 1024), at=b.now)
     if step.on_rejection == m.OnRejection.SKIP_STEP:
         b.move(st, SP.SKIPPED, reason, f"{text}; skipped (onRejection: skipStep)", by)
         return True
@@ -766,7 +637,7 @@ def _refuse(
 
 
 def _commit_launch_intent(
-    b: _Builder,
+    b: Builder,
     step: m.Step,
     st: m.StepStatus,
     h: str,
@@ -808,7 +679,7 @@ UNHASHABLE = (
 )
 
 
-def _args_hash(run: m.AgentRun, step: m.Step, input_digests: dict[str, str]) -> str | None:
+def args_hash(run: m.AgentRun, step: m.Step, input_digests: dict[str, str]) -> str | None:
     """The step's args hash: everything that decides what its pod runs and as whom (see
     :func:`naming.args_hash` for exactly what is covered); None when a free-form setting is
     nested too deeply to serialize (such a step cannot run: nothing could approve it)."""
@@ -831,7 +702,7 @@ def _args_hash(run: m.AgentRun, step: m.Step, input_digests: dict[str, str]) -> 
         return None
 
 
-def _reissue_create(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
+def reissue_create(b: Builder, step: m.Step, st: m.StepStatus) -> None:
     """Re-issue the create of a committed intent whose Job is not observed (yet).
 
     The Job is built from the spec as read now, so it is created only while that spec still
@@ -840,12 +711,12 @@ def _reissue_create(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
     asks for a new approval when the step is gated. Its next attempt gets a new Job name, so
     the dropped Job, should a stalled operator still create it, is not taken for it.
     """
-    resolved = _resolve_inputs(b, step)
+    resolved = resolve_inputs(b, step)
     if isinstance(resolved, str):
         why = resolved
     else:
         input_env, input_digests = resolved
-        h = _args_hash(b.run, step, input_digests)
+        h = args_hash(b.run, step, input_digests)
         if h is not None and h == st.args_hash:
             key = st.idempotency_key or ""
             b.after.append(CreateJob(step, st.attempt, st.job_name or "", key, h, input_env))
@@ -876,12 +747,12 @@ def committed_launch(run: m.AgentRun, step_name: str) -> CreateJob | None:
     if st is None or step is None or not st.job_name or not st.args_hash:
         return None
     # Only the steps are read (inputs come from committed results); no clock is involved.
-    b = _Builder(run, Observed(), datetime.fromtimestamp(0, UTC), CoreConfig(), status, steps)
-    resolved = _resolve_inputs(b, step)
+    b = Builder(run, Observed(), datetime.fromtimestamp(0, UTC), CoreConfig(), status, steps)
+    resolved = resolve_inputs(b, step)
     if isinstance(resolved, str):
         return None
     input_env, input_digests = resolved
-    if _args_hash(run, step, input_digests) != st.args_hash:
+    if args_hash(run, step, input_digests) != st.args_hash:
         return None
     key = st.idempotency_key or ""
     return CreateJob(step, st.attempt, st.job_name, key, st.args_hash, input_env)
@@ -892,14 +763,14 @@ def _image_allowed(run: m.AgentRun, step: m.Step) -> bool:
     return allowed is None or any(step.container.image.startswith(p) for p in allowed)
 
 
-def _needs_approval(run: m.AgentRun, step: m.Step) -> bool:
+def needs_approval(run: m.AgentRun, step: m.Step) -> bool:
     if step.approval == m.ApprovalMode.REQUIRED:
         return True
     gated = run.spec.policy.approval_required_for if run.spec.policy else None
     return bool(gated) and step.risk in (gated or [])
 
 
-def _decision_for(run: m.AgentRun, step: str, args_hash: str) -> m.Approval | None:
+def decision_for(run: m.AgentRun, step: str, args_hash: str) -> m.Approval | None:
     """The decision that counts for (step, args hash): a rejection wins over an approval."""
     matching = [a for a in run.spec.approvals or [] if a.step == step and a.args_hash == args_hash]
     rejections = [a for a in matching if a.decision == m.ApprovalDecision.REJECT]
@@ -908,7 +779,7 @@ def _decision_for(run: m.AgentRun, step: str, args_hash: str) -> m.Approval | No
     return matching[0] if matching else None
 
 
-def _resolve_inputs(b: _Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], dict[str, str]] | str:
+def resolve_inputs(b: Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], dict[str, str]] | str:
     """Env vars carrying dependency results, and the digest of each; or why one is missing."""
     env: list[m.EnvVar] = []
     digests: dict[str, str] = {}
@@ -959,7 +830,7 @@ def _resolve_inputs(b: _Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], di
 # ---------------------------------------------------------------------------------------------
 
 
-def _forget_removed_steps(b: _Builder) -> None:
+def forget_removed_steps(b: Builder) -> None:
     """Steps removed from the plan keep their record; running ones are stopped."""
     names = {s.name for s in b.run.spec.plan.steps} | agent_loop.dynamic_names(b.status.agent)
     for name, st in b.steps.items():
@@ -971,7 +842,7 @@ def _forget_removed_steps(b: _Builder) -> None:
         b.move(st, SP.CANCELLED, "RemovedFromPlan", "the step was removed from the plan")
 
 
-def _restart_readded(b: _Builder, st: m.StepStatus) -> None:
+def restart_readded(b: Builder, st: m.StepStatus) -> None:
     """A step removed from the plan and added back: it starts again, from its next attempt
     number (so a new Job name: the Job of its last attempt may still be going away). Its
     attempts so far still count against retry.limit and the budget."""
@@ -998,9 +869,7 @@ def _modified_by(run: m.AgentRun) -> str | None:
     return (run.metadata.annotations or {}).get(m.ANNOTATION_MODIFIED_BY)
 
 
-def _abort(
-    b: _Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None
-) -> None:
+def abort(b: Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None) -> None:
     """End the run now: stop running attempts, keep every committed result."""
     for st in b.steps.values():
         if st.phase in m.ACTIVE_STEP_PHASES:
@@ -1008,11 +877,11 @@ def _abort(
                 b.after.append(DeleteJob(st.job_name, reason))
             st.finished_at = b.now
             b.move(st, SP.CANCELLED, reason, f"stopped: {message}", by)
-    _end_run(b, phase, reason, message, by)
+    end_run(b, phase, reason, message, by)
 
 
-def _end_run(
-    b: _Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None
+def end_run(
+    b: Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None
 ) -> None:
     for st in b.steps.values():
         if st.phase not in m.TERMINAL_STEP_PHASES:
@@ -1022,18 +891,18 @@ def _end_run(
     old = status.phase
     status.phase = phase
     status.completed_at = b.now
-    status.message = _truncate(message)
+    status.message = truncate(message)
     if status.started_at is not None:
         usage = status.usage or m.Usage()
         usage.wall_time_seconds = int((b.now - status.started_at).total_seconds())
         status.usage = usage
     b.record(None, old, phase, reason, message, by)
-    _set_conditions(b, reason)
+    set_conditions(b, reason)
 
 
-def _settle(b: _Builder) -> None:
+def settle(b: Builder) -> None:
     """Derive the run's phase, progress and message from its steps."""
-    sts = [b.steps[s.name] for s in _all_steps(b)]
+    sts = [b.steps[s.name] for s in all_steps(b)]
     active = [s for s in sts if s.phase in m.ACTIVE_STEP_PHASES]
     backing = [s for s in sts if s.phase == SP.BACKING_OFF]
     waiting = [s for s in sts if s.phase == SP.WAITING_FOR_APPROVAL]
@@ -1042,12 +911,12 @@ def _settle(b: _Builder) -> None:
 
     if b.halt is not None:
         if not active:
-            _end_run(b, m.RunPhase.FAILED, b.halt.reason, b.halt.message)
+            end_run(b, m.RunPhase.FAILED, b.halt.reason, b.halt.message)
             return
         phase, reason = m.RunPhase.RUNNING, "Stopping"
         message = f"stopping ({b.halt.message}); waiting for {_names(active)} to finish"
     elif loop is not None and loop.done:
-        _end_run(b, loop.phase, loop.reason, loop.message)
+        end_run(b, loop.phase, loop.reason, loop.message)
         return
     elif not agent_loop.is_agent_run(b.run) and all(
         s.phase in (SP.SUCCEEDED, SP.SKIPPED) for s in sts
@@ -1056,7 +925,7 @@ def _settle(b: _Builder) -> None:
         message = f"all {len(sts)} steps succeeded"
         if skipped:
             message = f"{len(sts) - skipped} steps succeeded, {skipped} skipped after a rejection"
-        _end_run(b, m.RunPhase.SUCCEEDED, "Succeeded", message)
+        end_run(b, m.RunPhase.SUCCEEDED, "Succeeded", message)
         return
     elif b.run.spec.suspend:
         phase, reason = m.RunPhase.SUSPENDED, "Suspended"
@@ -1088,10 +957,10 @@ def _settle(b: _Builder) -> None:
     if status.phase != phase:
         b.record(None, status.phase, phase, reason, message)
         status.phase = phase
-    status.message = _truncate(message)
+    status.message = truncate(message)
     current = active + backing + waiting
-    status.current_step = _truncate(", ".join(s.name for s in current), 200) or None
-    _set_conditions(b, reason)
+    status.current_step = truncate(", ".join(s.name for s in current), 200) or None
+    set_conditions(b, reason)
 
 
 def _names(sts: Sequence[m.StepStatus]) -> str:
@@ -1099,7 +968,7 @@ def _names(sts: Sequence[m.StepStatus]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _set_conditions(b: _Builder, reason: str) -> None:
+def set_conditions(b: Builder, reason: str) -> None:
     """The run's conditions, from its phase; ``reason`` is the phase's.
 
     ``Succeeded`` (Unknown, then True or False) is what ``kubectl wait`` waits for. ``Ready``,
@@ -1151,13 +1020,13 @@ def _truth(value: bool) -> m.ConditionStatus:
     return m.ConditionStatus.TRUE if value else m.ConditionStatus.FALSE
 
 
-def _ended_reason(status: m.AgentRunStatus) -> str:
+def ended_reason(status: m.AgentRunStatus) -> str:
     """The reason a finished run ended with, as its Succeeded condition recorded it."""
     done = next((c for c in status.conditions or [] if c.type == SUCCEEDED), None)
     return done.reason if done is not None else str(status.phase)
 
 
-def _condition(b: _Builder, ctype: str, value: m.ConditionStatus, reason: str, msg: str) -> None:
+def _condition(b: Builder, ctype: str, value: m.ConditionStatus, reason: str, msg: str) -> None:
     conditions = b.status.conditions or []
     generation = b.run.metadata.generation or None
     existing = next((c for c in conditions if c.type == ctype), None)
@@ -1167,7 +1036,7 @@ def _condition(b: _Builder, ctype: str, value: m.ConditionStatus, reason: str, m
                 type=ctype,
                 status=value,
                 reason=reason,
-                message=_truncate(msg),
+                message=truncate(msg),
                 observed_generation=generation,
                 last_transition_time=b.now,
             )
@@ -1177,7 +1046,7 @@ def _condition(b: _Builder, ctype: str, value: m.ConditionStatus, reason: str, m
             existing.last_transition_time = b.now
         existing.status = value
         existing.reason = reason
-        existing.message = _truncate(msg)
+        existing.message = truncate(msg)
         existing.observed_generation = generation
     b.status.conditions = conditions
 
@@ -1194,7 +1063,7 @@ def _outcome_committed(committed: m.StepStatus | None, job: ObservedJob) -> bool
     )
 
 
-def _retention(b: _Builder) -> None:
+def apply_retention(b: Builder) -> None:
     """Delete finished step Jobs (after a grace) and, past its TTL, the finished run."""
     retention = b.run.spec.retention or m.Retention()
     grace = timedelta(seconds=b.config.job_deletion_grace_seconds)
@@ -1228,7 +1097,7 @@ def _retention(b: _Builder) -> None:
         if job.deleting and job.held:
             # Deleted (by someone else, or by the operator), its outcome recorded: released
             # once it has been deleting for the grace, which a stalled create cannot outlast.
-            since = min(_floor_seconds(job.deleted_at), b.now) if job.deleted_at else b.now
+            since = min(floor_seconds(job.deleted_at), b.now) if job.deleted_at else b.now
             if job.deleted_at is None or b.now >= since + grace:
                 b.after.append(DeleteJob(job.name, "Deleted", release=True))
             else:
@@ -1239,7 +1108,7 @@ def _retention(b: _Builder) -> None:
         if keep or (job.expires and not job.held):
             continue  # kept, or released to the TTL controller, which deletes it when due
         since = (st.finished_at if st and st.finished_at else None) or job.finished_at or b.now
-        due = min(_floor_seconds(since), b.now) + grace
+        due = min(floor_seconds(since), b.now) + grace
         if b.now >= due:
             b.after.append(DeleteJob(job.name, "Retention"))
         else:
@@ -1284,8 +1153,8 @@ def _dedupe(actions: Sequence[Action]) -> tuple[Action, ...]:
     return tuple(seen)
 
 
-def _finish(b: _Builder) -> Decision:
-    _retention(b)
+def _finish(b: Builder) -> Decision:
+    apply_retention(b)
     status = b.status
     status.observed_generation = b.run.metadata.generation or None
     plan_names = [s.name for s in b.run.spec.plan.steps]
