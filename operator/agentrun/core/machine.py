@@ -24,6 +24,19 @@ to the grace, and Kubernetes' TTL controller deletes the Job when it is due. Tha
 window in which a stalled operator that had already passed its fence write could still issue
 its create; an operator must not stall longer than that between its fence write and its Job
 creation.
+
+The parts of a pass live in modules of their own, in layers (each imports only the ones
+listed before it):
+
+* :mod:`.builder`: the working state of a pass (:class:`~.builder.Builder`), which every part
+  writes to, and :class:`CoreConfig`;
+* :mod:`.arguments`: a step's inputs, its args hash and the approval rules keyed on it;
+* :mod:`.settle`: ending the run, its phase and conditions from its steps, retention;
+* :mod:`.launch`: which ready steps start, and their committed launch intents;
+* :mod:`.carried`: results carried from an earlier run;
+* :mod:`.attempts`: what the Jobs of running attempts say about them;
+* this module: :func:`reconcile`, the order of those parts in a pass, and the
+  :class:`Decision` it returns.
 """
 
 from __future__ import annotations
@@ -218,6 +231,8 @@ def _dedupe(actions: Sequence[Action]) -> tuple[Action, ...]:
 
 
 def _finish(b: Builder) -> Decision:
+    """The pass's decision: retention applied, the steps in plan order, progress, the audit
+    record's mark, the history ring trimmed, and the soonest timer as ``requeue_after``."""
     apply_retention(b)
     status = b.status
     status.observed_generation = b.run.metadata.generation or None
