@@ -42,10 +42,10 @@ class CoreConfig:
     jitter_seed: int = 0
     job_deletion_grace_seconds: int = 30
     step_timeout_grace_seconds: int = 30
+    """After a step's timeout plus this, the core stops waiting for the Job's own deadline."""
     running_after_seconds: int = 2
     """A step moves from Launching to Running once its Job has been active this long: a
     shorter step goes from Launching straight to its outcome, one status write fewer."""
-    """After a step's timeout plus this, the core stops waiting for the Job's own deadline."""
     agent: agent_loop.AgentConfig = field(default_factory=agent_loop.AgentConfig)
     """Settings of the agent loop (model turns' image and command)."""
 
