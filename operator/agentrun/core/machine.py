@@ -24,68 +24,52 @@ to the grace, and Kubernetes' TTL controller deletes the Job when it is due. Tha
 window in which a stalled operator that had already passed its fence write could still issue
 its create; an operator must not stall longer than that between its fence write and its Job
 creation.
+
+The parts of a pass live in modules of their own, in layers (each imports only the ones
+listed before it):
+
+* :mod:`.builder`: the working state of a pass (:class:`~.builder.Builder`), which every part
+  writes to, and :class:`CoreConfig`;
+* :mod:`.arguments`: a step's inputs, its args hash and the approval rules keyed on it;
+* :mod:`.settle`: ending the run, its phase and conditions from its steps, retention;
+* :mod:`.launch`: which ready steps start, and their committed launch intents;
+* :mod:`.carried`: results carried from an earlier run;
+* :mod:`.attempts`: what the Jobs of running attempts say about them;
+* this module: :func:`reconcile`, the order of those parts in a pass, and the
+  :class:`Decision` it returns.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent as agent_loop
-from agentrun.core import naming
-from agentrun.core.actions import (
-    Action,
-    CreateJob,
-    DeleteJob,
-    DeleteRun,
-    EmitEvent,
-    ReleaseJob,
-    StoreResult,
-)
-from agentrun.core.backoff import backoff_seconds
-from agentrun.core.envelope import MAX_TOKENS, Envelope, clean, parse, result_object_data
+from agentrun.core.actions import Action, CreateJob, DeleteJob
+from agentrun.core.arguments import needs_approval
+from agentrun.core.attempts import observe_attempt
+from agentrun.core.builder import Builder, CoreConfig, all_steps, floor_seconds, posts_event
+from agentrun.core.carried import carry_results
 from agentrun.core.graph import plan_problems
-from agentrun.core.observed import JobState, Observed, ObservedJob
+from agentrun.core.launch import committed_launch, launch_ready_steps
+from agentrun.core.observed import Observed
+from agentrun.core.settle import (
+    READY,
+    abort,
+    apply_retention,
+    end_run,
+    ended_reason,
+    forget_removed_steps,
+    restart_readded,
+    set_conditions,
+    settle,
+)
 
-SUCCEEDED = "Succeeded"
-APPROVAL_PENDING = "ApprovalPending"
-READY = "Ready"
-RECONCILING = "Reconciling"
-STALLED = "Stalled"
-"""Ready, Reconciling and Stalled follow kstatus (sigs.k8s.io/cli-utils/pkg/kstatus), the
-library behind Flux's health checks and Helm 4's ``--wait``: see :func:`_set_conditions`."""
-MESSAGE_LIMIT = 512
-REASON_LIMIT = 128
-"""StepError.reason's maxLength; reasons also become condition and transition reasons."""
-USER_LIMIT = 253
-INLINE_RESULT_MAX = m.MAX_INLINE_RESULT
-"""Results are kept inline only up to this many bytes, whatever the configured limit:
-status.steps[].result's maxLength."""
-EXIT_CODES = range(-(2**31), 2**31)
-TTL_LIMIT = 100 * 365 * 86400
-
-
-@dataclass(frozen=True)
-class CoreConfig:
-    """Tunables of the state machine (operator settings, not user API)."""
-
-    inline_result_limit: int = 256
-    """Results up to this many bytes are kept in status; larger ones in a ConfigMap."""
-    history_limit: int = m.MAX_HISTORY
-    jitter_seed: int = 0
-    job_deletion_grace_seconds: int = 30
-    step_timeout_grace_seconds: int = 30
-    running_after_seconds: int = 2
-    """A step moves from Launching to Running once its Job has been active this long: a
-    shorter step goes from Launching straight to its outcome, one status write fewer."""
-    """After a step's timeout plus this, the core stops waiting for the Job's own deadline."""
-    agent: agent_loop.AgentConfig = field(default_factory=agent_loop.AgentConfig)
-    """Settings of the agent loop (model turns' image and command)."""
+__all__ = ["CoreConfig", "Decision", "committed_launch", "posts_event", "reconcile"]
 
 
 @dataclass(frozen=True)
@@ -108,129 +92,15 @@ class Decision:
         return old != self.status.to_wire()
 
 
-def _truncate(text: str, limit: int = MESSAGE_LIMIT) -> str:
-    """``text`` fit for status: valid Unicode, at most ``limit`` characters."""
-    if len(text) <= limit:
-        return clean(text)
-    return clean(text[: limit - 1]) + "…"
-
-
-NOTABLE_STEP_PHASES = frozenset({SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF, SP.FAILED})
-NOTABLE_RUN_PHASES = m.TERMINAL_RUN_PHASES | {m.RunPhase.SUSPENDED}
-NOTABLE_REASONS = frozenset({"ApprovalRequested", "Rejected", "ApprovalExpired", "ArgsChanged"})
-
-
-def posts_event(transition: m.Transition) -> bool:
-    """Whether the operator posts an Event for ``transition`` (see :func:`_notable`)."""
-    t = transition
-    return _warns(t.to_phase, t.reason) or _notable(t.step, t.to_phase, t.reason, t.by)
-
-
-def _warns(new: str, reason: str) -> bool:
-    return new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith(("Exceeded", "Refused"))
-
-
-def _notable(step: str | None, new: str, reason: str, by: str | None) -> bool:
-    """Whether a transition is worth an Event: what a person watching the run acts on (a
-    failed attempt, an approval asked for or decided, a person's own action, the run's end or
-    pause). Every transition is in status.history and the audit record either way; routine
-    ones (Launching, Running, Succeeded of a step) post no Event, which saves a write each."""
-    if by is not None or reason in NOTABLE_REASONS:
-        return True
-    if step is None:
-        return new in NOTABLE_RUN_PHASES
-    return new in NOTABLE_STEP_PHASES
-
-
-def _floor_seconds(t: datetime) -> datetime:
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=UTC)
-    return t.astimezone(UTC).replace(microsecond=0)
-
-
-@dataclass
-class _Halt:
-    reason: str
-    message: str
-
-
-@dataclass
-class _Builder:
-    """Mutable working state of one reconcile."""
-
-    run: m.AgentRun
-    observed: Observed
-    now: datetime
-    config: CoreConfig
-    status: m.AgentRunStatus
-    steps: dict[str, m.StepStatus]
-    transitions: list[m.Transition] = field(default_factory=list)
-    events: list[EmitEvent] = field(default_factory=list)
-    before: list[Action] = field(default_factory=list)
-    after: list[Action] = field(default_factory=list)
-    timers: list[datetime] = field(default_factory=list)
-    halt: _Halt | None = None
-
-    # -- recording -------------------------------------------------------------------------
-
-    def record(
-        self,
-        step: str | None,
-        old: str | None,
-        new: str,
-        reason: str,
-        msg: str,
-        by: str | None = None,
-    ) -> None:
-        seq = (self.status.history_seq or 0) + 1
-        self.status.history_seq = seq
-        self.transitions.append(
-            m.Transition(
-                at=self.now,
-                step=step,
-                from_phase=old,
-                to_phase=new,
-                reason=reason,
-                message=_truncate(msg, 256) or None,
-                by=_truncate(by, USER_LIMIT) if by is not None else None,
-                seq=seq,
-            )
-        )
-        warning = _warns(new, reason)
-        if warning or _notable(step, new, reason, by):
-            self.events.append(
-                EmitEvent("Warning" if warning else "Normal", reason, _truncate(msg))
-            )
-
-    def move(
-        self, st: m.StepStatus, phase: SP, reason: str, msg: str, by: str | None = None
-    ) -> None:
-        if st.phase == phase:
-            st.message = _truncate(msg)
-            return
-        old = st.phase
-        st.phase = phase
-        st.message = _truncate(msg)
-        self.record(st.name, old, phase, reason, f"step {st.name}: {msg}", by)
-
-    def stop(self, reason: str, message: str) -> None:
-        if self.halt is None:
-            self.halt = _Halt(reason, message)
-
-    def timer(self, at: datetime | None) -> None:
-        if at is not None:
-            self.timers.append(at)
-
-
 def reconcile(
     run: m.AgentRun, observed: Observed, now: datetime, config: CoreConfig | None = None
 ) -> Decision:
     """Derive the next status of ``run`` and the actions that move it forward."""
     config = config or CoreConfig()
-    now = _floor_seconds(now)
+    now = floor_seconds(now)
     status = (run.status or m.AgentRunStatus()).model_copy(deep=True)
     steps = {s.name: s for s in (status.steps or [])}
-    b = _Builder(run, observed, now, config, status, steps)
+    b = Builder(run, observed, now, config, status, steps)
 
     if status.phase is None:
         status.phase = m.RunPhase.PENDING
@@ -241,12 +111,12 @@ def reconcile(
 
     if status.phase in m.TERMINAL_RUN_PHASES:
         if not any(c.type == READY for c in status.conditions or []):
-            _set_conditions(b, _ended_reason(status))  # finished before Ready existed
+            set_conditions(b, ended_reason(status))  # finished before Ready existed
         return _finish(b)
 
     problems = plan_problems(run.spec.plan.steps)
     if problems:
-        _end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
+        end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
         return _finish(b)
 
     carried = {c.step: c for c in run.spec.carried_results or []}
@@ -259,16 +129,16 @@ def reconcile(
         elif steps[step.name].phase == SP.CANCELLED:
             # Only removal from the plan cancels a step of a run that goes on (every other
             # cancellation ends the run): the step is back, so it starts again.
-            _restart_readded(b, steps[step.name])
-        if _needs_approval(run, step):
+            restart_readded(b, steps[step.name])
+        if needs_approval(run, step):
             steps[step.name].gated = True  # and stays so: see StepStatus.gated
-    _carry_results(b, to_carry, carried)
-    _forget_removed_steps(b)
+    carry_results(b, to_carry, carried)
+    forget_removed_steps(b)
 
-    for step in _all_steps(b):
+    for step in all_steps(b):
         st = steps[step.name]
         if st.phase in (SP.LAUNCHING, SP.RUNNING):
-            _observe_attempt(b, step, st)
+            observe_attempt(b, step, st)
 
     budget = run.spec.budget or m.Budget()
     deadline = (
@@ -277,7 +147,7 @@ def reconcile(
         else None
     )
     if run.spec.cancel:
-        _abort(
+        abort(
             b,
             m.RunPhase.CANCELLED,
             "Cancelled",
@@ -286,7 +156,7 @@ def reconcile(
         )
         return _finish(b)
     if deadline is not None and now >= deadline:
-        _abort(
+        abort(
             b,
             m.RunPhase.FAILED,
             "DeadlineExceeded",
@@ -306,7 +176,7 @@ def reconcile(
     # A failed tool call is answered to the model; a failed plan step or model turn fails.
     failed = [
         s
-        for s in _all_steps(b)
+        for s in all_steps(b)
         if steps[s.name].phase == SP.FAILED and not agent_loop.is_tool_step(status.agent, s.name)
     ]
     if failed:
@@ -320,944 +190,15 @@ def reconcile(
     if b.halt is None:
         agent_loop.advance(b, config.agent)
     if b.halt is None and not run.spec.suspend:
-        _launch_ready_steps(b, budget)
+        launch_ready_steps(b, budget)
 
-    _settle(b)
+    settle(b)
     return _finish(b)
-
-
-# ---------------------------------------------------------------------------------------------
-# Observing attempts
-# ---------------------------------------------------------------------------------------------
-
-
-def _carry_results(
-    b: _Builder, to_carry: Sequence[m.Step], carried: dict[str, m.CarriedResult]
-) -> None:
-    """Accept or refuse, once, the carried results of steps seen for the first time.
-
-    Dependencies first: a step's args hash covers its inputs, which are its dependencies'
-    results, so it is known only once they are carried (or not).
-    """
-    pending = list(to_carry)
-    while pending:
-        waiting = {s.name for s in pending}
-        ready = [s for s in pending if not waiting & set(s.depends_on or [])]
-        if not ready:  # pragma: no cover - the plan is acyclic (plan_problems ran first)
-            ready = pending[:1]
-        for step in ready:
-            pending.remove(step)
-            st = b.steps[step.name]
-            refused = _refuse_carried(b, step, st, carried[step.name])
-            if refused is None:
-                _carry(b, st, carried[step.name])
-            else:
-                origin = carried[step.name].from_run or "an unnamed run"
-                text = _truncate(
-                    f"step {step.name}: the result carried from {origin} is refused "
-                    f"({refused}); the step runs",
-                    256,
-                )
-                st.message = _truncate(f"carried result refused: {refused}")
-                b.record(step.name, None, SP.PENDING, "CarriedResultRefused", text)
-
-
-def _refuse_carried(
-    b: _Builder, step: m.Step, st: m.StepStatus, carried: m.CarriedResult
-) -> str | None:
-    """Why a carried result cannot be accepted, or None when it can: it must be what its
-    source run committed for the step's current arguments, and a gated step's arguments must
-    be approved in this run."""
-    not_carried = [d for d in step.depends_on or [] if b.steps[d].phase != SP.SUCCEEDED]
-    if not_carried:
-        return f"dependency {not_carried[0]} was not carried"
-    if carried.args_hash is None:
-        return "the entry has no argsHash"
-    resolved = _resolve_inputs(b, step)
-    if isinstance(resolved, str):  # pragma: no cover - every dependency succeeded
-        return resolved
-    h = _args_hash(b.run, step, resolved[1])
-    if h is None:
-        return UNHASHABLE
-    st.args_hash = h
-    if carried.args_hash != h:
-        return f"it is for args {carried.args_hash[:12]}, the step now has args {h[:12]}"
-    namespace = (carried.from_run or "").partition("/")[0]
-    if not carried.from_run or namespace != b.run.metadata.namespace:
-        return f"fromRun must name a run in namespace {b.run.metadata.namespace}"
-    source = b.observed.carried_sources.get(step.name)
-    if source is None or source.run != carried.from_run:
-        return f"{carried.from_run} has no committed result of this step"
-    if source.args_hash != carried.args_hash:
-        return f"{carried.from_run} committed it for other args"
-    digest = carried.result_digest
-    if carried.result is not None:
-        inline = naming.sha256_text(carried.result)
-        if digest is not None and digest != inline:
-            return "resultDigest is not the digest of result"
-        digest = inline
-    if digest != source.result_digest or (carried.summary or None) != (
-        source.summary[:1024] if source.summary else None
-    ):
-        return f"it is not the result {carried.from_run} committed"
-    if _needs_approval(b.run, step):
-        decision = _decision_for(b.run, step.name, h)
-        if decision is None or decision.decision != m.ApprovalDecision.APPROVE:
-            return f"the step needs approval and spec.approvals does not approve args {h[:12]}"
-    return None
-
-
-def _carry(b: _Builder, st: m.StepStatus, carried: m.CarriedResult) -> None:
-    """A result committed by an earlier run: the step counts as Succeeded, runs no Job."""
-    st.summary = carried.summary
-    st.result = carried.result
-    st.result_ref = carried.result_ref
-    st.result_digest = carried.result_digest
-    st.finished_at = b.now
-    origin = f" of {carried.from_run}" if carried.from_run else ""
-    b.move(st, SP.SUCCEEDED, "Carried", f"result carried over from the run{origin}")
-
-
-def _observe_attempt(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
-    job = b.observed.job(st.job_name or "")
-    if job is None:
-        refused = b.observed.job_refusals.get(st.job_name or "")
-        if st.phase == SP.LAUNCHING and refused is not None:
-            _job_refused(b, step, st, refused)
-        elif st.phase == SP.LAUNCHING and (st.job_name or "") not in b.observed.vanished:
-            _reissue_create(b, step, st)
-        else:
-            _attempt_failed(
-                b,
-                step,
-                st,
-                "JobLost",
-                f"Job {st.job_name} of attempt {st.attempt} disappeared before it finished",
-                None,
-            )
-        return
-    if job.name_taken is not None:  # not the attempt's Job: it never ran the step
-        _attempt_failed(b, step, st, "JobNameTaken", job.name_taken, None)
-        return
-    if job.state == JobState.ACTIVE and job.pod_refused is not None:
-        b.after.append(DeleteJob(job.name, "PodRefused"))  # no pod may start later
-        _attempt_failed(b, step, st, "PodRefused", job.pod_refused, None)
-        return
-    if job.state == JobState.ACTIVE and job.deleting:
-        _attempt_failed(
-            b,
-            step,
-            st,
-            "JobLost",
-            f"Job {job.name} of attempt {st.attempt} was deleted before it finished",
-            None,
-        )
-        return
-    if job.state == JobState.ACTIVE:
-        if st.phase == SP.LAUNCHING:
-            _note_running(b, st, job)
-        _check_step_timeout(b, step, st, job)
-        return
-    code = job.exit_code
-    exit_code = code if type(code) is int and code in EXIT_CODES else None  # an int32, or unknown
-    if job.state == JobState.SUCCEEDED:
-        envelope = parse(job.termination_message)
-        if envelope.problem is not None:
-            _attempt_failed(b, step, st, "InvalidEnvelope", envelope.problem, exit_code)
-        elif envelope.ok:
-            _attempt_succeeded(b, step, st, job, envelope)
-        else:
-            _attempt_failed(
-                b,
-                step,
-                st,
-                "StepReportedFailure",
-                envelope.summary or "the step reported ok: false",
-                exit_code,
-            )
-        return
-    reason, message = _failure_of(job, exit_code)
-    _attempt_failed(b, step, st, reason, message, exit_code)
-
-
-def _note_running(b: _Builder, st: m.StepStatus, job: ObservedJob) -> None:
-    """Launching becomes Running once the Job has been active ``running_after_seconds``
-    (a timer brings the pass that sees it); a Job that ends sooner skips Running."""
-    started = job.started_at or st.attempt_started_at  # the Job's startTime, else the intent's
-    since = min(_floor_seconds(started), b.now) if started else b.now
-    due = since + timedelta(seconds=b.config.running_after_seconds)
-    if b.now >= due:
-        b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
-    else:
-        b.timer(due)
-
-
-def _job_refused(b: _Builder, step: m.Step, st: m.StepStatus, message: str) -> None:
-    """The API server refused the attempt's Job: the attempt failed, and the step's retry
-    policy decides what follows (a spec the API rejects is rejected again, so retries end)."""
-    attempt = st.attempt
-    _attempt_failed(b, step, st, "JobRefused", message, None)
-    if st.phase != SP.FAILED:  # a retry is scheduled: warn all the same, in the API's words
-        text = f"step {step.name}: the Job of attempt {attempt} was refused: {message}"
-        b.events.append(EmitEvent("Warning", "JobRefused", _truncate(text)))
-
-
-def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
-    if job.reason == "DeadlineExceeded":
-        return "StepTimeout", "the attempt ran past timeoutSeconds"
-    detail = (job.termination_message or job.message or "")[: 2 * MESSAGE_LIMIT].strip()
-    if exit_code is not None:
-        text = f"exit code {exit_code}" + (f": {detail}" if detail else "")
-        return "Error", text
-    return job.reason or "Error", detail or "the Job failed"
-
-
-def _check_step_timeout(b: _Builder, step: m.Step, st: m.StepStatus, job: ObservedJob) -> None:
-    if not step.timeout_seconds or st.attempt_started_at is None:
-        return
-    limit = st.attempt_started_at + timedelta(
-        seconds=step.timeout_seconds + b.config.step_timeout_grace_seconds
-    )
-    if b.now >= limit:
-        b.after.append(DeleteJob(job.name, "StepTimeout"))
-        _attempt_failed(
-            b,
-            step,
-            st,
-            "StepTimeout",
-            f"the attempt ran past timeoutSeconds ({step.timeout_seconds}s)",
-            None,
-        )
-    else:
-        b.timer(limit)
-
-
-def _attempt_succeeded(
-    b: _Builder, step: m.Step, st: m.StepStatus, job: ObservedJob, env: Envelope
-) -> None:
-    st.summary = env.summary
-    st.result = None
-    st.result_ref = None
-    st.result_digest = None
-    if env.result_ref is not None:
-        st.result_ref = m.ResultRef(name=env.result_ref[0], key=env.result_ref[1])
-        st.result_digest = env.result_digest
-    elif env.result is not None:
-        inline_limit = min(b.config.inline_result_limit, INLINE_RESULT_MAX)
-        if len(env.result.encode()) <= inline_limit:
-            st.result = env.result  # its digest is implied; status stays small
-        else:
-            st.result_digest = naming.sha256_text(env.result)
-            name = naming.result_object_name(
-                b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt
-            )
-            b.before.append(
-                StoreResult(name, step.name, st.attempt, result_object_data(env.result))
-            )
-            st.result_ref = m.ResultRef(name=name, key="result")
-    if env.tokens:
-        # Clamped: a sum past int64 would make every later status write fail validation.
-        step_tokens = (st.usage.tokens if st.usage else 0) + env.tokens
-        st.usage = m.StepUsage(tokens=min(step_tokens, MAX_TOKENS))
-        usage = b.status.usage or m.Usage()
-        usage.tokens = min(usage.tokens + env.tokens, MAX_TOKENS)
-        b.status.usage = usage
-    st.error = None
-    # Never later than now: a finish time from the future would only postpone retention.
-    st.finished_at = min(_floor_seconds(job.finished_at), b.now) if job.finished_at else b.now
-    st.next_attempt_at = None
-    st.attempt_started_at = None
-    b.move(st, SP.SUCCEEDED, "StepSucceeded", f"attempt {st.attempt} succeeded")
-
-
-def _attempt_failed(
-    b: _Builder, step: m.Step, st: m.StepStatus, reason: str, message: str, exit_code: int | None
-) -> None:
-    st.error = m.StepError(
-        reason=_truncate(reason, REASON_LIMIT),
-        message=_truncate(message, 1024),
-        exit_code=exit_code,
-        at=b.now,
-    )
-    limit = step.retry.limit if step.retry else 0
-    budget = b.run.spec.budget or m.Budget()
-    usage = b.status.usage or m.Usage()
-    retries_left = st.attempt <= limit
-    attempts_left = budget.max_attempts is None or usage.attempts < budget.max_attempts
-    if retries_left and attempts_left and not b.run.spec.cancel:
-        delay = backoff_seconds(
-            step.retry.backoff if step.retry else None,
-            st.attempt,
-            seed=b.config.jitter_seed,
-            run_uid=b.run.metadata.uid,
-            step=step.name,
-        )
-        st.next_attempt_at = b.now + timedelta(seconds=delay)
-        b.move(
-            st,
-            SP.BACKING_OFF,
-            "RetryScheduled",
-            f"attempt {st.attempt} failed ({reason}: {_truncate(message, 200)}); "
-            f"attempt {st.attempt + 1} in {delay}s",
-        )
-        return
-    st.finished_at = b.now
-    st.next_attempt_at = None
-    st.attempt_started_at = None
-    why = f"{reason}: {_truncate(message, 300)}"
-    if retries_left and not attempts_left:
-        why += f" (no retry: budget.maxAttempts {budget.max_attempts} reached)"
-        st.error.reason = "BudgetExceeded"
-    elif limit:
-        why += f" (after {st.attempt} attempts)"
-    b.move(st, SP.FAILED, st.error.reason, why)
-
-
-# ---------------------------------------------------------------------------------------------
-# Launching
-# ---------------------------------------------------------------------------------------------
-
-
-def _all_steps(b: _Builder) -> list[m.Step]:
-    """The plan's steps and, in an agent run, the current turn's (model turn, tool calls)."""
-    return [*b.run.spec.plan.steps, *agent_loop.current_steps(b, b.config.agent)]
-
-
-def _launch_ready_steps(b: _Builder, budget: m.Budget) -> None:
-    steps = b.steps
-    usage = b.status.usage or m.Usage()
-    b.status.usage = usage
-    for step in _all_steps(b):
-        st = steps[step.name]
-        if st.phase not in (SP.PENDING, SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF):
-            continue
-        if not agent_loop.committed(b.run, step.name):
-            continue  # a new step of the loop starts once committed (and checked by the shell)
-        skipped = [d for d in step.depends_on or [] if steps[d].phase == SP.SKIPPED]
-        if skipped:
-            st.finished_at = b.now
-            b.move(st, SP.SKIPPED, "DependencySkipped", f"{', '.join(skipped)} was skipped")
-            continue
-        if any(steps[d].phase != SP.SUCCEEDED for d in step.depends_on or []):
-            continue
-        if st.phase == SP.BACKING_OFF and st.next_attempt_at and b.now < st.next_attempt_at:
-            b.timer(st.next_attempt_at)
-            continue
-        if not agent_loop.image_exempt(b.status.agent, step.name) and not _image_allowed(
-            b.run, step
-        ):
-            st.finished_at = b.now
-            st.error = m.StepError(
-                reason="ImageNotAllowed",
-                message=f"image {step.container.image} is not allowed by policy.allowedImages",
-                at=b.now,
-            )
-            b.move(st, SP.FAILED, "ImageNotAllowed", st.error.message)
-            b.stop("ImageNotAllowed", f"step {step.name}: {st.error.message}")
-            return
-        refusal = b.observed.refusals.get(step.name)
-        if refusal is not None:  # the creator may not have it run: fail before any Job
-            st.finished_at = b.now
-            st.next_attempt_at = None
-            st.approval_requested_at = None
-            st.error = m.StepError(reason="Forbidden", message=_truncate(refusal, 1024), at=b.now)
-            b.move(st, SP.FAILED, "Forbidden", refusal)
-            b.stop("Forbidden", f"step {step.name}: {refusal}")
-            return
-        resolved = _resolve_inputs(b, step)
-        if isinstance(resolved, str):
-            st.finished_at = b.now
-            st.error = m.StepError(
-                reason="InputMissing", message=_truncate(resolved, 1024), at=b.now
-            )
-            b.move(st, SP.FAILED, "InputMissing", resolved)
-            b.stop("InputMissing", f"step {step.name}: {resolved}")
-            return
-        input_env, input_digests = resolved
-        # Recomputed for every attempt: a retry whose arguments, ServiceAccount or any other
-        # covered field changed since the last attempt gets a new hash, so a gated step needs
-        # a new approval (and the attempt a new idempotency key).
-        h = _args_hash(b.run, step, input_digests)
-        if h is None:
-            st.finished_at = b.now
-            st.error = m.StepError(reason="InvalidStep", message=UNHASHABLE, at=b.now)
-            b.move(st, SP.FAILED, "InvalidStep", UNHASHABLE)
-            b.stop("InvalidStep", f"step {step.name}: {UNHASHABLE}")
-            return
-        if st.args_hash is not None and st.args_hash != h:
-            b.record(
-                step.name,
-                st.phase,
-                st.phase,
-                "ArgsChanged",
-                f"step {step.name}: arguments changed (args {st.args_hash[:12]} -> {h[:12]})",
-            )
-        st.args_hash = h
-        decision = None
-        if _needs_approval(b.run, step) or st.gated:
-            st.gated = True  # once gated, gated for the run's life (see StepStatus.gated)
-            decision = _decision_for(b.run, step.name, h)
-            if decision is None:
-                if _wait_for_approval(b, step, st, h):
-                    continue
-                return
-            st.decided_by = decision.by
-            if decision.decision == m.ApprovalDecision.REJECT:
-                text = f"rejected by {decision.by}" + (
-                    f": {decision.reason}" if decision.reason else ""
-                )
-                if _refuse(b, step, st, "Rejected", text, decision.by):
-                    continue
-                return
-        first = st.attempt == 0
-        if first and budget.max_steps is not None and usage.steps >= budget.max_steps:
-            b.stop(
-                "BudgetExceeded",
-                f"step budget of {budget.max_steps} (budget.maxSteps) reached; "
-                f"step {step.name} not started",
-            )
-            return
-        if budget.max_attempts is not None and usage.attempts >= budget.max_attempts:
-            b.stop(
-                "BudgetExceeded",
-                f"attempt budget of {budget.max_attempts} (budget.maxAttempts) reached; "
-                f"step {step.name} not started",
-            )
-            return
-        _commit_launch_intent(b, step, st, h, input_env, first, decision)
-
-
-def _wait_for_approval(b: _Builder, step: m.Step, st: m.StepStatus, h: str) -> bool:
-    """Wait (or expire). Returns whether the launch loop may go on with other steps."""
-    if st.phase != SP.WAITING_FOR_APPROVAL or st.approval_requested_at is None:
-        st.approval_requested_at = b.now
-    st.decided_by = None
-    timeout = b.run.spec.policy.approval_timeout_seconds if b.run.spec.policy else None
-    if timeout is not None:
-        expires = st.approval_requested_at + timedelta(seconds=timeout)
-        if b.now >= expires:
-            return _refuse(
-                b,
-                step,
-                st,
-                "ApprovalExpired",
-                f"no decision on args {h[:12]} within {timeout}s (policy.approvalTimeoutSeconds)",
-                None,
-            )
-        b.timer(expires)
-    b.move(
-        st,
-        SP.WAITING_FOR_APPROVAL,
-        "ApprovalRequested",
-        f"waiting for approval of args {h[:12]} (risk {step.risk})",
-    )
-    return True
-
-
-def _refuse(
-    b: _Builder, step: m.Step, st: m.StepStatus, reason: str, text: str, by: str | None
-) -> bool:
-    """A gated step is refused (rejected or expired): skip it or fail the run, as the step
-    says. Returns whether the launch loop may go on with other steps."""
-    st.finished_at = b.now
-    st.approval_requested_at = None
-    st.error = m.StepError(reason=reason, message=_truncate(text, 1024), at=b.now)
-    if step.on_rejection == m.OnRejection.SKIP_STEP:
-        b.move(st, SP.SKIPPED, reason, f"{text}; skipped (onRejection: skipStep)", by)
-        return True
-    b.move(st, SP.FAILED, reason, text, by)
-    b.stop(reason, f"step {step.name} {text}")
-    return False
-
-
-def _commit_launch_intent(
-    b: _Builder,
-    step: m.Step,
-    st: m.StepStatus,
-    h: str,
-    input_env: tuple[m.EnvVar, ...],
-    first: bool,
-    approval: m.Approval | None,
-) -> None:
-    usage = b.status.usage or m.Usage()
-    st.attempt += 1
-    usage.attempts += 1
-    if first:
-        usage.steps += 1
-        st.started_at = b.now
-    st.job_name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt)
-    st.idempotency_key = agent_loop.idempotency_key(
-        b.run, b.status.agent, step.name, h
-    ) or naming.idempotency_key(b.run.metadata.uid, step.name, step.container.image, h)
-    st.attempt_started_at = b.now
-    st.next_attempt_at = None
-    st.approval_requested_at = None
-    approved = ""
-    if approval is not None and first:
-        approved = f" (approved by {approval.by}" + (
-            f": {approval.reason})" if approval.reason else ")"
-        )
-    b.move(
-        st,
-        SP.LAUNCHING,
-        "Launching",
-        f"attempt {st.attempt} launching as Job {st.job_name}{approved}",
-        approval.by if approval is not None and first else None,
-    )
-    b.after.append(CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env))
-
-
-UNHASHABLE = (
-    "the step's settings cannot be hashed for approval (stepTemplate.securityContext or "
-    "containerSecurityContext nested too deeply)"
-)
-
-
-def _args_hash(run: m.AgentRun, step: m.Step, input_digests: dict[str, str]) -> str | None:
-    """The step's args hash: everything that decides what its pod runs and as whom (see
-    :func:`naming.args_hash` for exactly what is covered); None when a free-form setting is
-    nested too deeply to serialize (such a step cannot run: nothing could approve it)."""
-    template = run.spec.step_template or m.StepTemplate()
-    resources = step.container.resources or template.resources
-    try:
-        return naming.args_hash(
-            step.container.image,
-            step.container.command or [],
-            step.container.args or [],
-            [e.to_wire() for e in step.container.env or []],
-            input_digests,
-            working_dir=step.container.working_dir,
-            resources=resources.to_wire() if resources is not None else None,
-            service_account_name=template.service_account_name,
-            security_context=template.security_context,
-            container_security_context=template.container_security_context,
-        )
-    except (RecursionError, ValueError):
-        return None
-
-
-def _reissue_create(b: _Builder, step: m.Step, st: m.StepStatus) -> None:
-    """Re-issue the create of a committed intent whose Job is not observed (yet).
-
-    The Job is built from the spec as read now, so it is created only while that spec still
-    gives the committed args hash: an intent whose step changed in between (new arguments, a
-    new ServiceAccount) is dropped, and the step starts again from the launch path, which
-    asks for a new approval when the step is gated. Its next attempt gets a new Job name, so
-    the dropped Job, should a stalled operator still create it, is not taken for it.
-    """
-    resolved = _resolve_inputs(b, step)
-    if isinstance(resolved, str):
-        why = resolved
-    else:
-        input_env, input_digests = resolved
-        h = _args_hash(b.run, step, input_digests)
-        if h is not None and h == st.args_hash:
-            key = st.idempotency_key or ""
-            b.after.append(CreateJob(step, st.attempt, st.job_name or "", key, h, input_env))
-            return
-        why = f"args {h[:12]}" if h is not None else UNHASHABLE
-    st.attempt_started_at = None
-    b.move(
-        st,
-        SP.PENDING,
-        "IntentDropped",
-        f"the step changed before the Job of attempt {st.attempt} was created "
-        f"(committed args {(st.args_hash or '')[:12]}, now {why}); it starts again",
-    )
-
-
-def committed_launch(run: m.AgentRun, step_name: str) -> CreateJob | None:
-    """The Job create of the step's last committed attempt, as :func:`reconcile` issues it:
-    what a Job holding that attempt's name must be to count as the attempt's (the shell
-    compares the two). None when the step has no committed attempt, or when the spec as read
-    no longer gives the committed args hash (the step changed since)."""
-    status = run.status or m.AgentRunStatus()
-    steps = {s.name: s for s in status.steps or []}
-    st = steps.get(step_name)
-    step = next((s for s in run.spec.plan.steps if s.name == step_name), None)
-    if step is None:  # a step of an agent run's current turn, from the committed status
-        loop_steps = agent_loop.dynamic_steps(run, steps, agent_loop.AgentConfig())
-        step = next((s for s in loop_steps if s.name == step_name), None)
-    if st is None or step is None or not st.job_name or not st.args_hash:
-        return None
-    # Only the steps are read (inputs come from committed results); no clock is involved.
-    b = _Builder(run, Observed(), datetime.fromtimestamp(0, UTC), CoreConfig(), status, steps)
-    resolved = _resolve_inputs(b, step)
-    if isinstance(resolved, str):
-        return None
-    input_env, input_digests = resolved
-    if _args_hash(run, step, input_digests) != st.args_hash:
-        return None
-    key = st.idempotency_key or ""
-    return CreateJob(step, st.attempt, st.job_name, key, st.args_hash, input_env)
-
-
-def _image_allowed(run: m.AgentRun, step: m.Step) -> bool:
-    allowed = run.spec.policy.allowed_images if run.spec.policy else None
-    return allowed is None or any(step.container.image.startswith(p) for p in allowed)
-
-
-def _needs_approval(run: m.AgentRun, step: m.Step) -> bool:
-    if step.approval == m.ApprovalMode.REQUIRED:
-        return True
-    gated = run.spec.policy.approval_required_for if run.spec.policy else None
-    return bool(gated) and step.risk in (gated or [])
-
-
-def _decision_for(run: m.AgentRun, step: str, args_hash: str) -> m.Approval | None:
-    """The decision that counts for (step, args hash): a rejection wins over an approval."""
-    matching = [a for a in run.spec.approvals or [] if a.step == step and a.args_hash == args_hash]
-    rejections = [a for a in matching if a.decision == m.ApprovalDecision.REJECT]
-    if rejections:
-        return rejections[0]
-    return matching[0] if matching else None
-
-
-def _resolve_inputs(b: _Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], dict[str, str]] | str:
-    """Env vars carrying dependency results, and the digest of each; or why one is missing."""
-    env: list[m.EnvVar] = []
-    digests: dict[str, str] = {}
-    for inp in step.inputs or []:
-        src = b.steps.get(inp.from_step)
-        if src is None or src.phase != SP.SUCCEEDED:
-            return f"input {inp.name}: step {inp.from_step} has not succeeded"
-        if src.result_ref is not None:
-            key = src.result_ref.key if inp.key is None else f"field.{inp.key}"
-            env.append(
-                m.EnvVar(
-                    name=inp.name,
-                    value_from=m.EnvVarSource(
-                        config_map_key_ref=m.ConfigMapKeySelector(name=src.result_ref.name, key=key)
-                    ),
-                )
-            )
-            digests[inp.name] = naming.sha256_text(
-                f"{src.result_ref.name}/{key}/{src.result_digest or ''}"
-            )
-            continue
-        value = src.result or ""
-        if inp.key is not None:
-            try:
-                parsed = json.loads(value)
-            except (ValueError, RecursionError):
-                parsed = None
-            if not isinstance(parsed, dict) or inp.key not in parsed:
-                return (
-                    f"input {inp.name}: the result of step {inp.from_step} has no field '{inp.key}'"
-                )
-            field_value = parsed[inp.key]
-            value = (
-                field_value if isinstance(field_value, str) else naming.canonical_json(field_value)
-            )
-        env.append(m.EnvVar(name=inp.name, value=value))
-        digests[inp.name] = naming.sha256_text(value)
-    # A model turn's context: the run's own record, passed like an input of a result kept
-    # by reference (by the ConfigMap's keys; its digest is in the args hash).
-    context_env, context_digests = agent_loop.context_inputs(b.status.agent, step.name)
-    env += context_env
-    digests.update(context_digests)
-    return tuple(env), digests
-
-
-# ---------------------------------------------------------------------------------------------
-# Ending, settling and retention
-# ---------------------------------------------------------------------------------------------
-
-
-def _forget_removed_steps(b: _Builder) -> None:
-    """Steps removed from the plan keep their record; running ones are stopped."""
-    names = {s.name for s in b.run.spec.plan.steps} | agent_loop.dynamic_names(b.status.agent)
-    for name, st in b.steps.items():
-        if name in names or st.phase in m.TERMINAL_STEP_PHASES:
-            continue
-        if st.phase in m.ACTIVE_STEP_PHASES and st.job_name:
-            b.after.append(DeleteJob(st.job_name, "RemovedFromPlan"))
-        st.finished_at = b.now
-        b.move(st, SP.CANCELLED, "RemovedFromPlan", "the step was removed from the plan")
-
-
-def _restart_readded(b: _Builder, st: m.StepStatus) -> None:
-    """A step removed from the plan and added back: it starts again, from its next attempt
-    number (so a new Job name: the Job of its last attempt may still be going away). Its
-    attempts so far still count against retry.limit and the budget."""
-    st.error = None
-    st.summary = None
-    st.result = None
-    st.result_ref = None
-    st.result_digest = None
-    st.finished_at = None
-    st.next_attempt_at = None
-    st.attempt_started_at = None
-    st.approval_requested_at = None
-    st.decided_by = None
-    b.move(
-        st,
-        SP.PENDING,
-        "ReAddedToPlan",
-        f"the step is back in the plan; it starts again as attempt {st.attempt + 1}",
-    )
 
 
 def _modified_by(run: m.AgentRun) -> str | None:
     """The user who last changed the spec, as recorded at admission."""
     return (run.metadata.annotations or {}).get(m.ANNOTATION_MODIFIED_BY)
-
-
-def _abort(
-    b: _Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None
-) -> None:
-    """End the run now: stop running attempts, keep every committed result."""
-    for st in b.steps.values():
-        if st.phase in m.ACTIVE_STEP_PHASES:
-            if st.job_name:
-                b.after.append(DeleteJob(st.job_name, reason))
-            st.finished_at = b.now
-            b.move(st, SP.CANCELLED, reason, f"stopped: {message}", by)
-    _end_run(b, phase, reason, message, by)
-
-
-def _end_run(
-    b: _Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None
-) -> None:
-    for st in b.steps.values():
-        if st.phase not in m.TERMINAL_STEP_PHASES:
-            st.next_attempt_at = None
-            b.move(st, SP.SKIPPED, "NotRun", f"not run: {message}")
-    status = b.status
-    old = status.phase
-    status.phase = phase
-    status.completed_at = b.now
-    status.message = _truncate(message)
-    if status.started_at is not None:
-        usage = status.usage or m.Usage()
-        usage.wall_time_seconds = int((b.now - status.started_at).total_seconds())
-        status.usage = usage
-    b.record(None, old, phase, reason, message, by)
-    _set_conditions(b, reason)
-
-
-def _settle(b: _Builder) -> None:
-    """Derive the run's phase, progress and message from its steps."""
-    sts = [b.steps[s.name] for s in _all_steps(b)]
-    active = [s for s in sts if s.phase in m.ACTIVE_STEP_PHASES]
-    backing = [s for s in sts if s.phase == SP.BACKING_OFF]
-    waiting = [s for s in sts if s.phase == SP.WAITING_FOR_APPROVAL]
-    status = b.status
-    loop = agent_loop.settled(b.run, status, b.config.agent)  # None: not an agent run (yet)
-
-    if b.halt is not None:
-        if not active:
-            _end_run(b, m.RunPhase.FAILED, b.halt.reason, b.halt.message)
-            return
-        phase, reason = m.RunPhase.RUNNING, "Stopping"
-        message = f"stopping ({b.halt.message}); waiting for {_names(active)} to finish"
-    elif loop is not None and loop.done:
-        _end_run(b, loop.phase, loop.reason, loop.message)
-        return
-    elif not agent_loop.is_agent_run(b.run) and all(
-        s.phase in (SP.SUCCEEDED, SP.SKIPPED) for s in sts
-    ):
-        skipped = sum(1 for s in sts if s.phase == SP.SKIPPED)
-        message = f"all {len(sts)} steps succeeded"
-        if skipped:
-            message = f"{len(sts) - skipped} steps succeeded, {skipped} skipped after a rejection"
-        _end_run(b, m.RunPhase.SUCCEEDED, "Succeeded", message)
-        return
-    elif b.run.spec.suspend:
-        phase, reason = m.RunPhase.SUSPENDED, "Suspended"
-        message = "suspended: no new step starts until spec.suspend is false"
-        if active:
-            message += f"; {_names(active)} still running"
-    elif loop is not None and loop.phase == m.RunPhase.SUSPENDED and not active:
-        phase, reason, message = loop.phase, loop.reason, loop.message
-    elif waiting and not active and not backing:
-        phase, reason = m.RunPhase.WAITING_FOR_APPROVAL, "WaitingForApproval"
-        message = "waiting for approval of " + ", ".join(
-            f"{s.name} (args {(s.args_hash or '')[:12]})" for s in waiting
-        )
-    elif active or backing or waiting:
-        phase, reason = m.RunPhase.RUNNING, "Running"
-        parts = []
-        if active:
-            parts.append(f"running {_names(active)}")
-        if backing:
-            parts.append(f"retrying {_names(backing)}")
-        if waiting:
-            parts.append(f"waiting for approval of {_names(waiting)}")
-        message = "; ".join(parts)
-    elif loop is not None:
-        phase, reason, message = loop.phase, loop.reason, loop.message
-    else:  # pragma: no cover - every non-terminal plan has one of the above
-        phase, reason, message = m.RunPhase.PENDING, "Pending", "nothing to run yet"
-
-    if status.phase != phase:
-        b.record(None, status.phase, phase, reason, message)
-        status.phase = phase
-    status.message = _truncate(message)
-    current = active + backing + waiting
-    status.current_step = _truncate(", ".join(s.name for s in current), 200) or None
-    _set_conditions(b, reason)
-
-
-def _names(sts: Sequence[m.StepStatus]) -> str:
-    names = [s.name for s in sts]
-    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-
-
-def _set_conditions(b: _Builder, reason: str) -> None:
-    """The run's conditions, from its phase; ``reason`` is the phase's.
-
-    ``Succeeded`` (Unknown, then True or False) is what ``kubectl wait`` waits for. ``Ready``,
-    ``Reconciling`` and ``Stalled`` follow kstatus, so tools that compute a resource's status
-    read a run as Current once it succeeded, InProgress while it moves, and Failed once it
-    cannot go on:
-
-    * Ready: True only when the run Succeeded.
-    * Reconciling: True while the run moves (Pending, Running, WaitingForApproval, and
-      Running while stopping). False once it ended, and while Suspended: nothing starts until
-      someone acts.
-    * Stalled: True when the run Failed or was Cancelled, and when the agent loop paused it
-      for want of budget (Suspended without spec.suspend): it cannot go on by itself. A user's
-      spec.suspend is a choice, not a stall: Stalled stays False (kstatus then reads the run
-      as InProgress, from Ready False).
-    """
-    status = b.status
-    phase = status.phase
-    message = status.message or ""
-    if phase == m.RunPhase.SUCCEEDED:
-        value = m.ConditionStatus.TRUE
-    elif phase in (m.RunPhase.FAILED, m.RunPhase.CANCELLED):
-        value = m.ConditionStatus.FALSE
-    else:
-        value = m.ConditionStatus.UNKNOWN
-    _condition(b, SUCCEEDED, value, reason, message)
-    ready = phase == m.RunPhase.SUCCEEDED
-    moving = phase not in m.TERMINAL_RUN_PHASES and phase != m.RunPhase.SUSPENDED
-    stalled = phase in (m.RunPhase.FAILED, m.RunPhase.CANCELLED) or (
-        phase == m.RunPhase.SUSPENDED and not b.run.spec.suspend
-    )
-    _condition(b, READY, _truth(ready), reason, message)
-    _condition(b, RECONCILING, _truth(moving), reason, message if moving else "")
-    _condition(b, STALLED, _truth(stalled), reason, message if stalled else "")
-    waiting = [s for s in b.steps.values() if s.phase == SP.WAITING_FOR_APPROVAL]
-    if waiting:
-        _condition(
-            b,
-            APPROVAL_PENDING,
-            m.ConditionStatus.TRUE,
-            "ApprovalRequested",
-            "; ".join(f"step {s.name} needs approval of argsHash {s.args_hash}" for s in waiting),
-        )
-    elif any(c.type == APPROVAL_PENDING for c in status.conditions or []):
-        _condition(b, APPROVAL_PENDING, m.ConditionStatus.FALSE, "NoApprovalPending", "")
-
-
-def _truth(value: bool) -> m.ConditionStatus:
-    return m.ConditionStatus.TRUE if value else m.ConditionStatus.FALSE
-
-
-def _ended_reason(status: m.AgentRunStatus) -> str:
-    """The reason a finished run ended with, as its Succeeded condition recorded it."""
-    done = next((c for c in status.conditions or [] if c.type == SUCCEEDED), None)
-    return done.reason if done is not None else str(status.phase)
-
-
-def _condition(b: _Builder, ctype: str, value: m.ConditionStatus, reason: str, msg: str) -> None:
-    conditions = b.status.conditions or []
-    generation = b.run.metadata.generation or None
-    existing = next((c for c in conditions if c.type == ctype), None)
-    if existing is None:
-        conditions.append(
-            m.Condition(
-                type=ctype,
-                status=value,
-                reason=reason,
-                message=_truncate(msg),
-                observed_generation=generation,
-                last_transition_time=b.now,
-            )
-        )
-    else:
-        if existing.status != value:
-            existing.last_transition_time = b.now
-        existing.status = value
-        existing.reason = reason
-        existing.message = _truncate(msg)
-        existing.observed_generation = generation
-    b.status.conditions = conditions
-
-
-def _outcome_committed(committed: m.StepStatus | None, job: ObservedJob) -> bool:
-    """Whether the status as read (not the one being derived) already records this attempt's
-    outcome: only then may its Job, the last evidence of that outcome, go away."""
-    if committed is None:
-        return False
-    if committed.attempt > job.attempt:
-        return True
-    return committed.attempt == job.attempt and (
-        committed.phase in m.TERMINAL_STEP_PHASES or committed.phase == SP.BACKING_OFF
-    )
-
-
-def _retention(b: _Builder) -> None:
-    """Delete finished step Jobs (after a grace) and, past its TTL, the finished run."""
-    retention = b.run.spec.retention or m.Retention()
-    grace = timedelta(seconds=b.config.job_deletion_grace_seconds)
-    current = {st.job_name: st for st in b.steps.values() if st.job_name}
-    committed = {st.name: st for st in (b.run.status.steps if b.run.status else None) or []}
-    derived = {st.name: st for st in b.steps.values()}
-    for job in b.observed.jobs:
-        if job.name_taken is not None:  # someone else's Job: left alone
-            continue
-        st = current.get(job.name)
-        if job.state == JobState.ACTIVE and not job.deleting:
-            if st is None or st.phase not in m.ACTIVE_STEP_PHASES:
-                b.after.append(DeleteJob(job.name, "NotCurrentAttempt"))
-            continue
-        compacted = agent_loop.compacted(b.run, job.step)
-        failed = job.state == JobState.FAILED or (st is not None and st.phase == SP.FAILED)
-        keep = retention.keep_jobs == m.KeepJobs.ALL or (
-            retention.keep_jobs == m.KeepJobs.FAILED and failed
-        )
-        if (
-            not keep
-            and job.held
-            and not job.deleting
-            and _outcome_committed(derived.get(job.step), job)
-        ):
-            # Committed by this decision or before: after_commit runs only once it is.
-            b.after.append(ReleaseJob(job.name, b.config.job_deletion_grace_seconds))
-            continue
-        if not _outcome_committed(committed.get(job.step), job) and not compacted:
-            continue
-        if job.deleting and job.held:
-            # Deleted (by someone else, or by the operator), its outcome recorded: released
-            # once it has been deleting for the grace, which a stalled create cannot outlast.
-            since = min(_floor_seconds(job.deleted_at), b.now) if job.deleted_at else b.now
-            if job.deleted_at is None or b.now >= since + grace:
-                b.after.append(DeleteJob(job.name, "Deleted", release=True))
-            else:
-                b.timer(since + grace)
-            continue
-        if job.deleting:  # released, and going (the TTL controller's doing): nothing to do
-            continue
-        if keep or (job.expires and not job.held):
-            continue  # kept, or released to the TTL controller, which deletes it when due
-        since = (st.finished_at if st and st.finished_at else None) or job.finished_at or b.now
-        due = min(_floor_seconds(since), b.now) + grace
-        if b.now >= due:
-            b.after.append(DeleteJob(job.name, "Retention"))
-        else:
-            b.timer(due)
-    status = b.status
-    ttl = retention.ttl_seconds_after_finished
-    if status.phase in m.TERMINAL_RUN_PHASES and ttl is not None and status.completed_at:
-        # The API allows any int64; past a century it means "keep", and stays a valid date.
-        due = status.completed_at + timedelta(seconds=min(ttl, TTL_LIMIT))
-        if b.now >= due:
-            b.after.append(DeleteRun(f"ttlSecondsAfterFinished ({ttl}s) passed"))
-        else:
-            b.timer(due)
 
 
 def _trim_history(
@@ -1289,8 +230,10 @@ def _dedupe(actions: Sequence[Action]) -> tuple[Action, ...]:
     return tuple(seen)
 
 
-def _finish(b: _Builder) -> Decision:
-    _retention(b)
+def _finish(b: Builder) -> Decision:
+    """The pass's decision: retention applied, the steps in plan order, progress, the audit
+    record's mark, the history ring trimmed, and the soonest timer as ``requeue_after``."""
+    apply_retention(b)
     status = b.status
     status.observed_generation = b.run.metadata.generation or None
     plan_names = [s.name for s in b.run.spec.plan.steps]

@@ -1,0 +1,226 @@
+"""Observing attempts: what the Job of a Launching or Running step says about its attempt.
+
+The Job as observed decides: not seen yet (its create is issued again, see
+:func:`.launch.reissue_create`), refused by the API server, lost or deleted, taken by someone
+else's Job, its pod refused, still running (Launching becomes Running; the step's timeout is
+checked), succeeded (the result envelope parsed, the result kept inline or in a ConfigMap,
+tokens counted) or failed. A failed attempt is retried after a backoff while ``retry.limit``
+and ``budget.maxAttempts`` allow, and fails the step otherwise.
+
+Imports :mod:`.builder` and :mod:`.launch`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from agentrun.api import models as m
+from agentrun.api.models import StepPhase as SP
+from agentrun.core import naming
+from agentrun.core.actions import DeleteJob, EmitEvent, StoreResult
+from agentrun.core.backoff import backoff_seconds
+from agentrun.core.builder import MESSAGE_LIMIT, REASON_LIMIT, Builder, floor_seconds, truncate
+from agentrun.core.envelope import MAX_TOKENS, Envelope, parse, result_object_data
+from agentrun.core.launch import reissue_create
+from agentrun.core.observed import JobState, ObservedJob
+
+INLINE_RESULT_MAX = m.MAX_INLINE_RESULT
+"""Results are kept inline only up to this many bytes, whatever the configured limit:
+status.steps[].result's maxLength."""
+EXIT_CODES = range(-(2**31), 2**31)
+
+
+def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
+    """Move a Launching or Running step on from what its attempt's Job, as observed, says."""
+    job = b.observed.job(st.job_name or "")
+    if job is None:
+        refused = b.observed.job_refusals.get(st.job_name or "")
+        if st.phase == SP.LAUNCHING and refused is not None:
+            _job_refused(b, step, st, refused)
+        elif st.phase == SP.LAUNCHING and (st.job_name or "") not in b.observed.vanished:
+            reissue_create(b, step, st)
+        else:
+            _attempt_failed(
+                b,
+                step,
+                st,
+                "JobLost",
+                f"Job {st.job_name} of attempt {st.attempt} disappeared before it finished",
+                None,
+            )
+        return
+    if job.name_taken is not None:  # not the attempt's Job: it never ran the step
+        _attempt_failed(b, step, st, "JobNameTaken", job.name_taken, None)
+        return
+    if job.state == JobState.ACTIVE and job.pod_refused is not None:
+        b.after.append(DeleteJob(job.name, "PodRefused"))  # no pod may start later
+        _attempt_failed(b, step, st, "PodRefused", job.pod_refused, None)
+        return
+    if job.state == JobState.ACTIVE and job.deleting:
+        _attempt_failed(
+            b,
+            step,
+            st,
+            "JobLost",
+            f"Job {job.name} of attempt {st.attempt} was deleted before it finished",
+            None,
+        )
+        return
+    if job.state == JobState.ACTIVE:
+        if st.phase == SP.LAUNCHING:
+            _note_running(b, st, job)
+        _check_step_timeout(b, step, st, job)
+        return
+    code = job.exit_code
+    exit_code = code if type(code) is int and code in EXIT_CODES else None  # an int32, or unknown
+    if job.state == JobState.SUCCEEDED:
+        envelope = parse(job.termination_message)
+        if envelope.problem is not None:
+            _attempt_failed(b, step, st, "InvalidEnvelope", envelope.problem, exit_code)
+        elif envelope.ok:
+            _attempt_succeeded(b, step, st, job, envelope)
+        else:
+            _attempt_failed(
+                b,
+                step,
+                st,
+                "StepReportedFailure",
+                envelope.summary or "the step reported ok: false",
+                exit_code,
+            )
+        return
+    reason, message = _failure_of(job, exit_code)
+    _attempt_failed(b, step, st, reason, message, exit_code)
+
+
+def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
+    """Launching becomes Running once the Job has been active ``running_after_seconds``
+    (a timer brings the pass that sees it); a Job that ends sooner skips Running."""
+    started = job.started_at or st.attempt_started_at  # the Job's startTime, else the intent's
+    since = min(floor_seconds(started), b.now) if started else b.now
+    due = since + timedelta(seconds=b.config.running_after_seconds)
+    if b.now >= due:
+        b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
+    else:
+        b.timer(due)
+
+
+def _job_refused(b: Builder, step: m.Step, st: m.StepStatus, message: str) -> None:
+    """The API server refused the attempt's Job: the attempt failed, and the step's retry
+    policy decides what follows (a spec the API rejects is rejected again, so retries end)."""
+    attempt = st.attempt
+    _attempt_failed(b, step, st, "JobRefused", message, None)
+    if st.phase != SP.FAILED:  # a retry is scheduled: warn all the same, in the API's words
+        text = f"step {step.name}: the Job of attempt {attempt} was refused: {message}"
+        b.events.append(EmitEvent("Warning", "JobRefused", truncate(text)))
+
+
+def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
+    if job.reason == "DeadlineExceeded":
+        return "StepTimeout", "the attempt ran past timeoutSeconds"
+    detail = (job.termination_message or job.message or "")[: 2 * MESSAGE_LIMIT].strip()
+    if exit_code is not None:
+        text = f"exit code {exit_code}" + (f": {detail}" if detail else "")
+        return "Error", text
+    return job.reason or "Error", detail or "the Job failed"
+
+
+def _check_step_timeout(b: Builder, step: m.Step, st: m.StepStatus, job: ObservedJob) -> None:
+    if not step.timeout_seconds or st.attempt_started_at is None:
+        return
+    limit = st.attempt_started_at + timedelta(
+        seconds=step.timeout_seconds + b.config.step_timeout_grace_seconds
+    )
+    if b.now >= limit:
+        b.after.append(DeleteJob(job.name, "StepTimeout"))
+        _attempt_failed(
+            b,
+            step,
+            st,
+            "StepTimeout",
+            f"the attempt ran past timeoutSeconds ({step.timeout_seconds}s)",
+            None,
+        )
+    else:
+        b.timer(limit)
+
+
+def _attempt_succeeded(
+    b: Builder, step: m.Step, st: m.StepStatus, job: ObservedJob, env: Envelope
+) -> None:
+    st.summary = env.summary
+    st.result = None
+    st.result_ref = None
+    st.result_digest = None
+    if env.result_ref is not None:
+        st.result_ref = m.ResultRef(name=env.result_ref[0], key=env.result_ref[1])
+        st.result_digest = env.result_digest
+    elif env.result is not None:
+        inline_limit = min(b.config.inline_result_limit, INLINE_RESULT_MAX)
+        if len(env.result.encode()) <= inline_limit:
+            st.result = env.result  # its digest is implied; status stays small
+        else:
+            st.result_digest = naming.sha256_text(env.result)
+            name = naming.result_object_name(
+                b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt
+            )
+            b.before.append(
+                StoreResult(name, step.name, st.attempt, result_object_data(env.result))
+            )
+            st.result_ref = m.ResultRef(name=name, key="result")
+    if env.tokens:
+        # Clamped: a sum past int64 would make every later status write fail validation.
+        step_tokens = (st.usage.tokens if st.usage else 0) + env.tokens
+        st.usage = m.StepUsage(tokens=min(step_tokens, MAX_TOKENS))
+        usage = b.status.usage or m.Usage()
+        usage.tokens = min(usage.tokens + env.tokens, MAX_TOKENS)
+        b.status.usage = usage
+    st.error = None
+    # Never later than now: a finish time from the future would only postpone retention.
+    st.finished_at = min(floor_seconds(job.finished_at), b.now) if job.finished_at else b.now
+    st.next_attempt_at = None
+    st.attempt_started_at = None
+    b.move(st, SP.SUCCEEDED, "StepSucceeded", f"attempt {st.attempt} succeeded")
+
+
+def _attempt_failed(
+    b: Builder, step: m.Step, st: m.StepStatus, reason: str, message: str, exit_code: int | None
+) -> None:
+    st.error = m.StepError(
+        reason=truncate(reason, REASON_LIMIT),
+        message=truncate(message, 1024),
+        exit_code=exit_code,
+        at=b.now,
+    )
+    limit = step.retry.limit if step.retry else 0
+    budget = b.run.spec.budget or m.Budget()
+    usage = b.status.usage or m.Usage()
+    retries_left = st.attempt <= limit
+    attempts_left = budget.max_attempts is None or usage.attempts < budget.max_attempts
+    if retries_left and attempts_left and not b.run.spec.cancel:
+        delay = backoff_seconds(
+            step.retry.backoff if step.retry else None,
+            st.attempt,
+            seed=b.config.jitter_seed,
+            run_uid=b.run.metadata.uid,
+            step=step.name,
+        )
+        st.next_attempt_at = b.now + timedelta(seconds=delay)
+        b.move(
+            st,
+            SP.BACKING_OFF,
+            "RetryScheduled",
+            f"attempt {st.attempt} failed ({reason}: {truncate(message, 200)}); "
+            f"attempt {st.attempt + 1} in {delay}s",
+        )
+        return
+    st.finished_at = b.now
+    st.next_attempt_at = None
+    st.attempt_started_at = None
+    why = f"{reason}: {truncate(message, 300)}"
+    if retries_left and not attempts_left:
+        why += f" (no retry: budget.maxAttempts {budget.max_attempts} reached)"
+        st.error.reason = "BudgetExceeded"
+    elif limit:
+        why += f" (after {st.attempt} attempts)"
+    b.move(st, SP.FAILED, st.error.reason, why)
