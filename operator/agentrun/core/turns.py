@@ -63,7 +63,7 @@ class AgentConfig:
 
 
 class Host(Protocol):
-    """What the state machine's working state offers the loop (machine._Builder)."""
+    """What the state machine's working state offers the loop (builder.Builder)."""
 
     @property
     def run(self) -> m.AgentRun: ...
