@@ -10,7 +10,8 @@ other refusal propagates unchanged::
     if exists:
         log.info("adopted")
 
-Also: the items of a list call as plain JSON, and the guarded patch that removes a finalizer.
+Also: how a refusal is told to a person (:func:`api_message`), the content types of patches,
+the items of a list call as plain JSON, and the guarded patch that removes a finalizer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,25 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kubernetes.client.exceptions import ApiException
+
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def api_message(error: ApiException) -> str:
+    """The API server's own words (the ``message`` of its Status), else the HTTP reason."""
+    body = getattr(error, "body", None)
+    if body:
+        try:
+            parsed = json.loads(body)
+        except (TypeError, ValueError):
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("message"):
+            return str(parsed["message"])
+        if isinstance(body, str | bytes):
+            text = body.decode(errors="replace") if isinstance(body, bytes) else body
+            return text.strip()[:500]
+    return f"HTTP {error.status} {error.reason or ''}".strip()
 
 
 @dataclass

@@ -1,11 +1,14 @@
-"""Expected refusals of the Kubernetes API pass; any other still fails the call."""
+"""Expected refusals of the Kubernetes API pass; any other still fails the call. A refusal is
+told to a person in the API server's own words."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.kubeapi import finalizer_removal, list_items, tolerate
+from agentrun.kubeapi import api_message, finalizer_removal, list_items, tolerate
 
 
 def test_a_tolerated_status_is_let_pass_and_recorded() -> None:
@@ -51,3 +54,17 @@ def test_a_finalizer_is_removed_by_a_patch_that_checks_it_is_still_there() -> No
     ]
     assert finalizer_removal(["a/x"], "b/y") is None
     assert finalizer_removal([], "b/y") is None
+
+
+def test_a_refusal_is_told_in_the_api_servers_words_else_its_body_else_its_status() -> None:
+    status = '{"kind": "Status", "message": "agentruns.agentrun.dev \\"x\\" not found"}'
+    assert api_message(ApiException(status=404, reason="Not Found")) == "HTTP 404 Not Found"
+    refused = ApiException(status=404, reason="Not Found")
+    refused.body = status
+    assert api_message(refused) == 'agentruns.agentrun.dev "x" not found'
+    plain = ApiException(status=502, reason="Bad Gateway")
+    raw: Any = b"  upstream went away \n"  # a body urllib3 did not decode
+    plain.body = raw
+    assert api_message(plain) == "upstream went away"
+    plain.body = "x" * 600
+    assert api_message(plain) == "x" * 500

@@ -30,8 +30,9 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
 from agentrun.clients.plugin import fork as forking
-from agentrun.clients.plugin.kube import PluginError, api_message
+from agentrun.clients.plugin.kube import PluginError
 from agentrun.core import naming
+from agentrun.kubeapi import api_message
 
 
 class ForkRefused(Exception):

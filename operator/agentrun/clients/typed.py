@@ -46,11 +46,10 @@ from agentrun.access import approvals, audit
 from agentrun.api import models as m
 from agentrun.clients import forks
 from agentrun.clients.plugin import fork as forking
-from agentrun.clients.plugin.kube import JSON_PATCH, MERGE_PATCH, api_message
 from agentrun.clients.plugin.render import merge_timeline
 from agentrun.core import naming
 from agentrun.execution import objects
-from agentrun.kubeapi import list_items, tolerate
+from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, api_message, list_items, tolerate
 
 __all__ = [
     "FIELD_MANAGER",

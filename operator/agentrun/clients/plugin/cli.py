@@ -22,16 +22,10 @@ from agentrun.clients import forks
 from agentrun.clients.plugin import fork as forking
 from agentrun.clients.plugin import render
 from agentrun.clients.plugin import transcript as transcripts
-from agentrun.clients.plugin.kube import (
-    JSON_PATCH,
-    MERGE_PATCH,
-    PluginError,
-    Session,
-    api_message,
-    strip_kind,
-)
+from agentrun.clients.plugin.kube import PluginError, Session, strip_kind
 from agentrun.core import naming
 from agentrun.execution import objects
+from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, api_message
 
 WAIT_INTERVAL_SECONDS = 1.0
 

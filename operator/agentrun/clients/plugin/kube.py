@@ -3,7 +3,6 @@ failures come back as :class:`PluginError` with a message a person understands."
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from pydantic import ValidationError
 import agentrun
 from agentrun.api import models as m
 from agentrun.execution import objects
-from agentrun.kubeapi import tolerate
+from agentrun.kubeapi import api_message, tolerate
 
 _T = TypeVar("_T")
 
@@ -30,8 +29,6 @@ _list_contexts: Callable[..., Any] = kube_config.list_kube_config_contexts
 _load_kubeconfig: Callable[..., Any] = kube_config.load_kube_config
 
 SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-JSON_PATCH = "application/json-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "kubectl-agentrun"
 """The field manager of the plugin's writes (metadata.managedFields names who set what)."""
 
@@ -42,22 +39,6 @@ class PluginError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
-
-
-def api_message(error: ApiException) -> str:
-    """The API server's own words (the ``message`` of its Status), else the HTTP reason."""
-    body = getattr(error, "body", None)
-    if body:
-        try:
-            parsed = json.loads(body)
-        except (TypeError, ValueError):
-            parsed = None
-        if isinstance(parsed, dict) and parsed.get("message"):
-            return str(parsed["message"])
-        if isinstance(body, str | bytes):
-            text = body.decode(errors="replace") if isinstance(body, bytes) else body
-            return text.strip()[:500]
-    return f"HTTP {error.status} {error.reason or ''}".strip()
 
 
 def strip_kind(name: str) -> str:
