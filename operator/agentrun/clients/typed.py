@@ -31,14 +31,13 @@ for it, with the run's last phase and conditions; any other refusal of the API s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
 from kubernetes import client as kube_client
-from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -49,7 +48,14 @@ from agentrun.clients.plugin import fork as forking
 from agentrun.clients.plugin.render import merge_timeline
 from agentrun.core import naming
 from agentrun.execution import objects
-from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, api_message, list_items, tolerate
+from agentrun.kubeapi import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    api_message,
+    list_items,
+    load_cluster,
+    tolerate,
+)
 
 __all__ = [
     "FIELD_MANAGER",
@@ -63,11 +69,6 @@ __all__ = [
 
 FIELD_MANAGER = "agentrun-client"
 """The field manager of the client's writes (metadata.managedFields names who set what)."""
-
-
-# The kubernetes package's config loaders are untyped; name them once, as Any.
-_from_kubeconfig: Callable[..., Any] = kube_config.new_client_from_config
-_load_incluster: Callable[..., Any] = kube_config.load_incluster_config
 
 
 class AgentRunError(Exception):
@@ -120,12 +121,7 @@ def describe_conditions(run: m.AgentRun) -> str:
 
 def default_api_client() -> Any:
     """A client from $KUBECONFIG (or ~/.kube/config), else the in-cluster ServiceAccount."""
-    try:
-        return _from_kubeconfig()
-    except kube_config.ConfigException:
-        configuration = kube_client.Configuration()
-        _load_incluster(client_configuration=configuration)
-        return kube_client.ApiClient(configuration)
+    return load_cluster(fall_back=True).api_client()
 
 
 class AgentRunClient:
