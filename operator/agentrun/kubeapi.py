@@ -38,6 +38,11 @@ SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/n
 IN_CLUSTER = "the in-cluster ServiceAccount"
 
 
+class Unreachable(Exception):
+    """The API server did not answer (no refusal: no answer at all); the message says which
+    server and what for."""
+
+
 class KubeconfigError(Exception):
     """The cluster configuration cannot be loaded as asked; the message says why."""
 

@@ -4,6 +4,7 @@ approval patches, the audit check and argument parsing. No cluster."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import sys
 from datetime import timedelta
@@ -15,11 +16,13 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.access import audit
 from agentrun.api import models as m
+from agentrun.clients import forks
 from agentrun.clients.plugin import cli, render
-from agentrun.clients.plugin import fork as forking
 from agentrun.clients.plugin.kube import PluginError, strip_kind
 from agentrun.core import CarriedSource, graph, naming
+from agentrun.core import fork as forking
 from agentrun.execution import objects
+from agentrun.kubeapi import Unreachable
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID, LABEL_STEP
 from tests.support.sim import T0, UID, Sim, make_run, step
 
@@ -174,10 +177,38 @@ def test_copy_names_are_dns_labels_and_distinct_for_long_names() -> None:
 
 
 def test_default_fork_name_has_four_random_lowercase_letters() -> None:
-    suffix = forking.random_suffix()
+    suffix = forks.random_suffix()
     assert len(suffix) == 4 and suffix.isalpha() and suffix.islower()
     assert forking.default_name("remediate", "abcd") == "remediate-fork-abcd"
     assert forking.default_name("r" * 60, "abcd") == "r" * 53 + "-fork-abcd"
+
+
+def test_a_copy_that_fails_deletes_the_new_run_again_and_says_why() -> None:
+    sim = finished_run()
+    body = sim.run.model_dump(mode="json", by_alias=True, exclude_none=True)
+    calls: list[str] = []
+
+    def unreachable(what: str) -> object:
+        calls.append(what)
+        raise Unreachable(f"cannot reach the Kubernetes API server at https://x to {what}")
+
+    api = forks.ForkApi(
+        get_config_map=lambda name: {"metadata": {"name": name}, "data": sim.results[name]},
+        create_run=lambda run, dry: {**run, "metadata": {**run["metadata"], "uid": "u2"}},
+        create_config_map=lambda cm: unreachable("copy"),
+        resume_run=lambda name: calls.append("resume"),
+        delete_run=lambda name: calls.append(f"delete {name}"),
+    )
+    with pytest.raises(forks.ForkRefused) as refused:
+        forks.make(api, body, sim.run, forks.plan(sim.run, "b", "next"))
+    assert calls == ["copy", "delete next"]
+    assert str(refused.value) == (
+        "cannot copy the result of step 'a' into ConfigMap 'next-carried-a': cannot reach the "
+        "Kubernetes API server at https://x to copy; agentrun 'next' was deleted again"
+    )
+    api = dataclasses.replace(api, delete_run=lambda name: unreachable("delete"))
+    with pytest.raises(forks.ForkRefused, match=r"'next' could not be deleted again .*: delete it"):
+        forks.make(api, body, sim.run, forks.plan(sim.run, "b", "next"))
 
 
 def test_result_copy_is_owned_by_the_new_run_but_not_as_its_controller() -> None:
@@ -185,7 +216,7 @@ def test_result_copy_is_owned_by_the_new_run_but_not_as_its_controller() -> None
         "metadata": {"name": "old-a-r123-1", "namespace": "ns"},
         "data": {"result": "x", "field.n": "1"},
     }
-    body = forking.result_copy(source, "new-carried-a", "new", "uid-1", "a")
+    body = forks.result_copy(source, "new-carried-a", "new", "uid-1", "a")
     owner = body["metadata"]["ownerReferences"][0]
     assert owner == {
         "apiVersion": m.API_VERSION,
@@ -206,7 +237,7 @@ def test_result_copy_lives_beside_its_source_labelled_like_the_runs_other_object
         "data": {"result": "x"},
         "binaryData": {"blob": "AA=="},
     }
-    body = forking.result_copy(source, "c", "n" * 70, "uid-1", "a")
+    body = forks.result_copy(source, "c", "n" * 70, "uid-1", "a")
     assert body["metadata"]["namespace"] == "ns"
     assert body["metadata"]["labels"] == objects.run_labels(
         objects.RunRef("n" * 70, "ns", "uid-1")
@@ -500,8 +531,9 @@ def test_the_namespace_comes_from_the_flag_then_the_context(tmp_path: Path) -> N
         Session.connect(kubeconfig=str(config), context="zz")
 
 
-@pytest.mark.parametrize("module", ["render.py", "fork.py"])
-def test_formatting_and_fork_planning_stay_pure(module: str) -> None:
+# Fork planning is agentrun.core.fork: test_layering keeps the core pure.
+@pytest.mark.parametrize("module", ["render.py", "transcript.py"])
+def test_formatting_stays_pure(module: str) -> None:
     imported: list[str] = []
     for node in ast.walk(ast.parse((PLUGIN / module).read_text())):
         if isinstance(node, ast.Import):

@@ -44,7 +44,6 @@ from pydantic import ValidationError
 from agentrun.access import approvals, audit
 from agentrun.api import models as m
 from agentrun.clients import forks
-from agentrun.clients.plugin import fork as forking
 from agentrun.clients.plugin.render import merge_timeline
 from agentrun.core import naming
 from agentrun.execution import objects
@@ -342,7 +341,7 @@ class AgentRunClient:
         """
         body = self._read(name)
         run = self._parse(body)
-        target = new_name or forking.default_name(name, forking.random_suffix())
+        target = forks.fork_name(name, new_name)
 
         def create_run(manifest: dict[str, Any], dry: bool) -> dict[str, Any]:
             extra = {"dry_run": "All"} if dry else {}

@@ -19,13 +19,12 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.access import approvals, audit
 from agentrun.api import models as m
 from agentrun.clients import forks
-from agentrun.clients.plugin import fork as forking
 from agentrun.clients.plugin import render
 from agentrun.clients.plugin import transcript as transcripts
 from agentrun.clients.plugin.kube import PluginError, Session, strip_kind
 from agentrun.core import naming
 from agentrun.execution import objects
-from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, api_message
+from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, Unreachable, api_message
 
 WAIT_INTERVAL_SECONDS = 1.0
 
@@ -363,7 +362,7 @@ def _read_ref(session: Session, run: m.AgentRun, step: str, ref: m.ResultRef) ->
 def cmd_fork(session: Session, args: argparse.Namespace) -> int:
     old_name = strip_kind(args.run)
     body, run = session.get_run(old_name)
-    new_name = args.name or forking.default_name(old_name, forking.random_suffix())
+    new_name = forks.fork_name(old_name, args.name)
     api = forks.ForkApi(
         get_config_map=session.get_config_map,
         create_run=session.create_run,
@@ -591,6 +590,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.code
+    except Unreachable as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except ApiException as error:
         print(f"error: {api_message(error)}", file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 import agentrun
 from agentrun.api import models as m
 from agentrun.execution import objects
-from agentrun.kubeapi import KubeconfigError, api_message, load_cluster, tolerate
+from agentrun.kubeapi import KubeconfigError, Unreachable, api_message, load_cluster, tolerate
 
 _T = TypeVar("_T")
 
@@ -88,12 +88,12 @@ class Session:
         return kube_client.CoreV1Api(self.api_client)
 
     def call(self, what: str, fn: Callable[[], _T]) -> _T:
-        """Run an API call; connection failures become a PluginError naming ``what``."""
+        """Run an API call; connection failures become :class:`Unreachable` naming ``what``."""
         try:
             return fn()
         except (OSError, urllib3.exceptions.HTTPError) as error:
             # MaxRetryError and friends carry the underlying connection error as .reason
-            raise PluginError(
+            raise Unreachable(
                 f"cannot reach the Kubernetes API server at {self.server} to {what}: "
                 f"{getattr(error, 'reason', None) or error}"
             ) from None
