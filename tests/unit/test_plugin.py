@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.access import audit
 from agentrun.api import models as m
-from agentrun.clients import forks
+from agentrun.clients import forks, reading
 from agentrun.clients.plugin import cli, render
 from agentrun.clients.plugin.kube import PluginError, strip_kind
 from agentrun.core import CarriedSource, graph, naming
@@ -346,8 +346,8 @@ def test_history_rows_show_transition_by_and_strip_the_step_prefix() -> None:
 def test_timeline_is_the_record_then_the_newer_history() -> None:
     record = [{"seq": 1, "to": "Pending"}, {"seq": 2, "to": "Running"}]
     history = [{"seq": 2, "to": "Running"}, {"seq": 4, "to": "Failed"}, {"seq": 3, "to": "x"}]
-    assert [e["seq"] for e in render.merge_timeline(record, history)] == [1, 2, 3, 4]
-    assert [e["seq"] for e in render.merge_timeline([], history)] == [2, 3, 4]
+    assert [e["seq"] for e in reading.merge_timeline(record, history)] == [1, 2, 3, 4]
+    assert [e["seq"] for e in reading.merge_timeline([], history)] == [2, 3, 4]
 
 
 def _recorded(sim: Sim) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -359,16 +359,16 @@ def _recorded(sim: Sim) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def test_verify_accepts_an_intact_record_and_names_edits_and_missing_tail() -> None:
     sim = gated_sim()
     entries, history = _recorded(sim)
-    assert cli.verify_record(entries, history, sim.run) == []
+    assert reading.verify_record(entries, history, sim.run) == []
 
     edited = [dict(e) for e in entries]
     edited[1]["by"] = "mallory"
-    problems = cli.verify_record(edited, history, sim.run)
+    problems = reading.verify_record(edited, history, sim.run)
     assert any("entry 2 was changed" in p for p in problems)
     assert any("entry 2 disagrees with status.history on by" in p for p in problems)
 
     sim.status.audit = m.AuditStatus(record="r", recorded_seq=len(entries))
-    problems = cli.verify_record(entries[:-1], history, sim.run)
+    problems = reading.verify_record(entries[:-1], history, sim.run)
     assert any("entries were removed" in p for p in problems), problems
 
 

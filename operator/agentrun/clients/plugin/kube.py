@@ -16,7 +16,6 @@ from pydantic import ValidationError
 
 import agentrun
 from agentrun.api import models as m
-from agentrun.execution import objects
 from agentrun.kubeapi import KubeconfigError, Unreachable, api_message, load_cluster, tolerate
 
 _T = TypeVar("_T")
@@ -205,11 +204,6 @@ class Session:
                 self.namespace, body, field_manager=FIELD_MANAGER
             ),
         )
-
-    def audit_record(self, run: m.AgentRun) -> list[dict[str, Any]]:
-        """The ConfigMaps labelled as the run's audit record (none while the operator keeps
-        no record); :func:`agentrun.access.audit.select` tells the record from imitations."""
-        return self.list_config_maps(objects.owned_by(run.metadata.uid, "audit"))
 
     # -- who am I --------------------------------------------------------------------------
 
