@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.access import audit
 from agentrun.api import models as m
 from agentrun.clients import forks, reading
-from agentrun.clients.plugin import cli, render
+from agentrun.clients.plugin import commands, render
 from agentrun.clients.plugin.kube import PluginError, strip_kind
 from agentrun.core import CarriedSource, graph, naming
 from agentrun.core import fork as forking
@@ -377,7 +377,7 @@ def test_verify_accepts_an_intact_record_and_names_edits_and_missing_tail() -> N
 
 def test_a_step_waiting_for_approval_is_decidable() -> None:
     sim = gated_sim()
-    st = cli.decidable(sim.run, "deploy", force=False)
+    st = commands.decidable(sim.run, "deploy", force=False)
     assert st.args_hash == sim.step_status("deploy").args_hash
 
 
@@ -385,24 +385,24 @@ def test_a_step_not_waiting_is_refused_with_its_phase_and_args_hash_unless_force
     sim = gated_sim()
     h = sim.step_status("check").args_hash
     with pytest.raises(PluginError) as caught:
-        cli.decidable(sim.run, "check", force=False)
+        commands.decidable(sim.run, "check", force=False)
     assert str(caught.value).startswith(
         f"step 'check' is not waiting for approval (phase Succeeded); its argsHash is {h}"
     )
-    assert cli.decidable(sim.run, "check", force=True).args_hash == h
+    assert commands.decidable(sim.run, "check", force=True).args_hash == h
 
 
 def test_unknown_steps_and_steps_without_args_hash_are_refused() -> None:
     sim = Sim(make_run([step("a"), step("b", "a")]))
     sim.tick()
     with pytest.raises(PluginError, match=r"step 'zz' is not a step of agentrun/demo"):
-        cli.decidable(sim.run, "zz", force=True)
+        commands.decidable(sim.run, "zz", force=True)
     with pytest.raises(PluginError, match=r"step 'b' of agentrun/demo has no argsHash yet"):
-        cli.decidable(sim.run, "b", force=True)
+        commands.decidable(sim.run, "b", force=True)
 
 
 def test_approval_patch_tests_the_resource_version_and_appends() -> None:
-    entry = cli.approval_entry("deploy", m.ApprovalDecision.REJECT, "a" * 64, "bob", "no", T0)
+    entry = commands.approval_entry("deploy", m.ApprovalDecision.REJECT, "a" * 64, "bob", "no", T0)
     assert entry == {
         "step": "deploy",
         "decision": "reject",
@@ -412,12 +412,14 @@ def test_approval_patch_tests_the_resource_version_and_appends() -> None:
         "at": "2026-11-22T09:00:00Z",
     }
     m.Approval.model_validate(entry)
-    first = cli.append_approval_patch({"metadata": {"resourceVersion": "7"}, "spec": {}}, entry)
+    first = commands.append_approval_patch(
+        {"metadata": {"resourceVersion": "7"}, "spec": {}}, entry
+    )
     assert first == [
         {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
         {"op": "add", "path": "/spec/approvals", "value": [entry]},
     ]
-    more = cli.append_approval_patch(
+    more = commands.append_approval_patch(
         {"metadata": {"resourceVersion": "8"}, "spec": {"approvals": [entry]}}, entry
     )
     assert more[1] == {"op": "add", "path": "/spec/approvals/-", "value": entry}
@@ -427,7 +429,7 @@ def test_approval_patch_tests_the_resource_version_and_appends() -> None:
 
 
 def parse(*argv: str) -> Any:
-    return cli.build_parser().parse_args(list(argv))
+    return commands.build_parser().parse_args(list(argv))
 
 
 def test_connection_flags_go_before_or_after_the_command() -> None:
@@ -454,7 +456,7 @@ def test_connection_flags_go_before_or_after_the_command() -> None:
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
-        cli.main(argv)
+        commands.main(argv)
     assert caught.value.code == 2
     assert "usage: kubectl agentrun" in capsys.readouterr().err
 
@@ -463,7 +465,7 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
     ("text", "seconds"), [("300", 300), ("90s", 90), ("5m", 300), ("1h", 3600)]
 )
 def test_timeouts_accept_plain_seconds_and_units(text: str, seconds: float) -> None:
-    assert cli.timeout_seconds(text) == seconds
+    assert commands.timeout_seconds(text) == seconds
 
 
 def test_run_names_may_carry_the_kind() -> None:
@@ -477,7 +479,7 @@ def test_a_missing_kubeconfig_is_a_readable_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "nope.kubeconfig"
-    assert cli.main(["status", "run", "--kubeconfig", str(missing)]) == 1
+    assert commands.main(["status", "run", "--kubeconfig", str(missing)]) == 1
     assert capsys.readouterr().err == f"error: kubeconfig '{missing}' does not exist\n"
 
 
@@ -500,7 +502,7 @@ def test_an_unreachable_server_is_a_readable_failure(
         )
     )
     monkeypatch.setenv("KUBECONFIG", str(config))
-    assert cli.main(["status", "run"]) == 1
+    assert commands.main(["status", "run"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: cannot reach the Kubernetes API server at http://127.0.0.1:9")
 
@@ -585,9 +587,9 @@ class FakeSession:
 
 
 def _approve(session: FakeSession, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    args = cli.build_parser().parse_args(["approve", "remediate", "deploy"])
+    args = commands.build_parser().parse_args(["approve", "remediate", "deploy"])
     try:
-        code = cli.cmd_approve(session, args)  # type: ignore[arg-type]
+        code = commands.cmd_approve(session, args)  # type: ignore[arg-type]
     except PluginError as error:
         code = error.code
         print(f"error: {error}", file=sys.stderr)

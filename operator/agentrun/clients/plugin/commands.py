@@ -1,4 +1,9 @@
-"""``kubectl agentrun``: the commands and their argument parsing.
+"""``kubectl agentrun``: the commands, their arguments, what they print and their exit codes.
+
+What a command reads or writes is shared with :class:`agentrun.clients.typed.AgentRunClient`:
+results, history and waiting are :mod:`agentrun.clients.reading`, decisions
+:mod:`agentrun.access.approvals`, forks :mod:`agentrun.clients.forks`; the plugin passes them
+its own API calls (:class:`~agentrun.clients.plugin.kube.Session`).
 
 Exit codes: 0 done, 1 failed (the message on stderr says why), 2 usage error.
 """
