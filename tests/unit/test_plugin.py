@@ -545,6 +545,41 @@ def test_formatting_stays_pure(module: str) -> None:
     assert not [n for n in imported if n.split(".")[0] in ("kubernetes", "urllib3")]
 
 
+def test_no_module_of_the_clients_imports_one_that_imports_it_back() -> None:
+    """The plugin builds on the shared modules (typed client, reading, forks), never the other
+    way round; function-local imports count too."""
+    clients = PLUGIN.parent
+    package = clients.parents[1]
+
+    def module(path: Path) -> str:
+        return ".".join(path.relative_to(package).with_suffix("").parts).removesuffix(".__init__")
+
+    paths = {module(path): path for path in clients.rglob("*.py")}
+    graph_: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                # `from package import module` imports the module (the package is importing)
+                subs = {f"{node.module}.{a.name}" for a in node.names} & paths.keys()
+                found |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph_[name] = found & paths.keys()
+    for name in graph_:
+        seen, todo = set(), list(graph_[name])
+        while todo:
+            current = todo.pop()
+            if current in seen or current not in graph_:
+                continue
+            seen.add(current)
+            todo.extend(graph_[current])
+        assert name not in seen, f"{name} imports itself back through {sorted(seen)}"
+    shared = ("typed", "forks", "reading")
+    for name in shared:
+        assert not [n for n in graph_[f"agentrun.clients.{name}"] if ".plugin" in n], name
+
+
 def test_a_run_the_operator_has_not_seen_yet_renders() -> None:
     run = make_run([step("a"), step("b", "a")])
     text = "\n".join(render.status_lines(run, T0))
