@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.access import audit
+from agentrun.access import approvals, audit
 from agentrun.api import models as m
 from agentrun.clients import forks, reading
 from agentrun.clients.plugin import commands, render
@@ -372,37 +372,41 @@ def test_verify_accepts_an_intact_record_and_names_edits_and_missing_tail() -> N
     assert any("entries were removed" in p for p in problems), problems
 
 
-# -- approvals ------------------------------------------------------------------------------------
+# -- approvals: agentrun.access.approvals, shared with the typed client ---------------------------
 
 
 def test_a_step_waiting_for_approval_is_decidable() -> None:
     sim = gated_sim()
-    st = commands.decidable(sim.run, "deploy", force=False)
+    st = approvals.decidable(sim.run, "deploy", force=False)
     assert st.args_hash == sim.step_status("deploy").args_hash
 
 
 def test_a_step_not_waiting_is_refused_with_its_phase_and_args_hash_unless_forced() -> None:
     sim = gated_sim()
     h = sim.step_status("check").args_hash
-    with pytest.raises(PluginError) as caught:
-        commands.decidable(sim.run, "check", force=False)
+    with pytest.raises(approvals.DecisionRefused) as caught:
+        approvals.decidable(sim.run, "check", force=False)
     assert str(caught.value).startswith(
         f"step 'check' is not waiting for approval (phase Succeeded); its argsHash is {h}"
     )
-    assert commands.decidable(sim.run, "check", force=True).args_hash == h
+    assert approvals.decidable(sim.run, "check", force=True).args_hash == h
 
 
 def test_unknown_steps_and_steps_without_args_hash_are_refused() -> None:
     sim = Sim(make_run([step("a"), step("b", "a")]))
     sim.tick()
-    with pytest.raises(PluginError, match=r"step 'zz' is not a step of agentrun/demo"):
-        commands.decidable(sim.run, "zz", force=True)
-    with pytest.raises(PluginError, match=r"step 'b' of agentrun/demo has no argsHash yet"):
-        commands.decidable(sim.run, "b", force=True)
+    with pytest.raises(
+        approvals.DecisionRefused, match=r"step 'zz' is not a step of agentrun/demo"
+    ):
+        approvals.decidable(sim.run, "zz", force=True)
+    with pytest.raises(
+        approvals.DecisionRefused, match=r"step 'b' of agentrun/demo has no argsHash yet"
+    ):
+        approvals.decidable(sim.run, "b", force=True)
 
 
 def test_approval_patch_tests_the_resource_version_and_appends() -> None:
-    entry = commands.approval_entry("deploy", m.ApprovalDecision.REJECT, "a" * 64, "bob", "no", T0)
+    entry = approvals.approval_entry("deploy", m.ApprovalDecision.REJECT, "a" * 64, "bob", "no", T0)
     assert entry == {
         "step": "deploy",
         "decision": "reject",
@@ -412,14 +416,14 @@ def test_approval_patch_tests_the_resource_version_and_appends() -> None:
         "at": "2026-11-22T09:00:00Z",
     }
     m.Approval.model_validate(entry)
-    first = commands.append_approval_patch(
+    first = approvals.append_approval_patch(
         {"metadata": {"resourceVersion": "7"}, "spec": {}}, entry
     )
     assert first == [
         {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
         {"op": "add", "path": "/spec/approvals", "value": [entry]},
     ]
-    more = commands.append_approval_patch(
+    more = approvals.append_approval_patch(
         {"metadata": {"resourceVersion": "8"}, "spec": {"approvals": [entry]}}, entry
     )
     assert more[1] == {"op": "add", "path": "/spec/approvals/-", "value": entry}

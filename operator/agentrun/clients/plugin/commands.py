@@ -57,19 +57,6 @@ def _phase(run: m.AgentRun) -> m.RunPhase | None:
 
 # -- approve / reject -----------------------------------------------------------------------
 
-# The decision itself (which argsHash, the entry, the guarded append) is agentrun.access.approvals,
-# shared with agentrun.clients.typed; the names stay importable from here.
-approval_entry = approvals.approval_entry
-append_approval_patch = approvals.append_approval_patch
-
-
-def decidable(run: m.AgentRun, step: str, force: bool) -> m.StepStatus:
-    """The status of ``step`` if a decision on it can be recorded now; else why not."""
-    try:
-        return approvals.decidable(run, step, force)
-    except approvals.DecisionRefused as error:
-        raise PluginError(str(error)) from None
-
 
 def _decide(session: Session, args: argparse.Namespace, decision: m.ApprovalDecision) -> int:
     name, step = strip_kind(args.run), args.step
