@@ -62,7 +62,7 @@ def _release(args: argparse.Namespace) -> int:
 
     from kubernetes.client.exceptions import ApiException
 
-    from agentrun.clients.plugin.kube import api_message
+    from agentrun.kubeapi import api_message
     from agentrun.loop import janitor
     from agentrun.loop.handlers import api_client
 

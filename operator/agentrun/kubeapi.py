@@ -10,19 +10,176 @@ other refusal propagates unchanged::
     if exists:
         log.info("adopted")
 
-Also: the items of a list call as plain JSON, and the guarded patch that removes a finalizer.
+Also: the one way to load a cluster's configuration (:func:`load_cluster`: a kubeconfig, else
+the in-cluster ServiceAccount), how a refusal is told to a person (:func:`api_message`), the
+content types of patches, the items of a list call as plain JSON, and the guarded patch that
+removes a finalizer.
+
+The kubernetes client is imported inside the functions that need it: the step runner uses this
+module and starts without it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kubernetes.client.exceptions import ApiException
+
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+IN_CLUSTER = "the in-cluster ServiceAccount"
+
+
+class Unreachable(Exception):
+    """The API server did not answer (no refusal: no answer at all); the message says which
+    server and what for."""
+
+
+class KubeconfigError(Exception):
+    """The cluster configuration cannot be loaded as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster's configuration as loaded, and the namespace its context names."""
+
+    configuration: Any
+    """A ``kubernetes.client.Configuration``."""
+    namespace: str | None = None
+    """The kubeconfig context's namespace; in a pod, its ServiceAccount's; else None."""
+
+    @property
+    def server(self) -> str:
+        return str(self.configuration.host)
+
+    def api_client(self, user_agent: str | None = None) -> Any:
+        """A new ``kubernetes.client.ApiClient`` for the cluster. The API server records a
+        write that names no field manager under the User-Agent's first word."""
+        from kubernetes import client as kube_client
+
+        client = kube_client.ApiClient(self.configuration)
+        if user_agent:
+            client.user_agent = user_agent
+        return client
+
+
+def kubeconfig_paths(explicit: str | None = None) -> str | None:
+    """The kubeconfig file(s) kubectl would read: ``explicit``, $KUBECONFIG (paths joined by
+    ``os.pathsep``), ~/.kube/config; None when there is none. A file named that does not
+    exist (for $KUBECONFIG: none of them) is a :class:`KubeconfigError`."""
+    if explicit:
+        if not Path(explicit).expanduser().is_file():
+            raise KubeconfigError(f"kubeconfig '{explicit}' does not exist")
+        return explicit
+    env = os.environ.get("KUBECONFIG", "")
+    if env:
+        if not any(Path(p).expanduser().is_file() for p in env.split(os.pathsep) if p):
+            raise KubeconfigError(f"none of the kubeconfig files in $KUBECONFIG exist: {env}")
+        return env
+    default = Path("~/.kube/config").expanduser()
+    return str(default) if default.is_file() else None
+
+
+def load_cluster(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    *,
+    fall_back: bool = False,
+    persist: bool = True,
+) -> Cluster:
+    """The cluster of ``context`` (default: the current one) in the kubeconfig
+    (:func:`kubeconfig_paths`, $KUBECONFIG read now), else of the in-cluster ServiceAccount.
+
+    Without ``fall_back`` (kubectl's way) a kubeconfig that is named but missing, or cannot be
+    loaded, is a :class:`KubeconfigError` saying why, and so is an in-cluster configuration
+    that cannot be loaded; the ServiceAccount is tried only when there is no kubeconfig at all.
+    With ``fall_back`` (the operator and the typed client: one of the two works where they
+    run) any trouble with the kubeconfig means trying the ServiceAccount, whose own
+    ``ConfigException`` then propagates. ``persist``: a token an auth provider refreshes is
+    written back to the kubeconfig.
+    """
+    from kubernetes import client as kube_client
+    from kubernetes import config as kube_config
+
+    paths: str | None = None
+    try:
+        paths = kubeconfig_paths(kubeconfig)
+        if paths is not None:
+            return _from_kubeconfig(paths, context, persist)
+    except KubeconfigError:
+        if not fall_back:
+            raise
+    except kube_config.ConfigException as error:
+        if not fall_back:
+            raise KubeconfigError(
+                f"cannot load the cluster configuration from {paths}: {error}"
+            ) from None
+    if context and paths is None:
+        raise KubeconfigError(f"--context {context}: no kubeconfig found")
+    configuration = kube_client.Configuration()
+    load_incluster: Callable[..., Any] = kube_config.load_incluster_config
+    try:
+        load_incluster(client_configuration=configuration)
+    except kube_config.ConfigException as error:
+        if fall_back:
+            raise
+        raise KubeconfigError(
+            f"cannot load the cluster configuration from {IN_CLUSTER}: {error}"
+        ) from None
+    namespace = None
+    if SERVICEACCOUNT_NAMESPACE.is_file():
+        namespace = SERVICEACCOUNT_NAMESPACE.read_text().strip() or None
+    return Cluster(configuration, namespace)
+
+
+def _from_kubeconfig(paths: str, context: str | None, persist: bool) -> Cluster:
+    from kubernetes import client as kube_client
+    from kubernetes import config as kube_config
+
+    # The kubernetes package's config loaders are untyped; named as Any.
+    list_contexts: Callable[..., Any] = kube_config.list_kube_config_contexts
+    load: Callable[..., Any] = kube_config.load_kube_config
+    contexts, chosen = list_contexts(config_file=paths)
+    if context:
+        chosen = next((c for c in contexts or [] if c.get("name") == context), None)
+        if chosen is None:
+            known = ", ".join(str(c.get("name")) for c in contexts or [])
+            raise KubeconfigError(
+                f"context '{context}' not found in the kubeconfig (contexts: {known})"
+            )
+    configuration = kube_client.Configuration()
+    load(
+        config_file=paths,
+        context=context,
+        client_configuration=configuration,
+        persist_config=persist,
+    )
+    namespace = ((chosen or {}).get("context") or {}).get("namespace")
+    return Cluster(configuration, namespace)
+
+
+def api_message(error: ApiException) -> str:
+    """The API server's own words (the ``message`` of its Status), else the HTTP reason."""
+    body = getattr(error, "body", None)
+    if body:
+        try:
+            parsed = json.loads(body)
+        except (TypeError, ValueError):
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("message"):
+            return str(parsed["message"])
+        if isinstance(body, str | bytes):
+            text = body.decode(errors="replace") if isinstance(body, bytes) else body
+            return text.strip()[:500]
+    return f"HTTP {error.status} {error.reason or ''}".strip()
 
 
 @dataclass

@@ -8,8 +8,8 @@ import pytest
 
 from agentrun.api import models as m
 from agentrun.clients import forks
-from agentrun.clients.plugin import cli, transcript
-from agentrun.clients.plugin import fork as forking
+from agentrun.clients.plugin import commands, transcript
+from agentrun.core import fork as forking
 from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call
 from tests.support.sim import UID
 
@@ -174,5 +174,5 @@ def test_forks_make_a_dry_run_through_the_api_server_and_create_nothing() -> Non
 
 
 def test_fork_takes_a_turn_and_a_dry_run_flag() -> None:
-    args = cli.build_parser().parse_args(["fork", "source", "--from", "2", "--dry-run"])
+    args = commands.build_parser().parse_args(["fork", "source", "--from", "2", "--dry-run"])
     assert (args.run, args.start, args.dry_run, args.name) == ("source", "2", True, None)

@@ -45,7 +45,7 @@ def test_wheel_holds_the_product(wheel_files: list[str]) -> None:
         "agentrun/pod/runner.py",
         "agentrun/core/machine.py",
         "agentrun/api/models.py",
-        "agentrun/clients/plugin/cli.py",
+        "agentrun/clients/plugin/commands.py",
     ):
         assert module in wheel_files
 

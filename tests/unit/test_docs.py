@@ -7,7 +7,7 @@ For README.md and every page under docs/:
 * every ``make TARGET`` in code is a target of the Makefile;
 * every ``agentrun ...`` and ``kubectl agentrun ...`` command in code names subcommands and
   ``--options`` that the parsers define (``agentrun.cli.build_parser()`` with its
-  ``devcluster`` extension, and ``agentrun.clients.plugin.cli.build_parser()``);
+  ``devcluster`` extension, and ``agentrun.clients.plugin.commands.build_parser()``);
 * every repository path in code (``examples/foo.yaml``, ``hack/x.sh``, ``charts/...``) exists;
 * every Python name in code (``agentrun.loop.reconciler.CHECKPOINTS``) can be imported, or is a
   span or attribute name that ``agentrun.telemetry.tracing`` emits (``agentrun.step_attempt``).
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from agentrun import cli as agentrun_cli
-from agentrun.clients.plugin import cli as plugin_cli
+from agentrun.clients.plugin import commands as plugin_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -176,7 +176,7 @@ def agentrun_parser() -> argparse.ArgumentParser:
 
 
 def plugin_parser() -> argparse.ArgumentParser:
-    return plugin_cli.build_parser()
+    return plugin_commands.build_parser()
 
 
 PROGRAMS: dict[str, Callable[[], argparse.ArgumentParser]] = {

@@ -1,11 +1,27 @@
-"""Expected refusals of the Kubernetes API pass; any other still fails the call."""
+"""Expected refusals of the Kubernetes API pass; any other still fails the call. A refusal is
+told to a person in the API server's own words. The cluster's configuration comes from the
+kubeconfig kubectl would read, else the in-cluster ServiceAccount."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
+
 import pytest
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import ConfigException
 
-from agentrun.kubeapi import finalizer_removal, list_items, tolerate
+from agentrun.kubeapi import (
+    KubeconfigError,
+    api_message,
+    finalizer_removal,
+    kubeconfig_paths,
+    list_items,
+    load_cluster,
+    tolerate,
+)
 
 
 def test_a_tolerated_status_is_let_pass_and_recorded() -> None:
@@ -51,3 +67,132 @@ def test_a_finalizer_is_removed_by_a_patch_that_checks_it_is_still_there() -> No
     ]
     assert finalizer_removal(["a/x"], "b/y") is None
     assert finalizer_removal([], "b/y") is None
+
+
+def test_a_refusal_is_told_in_the_api_servers_words_else_its_body_else_its_status() -> None:
+    status = '{"kind": "Status", "message": "agentruns.agentrun.dev \\"x\\" not found"}'
+    assert api_message(ApiException(status=404, reason="Not Found")) == "HTTP 404 Not Found"
+    refused = ApiException(status=404, reason="Not Found")
+    refused.body = status
+    assert api_message(refused) == 'agentruns.agentrun.dev "x" not found'
+    plain = ApiException(status=502, reason="Bad Gateway")
+    raw: Any = b"  upstream went away \n"  # a body urllib3 did not decode
+    plain.body = raw
+    assert api_message(plain) == "upstream went away"
+    plain.body = "x" * 600
+    assert api_message(plain) == "x" * 500
+
+
+# -- the cluster's configuration ------------------------------------------------------------
+
+
+@pytest.fixture
+def nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No $KUBECONFIG, an empty home (no ~/.kube/config) and not in a pod."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return tmp_path
+
+
+def kubeconfig(path: Path, server: str, *contexts: tuple[str, str | None]) -> Path:
+    """A kubeconfig with one cluster at ``server`` and ``contexts`` (name, namespace); the
+    first is the current one."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": server, "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [
+                    {
+                        "name": name,
+                        "context": {"cluster": server, "user": "u"}
+                        | ({"namespace": namespace} if namespace else {}),
+                    }
+                    for name, namespace in contexts
+                ],
+                "current-context": contexts[0][0],
+            }
+        )
+    )
+    return path
+
+
+def test_a_kubeconfig_named_gives_its_current_or_chosen_contexts_cluster_and_namespace(
+    nowhere: Path,
+) -> None:
+    config = kubeconfig(nowhere / "config", "https://a:6443", ("a", "team"), ("b", None))
+    cluster = load_cluster(str(config))
+    assert (cluster.server, cluster.namespace) == ("https://a:6443", "team")
+    assert load_cluster(str(config), "b").namespace is None
+    with pytest.raises(KubeconfigError) as unknown:
+        load_cluster(str(config), "zz")
+    assert str(unknown.value) == "context 'zz' not found in the kubeconfig (contexts: a, b)"
+    client = cluster.api_client("someone/1.0")
+    assert client.user_agent == "someone/1.0"
+    client.close()
+
+
+def test_kubeconfig_may_name_several_files_as_kubectl_merges_them(
+    nowhere: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = kubeconfig(nowhere / "first", "https://one:6443", ("one", "x"))
+    second = kubeconfig(nowhere / "second", "https://two:6443", ("two", "y"))
+    paths = os.pathsep.join([str(nowhere / "missing"), str(first), str(second)])
+    monkeypatch.setenv("KUBECONFIG", paths)
+    assert kubeconfig_paths() == paths
+    assert load_cluster(context="one").server == "https://one:6443"
+    chosen = load_cluster(context="two")
+    assert (chosen.server, chosen.namespace) == ("https://two:6443", "y")
+    monkeypatch.setenv("HOME", str(nowhere))
+    (nowhere / ".kube").mkdir()
+    kubeconfig(nowhere / ".kube" / "config", "https://home:6443", ("home", None))
+    with pytest.raises(KubeconfigError, match="context 'home' not found"):
+        load_cluster(context="home")  # $KUBECONFIG comes before ~/.kube/config
+    monkeypatch.delenv("KUBECONFIG")
+    assert load_cluster().server == "https://home:6443"
+
+
+def test_a_kubeconfig_named_but_missing_is_an_error_unless_falling_back(
+    nowhere: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = nowhere / "nope"
+    with pytest.raises(KubeconfigError, match=f"^kubeconfig '{missing}' does not exist$"):
+        load_cluster(str(missing))
+    monkeypatch.setenv("KUBECONFIG", str(missing))
+    with pytest.raises(KubeconfigError) as none:
+        load_cluster()
+    assert str(none.value) == f"none of the kubeconfig files in $KUBECONFIG exist: {missing}"
+    # Falling back, the in-cluster ServiceAccount is tried instead; outside a pod its own
+    # error is the one raised.
+    with pytest.raises(ConfigException) as in_cluster:
+        load_cluster(fall_back=True)
+    assert not isinstance(in_cluster.value, KubeconfigError)
+
+
+def test_a_kubeconfig_that_cannot_be_loaded_is_an_error_unless_falling_back(
+    nowhere: Path,
+) -> None:
+    broken = nowhere / "broken"
+    broken.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": []}))
+    with pytest.raises(
+        KubeconfigError, match=f"^cannot load the cluster configuration from {broken}: "
+    ):
+        load_cluster(str(broken))
+    with pytest.raises(ConfigException):
+        load_cluster(str(broken), fall_back=True)
+
+
+def test_without_a_kubeconfig_only_the_service_account_is_left(nowhere: Path) -> None:
+    assert kubeconfig_paths() is None
+    with pytest.raises(KubeconfigError) as outside:
+        load_cluster()
+    assert str(outside.value).startswith(
+        "cannot load the cluster configuration from the in-cluster ServiceAccount: "
+    )
+    with pytest.raises(KubeconfigError, match=r"^--context c: no kubeconfig found$"):
+        load_cluster(context="c")

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from agentrun.api import models as m
-from agentrun.clients.plugin import fork
 from agentrun.core import (
     CreateJob,
     DeleteJob,
     DeleteRun,
     ReleaseJob,
     StoreResult,
+    fork,
     naming,
     reconcile,
 )

@@ -4,6 +4,7 @@ approval patches, the audit check and argument parsing. No cluster."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import sys
 from datetime import timedelta
@@ -13,13 +14,15 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.access import audit
+from agentrun.access import approvals, audit
 from agentrun.api import models as m
-from agentrun.clients.plugin import cli, render
-from agentrun.clients.plugin import fork as forking
+from agentrun.clients import forks, reading
+from agentrun.clients.plugin import commands, render
 from agentrun.clients.plugin.kube import PluginError, strip_kind
 from agentrun.core import CarriedSource, graph, naming
+from agentrun.core import fork as forking
 from agentrun.execution import objects
+from agentrun.kubeapi import Unreachable
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID, LABEL_STEP
 from tests.support.sim import T0, UID, Sim, make_run, step
 
@@ -174,10 +177,38 @@ def test_copy_names_are_dns_labels_and_distinct_for_long_names() -> None:
 
 
 def test_default_fork_name_has_four_random_lowercase_letters() -> None:
-    suffix = forking.random_suffix()
+    suffix = forks.random_suffix()
     assert len(suffix) == 4 and suffix.isalpha() and suffix.islower()
     assert forking.default_name("remediate", "abcd") == "remediate-fork-abcd"
     assert forking.default_name("r" * 60, "abcd") == "r" * 53 + "-fork-abcd"
+
+
+def test_a_copy_that_fails_deletes_the_new_run_again_and_says_why() -> None:
+    sim = finished_run()
+    body = sim.run.model_dump(mode="json", by_alias=True, exclude_none=True)
+    calls: list[str] = []
+
+    def unreachable(what: str) -> object:
+        calls.append(what)
+        raise Unreachable(f"cannot reach the Kubernetes API server at https://x to {what}")
+
+    api = forks.ForkApi(
+        get_config_map=lambda name: {"metadata": {"name": name}, "data": sim.results[name]},
+        create_run=lambda run, dry: {**run, "metadata": {**run["metadata"], "uid": "u2"}},
+        create_config_map=lambda cm: unreachable("copy"),
+        resume_run=lambda name: calls.append("resume"),
+        delete_run=lambda name: calls.append(f"delete {name}"),
+    )
+    with pytest.raises(forks.ForkRefused) as refused:
+        forks.make(api, body, sim.run, forks.plan(sim.run, "b", "next"))
+    assert calls == ["copy", "delete next"]
+    assert str(refused.value) == (
+        "cannot copy the result of step 'a' into ConfigMap 'next-carried-a': cannot reach the "
+        "Kubernetes API server at https://x to copy; agentrun 'next' was deleted again"
+    )
+    api = dataclasses.replace(api, delete_run=lambda name: unreachable("delete"))
+    with pytest.raises(forks.ForkRefused, match=r"'next' could not be deleted again .*: delete it"):
+        forks.make(api, body, sim.run, forks.plan(sim.run, "b", "next"))
 
 
 def test_result_copy_is_owned_by_the_new_run_but_not_as_its_controller() -> None:
@@ -185,7 +216,7 @@ def test_result_copy_is_owned_by_the_new_run_but_not_as_its_controller() -> None
         "metadata": {"name": "old-a-r123-1", "namespace": "ns"},
         "data": {"result": "x", "field.n": "1"},
     }
-    body = forking.result_copy(source, "new-carried-a", "new", "uid-1", "a")
+    body = forks.result_copy(source, "new-carried-a", "new", "uid-1", "a")
     owner = body["metadata"]["ownerReferences"][0]
     assert owner == {
         "apiVersion": m.API_VERSION,
@@ -206,7 +237,7 @@ def test_result_copy_lives_beside_its_source_labelled_like_the_runs_other_object
         "data": {"result": "x"},
         "binaryData": {"blob": "AA=="},
     }
-    body = forking.result_copy(source, "c", "n" * 70, "uid-1", "a")
+    body = forks.result_copy(source, "c", "n" * 70, "uid-1", "a")
     assert body["metadata"]["namespace"] == "ns"
     assert body["metadata"]["labels"] == objects.run_labels(
         objects.RunRef("n" * 70, "ns", "uid-1")
@@ -315,8 +346,8 @@ def test_history_rows_show_transition_by_and_strip_the_step_prefix() -> None:
 def test_timeline_is_the_record_then_the_newer_history() -> None:
     record = [{"seq": 1, "to": "Pending"}, {"seq": 2, "to": "Running"}]
     history = [{"seq": 2, "to": "Running"}, {"seq": 4, "to": "Failed"}, {"seq": 3, "to": "x"}]
-    assert [e["seq"] for e in render.merge_timeline(record, history)] == [1, 2, 3, 4]
-    assert [e["seq"] for e in render.merge_timeline([], history)] == [2, 3, 4]
+    assert [e["seq"] for e in reading.merge_timeline(record, history)] == [1, 2, 3, 4]
+    assert [e["seq"] for e in reading.merge_timeline([], history)] == [2, 3, 4]
 
 
 def _recorded(sim: Sim) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -328,50 +359,54 @@ def _recorded(sim: Sim) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def test_verify_accepts_an_intact_record_and_names_edits_and_missing_tail() -> None:
     sim = gated_sim()
     entries, history = _recorded(sim)
-    assert cli.verify_record(entries, history, sim.run) == []
+    assert reading.verify_record(entries, history, sim.run) == []
 
     edited = [dict(e) for e in entries]
     edited[1]["by"] = "mallory"
-    problems = cli.verify_record(edited, history, sim.run)
+    problems = reading.verify_record(edited, history, sim.run)
     assert any("entry 2 was changed" in p for p in problems)
     assert any("entry 2 disagrees with status.history on by" in p for p in problems)
 
     sim.status.audit = m.AuditStatus(record="r", recorded_seq=len(entries))
-    problems = cli.verify_record(entries[:-1], history, sim.run)
+    problems = reading.verify_record(entries[:-1], history, sim.run)
     assert any("entries were removed" in p for p in problems), problems
 
 
-# -- approvals ------------------------------------------------------------------------------------
+# -- approvals: agentrun.access.approvals, shared with the typed client ---------------------------
 
 
 def test_a_step_waiting_for_approval_is_decidable() -> None:
     sim = gated_sim()
-    st = cli.decidable(sim.run, "deploy", force=False)
+    st = approvals.decidable(sim.run, "deploy", force=False)
     assert st.args_hash == sim.step_status("deploy").args_hash
 
 
 def test_a_step_not_waiting_is_refused_with_its_phase_and_args_hash_unless_forced() -> None:
     sim = gated_sim()
     h = sim.step_status("check").args_hash
-    with pytest.raises(PluginError) as caught:
-        cli.decidable(sim.run, "check", force=False)
+    with pytest.raises(approvals.DecisionRefused) as caught:
+        approvals.decidable(sim.run, "check", force=False)
     assert str(caught.value).startswith(
         f"step 'check' is not waiting for approval (phase Succeeded); its argsHash is {h}"
     )
-    assert cli.decidable(sim.run, "check", force=True).args_hash == h
+    assert approvals.decidable(sim.run, "check", force=True).args_hash == h
 
 
 def test_unknown_steps_and_steps_without_args_hash_are_refused() -> None:
     sim = Sim(make_run([step("a"), step("b", "a")]))
     sim.tick()
-    with pytest.raises(PluginError, match=r"step 'zz' is not a step of agentrun/demo"):
-        cli.decidable(sim.run, "zz", force=True)
-    with pytest.raises(PluginError, match=r"step 'b' of agentrun/demo has no argsHash yet"):
-        cli.decidable(sim.run, "b", force=True)
+    with pytest.raises(
+        approvals.DecisionRefused, match=r"step 'zz' is not a step of agentrun/demo"
+    ):
+        approvals.decidable(sim.run, "zz", force=True)
+    with pytest.raises(
+        approvals.DecisionRefused, match=r"step 'b' of agentrun/demo has no argsHash yet"
+    ):
+        approvals.decidable(sim.run, "b", force=True)
 
 
 def test_approval_patch_tests_the_resource_version_and_appends() -> None:
-    entry = cli.approval_entry("deploy", m.ApprovalDecision.REJECT, "a" * 64, "bob", "no", T0)
+    entry = approvals.approval_entry("deploy", m.ApprovalDecision.REJECT, "a" * 64, "bob", "no", T0)
     assert entry == {
         "step": "deploy",
         "decision": "reject",
@@ -381,12 +416,14 @@ def test_approval_patch_tests_the_resource_version_and_appends() -> None:
         "at": "2026-11-22T09:00:00Z",
     }
     m.Approval.model_validate(entry)
-    first = cli.append_approval_patch({"metadata": {"resourceVersion": "7"}, "spec": {}}, entry)
+    first = approvals.append_approval_patch(
+        {"metadata": {"resourceVersion": "7"}, "spec": {}}, entry
+    )
     assert first == [
         {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
         {"op": "add", "path": "/spec/approvals", "value": [entry]},
     ]
-    more = cli.append_approval_patch(
+    more = approvals.append_approval_patch(
         {"metadata": {"resourceVersion": "8"}, "spec": {"approvals": [entry]}}, entry
     )
     assert more[1] == {"op": "add", "path": "/spec/approvals/-", "value": entry}
@@ -396,7 +433,7 @@ def test_approval_patch_tests_the_resource_version_and_appends() -> None:
 
 
 def parse(*argv: str) -> Any:
-    return cli.build_parser().parse_args(list(argv))
+    return commands.build_parser().parse_args(list(argv))
 
 
 def test_connection_flags_go_before_or_after_the_command() -> None:
@@ -423,7 +460,7 @@ def test_connection_flags_go_before_or_after_the_command() -> None:
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
-        cli.main(argv)
+        commands.main(argv)
     assert caught.value.code == 2
     assert "usage: kubectl agentrun" in capsys.readouterr().err
 
@@ -432,7 +469,7 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
     ("text", "seconds"), [("300", 300), ("90s", 90), ("5m", 300), ("1h", 3600)]
 )
 def test_timeouts_accept_plain_seconds_and_units(text: str, seconds: float) -> None:
-    assert cli.timeout_seconds(text) == seconds
+    assert commands.timeout_seconds(text) == seconds
 
 
 def test_run_names_may_carry_the_kind() -> None:
@@ -446,7 +483,7 @@ def test_a_missing_kubeconfig_is_a_readable_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "nope.kubeconfig"
-    assert cli.main(["status", "run", "--kubeconfig", str(missing)]) == 1
+    assert commands.main(["status", "run", "--kubeconfig", str(missing)]) == 1
     assert capsys.readouterr().err == f"error: kubeconfig '{missing}' does not exist\n"
 
 
@@ -469,7 +506,7 @@ def test_an_unreachable_server_is_a_readable_failure(
         )
     )
     monkeypatch.setenv("KUBECONFIG", str(config))
-    assert cli.main(["status", "run"]) == 1
+    assert commands.main(["status", "run"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: cannot reach the Kubernetes API server at http://127.0.0.1:9")
 
@@ -500,8 +537,9 @@ def test_the_namespace_comes_from_the_flag_then_the_context(tmp_path: Path) -> N
         Session.connect(kubeconfig=str(config), context="zz")
 
 
-@pytest.mark.parametrize("module", ["render.py", "fork.py"])
-def test_formatting_and_fork_planning_stay_pure(module: str) -> None:
+# Fork planning is agentrun.core.fork: test_layering keeps the core pure.
+@pytest.mark.parametrize("module", ["render.py", "transcript.py"])
+def test_formatting_stays_pure(module: str) -> None:
     imported: list[str] = []
     for node in ast.walk(ast.parse((PLUGIN / module).read_text())):
         if isinstance(node, ast.Import):
@@ -509,6 +547,41 @@ def test_formatting_and_fork_planning_stay_pure(module: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.append(node.module)
     assert not [n for n in imported if n.split(".")[0] in ("kubernetes", "urllib3")]
+
+
+def test_no_module_of_the_clients_imports_one_that_imports_it_back() -> None:
+    """The plugin builds on the shared modules (typed client, reading, forks), never the other
+    way round; function-local imports count too."""
+    clients = PLUGIN.parent
+    package = clients.parents[1]
+
+    def module(path: Path) -> str:
+        return ".".join(path.relative_to(package).with_suffix("").parts).removesuffix(".__init__")
+
+    paths = {module(path): path for path in clients.rglob("*.py")}
+    graph_: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                # `from package import module` imports the module (the package is importing)
+                subs = {f"{node.module}.{a.name}" for a in node.names} & paths.keys()
+                found |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph_[name] = found & paths.keys()
+    for name in graph_:
+        seen, todo = set(), list(graph_[name])
+        while todo:
+            current = todo.pop()
+            if current in seen or current not in graph_:
+                continue
+            seen.add(current)
+            todo.extend(graph_[current])
+        assert name not in seen, f"{name} imports itself back through {sorted(seen)}"
+    shared = ("typed", "forks", "reading")
+    for name in shared:
+        assert not [n for n in graph_[f"agentrun.clients.{name}"] if ".plugin" in n], name
 
 
 def test_a_run_the_operator_has_not_seen_yet_renders() -> None:
@@ -553,9 +626,9 @@ class FakeSession:
 
 
 def _approve(session: FakeSession, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    args = cli.build_parser().parse_args(["approve", "remediate", "deploy"])
+    args = commands.build_parser().parse_args(["approve", "remediate", "deploy"])
     try:
-        code = cli.cmd_approve(session, args)  # type: ignore[arg-type]
+        code = commands.cmd_approve(session, args)  # type: ignore[arg-type]
     except PluginError as error:
         code = error.code
         print(f"error: {error}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Making a fork: one implementation for ``kubectl agentrun fork`` and
 :meth:`agentrun.clients.typed.AgentRunClient.fork`.
 
-What a fork keeps and runs is planned by :mod:`agentrun.clients.plugin.fork` (pure). Making it:
+What a fork keeps and runs is planned by :mod:`agentrun.core.fork` (pure). Making it:
 
 1. read the results it carries that are kept by reference (ConfigMaps of the old run), each
    checked against the digest its step committed;
@@ -16,22 +16,26 @@ one in ``spec.agent.resumeFrom``, and the operator reads the conversation from t
 own records (:mod:`agentrun.observation.conversation`). The API calls are the caller's
 (:class:`ForkApi`), so
 each client keeps its own connection; a refusal becomes :class:`ForkRefused`, whose message
-says what to do.
+says what to do. Also here: the new run's default name and the copy of a result ConfigMap.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import secrets
+import string
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.clients.plugin import fork as forking
-from agentrun.clients.plugin.kube import PluginError, api_message
+from agentrun.core import fork as forking
 from agentrun.core import naming
+from agentrun.execution import objects
+from agentrun.kubeapi import Unreachable, api_message
 
 
 class ForkRefused(Exception):
@@ -41,7 +45,7 @@ class ForkRefused(Exception):
 @dataclass(frozen=True)
 class ForkApi:
     """The calls a fork makes, in the caller's namespace; each raises ``ApiException`` when
-    the API server refuses."""
+    the API server refuses (copies and deletes may also raise :class:`Unreachable`)."""
 
     get_config_map: Callable[[str], dict[str, Any] | None]
     """A ConfigMap as plain JSON, None when there is none."""
@@ -79,6 +83,15 @@ class Forked:
             f"{plan.from_turn} (read by the operator from its records); carried plan steps: "
             f"{carried}{runs}; approvals are not carried"
         )
+
+
+def random_suffix(length: int = 4) -> str:
+    return "".join(secrets.choice(string.ascii_lowercase) for _ in range(length))
+
+
+def fork_name(run: str, given: str | None = None) -> str:
+    """``given``, else ``RUN-fork-<4 random letters>``."""
+    return given or forking.default_name(run, random_suffix())
 
 
 def plan(run: m.AgentRun, start: str, name: str) -> forking.ForkPlan:
@@ -157,12 +170,10 @@ def make(
     for carry in fork.carry:
         if carry.step not in sources or carry.copy_name is None:
             continue
-        body_copy = forking.result_copy(
-            sources[carry.step], carry.copy_name, fork.name, uid, carry.step
-        )
+        body_copy = result_copy(sources[carry.step], carry.copy_name, fork.name, uid, carry.step)
         try:
             api.create_config_map(body_copy)
-        except (ApiException, PluginError) as error:
+        except (ApiException, Unreachable) as error:
             why = api_message(error) if isinstance(error, ApiException) else str(error)
             raise ForkRefused(
                 f"cannot copy the result of step '{carry.step}' into ConfigMap "
@@ -183,7 +194,28 @@ def _delete_again(api: ForkApi, name: str) -> str:
     """Delete the new run after a failed copy; what happened, for the message."""
     try:
         api.delete_run(name)
-    except (ApiException, PluginError) as error:
+    except (ApiException, Unreachable) as error:
         why = api_message(error) if isinstance(error, ApiException) else str(error)
         return f"agentrun '{name}' could not be deleted again ({why}): delete it"
     return f"agentrun '{name}' was deleted again"
+
+
+def result_copy(
+    source: Mapping[str, Any], name: str, run_name: str, run_uid: str, step: str
+) -> dict[str, Any]:
+    """A copy of a result ConfigMap, owned by the new run (not as its controller: whoever forks
+    may not block the run's deletion) in the namespace of the source."""
+    meta = source.get("metadata") or {}
+    body = objects.owned_config_map(
+        objects.RunRef(run_name, str(meta.get("namespace") or ""), run_uid),
+        name,
+        {s.LABEL_STEP: step, s.LABEL_KIND: "result"},
+        source.get("data") or {},
+        annotations={
+            f"{m.GROUP}/carried-from": f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        },
+        controller=False,
+    )
+    if source.get("binaryData"):
+        body["binaryData"] = dict(source["binaryData"])
+    return body

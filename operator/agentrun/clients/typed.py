@@ -14,10 +14,12 @@ models of :mod:`agentrun.api.models`, the same ones the operator reads.
 :meth:`AgentRunClient.fork` makes a fork exactly as ``kubectl agentrun fork`` does (the shared
 :mod:`agentrun.clients.forks`): from a plan step, or after a turn of an agent run.
 
+Results, history and waiting are read as ``kubectl agentrun result|history|wait`` read them (the
+shared :mod:`agentrun.clients.reading`).
+
 Decisions are recorded exactly as ``kubectl agentrun approve|reject`` records them (the shared
 :mod:`agentrun.access.approvals`): bound to the step's current argsHash, signed with the name the
-API
-server knows the caller by, appended by a resourceVersion-guarded JSON patch. Every write
+API server knows the caller by, appended by a resourceVersion-guarded JSON patch. Every write
 names the field manager ``agentrun-client``. The client never writes status: that is the
 operator's.
 
@@ -30,27 +32,27 @@ for it, with the run's last phase and conditions; any other refusal of the API s
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
 from kubernetes import client as kube_client
-from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from agentrun.access import approvals, audit
+from agentrun.access import approvals
 from agentrun.api import models as m
-from agentrun.clients import forks
-from agentrun.clients.plugin import fork as forking
-from agentrun.clients.plugin.kube import JSON_PATCH, MERGE_PATCH, api_message
-from agentrun.clients.plugin.render import merge_timeline
-from agentrun.core import naming
-from agentrun.execution import objects
-from agentrun.kubeapi import list_items, tolerate
+from agentrun.clients import forks, reading
+from agentrun.kubeapi import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    api_message,
+    list_items,
+    load_cluster,
+    tolerate,
+)
 
 __all__ = [
     "FIELD_MANAGER",
@@ -64,11 +66,6 @@ __all__ = [
 
 FIELD_MANAGER = "agentrun-client"
 """The field manager of the client's writes (metadata.managedFields names who set what)."""
-
-
-# The kubernetes package's config loaders are untyped; name them once, as Any.
-_from_kubeconfig: Callable[..., Any] = kube_config.new_client_from_config
-_load_incluster: Callable[..., Any] = kube_config.load_incluster_config
 
 
 class AgentRunError(Exception):
@@ -121,12 +118,7 @@ def describe_conditions(run: m.AgentRun) -> str:
 
 def default_api_client() -> Any:
     """A client from $KUBECONFIG (or ~/.kube/config), else the in-cluster ServiceAccount."""
-    try:
-        return _from_kubeconfig()
-    except kube_config.ConfigException:
-        configuration = kube_client.Configuration()
-        _load_incluster(client_configuration=configuration)
-        return kube_client.ApiClient(configuration)
+    return load_cluster(fall_back=True).api_client()
 
 
 class AgentRunClient:
@@ -245,25 +237,20 @@ class AgentRunClient:
         else:
             wanted = frozenset(for_phase)
         goal = ", ".join(sorted(str(p) for p in wanted))
-        deadline = time.monotonic() + timeout
-        while True:
-            run = self.get(name)
-            phase = run.status.phase if run.status else None
-            if phase in wanted:
-                return run
-            if phase in m.TERMINAL_RUN_PHASES:
-                raise AgentRunError(
-                    f"agentrun/{name} in namespace '{self.namespace}' finished without reaching "
-                    f"{goal}: {describe_conditions(run)}"
-                )
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise WaitTimeout(
-                    f"timed out after {timeout:g}s waiting for agentrun/{name} in namespace "
-                    f"'{self.namespace}' to reach {goal}: {describe_conditions(run)}",
-                    run,
-                )
-            time.sleep(min(self.poll_interval, left))
+        waited = reading.wait(lambda: self.get(name), wanted, timeout, self.poll_interval)
+        run = waited.run
+        if waited.timed_out:
+            raise WaitTimeout(
+                f"timed out after {timeout:g}s waiting for agentrun/{name} in namespace "
+                f"'{self.namespace}' to reach {goal}: {describe_conditions(run)}",
+                run,
+            )
+        if waited.phase not in wanted:
+            raise AgentRunError(
+                f"agentrun/{name} in namespace '{self.namespace}' finished without reaching "
+                f"{goal}: {describe_conditions(run)}"
+            )
+        return run
 
     # -- decisions -----------------------------------------------------------------------------
 
@@ -347,7 +334,7 @@ class AgentRunClient:
         """
         body = self._read(name)
         run = self._parse(body)
-        target = new_name or forking.default_name(name, forking.random_suffix())
+        target = forks.fork_name(name, new_name)
 
         def create_run(manifest: dict[str, Any], dry: bool) -> dict[str, Any]:
             extra = {"dry_run": "All"} if dry else {}
@@ -398,45 +385,41 @@ class AgentRunClient:
         """The full result of ``step``: inline in status, or from the ConfigMap status refers
         to (checked against the digest the step committed)."""
         run = self.get(name)
-        if run.step(step) is None:
-            steps = ", ".join(s.name for s in run.spec.plan.steps)
-            raise AgentRunError(f"step '{step}' is not a step of agentrun/{name} (steps: {steps})")
-        steps_status = run.status.steps if run.status else None
-        st = next((s for s in steps_status or [] if s.name == step), None)
-        if st is None or (st.result is None and st.result_ref is None):
-            phase = st.phase if st else "not evaluated yet"
-            raise AgentRunError(f"step '{step}' of agentrun/{name} has no result (phase {phase})")
-        if st.result is not None:
-            return st.result
-        assert st.result_ref is not None
-        content = self._referenced_result(name, step, st.result_ref)
-        if st.result_digest and naming.sha256_text(content) != st.result_digest:
+        try:
+            stored = reading.step_result(run, step, self._config_map)
+        except reading.NotAStep as error:
+            raise AgentRunError(
+                f"step '{step}' is not a step of agentrun/{name} (steps: {', '.join(error.steps)})"
+            ) from None
+        except reading.NoResult as error:
+            raise AgentRunError(
+                f"step '{step}' of agentrun/{name} has no result (phase {error.phase})"
+            ) from None
+        except reading.Unreadable as error:
+            raise AgentRunError(str(error), error.status) from None
+        # Only a result kept by reference is checked: status is written by the operator alone,
+        # a ConfigMap by anyone who may write ConfigMaps.
+        if stored.ref is not None and not stored.intact:
             raise AgentRunError(
                 f"the result of step '{step}' of agentrun/{name} in ConfigMap "
-                f"'{st.result_ref.name}' does not match the digest {st.result_digest} the step "
+                f"'{stored.ref.name}' does not match the digest {stored.digest} the step "
                 "committed: it was changed afterwards"
             )
-        return content
+        return stored.content
 
     def history(self, name: str) -> list[m.Transition]:
         """Every transition of the run, oldest first: its audit record, followed by the
         transitions of status.history the record does not hold yet."""
-        run = self.get(name)
-        selector = objects.owned_by(run.metadata.uid, "audit")
-        with self._refusals(f"cannot read the audit record of agentrun/{name}"):
-            found = self._core.list_namespaced_config_map(
-                self.namespace, label_selector=selector, _preload_content=False
-            )
-        run = self.get(name)  # read after the record: its anchor is never older than it
-        # Only the run's own chunks count: anyone who may write ConfigMaps can add labels.
-        status = run.status or m.AgentRunStatus()
-        anchor = status.audit or m.AuditStatus()
-        latest = anchor.head_seq if anchor.head_seq is not None else status.history_seq
-        prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
-        record = audit.select(list_items(found), prefix, run.metadata.uid, latest).entries
-        status_history = [t.to_wire() for t in (run.status.history if run.status else None) or []]
+
+        def list_config_maps(selector: str) -> list[dict[str, Any]]:
+            with self._refusals(f"cannot read the audit record of agentrun/{name}"):
+                found = self._core.list_namespaced_config_map(
+                    self.namespace, label_selector=selector, _preload_content=False
+                )
+            return list_items(found)
+
         transitions = []
-        for entry in merge_timeline(record, status_history):
+        for entry in reading.history(lambda: self.get(name), list_config_maps).timeline:
             fields = {k: v for k, v in entry.items() if k not in ("prev", "hash")}
             try:
                 transitions.append(m.Transition.model_validate(fields))
@@ -448,30 +431,6 @@ class AgentRunClient:
         return transitions
 
     # -- internals -----------------------------------------------------------------------------
-
-    def _referenced_result(self, name: str, step: str, ref: m.ResultRef) -> str:
-        where = f"{ref.kind} '{ref.name}' (key {ref.key})"
-        if ref.kind != "ConfigMap":
-            raise AgentRunError(
-                f"the result of step '{step}' is kept in a {where}; only ConfigMaps can be read"
-            )
-        try:
-            cm = self._core.read_namespaced_config_map(ref.name, self.namespace)
-        except ApiException as error:
-            if error.status == 404:
-                raise AgentRunError(
-                    f"the result of step '{step}' of agentrun/{name} is kept in {where}, which "
-                    f"does not exist in namespace '{self.namespace}'",
-                    404,
-                ) from None
-            raise AgentRunError(
-                f"cannot read the result of step '{step}' from {where}: {api_message(error)}",
-                error.status,
-            ) from None
-        data = cm.data or {}
-        if ref.key not in data:
-            raise AgentRunError(f"{where} has no key '{ref.key}' (keys: {', '.join(sorted(data))})")
-        return str(data[ref.key])
 
     def _read(self, name: str) -> dict[str, Any]:
         try:

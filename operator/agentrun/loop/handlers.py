@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import kopf
 from kubernetes import client as kube_client
-from kubernetes import config as kube_config
 
 from agentrun import settings as s
 from agentrun.api import models as m
@@ -229,17 +227,11 @@ def api_client() -> Any:
     manager under the User-Agent's first word, so every write of the operator shows in
     managedFields as ``agentrun-operator`` (the ledger also names it on status writes)."""
     from agentrun import __version__
+    from agentrun.kubeapi import load_cluster
 
-    from_file: Callable[..., Any] = kube_config.new_client_from_config
-    in_cluster: Callable[[], None] = kube_config.load_incluster_config
-    try:
-        # Named here: the client's own default was read from $KUBECONFIG when it was imported,
-        # before `agentrun run --kubeconfig` set it.
-        client = from_file(config_file=os.environ.get("KUBECONFIG") or None)
-    except kube_config.ConfigException:
-        in_cluster()
-        client = kube_client.ApiClient()
-    client.user_agent = f"{s.FIELD_MANAGER}/{__version__}"
+    # $KUBECONFIG is read now, after `agentrun run --kubeconfig` set it (the kubernetes
+    # package's own default was read when it was imported).
+    client = load_cluster(fall_back=True).api_client(f"{s.FIELD_MANAGER}/{__version__}")
     return metrics.count_requests(client)
 
 

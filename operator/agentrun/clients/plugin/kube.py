@@ -1,37 +1,25 @@
-"""The plugin's connection to the cluster: kubeconfig, namespace, and API calls whose
-failures come back as :class:`PluginError` with a message a person understands."""
+"""The plugin's connection to the cluster (loaded by :func:`agentrun.kubeapi.load_cluster`, as
+kubectl would), its namespace, and API calls whose failures come back as :class:`PluginError`
+with a message a person understands."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client as kube_client
-from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 import agentrun
 from agentrun.api import models as m
-from agentrun.execution import objects
-from agentrun.kubeapi import tolerate
+from agentrun.kubeapi import KubeconfigError, Unreachable, api_message, load_cluster, tolerate
 
 _T = TypeVar("_T")
 
-# The kubernetes package's config loaders are untyped; name them once, as Any.
-_load_incluster: Callable[..., Any] = kube_config.load_incluster_config
-_list_contexts: Callable[..., Any] = kube_config.list_kube_config_contexts
-_load_kubeconfig: Callable[..., Any] = kube_config.load_kube_config
-
-SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-JSON_PATCH = "application/json-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "kubectl-agentrun"
 """The field manager of the plugin's writes (metadata.managedFields names who set what)."""
 
@@ -44,22 +32,6 @@ class PluginError(Exception):
         self.code = code
 
 
-def api_message(error: ApiException) -> str:
-    """The API server's own words (the ``message`` of its Status), else the HTTP reason."""
-    body = getattr(error, "body", None)
-    if body:
-        try:
-            parsed = json.loads(body)
-        except (TypeError, ValueError):
-            parsed = None
-        if isinstance(parsed, dict) and parsed.get("message"):
-            return str(parsed["message"])
-        if isinstance(body, str | bytes):
-            text = body.decode(errors="replace") if isinstance(body, bytes) else body
-            return text.strip()[:500]
-    return f"HTTP {error.status} {error.reason or ''}".strip()
-
-
 def strip_kind(name: str) -> str:
     """Accept ``agentrun/NAME`` (and the plural or short name) as kubectl does."""
     for prefix in (f"{m.SINGULAR}/", f"{m.PLURAL}/", *(f"{n}/" for n in m.SHORT_NAMES)):
@@ -69,22 +41,6 @@ def strip_kind(name: str) -> str:
         if name.startswith(prefix):
             return name[len(prefix) :]
     return name
-
-
-def _kubeconfig_paths(explicit: str | None) -> str | None:
-    """The kubeconfig file(s) kubectl would read: --kubeconfig, $KUBECONFIG, ~/.kube/config;
-    None when there is none (then the in-cluster ServiceAccount is tried)."""
-    if explicit:
-        if not Path(explicit).expanduser().is_file():
-            raise PluginError(f"kubeconfig '{explicit}' does not exist")
-        return explicit
-    env = os.environ.get("KUBECONFIG", "")
-    if env:
-        if not any(Path(p).expanduser().is_file() for p in env.split(os.pathsep) if p):
-            raise PluginError(f"none of the kubeconfig files in $KUBECONFIG exist: {env}")
-        return env
-    default = Path("~/.kube/config").expanduser()
-    return str(default) if default.is_file() else None
 
 
 @dataclass
@@ -103,46 +59,18 @@ class Session:
         context: str | None = None,
         namespace: str | None = None,
     ) -> Session:
-        paths = _kubeconfig_paths(kubeconfig)
-        configuration = kube_client.Configuration()
-        context_namespace: str | None = None
         try:
-            if paths is None:
-                if context:
-                    raise PluginError(f"--context {context}: no kubeconfig found")
-                _load_incluster(client_configuration=configuration)
-                if SERVICEACCOUNT_NAMESPACE.is_file():
-                    context_namespace = SERVICEACCOUNT_NAMESPACE.read_text().strip() or None
-            else:
-                contexts, current = _list_contexts(config_file=paths)
-                chosen = current
-                if context:
-                    chosen = next((c for c in contexts or [] if c.get("name") == context), None)
-                    if chosen is None:
-                        known = ", ".join(str(c.get("name")) for c in contexts or [])
-                        raise PluginError(
-                            f"context '{context}' not found in the kubeconfig (contexts: {known})"
-                        )
-                context_namespace = ((chosen or {}).get("context") or {}).get("namespace")
-                _load_kubeconfig(
-                    config_file=paths,
-                    context=context,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-        except kube_config.ConfigException as error:
-            where = paths or "the in-cluster ServiceAccount"
-            raise PluginError(
-                f"cannot load the cluster configuration from {where}: {error}"
-            ) from None
-        api_client = kube_client.ApiClient(configuration)
+            # Not persisted: the plugin does not write the person's kubeconfig.
+            cluster = load_cluster(kubeconfig, context, persist=False)
+        except KubeconfigError as error:
+            raise PluginError(str(error)) from None
         # Writes that name no field manager (agentrun release's finalizer patches) are
         # recorded under the User-Agent's first word: the plugin's name too.
-        api_client.user_agent = f"{FIELD_MANAGER}/{agentrun.__version__}"
+        api_client = cluster.api_client(f"{FIELD_MANAGER}/{agentrun.__version__}")
         return cls(
             api_client=api_client,
-            namespace=namespace or context_namespace or "default",
-            server=str(configuration.host),
+            namespace=namespace or cluster.namespace or "default",
+            server=cluster.server,
         )
 
     def close(self) -> None:
@@ -159,12 +87,12 @@ class Session:
         return kube_client.CoreV1Api(self.api_client)
 
     def call(self, what: str, fn: Callable[[], _T]) -> _T:
-        """Run an API call; connection failures become a PluginError naming ``what``."""
+        """Run an API call; connection failures become :class:`Unreachable` naming ``what``."""
         try:
             return fn()
         except (OSError, urllib3.exceptions.HTTPError) as error:
             # MaxRetryError and friends carry the underlying connection error as .reason
-            raise PluginError(
+            raise Unreachable(
                 f"cannot reach the Kubernetes API server at {self.server} to {what}: "
                 f"{getattr(error, 'reason', None) or error}"
             ) from None
@@ -276,11 +204,6 @@ class Session:
                 self.namespace, body, field_manager=FIELD_MANAGER
             ),
         )
-
-    def audit_record(self, run: m.AgentRun) -> list[dict[str, Any]]:
-        """The ConfigMaps labelled as the run's audit record (none while the operator keeps
-        no record); :func:`agentrun.access.audit.select` tells the record from imitations."""
-        return self.list_config_maps(objects.owned_by(run.metadata.uid, "audit"))
 
     # -- who am I --------------------------------------------------------------------------
 

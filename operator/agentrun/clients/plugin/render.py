@@ -219,30 +219,3 @@ def history_rows(entries: Sequence[Mapping[str, Any]]) -> list[list[str]]:
 
 def history_lines(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     return table(["TIME", "STEP", "TRANSITION", "BY", "REASON", "MESSAGE"], history_rows(entries))
-
-
-def merge_timeline(
-    record: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]]
-) -> list[Mapping[str, Any]]:
-    """The audit record, followed by the transitions in status.history it does not hold yet
-    (the operator appends to the record after it commits the status)."""
-    last = max((int(e.get("seq") or 0) for e in record), default=0)
-    newer = [h for h in history if int(h.get("seq") or 0) > last]
-    return [*record, *sorted(newer, key=lambda h: int(h.get("seq") or 0))]
-
-
-def record_disagreements(
-    record: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]]
-) -> list[str]:
-    """Transitions that status.history and the audit record both hold but tell differently."""
-    by_seq = {e.get("seq"): e for e in record}
-    problems = []
-    for h in history:
-        seq = h.get("seq")
-        e = by_seq.get(seq)
-        if not seq or e is None:
-            continue
-        fields = [k for k in ("at", "step", "from", "to", "reason", "by") if h.get(k) != e.get(k)]
-        if fields:
-            problems.append(f"entry {seq} disagrees with status.history on {', '.join(fields)}")
-    return problems

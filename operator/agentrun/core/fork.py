@@ -1,5 +1,6 @@
-"""Planning a fork (``kubectl agentrun fork RUN --from STEP|TURN``): pure functions, no API
-calls.
+"""Planning a fork (``kubectl agentrun fork RUN --from STEP|TURN``,
+:meth:`agentrun.clients.typed.AgentRunClient.fork`): pure functions, no API calls; making it is
+:mod:`agentrun.clients.forks`.
 
 A fork is a new run with the same spec that starts again at one step. Every step of the old
 run that Succeeded and is neither that step nor downstream of it keeps its result: the new
@@ -19,18 +20,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
-import secrets
-import string
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core import resume as resuming
 from agentrun.core.graph import downstream
-from agentrun.execution import objects
 
 _DNS_LABEL = re.compile(m.DNS_LABEL_PATTERN)
 ANNOTATION_FORKED_FROM = f"{m.GROUP}/forked-from"
@@ -68,10 +65,6 @@ class ForkPlan:
         return f"turn {self.from_turn}" if self.from_turn is not None else f"step {self.from_step}"
 
 
-def random_suffix(length: int = 4) -> str:
-    return "".join(secrets.choice(string.ascii_lowercase) for _ in range(length))
-
-
 def default_name(run: str, suffix: str) -> str:
     """``RUN-fork-xxxx``, with RUN shortened so that the whole stays within 63 characters
     (the operator puts the run's name in label values, which allow no more)."""
@@ -104,16 +97,7 @@ def plan_turn(run: m.AgentRun, turn: int, name: str) -> ForkPlan:
     problem = resuming.turn_problem(run, turn, where)
     if problem is not None:
         raise ValueError(f"cannot fork {where} from turn {turn}: {problem}")
-    statuses = {st.name: st for st in (run.status.steps if run.status else None) or []}
-    carry: list[Carry] = []
-    rerun: list[str] = []
-    for step in run.spec.plan.steps:
-        st = statuses.get(step.name)
-        if st is None or st.phase != m.StepPhase.SUCCEEDED:
-            rerun.append(step.name)
-            continue
-        target = copy_name(name, step.name) if st.result_ref is not None else None
-        carry.append(Carry(step.name, st, target))
+    carry, rerun = _carry_or_rerun(run, name)
     return ForkPlan(
         source=f"{run.metadata.namespace}/{run.metadata.name}",
         name=name,
@@ -123,6 +107,24 @@ def plan_turn(run: m.AgentRun, turn: int, name: str) -> ForkPlan:
         from_turn=turn,
         source_uid=run.metadata.uid,
     )
+
+
+def _carry_or_rerun(
+    run: m.AgentRun, name: str, again: Collection[str] = ()
+) -> tuple[list[Carry], list[str]]:
+    """The steps fork ``name`` carries (each that succeeded and is not in ``again``) and those
+    it runs, in plan order."""
+    statuses = {st.name: st for st in (run.status.steps if run.status else None) or []}
+    carry: list[Carry] = []
+    rerun: list[str] = []
+    for step in run.spec.plan.steps:
+        st = statuses.get(step.name)
+        if step.name in again or st is None or st.phase != m.StepPhase.SUCCEEDED:
+            rerun.append(step.name)
+            continue
+        target = copy_name(name, step.name) if st.result_ref is not None else None
+        carry.append(Carry(step.name, st, target))
+    return carry, rerun
 
 
 def plan(run: m.AgentRun, from_step: str, name: str) -> ForkPlan:
@@ -135,17 +137,7 @@ def plan(run: m.AgentRun, from_step: str, name: str) -> ForkPlan:
             f"step '{from_step}' is not a step of agentrun/{run.metadata.name} "
             f"(its steps: {', '.join(names)})"
         )
-    again = downstream(steps, from_step)
-    statuses = {st.name: st for st in (run.status.steps if run.status else None) or []}
-    carry: list[Carry] = []
-    rerun: list[str] = []
-    for step_name in names:
-        st = statuses.get(step_name)
-        if step_name in again or st is None or st.phase != m.StepPhase.SUCCEEDED:
-            rerun.append(step_name)
-            continue
-        target = copy_name(name, step_name) if st.result_ref is not None else None
-        carry.append(Carry(step_name, st, target))
+    carry, rerun = _carry_or_rerun(run, name, again=downstream(steps, from_step))
     return ForkPlan(
         source=f"{run.metadata.namespace}/{run.metadata.name}",
         name=name,
@@ -205,24 +197,3 @@ def new_run(
     if labels:
         metadata["labels"] = labels
     return {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": metadata, "spec": spec}
-
-
-def result_copy(
-    source: Mapping[str, Any], name: str, run_name: str, run_uid: str, step: str
-) -> dict[str, Any]:
-    """A copy of a result ConfigMap, owned by the new run (not as its controller: the plugin's
-    user may not block the run's deletion) in the namespace of the source."""
-    meta = source.get("metadata") or {}
-    body = objects.owned_config_map(
-        objects.RunRef(run_name, str(meta.get("namespace") or ""), run_uid),
-        name,
-        {s.LABEL_STEP: step, s.LABEL_KIND: "result"},
-        source.get("data") or {},
-        annotations={
-            f"{m.GROUP}/carried-from": f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-        },
-        controller=False,
-    )
-    if source.get("binaryData"):
-        body["binaryData"] = dict(source["binaryData"])
-    return body

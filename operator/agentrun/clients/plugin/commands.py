@@ -1,4 +1,9 @@
-"""``kubectl agentrun``: the commands and their argument parsing.
+"""``kubectl agentrun``: the commands, their arguments, what they print and their exit codes.
+
+What a command reads or writes is shared with :class:`agentrun.clients.typed.AgentRunClient`:
+results, history and waiting are :mod:`agentrun.clients.reading`, decisions
+:mod:`agentrun.access.approvals`, forks :mod:`agentrun.clients.forks`; the plugin passes them
+its own API calls (:class:`~agentrun.clients.plugin.kube.Session`).
 
 Exit codes: 0 done, 1 failed (the message on stderr says why), 2 usage error.
 """
@@ -8,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -16,22 +20,14 @@ from typing import Any
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from agentrun.access import approvals, audit
+from agentrun.access import approvals
 from agentrun.api import models as m
-from agentrun.clients import forks
-from agentrun.clients.plugin import fork as forking
+from agentrun.clients import forks, reading
 from agentrun.clients.plugin import render
 from agentrun.clients.plugin import transcript as transcripts
-from agentrun.clients.plugin.kube import (
-    JSON_PATCH,
-    MERGE_PATCH,
-    PluginError,
-    Session,
-    api_message,
-    strip_kind,
-)
-from agentrun.core import naming
+from agentrun.clients.plugin.kube import PluginError, Session, strip_kind
 from agentrun.execution import objects
+from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, Unreachable, api_message
 
 WAIT_INTERVAL_SECONDS = 1.0
 
@@ -59,36 +55,7 @@ def _phase(run: m.AgentRun) -> m.RunPhase | None:
     return run.status.phase if run.status else None
 
 
-def _plan_step(run: m.AgentRun, step: str) -> m.Step:
-    found = run.step(step)
-    if found is None:
-        names = ", ".join(s.name for s in run.spec.plan.steps)
-        raise PluginError(
-            f"step '{step}' is not a step of {_ref(run)} in namespace "
-            f"'{run.metadata.namespace}' (its steps: {names})"
-        )
-    return found
-
-
-def _step_status(run: m.AgentRun, step: str) -> m.StepStatus | None:
-    steps = run.status.steps if run.status else None
-    return next((st for st in steps or [] if st.name == step), None)
-
-
 # -- approve / reject -----------------------------------------------------------------------
-
-# The decision itself (which argsHash, the entry, the guarded append) is agentrun.access.approvals,
-# shared with agentrun.clients.typed; the names stay importable from here.
-approval_entry = approvals.approval_entry
-append_approval_patch = approvals.append_approval_patch
-
-
-def decidable(run: m.AgentRun, step: str, force: bool) -> m.StepStatus:
-    """The status of ``step`` if a decision on it can be recorded now; else why not."""
-    try:
-        return approvals.decidable(run, step, force)
-    except approvals.DecisionRefused as error:
-        raise PluginError(str(error)) from None
 
 
 def _decide(session: Session, args: argparse.Namespace, decision: m.ApprovalDecision) -> int:
@@ -204,21 +171,15 @@ def cmd_status(session: Session, args: argparse.Namespace) -> int:
 
 def cmd_history(session: Session, args: argparse.Namespace) -> int:
     name = strip_kind(args.run)
-    _, run = session.get_run(name)
-    with session.reporting(f"cannot read the audit record of {_ref(run)}"):
-        items = session.audit_record(run)
-    # Read again after the record: the head anchored in status is then never older than it.
-    _, run = session.get_run(name)
-    status = run.status or m.AgentRunStatus()
-    history = [t.to_wire() for t in status.history or []]
-    anchor = status.audit or m.AuditStatus()
-    latest = anchor.head_seq if anchor.head_seq is not None else status.history_seq
-    chosen = audit.select(
-        items, audit.record_prefix(run.metadata.name, run.metadata.uid), run.metadata.uid, latest
-    )
-    record = chosen.entries
+
+    def list_config_maps(selector: str) -> list[dict[str, Any]]:
+        with session.reporting(f"cannot read the audit record of agentrun/{name}"):
+            return session.list_config_maps(selector)
+
+    told = reading.history(lambda: session.get_run(name)[1], list_config_maps)
+    run, record, history = told.run, told.record, told.status_history
     if record:
-        timeline = render.merge_timeline(record, history)
+        timeline = told.timeline
     else:
         timeline = list(history)
         if history:
@@ -232,20 +193,20 @@ def cmd_history(session: Session, args: argparse.Namespace) -> int:
         _out(f"{_ref(run)} has no transitions yet")
     if not args.verify:
         return 0
-    for cm, why in chosen.ignored:
+    for cm, why in told.ignored:
         _note(f"ignored ConfigMap {cm}, not part of the record: {why}")
     if not record:
         raise PluginError(
             f"{_ref(run)} has no audit record to verify (no ConfigMaps labelled "
             f"agentrun.dev/run-uid={run.metadata.uid},agentrun.dev/object=audit and owned by it)"
         )
-    problems = verify_record(record, history, run)
+    problems = told.problems()
     if problems:
         _note(f"audit record of {_ref(run)} is NOT intact ({len(problems)} problems):")
         for problem in problems:
             _note(f"  - {problem}")
         return 1
-    if anchor.head_seq is None or not anchor.head_hash:
+    if told.anchor.head_seq is None or not told.anchor.head_hash:
         _note(
             f"note: status.audit of {_ref(run)} anchors no head (a run from before anchoring): "
             "only the chain's own hashes were checked"
@@ -254,58 +215,20 @@ def cmd_history(session: Session, args: argparse.Namespace) -> int:
     return 0
 
 
-def verify_record(
-    record: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], run: m.AgentRun
-) -> list[str]:
-    """The hash chain's problems, whether it ends at the head anchored in status (through the
-    committed transitions not appended yet), and what status says the record should hold and
-    does not."""
-    problems = audit.verify(record, run.metadata.uid)
-    problems.extend(render.record_disagreements(record, history))
-    status = run.status or m.AgentRunStatus()
-    anchor = status.audit or m.AuditStatus()
-    if anchor.head_seq is not None and anchor.head_hash:
-        problems.extend(
-            audit.verify_anchored(
-                record, status.history or [], run.metadata.uid, anchor.head_seq, anchor.head_hash
-            )
-        )
-    recorded = anchor.recorded_seq
-    last = max((int(e.get("seq") or 0) for e in record if isinstance(e.get("seq"), int)), default=0)
-    if recorded > last:
-        problems.append(
-            f"status.audit.recordedSeq is {recorded} but the record ends at entry {last}: "
-            "entries were removed"
-        )
-    return problems
-
-
 def cmd_result(session: Session, args: argparse.Namespace) -> int:
     name, step = strip_kind(args.run), args.step
     _, run = session.get_run(name)
     if step is None:
         return _print_answer(session, run)
-    _plan_step(run, step)
-    st = _step_status(run, step)
-    if st is None or (st.result is None and st.result_ref is None):
-        phase = st.phase if st else "not evaluated yet"
-        summary = f"; its summary: {st.summary}" if st and st.summary else ""
-        raise PluginError(f"step '{step}' of {_ref(run)} has no result (phase {phase}){summary}")
-    if st.result is not None:
-        content = st.result
-    else:
-        assert st.result_ref is not None
-        content = _read_ref(session, run, step, st.result_ref)
-    if st.result_digest and naming.sha256_text(content) != st.result_digest:
-        sys.stdout.write(content)
+    stored = reading.step_result(run, step, session.get_config_map)
+    if not stored.intact:
+        sys.stdout.write(stored.content)
         sys.stdout.flush()
         raise PluginError(
             f"the result of step '{step}' does not match its recorded digest "
-            f"{st.result_digest}: it was changed after the step committed it"
+            f"{stored.digest}: it was changed after the step committed it"
         )
-    sys.stdout.write(content)
-    if sys.stdout.isatty() and not content.endswith("\n"):
-        sys.stdout.write("\n")
+    _write_raw(stored.content)
     return 0
 
 
@@ -313,24 +236,21 @@ def _print_answer(session: Session, run: m.AgentRun) -> int:
     """The answer of an agent run: its result."""
     if run.spec.agent is None:
         raise PluginError(f"{_ref(run)} has no spec.agent: name the step whose result to print")
-    ag = run.status.agent if run.status else None
-    if ag is None or (ag.answer is None and ag.answer_ref is None):
-        phase = _phase(run) or "not started"
-        raise PluginError(f"{_ref(run)} has no answer (yet): phase {phase}")
-    if ag.answer is not None:
-        content = ag.answer
-    else:
-        assert ag.answer_ref is not None
-        content = _read_ref(session, run, "the answer", ag.answer_ref)
-    if ag.answer_digest and naming.sha256_text(content) != ag.answer_digest:
+    stored = reading.answer(run, session.get_config_map)
+    if not stored.intact:
         raise PluginError(
-            f"the answer of {_ref(run)} does not match its recorded digest {ag.answer_digest}: "
+            f"the answer of {_ref(run)} does not match its recorded digest {stored.digest}: "
             "it was changed after the model gave it"
         )
+    _write_raw(stored.content)
+    return 0
+
+
+def _write_raw(content: str) -> None:
+    """``content`` as it is; a terminal also gets the newline it may lack."""
     sys.stdout.write(content)
     if sys.stdout.isatty() and not content.endswith("\n"):
         sys.stdout.write("\n")
-    return 0
 
 
 def cmd_transcript(session: Session, args: argparse.Namespace) -> int:
@@ -344,32 +264,13 @@ def cmd_transcript(session: Session, args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_ref(session: Session, run: m.AgentRun, step: str, ref: m.ResultRef) -> str:
-    where = f"{ref.kind} '{ref.name}' (key {ref.key})"
-    if ref.kind != "ConfigMap":
-        raise PluginError(
-            f"the result of step '{step}' is kept in a {where}; only ConfigMaps can be read"
-        )
-    with session.reporting(f"cannot read the result of step '{step}' from {where}"):
-        cm = session.get_config_map(ref.name)
-    if cm is None:
-        raise PluginError(
-            f"the result of step '{step}' of {_ref(run)} is kept in {where}, which does not exist "
-            f"in namespace '{session.namespace}'"
-        )
-    data = cm.get("data") or {}
-    if ref.key not in data:
-        raise PluginError(f"{where} has no key '{ref.key}' (keys: {', '.join(sorted(data))})")
-    return str(data[ref.key])
-
-
 # -- fork -----------------------------------------------------------------------------------
 
 
 def cmd_fork(session: Session, args: argparse.Namespace) -> int:
     old_name = strip_kind(args.run)
     body, run = session.get_run(old_name)
-    new_name = args.name or forking.default_name(old_name, forking.random_suffix())
+    new_name = forks.fork_name(old_name, args.name)
     api = forks.ForkApi(
         get_config_map=session.get_config_map,
         create_run=session.create_run,
@@ -397,21 +298,19 @@ def cmd_fork(session: Session, args: argparse.Namespace) -> int:
 
 def cmd_wait(session: Session, args: argparse.Namespace) -> int:
     name = strip_kind(args.run)
-    deadline = time.monotonic() + args.timeout
-    while True:
-        _, run = session.get_run(name)
-        status = run.status or m.AgentRunStatus()
-        if status.phase in m.TERMINAL_RUN_PHASES:
-            _out(f"{_ref(run)} {status.phase}" + (f": {status.message}" if status.message else ""))
-            return 0 if status.phase == m.RunPhase.SUCCEEDED else 1
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise PluginError(
-                f"timed out after {render.duration(args.timeout)} waiting for {_ref(run)} to "
-                f"finish (phase {status.phase or 'Pending'}"
-                + (f": {status.message})" if status.message else ")")
-            )
-        time.sleep(min(WAIT_INTERVAL_SECONDS, left))
+    waited = reading.wait(
+        lambda: session.get_run(name)[1], m.TERMINAL_RUN_PHASES, args.timeout, WAIT_INTERVAL_SECONDS
+    )
+    run = waited.run
+    status = run.status or m.AgentRunStatus()
+    if waited.timed_out:
+        raise PluginError(
+            f"timed out after {render.duration(args.timeout)} waiting for {_ref(run)} to "
+            f"finish (phase {status.phase or 'Pending'}"
+            + (f": {status.message})" if status.message else ")")
+        )
+    _out(f"{_ref(run)} {status.phase}" + (f": {status.message}" if status.message else ""))
+    return 0 if status.phase == m.RunPhase.SUCCEEDED else 1
 
 
 # -- release ------------------------------------------------------------------------------
@@ -597,6 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.code
+    except (Unreachable, reading.Unreadable) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except ApiException as error:
         print(f"error: {api_message(error)}", file=sys.stderr)
         return 1
