@@ -5,6 +5,9 @@
 * No module of ``agentrun`` or ``agentrun_devcluster`` imports, through any chain of imports,
   itself: a circle makes what a module finds at import time depend on which module was
   imported first.
+* Each package of ``agentrun`` imports only the packages its row of :data:`ALLOWED` names
+  (each package's docstring says why); the clients and the in-pod programs are imported by
+  nobody else.
 """
 
 from __future__ import annotations
@@ -34,6 +37,56 @@ FORBIDDEN = (
     "urllib3",
     "aiohttp",
 )
+
+_BELOW = frozenset({"api", "core", "kubeapi", "settings"})
+_ALL = frozenset(
+    {
+        "agentrun",
+        "api",
+        "core",
+        "kubeapi",
+        "settings",
+        "observation",
+        "execution",
+        "access",
+        "telemetry",
+        "pod",
+        "loop",
+        "clients",
+        "cli",
+    }
+)
+ALLOWED: dict[str, frozenset[str]] = {
+    # The root package holds only __version__, which any part may report.
+    "agentrun": frozenset(),
+    # The models alone: the CRD is generated from them, and everything else reads them.
+    "api": frozenset(),
+    # The pure state machine decides from the models alone.
+    "core": frozenset({"api"}),
+    # The API refusals a caller lets pass: about the kubernetes client, no model.
+    "kubeapi": frozenset(),
+    # Settings from the environment, and the names put on objects (the API's group).
+    "settings": frozenset({"api"}),
+    # Builders and parsers of what the operator creates; the loop makes the calls.
+    "execution": _BELOW,
+    # Rights, people's decisions and the audit record.
+    "access": _BELOW,
+    # What the operator tells; it never decides what a run does.
+    "telemetry": _BELOW,
+    # Reads only: the Job parsers of execution, and access's review of the creator's rights (a
+    # LocalSubjectAccessReview is a read) before a conversation is resumed from another run.
+    "observation": _BELOW | {"execution", "access"},
+    # In a step's pod: the result ConfigMap is made by execution's builder, the one whose
+    # layout the operator reads back.
+    "pod": _BELOW | {"execution"},
+    # The top of the operator: everything but the clients and the in-pod programs.
+    "loop": _ALL - {"clients", "pod", "cli"},
+    # For people and programs beside the operator, as their docstring lists: never the loop,
+    # the observation or the in-pod programs.
+    "clients": _BELOW | {"execution", "access"},
+    # The command wires it all: the operator, the in-pod programs, the release.
+    "cli": _ALL,
+}
 
 
 @dataclass(frozen=True)
@@ -167,6 +220,21 @@ def _show(circle: list[str]) -> str:
     return " -> ".join(f"{a} (line {GRAPH[a][b]})" for a, b in hops) + f" -> {circle[0]}"
 
 
+def _layer(name: str) -> str:
+    """The row of :data:`ALLOWED` a module of agentrun is in: its package, or its own name."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _product_imports() -> Iterator[tuple[str, str, int]]:
+    """(module, module it names, line) for every import of agentrun by agentrun."""
+    for name, module in sorted(MODULES.items()):
+        if name.split(".")[0] == "agentrun":
+            for target, line, implied in sorted(set(_imports_of(module))):
+                if target.split(".")[0] == "agentrun" and not implied:
+                    yield name, target, line
+
+
 def _imports(path: Path) -> list[str]:
     found: list[str] = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -257,3 +325,36 @@ def test_the_import_graph_counts_every_kind_of_import() -> None:
     assert "agentrun_devcluster.runtime" in GRAPH["agentrun_devcluster.process"]  # relative
     # The package a module is in is already being imported when the module runs.
     assert "agentrun.api" not in GRAPH["agentrun.api.models"]
+
+
+def test_every_package_and_top_level_module_has_a_row() -> None:
+    assert {_layer(name) for name in MODULES if name.split(".")[0] == "agentrun"} == set(ALLOWED)
+    assert set(ALLOWED) == _ALL
+
+
+def test_each_package_imports_only_what_its_row_allows() -> None:
+    offenders = [
+        f"{name} (line {line}) imports {target}: {_layer(name)} may import only "
+        + ", ".join(sorted(ALLOWED[_layer(name)]) or ["itself"])
+        for name, target, line in _product_imports()
+        if _layer(target) not in ALLOWED[_layer(name)] | {_layer(name), "agentrun"}
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_nothing_outside_the_clients_imports_them() -> None:
+    offenders = [
+        f"{name} (line {line}) imports {target}"
+        for name, target, line in _product_imports()
+        if _layer(target) == "clients" and _layer(name) != "clients"
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_nothing_but_the_command_imports_the_in_pod_programs() -> None:
+    offenders = [
+        f"{name} (line {line}) imports {target}"
+        for name, target, line in _product_imports()
+        if _layer(target) == "pod" and _layer(name) not in ("pod", "cli")
+    ]
+    assert not offenders, "\n".join(offenders)
