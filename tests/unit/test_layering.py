@@ -8,11 +8,13 @@
 * Each package of ``agentrun`` imports only the packages its row of :data:`ALLOWED` names
   (each package's docstring says why); the clients and the in-pod programs are imported by
   nobody else.
+* docs/development.md's layout lists exactly the packages and top-level modules of agentrun.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,3 +360,26 @@ def test_nothing_but_the_command_imports_the_in_pod_programs() -> None:
         if _layer(target) == "pod" and _layer(name) not in ("pod", "cli")
     ]
     assert not offenders, "\n".join(offenders)
+
+
+def _documented_layout() -> list[str]:
+    """The agentrun paths docs/development.md's Layout block lists, in its order."""
+    text = (REPO / "docs" / "development.md").read_text()
+    block = text.split("\n## Layout\n", 1)[1].split("```", 2)[1]
+    return [
+        line.split()[0].rstrip("/")
+        for line in block.splitlines()
+        if line.startswith("operator/agentrun/")
+    ]
+
+
+def test_the_documented_layout_lists_every_package_and_top_level_module() -> None:
+    actual = {
+        f"operator/agentrun/{path.name}"
+        for path in PACKAGE.iterdir()
+        if (path / "__init__.py").is_file() or (path.suffix == ".py" and path.stem != "__init__")
+    }
+    listed = Counter(_documented_layout())
+    assert not (missing := sorted(actual - set(listed))), f"not in the layout: {missing}"
+    assert not (gone := sorted(set(listed) - actual)), f"listed, not in agentrun: {gone}"
+    assert not (twice := sorted(p for p, n in listed.items() if n > 1)), f"listed twice: {twice}"
