@@ -25,10 +25,12 @@ from agentrun_devcluster.dockercontainer import (
     create_config,
     parse_quantity,
 )
+from agentrun_devcluster.node import select_runtime
 from agentrun_devcluster.podenv import ConfigError
 from agentrun_devcluster.ports import lease_ports
 from agentrun_devcluster.probes import probe_once, resolve_port
-from agentrun_devcluster.runtime import ProcessRuntime, RuntimeUnavailable, select_runtime
+from agentrun_devcluster.process import ProcessRuntime
+from agentrun_devcluster.runtime import RuntimeUnavailable
 from agentrun_devcluster.serviceaccount import ServiceAccountVolume
 from agentrun_devcluster.volumes import PodVolumes
 

@@ -5,10 +5,10 @@ control plane (:mod:`agentrun_devcluster.controlplane`, which has no scheduler a
 kubelet) actually run and report status the way a kubelet would. Each concern has its own
 module, whose docstring says what it does like a kubelet and where it differs:
 
-* :mod:`~agentrun_devcluster.runtime`: how containers run, chosen by ``runtime``
-  (``--runtime process|docker|auto``): as local processes (the default, and the fallback of
-  ``auto`` where no Docker engine answers) or as Docker containers
-  (:mod:`~agentrun_devcluster.dockercontainer`, with
+* :mod:`~agentrun_devcluster.runtime`: how containers run, chosen here by ``runtime``
+  (``--runtime process|docker|auto``, :func:`select_runtime`): as local processes (the
+  default, and the fallback of ``auto`` where no Docker engine answers) or as Docker
+  containers (:mod:`~agentrun_devcluster.dockercontainer`, with
   :mod:`~agentrun_devcluster.volumes` and :mod:`~agentrun_devcluster.probes`). The node
   logs which one it uses and why, and labels its Node with it.
 
@@ -52,6 +52,8 @@ from typing import IO, Self
 
 import yaml
 
+from .dockerapi import DockerError, engine_from_env
+from .dockercontainer import DockerRuntime
 from .kubeapi import JSON, KubeApi
 from .lifecycle import StartStop, wait_answer
 from .pod import TERMINAL_PHASES, PodRunner, report_lost
@@ -59,13 +61,14 @@ from .pod import delete_now as delete_pod_now
 from .podenv import ConfigError, expand_vars
 from .process import (
     TERMINATION_MESSAGE_ENV,
+    ProcessRuntime,
     exit_code_of,
     read_termination_message,
     tail_bytes,
 )
 from .registration import NODE_IP, RUNTIME_LABEL, NodeRegistration, default_capacity
 from .registration import bind as bind_pod
-from .runtime import ContainerRuntime, select_runtime
+from .runtime import RUNTIMES, ContainerRuntime, RuntimeUnavailable
 from .serviceaccount import (
     SERVICEACCOUNT_DIR_ENV,
     SERVICEACCOUNT_MOUNT_PATH,
@@ -86,12 +89,34 @@ __all__ = [
     "expand_vars",
     "read_termination_message",
     "run_node",
+    "select_runtime",
     "service_account_volume",
 ]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_NODE_NAME = "agentrun-local-node"
+
+
+def select_runtime(choice: str, state_dir: Path) -> tuple[ContainerRuntime, str]:
+    """The runtime for ``--runtime choice`` of the node whose state is in ``state_dir``, and
+    why it was chosen; raises :class:`RuntimeUnavailable` for ``docker`` when no engine
+    answers."""
+    if choice not in RUNTIMES:
+        raise RuntimeUnavailable(f"--runtime {choice!r}: expected one of {', '.join(RUNTIMES)}")
+    if choice == "process":
+        return ProcessRuntime(), "--runtime process"
+    try:
+        engine = engine_from_env()
+        info = engine.info()
+    except DockerError as e:
+        if choice == "docker":
+            raise RuntimeUnavailable(f"--runtime docker: {e}") from e
+        return ProcessRuntime(), f"--runtime auto: no Docker engine ({e})"
+    runtime = DockerRuntime(
+        engine, str(state_dir), server_version=str(info.get("ServerVersion", ""))
+    )
+    return runtime, f"--runtime {choice}: Docker engine {runtime.version} at {engine.address}"
 
 
 class LocalNode:

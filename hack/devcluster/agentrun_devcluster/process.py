@@ -50,7 +50,7 @@ from typing import IO
 
 from .kubeapi import JSON, now_rfc3339
 from .podenv import expand_vars
-from .runtime import PodContext, terminate
+from .runtime import Container, PodContext, terminate
 from .serviceaccount import SERVICEACCOUNT_DIR_ENV
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "PASSTHROUGH_ENV",
     "TERMINATION_MESSAGE_ENV",
     "ContainerProcess",
+    "ProcessRuntime",
     "container_argv",
     "exit_code_of",
     "failed_state",
@@ -343,4 +344,27 @@ class ContainerProcess:
         return False
 
     def cancel_restart(self) -> None:
+        pass
+
+
+class ProcessRuntime:
+    """The process runtime: containers as local processes (see the module doc)."""
+
+    name = "process"
+    version = "agentrun-local://0"
+    restarts = False
+
+    def container(self, spec: JSON, kind: str, ctx: PodContext) -> Container:
+        return ContainerProcess(spec, kind, ctx.pod_dir, ctx=ctx)
+
+    def token_file_mode(self, volume: JSON) -> int | None:
+        return None
+
+    def pod_finished(self, ctx: PodContext) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
         pass

@@ -1,24 +1,27 @@
-"""How the local node runs a pod's containers: as local processes, or as Docker containers.
+"""How the local node runs a pod's containers, whatever the runtime: what both runtimes
+implement, and what they share.
 
 Two container runtimes share one pod lifecycle (:mod:`agentrun_devcluster.pod`):
 
-* ``process`` (:class:`ProcessRuntime`, :mod:`agentrun_devcluster.process`): a container is
-  a local process running its ``command``; no images, no isolation, paths rewritten. It needs
-  nothing but this machine, and stays the fallback where no Docker engine can be had.
+* ``process`` (:class:`~agentrun_devcluster.process.ProcessRuntime`,
+  :mod:`agentrun_devcluster.process`): a container is a local process running its ``command``;
+  no images, no isolation, paths rewritten. It needs nothing but this machine, and stays the
+  fallback where no Docker engine can be had.
 * ``docker`` (:class:`~agentrun_devcluster.dockercontainer.DockerRuntime`): a container is a
   real container of a local Docker Engine: the image's entrypoint, user and files, the
   service-account token and the termination log at their real paths, security contexts and
   resource limits, probes and restarts (see :mod:`agentrun_devcluster.dockercontainer`).
 
-:func:`select_runtime` chooses one from the node's ``--runtime`` option: ``process``,
-``docker`` (an error when the engine does not answer), or ``auto`` (docker when the engine
-answers ``GET /info``, i.e. when ``docker info`` would work, else process). The choice and
-its reason are logged by the node, shown on the Node (label
-:data:`RUNTIME_LABEL`, ``nodeInfo.containerRuntimeVersion``) and printed by
-``agentrun devcluster up``.
+:func:`agentrun_devcluster.node.select_runtime` chooses one from the node's ``--runtime``
+option (:data:`RUNTIMES`): ``process``, ``docker`` (:class:`RuntimeUnavailable` when the
+engine does not answer), or ``auto`` (docker when the engine answers ``GET /info``, i.e. when
+``docker info`` would work, else process). The choice and its reason are logged by the node,
+shown on the Node (label :data:`RUNTIME_LABEL`, ``nodeInfo.containerRuntimeVersion``) and
+printed by ``agentrun devcluster up``.
 
 :class:`Container` is what the pod lifecycle needs of one container, whatever the runtime;
-:class:`PodContext` is what a runtime needs of the pod.
+:class:`PodContext` is what a runtime needs of the pod; :func:`terminate` kills containers of
+either runtime. The runtimes import this module and it imports neither of them.
 """
 
 from __future__ import annotations
@@ -41,9 +44,7 @@ __all__ = [
     "Container",
     "ContainerRuntime",
     "PodContext",
-    "ProcessRuntime",
     "RuntimeUnavailable",
-    "select_runtime",
     "terminate",
 ]
 
@@ -174,55 +175,6 @@ class ContainerRuntime(Protocol):
     def stop(self) -> None:
         """Called once when the node has shut down."""
         ...
-
-
-class ProcessRuntime:
-    """Containers as local processes (:mod:`agentrun_devcluster.process`)."""
-
-    name = "process"
-    version = "agentrun-local://0"
-    restarts = False
-
-    def container(self, spec: JSON, kind: str, ctx: PodContext) -> Container:
-        from .process import ContainerProcess
-
-        return ContainerProcess(spec, kind, ctx.pod_dir, ctx=ctx)
-
-    def token_file_mode(self, volume: JSON) -> int | None:
-        return None
-
-    def pod_finished(self, ctx: PodContext) -> None:
-        pass
-
-    def start(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-
-def select_runtime(choice: str, state_dir: Path) -> tuple[ContainerRuntime, str]:
-    """The runtime for ``--runtime choice`` of the node whose state is in ``state_dir``, and
-    why it was chosen; raises :class:`RuntimeUnavailable` for ``docker`` when no engine
-    answers."""
-    if choice not in RUNTIMES:
-        raise RuntimeUnavailable(f"--runtime {choice!r}: expected one of {', '.join(RUNTIMES)}")
-    if choice == "process":
-        return ProcessRuntime(), "--runtime process"
-    from .dockerapi import DockerError, engine_from_env
-    from .dockercontainer import DockerRuntime
-
-    try:
-        engine = engine_from_env()
-        info = engine.info()
-    except DockerError as e:
-        if choice == "docker":
-            raise RuntimeUnavailable(f"--runtime docker: {e}") from e
-        return ProcessRuntime(), f"--runtime auto: no Docker engine ({e})"
-    runtime = DockerRuntime(
-        engine, str(state_dir), server_version=str(info.get("ServerVersion", ""))
-    )
-    return runtime, f"--runtime {choice}: Docker engine {runtime.version} at {engine.address}"
 
 
 def terminate(containers: Iterable[Container], grace: float, *, reason: str = "") -> None:

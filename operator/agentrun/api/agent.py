@@ -7,9 +7,9 @@ steps of their own (a *tool call*: committed intent, deterministic Job, idempote
 bound to the arguments when the tool is gated), answers every call to the model on the next turn,
 and ends the run when the model answers without calling a tool.
 
-These models are part of :mod:`agentrun.api.models` (which imports them at its end); they live
-here to keep the loop's API in one place. Every field carries a description for ``kubectl
-explain``.
+These models are part of :mod:`agentrun.api.models` (which imports them); they live here to
+keep the loop's API in one place, and build on :mod:`agentrun.api.base`, never on the models of
+the run. Every field carries a description for ``kubectl explain``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
-from agentrun.api.models import (
+from agentrun.api.base import (
     ApiModel,
     ApprovalMode,
     ContainerAction,

@@ -13,15 +13,27 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    WithJsonSchema,
-    field_validator,
-)
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, PlainSerializer, WithJsonSchema, field_validator
+
+from agentrun.api.agent import Agent, AgentStatus
+
+# Re-exported: the rest of the code reads every name of the API from this module.
+from agentrun.api.base import ENV_NAME_PATTERN as ENV_NAME_PATTERN
+from agentrun.api.base import MAX_ARGS as MAX_ARGS
+from agentrun.api.base import MAX_ENV as MAX_ENV
+from agentrun.api.base import ApiModel as ApiModel
+from agentrun.api.base import ApprovalMode as ApprovalMode
+from agentrun.api.base import Backoff as Backoff
+from agentrun.api.base import ConfigMapKeySelector as ConfigMapKeySelector
+from agentrun.api.base import ContainerAction as ContainerAction
+from agentrun.api.base import EnvVar as EnvVar
+from agentrun.api.base import EnvVarSource as EnvVarSource
+from agentrun.api.base import Quantity as Quantity
+from agentrun.api.base import ResourceRequirements as ResourceRequirements
+from agentrun.api.base import ResultRef as ResultRef
+from agentrun.api.base import RetryPolicy as RetryPolicy
+from agentrun.api.base import Risk as Risk
+from agentrun.api.base import SecretKeySelector as SecretKeySelector
 
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
@@ -39,8 +51,6 @@ CATEGORIES = ("agents",)
 MAX_STEPS = 128
 MAX_DEPENDENCIES = 16
 MAX_INPUTS = 32
-MAX_ENV = 64
-MAX_ARGS = 64
 MAX_APPROVALS = 64
 MAX_HISTORY = 50
 MAX_HISTORY_HARD = 1000
@@ -62,7 +72,6 @@ ANNOTATION_MODIFIED_BY = f"{GROUP}/last-modified-by"
 """Set at admission to the user who last changed the run's spec."""
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ARGS_HASH_PATTERN = r"^[a-f0-9]{64}$"
 
 
@@ -80,56 +89,10 @@ Timestamp = Annotated[
 ]
 """A point in time, serialized as RFC 3339 UTC with second precision."""
 
-Quantity = Annotated[
-    int | str,
-    WithJsonSchema(
-        {
-            "x-kubernetes-int-or-string": True,
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": (
-                r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
-                r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-            ),
-        }
-    ),
-]
-"""A Kubernetes resource quantity such as ``500m``, ``1`` or ``256Mi``."""
-
-
-class ApiModel(BaseModel):
-    """Base of every API model: camelCase on the wire, snake_case in Python, no unknown fields."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_enum_values=False,
-        validate_default=False,
-    )
-
-    def to_wire(self) -> dict[str, Any]:
-        """The JSON-ready dict as it is stored in Kubernetes (camelCase, no unset optionals)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
 
 # --------------------------------------------------------------------------------------------
 # Enums
 # --------------------------------------------------------------------------------------------
-
-
-class Risk(StrEnum):
-    """How much a step can change the world."""
-
-    READ = "read"
-    WRITE = "write"
-    EXTERNAL = "external"
-
-
-class ApprovalMode(StrEnum):
-    """Whether a step waits for a person before it runs."""
-
-    AUTO = "auto"
-    REQUIRED = "required"
 
 
 class ApprovalDecision(StrEnum):
@@ -192,144 +155,6 @@ ACTIVE_STEP_PHASES = frozenset({StepPhase.LAUNCHING, StepPhase.RUNNING})
 # --------------------------------------------------------------------------------------------
 # Spec
 # --------------------------------------------------------------------------------------------
-
-
-class ConfigMapKeySelector(ApiModel):
-    """A key of a ConfigMap in the run's namespace."""
-
-    name: str = Field(description="Name of the ConfigMap.", min_length=1, max_length=253)
-    key: str = Field(description="Key within the ConfigMap.", min_length=1, max_length=253)
-
-
-class SecretKeySelector(ApiModel):
-    """A key of a Secret in the run's namespace. The value never appears in status or events."""
-
-    name: str = Field(description="Name of the Secret.", min_length=1, max_length=253)
-    key: str = Field(description="Key within the Secret.", min_length=1, max_length=253)
-
-
-class EnvVarSource(ApiModel):
-    """Where an environment variable's value comes from, instead of a literal value."""
-
-    config_map_key_ref: ConfigMapKeySelector | None = Field(
-        default=None, description="Take the value from a key of a ConfigMap."
-    )
-    secret_key_ref: SecretKeySelector | None = Field(
-        default=None,
-        description=(
-            "Take the value from a key of a Secret. Only the reference is recorded or hashed, "
-            "never the value."
-        ),
-    )
-
-
-class EnvVar(ApiModel):
-    """An environment variable for the step's container."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.value) != has(self.valueFrom)",
-                    "message": "an env var sets exactly one of value and valueFrom",
-                },
-                {
-                    "rule": "!has(self.valueFrom) || "
-                    "(has(self.valueFrom.configMapKeyRef) != has(self.valueFrom.secretKeyRef))",
-                    "message": "valueFrom sets exactly one of configMapKeyRef and secretKeyRef",
-                },
-            ]
-        }
-    )
-
-    name: str = Field(
-        description="Variable name (letters, digits and underscores; not starting with a digit).",
-        min_length=1,
-        max_length=128,
-        pattern=ENV_NAME_PATTERN,
-    )
-    value: str | None = Field(default=None, description="Literal value.", max_length=4096)
-    value_from: EnvVarSource | None = Field(
-        default=None, description="Take the value from a ConfigMap or Secret key."
-    )
-
-
-class ResourceRequirements(ApiModel):
-    """Compute resources of a step's container, as in a Pod's container."""
-
-    requests: dict[str, Quantity] | None = Field(
-        default=None,
-        description="Minimum resources, e.g. {cpu: 100m, memory: 128Mi}.",
-        max_length=8,
-    )
-    limits: dict[str, Quantity] | None = Field(
-        default=None,
-        description="Maximum resources, e.g. {cpu: '1', memory: 512Mi}.",
-        max_length=8,
-    )
-
-
-class ContainerAction(ApiModel):
-    """Run a container image as the step. The container's exit code decides the attempt."""
-
-    image: str = Field(
-        description="Container image, e.g. ghcr.io/acme/tools:1.4.",
-        min_length=1,
-        max_length=512,
-    )
-    command: list[Annotated[str, Field(max_length=4096)]] | None = Field(
-        default=None,
-        description="Entrypoint array; the image's entrypoint when empty.",
-        max_length=MAX_ARGS,
-    )
-    args: list[Annotated[str, Field(max_length=4096)]] | None = Field(
-        default=None,
-        description="Arguments to the entrypoint.",
-        max_length=MAX_ARGS,
-    )
-    env: list[EnvVar] | None = Field(
-        default=None,
-        description=(
-            "Environment variables. The operator adds AGENTRUN_RUN, AGENTRUN_STEP, "
-            "AGENTRUN_ATTEMPT and AGENTRUN_IDEMPOTENCY_KEY."
-        ),
-        max_length=MAX_ENV,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    )
-    working_dir: str | None = Field(
-        default=None, description="Working directory of the container.", max_length=1024
-    )
-    resources: ResourceRequirements | None = Field(
-        default=None, description="Compute resources; stepTemplate.resources when unset."
-    )
-
-
-class Backoff(ApiModel):
-    """Exponential backoff between attempts: initialSeconds * factor^(attempt-1), capped."""
-
-    initial_seconds: int = Field(
-        default=10, ge=0, le=86400, description="Delay before the second attempt, in seconds."
-    )
-    factor: float = Field(
-        default=2.0, ge=1.0, le=10.0, description="Multiplier applied to the delay per attempt."
-    )
-    max_seconds: int = Field(
-        default=300, ge=0, le=86400, description="Upper bound of any single delay, in seconds."
-    )
-
-
-class RetryPolicy(ApiModel):
-    """How often a failed step is tried again. Each attempt is its own Job."""
-
-    limit: int = Field(
-        default=0,
-        ge=0,
-        le=100,
-        description="Retries after the first attempt (0 means the step runs at most once).",
-    )
-    backoff: Backoff | None = Field(
-        default=None, description="Delay between attempts; 10s doubling up to 300s when unset."
-    )
 
 
 class StepInput(ApiModel):
@@ -546,14 +371,6 @@ class Approval(ApiModel):
     )
     reason: str | None = Field(default=None, description="Why.", max_length=1024)
     at: Timestamp | None = Field(default=None, description="When the decision was made.")
-
-
-class ResultRef(ApiModel):
-    """Where a result too large for status is kept."""
-
-    kind: str = Field(default="ConfigMap", description="Kind of the object holding the result.")
-    name: str = Field(description="Name of the object, in the run's namespace.", max_length=253)
-    key: str = Field(description="Key within the object.", max_length=253)
 
 
 class CarriedResult(ApiModel):
@@ -983,12 +800,3 @@ class AgentRun(ApiModel):
     def step(self, name: str) -> Step | None:
         """The plan's step called ``name``, if any."""
         return next((s for s in self.spec.plan.steps if s.name == name), None)
-
-
-# The agent loop's models build on the ones above (agentrun/api/agent.py imports this module),
-# so they are imported last; agentrun/api/__init__.py imports this module first.
-from agentrun.api.agent import Agent, AgentStatus  # noqa: E402
-
-AgentRunSpec.model_rebuild()
-AgentRunStatus.model_rebuild()
-AgentRun.model_rebuild()

@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 from agentrun.api import models as m
 
 if TYPE_CHECKING:
-    from agentrun.telemetry.changes import Changes
+    from agentrun.telemetry.facts import Changes
 
 STEP_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 APPROVAL_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 7200, 21600, 86400, 259200, 604800)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
     from agentrun.settings import Settings
-    from agentrun.telemetry.changes import Changes
+    from agentrun.telemetry.facts import Changes
 
 log = logging.getLogger("agentrun.tracing")
 
