@@ -35,7 +35,7 @@ from kubernetes import config as kube_config
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import EmitEvent, Observed, reconcile
+from agentrun.core import EmitEvent
 from agentrun.execution import jobs
 from agentrun.loop import concurrency
 from agentrun.loop.janitor import Janitor, keep_sweeping
@@ -213,12 +213,7 @@ def _due_in(body: dict[str, Any], found: list[dict[str, Any]], rec: Reconciler) 
     """In memory: seconds until a finished run needs a pass (0: now), None if never. The
     core is asked what it would do with the run and its watched Jobs (unverified: a pass
     verifies them before acting)."""
-    run = m.AgentRun.model_validate(body)
-    observed = [o for o in (jobs.observe_job(j, None) for j in found) if o is not None]
-    decision = reconcile(run, Observed(tuple(observed)), rec.clock(), rec.config)
-    if decision.after_commit or decision.status_changed(run.status):
-        return 0.0
-    return decision.requeue_after
+    return rec.due_in(body, found)
 
 
 def api_client() -> Any:
