@@ -32,6 +32,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
 from agentrun.loop import concurrency
+from agentrun.loop.cleanup import with_patience
 from agentrun.loop.janitor import Janitor, keep_sweeping
 from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
 from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
@@ -246,20 +247,21 @@ def cleanup(
     assert namespace is not None, "AgentRuns are namespaced"
     state = _state(memo)
     state.scheduler.cancel_timer_soon(namespace, name)
-    try:
-        left = state.reconciler.cleanup(namespace, name, uid)
-        error = None
-    except Exception as exc:  # cleanup must never hang the deletion forever
-        left, error = [f"cleanup failed: {exc}"], exc
-    if not left:
+    deletion = with_patience(
+        lambda: state.reconciler.cleanup(namespace, name, uid),
+        runtime.total_seconds,
+        state.settings.cleanup_timeout_seconds,
+    )
+    if not deletion.left:
         log.info("cleaned up", extra={"agentrun": {"run": f"{namespace}/{name}"}})
         state.reconciler.forget(namespace, name)
         return
-    if runtime.total_seconds() < state.settings.cleanup_timeout_seconds:
-        raise kopf.TemporaryError(f"still there: {', '.join(left)}", delay=2.0) from error
+    if deletion.waits:
+        still = f"still there: {deletion.leftovers}"
+        raise kopf.TemporaryError(still, delay=2.0) from deletion.error
     message = (
         f"released the finalizer after {state.settings.cleanup_timeout_seconds}s of failed "
-        f"cleanup; left behind: {', '.join(left)}"
+        f"cleanup; left behind: {deletion.leftovers}"
     )
     log.warning(message, extra={"agentrun": {"run": f"{namespace}/{name}"}})
     state.reconciler.forget(namespace, name)
