@@ -1,6 +1,5 @@
-"""Finished runs cost nothing at rest (agentrun.loop.handlers): which finished runs get a pass,
-when,
-and that a run with nothing due gets neither a pass nor a timer, at startup or later."""
+"""Finished runs cost nothing at rest (agentrun.loop.scheduler): which finished runs get a pass,
+when, and that a run with nothing due gets neither a pass nor a timer, at startup or later."""
 
 from __future__ import annotations
 
@@ -13,10 +12,11 @@ import pytest
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.loop import handlers
-from agentrun.loop.janitor import Janitor
+from agentrun.loop import scheduler
 from agentrun.loop.reconciler import Apis, Reconciler
+from agentrun.loop.scheduler import Scheduler
 from agentrun.observation.watches import ClusterView, Informer
+from agentrun.telemetry.endpoints import Readiness
 from tests.support.sim import T0, UID, Sim, make_run, step
 
 
@@ -67,47 +67,47 @@ def reconciler(now_after_finish: float) -> Reconciler:
 
 def test_a_finished_run_with_nothing_left_needs_no_pass() -> None:
     body, _ = finished_run()
-    assert handlers._due_in(body, [], reconciler(3600)) is None
+    assert reconciler(3600).due_in(body, []) is None
 
 
 def test_a_finished_run_passes_to_release_a_job_still_held_and_not_for_a_released_one() -> None:
     body, name = finished_run()
     # Its outcome is committed: released at once, to the TTL controller, grace or not.
-    assert handlers._due_in(body, [job(name)], reconciler(5)) == 0.0
-    assert handlers._due_in(body, [job(name, held=False, ttl=30)], reconciler(5)) is None
-    assert handlers._due_in(body, [job(name, held=False, ttl=30)], reconciler(3600)) is None
+    assert reconciler(5).due_in(body, [job(name)]) == 0.0
+    assert reconciler(5).due_in(body, [job(name, held=False, ttl=30)]) is None
+    assert reconciler(3600).due_in(body, [job(name, held=False, ttl=30)]) is None
 
 
 def test_a_released_job_without_a_ttl_is_deleted_when_its_grace_is_over() -> None:
     body, name = finished_run()
-    due = handlers._due_in(body, [job(name, held=False)], reconciler(5))
+    due = reconciler(5).due_in(body, [job(name, held=False)])
     assert due is not None and 0 < due <= 30
-    assert handlers._due_in(body, [job(name, held=False)], reconciler(3600)) == 0.0
+    assert reconciler(3600).due_in(body, [job(name, held=False)]) == 0.0
 
 
 def test_a_kept_failed_job_asks_for_nothing() -> None:
     body, name = finished_run(retention={"keepJobs": "failed"})
-    assert handlers._due_in(body, [job(name, failed=True)], reconciler(3600)) is None
+    assert reconciler(3600).due_in(body, [job(name, failed=True)]) is None
 
 
 def test_a_finished_run_passes_when_its_ttl_is_due() -> None:
     body, _ = finished_run(retention={"ttlSecondsAfterFinished": 600})
-    due = handlers._due_in(body, [], reconciler(60))
+    due = reconciler(60).due_in(body, [])
     assert due is not None and 500 < due <= 600
 
 
 def test_only_running_jobs_and_jobs_held_while_deleted_ask_a_finished_run_for_a_pass() -> None:
-    assert not handlers._needs_pass([job("j")])
+    assert not scheduler._needs_pass([job("j")])
     running = job("j")
     running["status"] = {}
-    assert handlers._needs_pass([running])
-    assert handlers._needs_pass([job("j", deleting=True)])
-    assert not handlers._needs_pass([job("j", deleting=True, held=False)])
+    assert scheduler._needs_pass([running])
+    assert scheduler._needs_pass([job("j", deleting=True)])
+    assert not scheduler._needs_pass([job("j", deleting=True, held=False)])
 
 
-def make_state(view: ClusterView, rec: Reconciler) -> handlers.OperatorState:
+def make_scheduler(view: ClusterView, rec: Reconciler) -> tuple[Scheduler, Informer]:
     informer = Informer(mock.Mock(), ("default",), lambda *run: None, view)
-    return handlers.OperatorState(rec, rec.settings, Janitor(rec, ("default",)), informer)
+    return Scheduler(rec, view, Readiness()), informer
 
 
 @pytest.mark.parametrize("listed_first", [True, False])
@@ -116,35 +116,36 @@ def test_at_startup_only_finished_runs_with_something_due_get_a_timer(listed_fir
     timed, _ = finished_run(retention={"ttlSecondsAfterFinished": 600})
     timed["metadata"]["name"] = "timed"
 
-    async def main() -> handlers.OperatorState:
+    async def main() -> Scheduler:
         view = ClusterView()
-        state = make_state(view, reconciler(60))  # its reflectors are expected, not started
+        # The informer's reflectors are expected, not started.
+        sched, informer = make_scheduler(view, reconciler(60))
 
         def list_all() -> None:
-            for reflector in state.informer.reflectors:
+            for reflector in informer.reflectors:
                 view.replace(reflector.source, [])
 
-        state.loop = asyncio.get_running_loop()
-        state.synced = asyncio.Event()
-        state.spawn(state.watches_listed())
+        sched.start()
+        assert sched.synced is not None
+        sched.spawn(sched.watches_listed())
         if listed_first:
             list_all()
-            await asyncio.wait_for(state.synced.wait(), 5)
-        tasks = len(state.tasks)
+            await asyncio.wait_for(sched.synced.wait(), 5)
+        tasks = len(sched.tasks)
         for _ in range(1000):  # thousands of finished runs with nothing due
-            state.finished_run_seen(quiet)
-        assert len(state.tasks) == tasks, "work was started for a run with nothing due"
-        state.finished_run_seen(timed)
+            sched.finished_run_seen(quiet)
+        assert len(sched.tasks) == tasks, "work was started for a run with nothing due"
+        sched.finished_run_seen(timed)
         if not listed_first:
-            assert not state.timers and len(state.unchecked) == 2
+            assert not sched.timers and len(sched.unchecked) == 2
             list_all()
-            await asyncio.wait_for(state.synced.wait(), 5)
+            await asyncio.wait_for(sched.synced.wait(), 5)
         for _ in range(50):
             await asyncio.sleep(0.01)
-            if not state.tasks:
+            if not sched.tasks:
                 break
-        return state
+        return sched
 
-    state = asyncio.run(main())
-    assert list(state.timers) == [("default", "timed")]
-    assert not state.unchecked
+    sched = asyncio.run(main())
+    assert list(sched.timers) == [("default", "timed")]
+    assert not sched.unchecked

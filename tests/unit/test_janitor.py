@@ -14,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import settings as s
 from agentrun.loop import janitor
+from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -312,3 +313,32 @@ def test_a_refused_list_fails_the_pass(status: int) -> None:
     fake.on_list_runs = refuse
     with pytest.raises(ApiException):
         make_janitor(fake).sweep()
+
+
+def test_one_patience_judges_every_cleanup_of_a_deletion() -> None:
+    """The deletion handler's and the janitor's rule (agentrun.loop.cleanup.with_patience)."""
+    held = ["Job j (finalizers: example.com/hold)"]
+
+    def failing() -> list[str]:
+        raise ApiException(status=500, reason="boom")
+
+    waited: list[float] = []
+
+    def after(seconds: float) -> Callable[[], float]:
+        def measure() -> float:
+            waited.append(seconds)
+            return seconds
+
+        return measure
+
+    done = with_patience(lambda: [], after(99), patience=60)
+    assert not done.left and not done.waits and not done.forced
+    assert not waited, "nothing left: how long it waited does not matter"
+    early = with_patience(lambda: held, after(10), patience=60)
+    assert early.waits and not early.forced and early.leftovers == held[0]
+    late = with_patience(lambda: held, after(60), patience=60)
+    assert late.forced and late.waited == 60
+    failed = with_patience(failing, after(10), patience=60)
+    assert failed.waits and isinstance(failed.error, ApiException)
+    assert failed.left[0].startswith("cleanup failed: (500)")
+    assert with_patience(failing, after(60), patience=60).forced

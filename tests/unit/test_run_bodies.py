@@ -10,6 +10,9 @@ from unittest import mock
 
 from agentrun import settings as s
 from agentrun.core import Decision, DeleteJob
+from agentrun.loop.act import Actor
+from agentrun.loop.commit import AuditRecord
+from agentrun.loop.observe import Observer
 from agentrun.loop.reconciler import Apis, Reconciler, RunBodies
 from agentrun.observation.watches import ClusterView
 from tests.support.sim import UID, Sim, make_run, step
@@ -46,15 +49,9 @@ def _reconciler(bodies: RunBodies, quorum_body: dict[str, Any]) -> tuple[Reconci
 
 def _isolated() -> list[Any]:
     """The pass's reads and writes other than the run's own, out of the way."""
-    passthrough = [
-        mock.patch.object(Reconciler, n, lambda self, run, observed: observed)
-        for n in ("_with_documents", "_with_verdicts", "_with_carried_sources",
-                  "_with_resume_source")
-    ]  # fmt: skip
     return [
-        *passthrough,
-        mock.patch.object(Reconciler, "_anchor"),
-        mock.patch.object(Reconciler, "_flush_record", return_value=False),
+        mock.patch.object(AuditRecord, "anchor"),
+        mock.patch.object(AuditRecord, "flush", return_value=False),
     ]
 
 
@@ -72,9 +69,9 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
     for patcher in _isolated():
         patcher.start()
     with (
-        mock.patch("agentrun.loop.reconciler.reconcile", return_value=quiet),
-        mock.patch.object(Reconciler, "_observe", return_value=sim.observed()),
-        mock.patch.object(Reconciler, "_act") as act,
+        mock.patch("agentrun.loop.decide.reconcile", return_value=quiet),
+        mock.patch.object(Observer, "observe", return_value=sim.observed()),
+        mock.patch.object(Actor, "act") as act,
     ):
         rec.reconcile("default", "demo")  # the first pass of a run reads it
         assert custom.get_namespaced_custom_object.call_count == 1
@@ -82,9 +79,9 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
         assert custom.get_namespaced_custom_object.call_count == 1, "read despite the body"
         assert act.call_args_list[-1].args[1] == quiet.after_commit
     with (
-        mock.patch("agentrun.loop.reconciler.reconcile", return_value=deleting),
-        mock.patch.object(Reconciler, "_observe", return_value=sim.observed()),
-        mock.patch.object(Reconciler, "_act") as act,
+        mock.patch("agentrun.loop.decide.reconcile", return_value=deleting),
+        mock.patch.object(Observer, "observe", return_value=sim.observed()),
+        mock.patch.object(Actor, "act") as act,
     ):
         rec.reconcile("default", "demo")
         assert custom.get_namespaced_custom_object.call_count == 2, "deleted on a watched body"

@@ -1,19 +1,14 @@
 """kopf wiring, and nothing else: every decision lives in the core, every write in the shell.
 
-* a daemon per unfinished AgentRun drives it: one reconcile pass, then sleep until the next
-  timer, a wake-up (an event on the run, or a change the watches of its Jobs, their pods and
-  their pods' refusals report: agentrun/observation/watches.py) or the periodic resync, whichever
-  comes
-  first. No pass runs before those watches have listed once;
-* a finished run costs nothing at rest: its daemon ends with the pass that finishes it, and
-  what it still needs (deleting its Jobs after the grace, deleting itself past its retention
-  TTL) runs as a timer at the moment it is due, as does a pass for a change seen later (a Job
-  of it being deleted, an edit of its spec). At startup, a finished run is checked in memory
-  against the watched Jobs and gets a timer only when something is due;
+* a daemon per unfinished AgentRun hands it to the scheduler (agentrun/loop/scheduler.py),
+  which decides when each run gets its next pass: while unfinished, after a timer, a wake-up
+  or the periodic resync; once finished, only when something is due;
+* every event on a run feeds the run's latest body to the reconciler and wakes its daemon, or
+  lets the scheduler check a finished run;
 * the deletion handler removes what the run owns, and releases the run's finalizer within
   ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was left);
-* the janitor (agentrun/loop/janitor.py), started with the operator, finishes the deletions that no
-  watch delivers (a namespace being deleted, runs deleted while the operator was down).
+* the janitor (agentrun/loop/janitor.py), started with the operator, finishes the deletions
+  that no watch delivers (a namespace being deleted, runs deleted while the operator was down).
 
 kopf keeps its own bookkeeping in annotations under ``agentrun.dev/`` and never touches
 ``.status``, which belongs to the ledger.
@@ -23,8 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -33,11 +27,12 @@ from kubernetes import client as kube_client
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import EmitEvent, Observed, reconcile
-from agentrun.execution import jobs
+from agentrun.core import EmitEvent
 from agentrun.loop import concurrency
+from agentrun.loop.cleanup import with_patience
 from agentrun.loop.janitor import Janitor, keep_sweeping
-from agentrun.loop.reconciler import Apis, Checkpoint, Outcome, Reconciler, RunBodies
+from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
+from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
 from agentrun.observation.watches import ClusterView, Informer
 from agentrun.telemetry import metrics, tracing
 from agentrun.telemetry.endpoints import Endpoints, Readiness, watch_kopf_listings
@@ -53,170 +48,10 @@ class OperatorState:
     settings: s.Settings
     janitor: Janitor
     informer: Informer
-    wakeups: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
-    """One per running daemon (unfinished run)."""
-    timers: dict[tuple[str, str], asyncio.TimerHandle] = field(default_factory=dict)
-    """The next pass of a finished run, when one is due."""
-    janitor_task: asyncio.Task[None] | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    synced: asyncio.Event | None = None
-    """Set once the watches have listed (passes wait for it)."""
-    unchecked: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    """Finished runs seen before the watches listed, checked once they have."""
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
-    readiness: Readiness = field(default_factory=Readiness)
+    scheduler: Scheduler
+    readiness: Readiness
     """What /readyz waits for: kopf's watch of runs and the watches below having listed."""
-
-    @property
-    def view(self) -> ClusterView:
-        return self.informer.view
-
-    def wakeup(self, namespace: str, name: str) -> asyncio.Event:
-        return self.wakeups.setdefault((namespace, name), asyncio.Event())
-
-    def wake(self, namespace: str, name: str) -> None:
-        event = self.wakeups.get((namespace, name))
-        if event is not None:
-            event.set()
-
-    def observed(self, namespace: str, name: str, uid: str) -> None:
-        """A watched object of the run changed (called in the loop)."""
-        if (namespace, name) in self.wakeups:
-            self.wake(namespace, name)
-        elif self.loop is not None and _needs_pass(self.view.jobs_of_run(uid)):
-            # A moment later, and only if still so: a Job the operator deletes is seen being
-            # deleted before its finalizer, released in the same breath, is seen gone.
-            self.loop.call_later(SETTLE_SECONDS, self._recheck, namespace, name, uid)
-
-    def _recheck(self, namespace: str, name: str, uid: str) -> None:
-        if _needs_pass(self.view.jobs_of_run(uid)):
-            self.schedule_pass(namespace, name, 0.0)
-
-    def schedule_pass(self, namespace: str, name: str, delay: float) -> None:
-        """A pass of a run without a daemon in ``delay`` seconds (the earliest one wins)."""
-        loop = self.loop
-        if loop is None:
-            return
-        key = (namespace, name)
-        due = loop.time() + max(delay, 0.0)
-        pending = self.timers.get(key)
-        if pending is not None and pending.when() <= due:
-            return
-        if pending is not None:
-            pending.cancel()
-        self.timers[key] = loop.call_at(due, self._timer_fired, namespace, name)
-
-    def cancel_timer(self, namespace: str, name: str) -> None:
-        pending = self.timers.pop((namespace, name), None)
-        if pending is not None:
-            pending.cancel()
-
-    def _timer_fired(self, namespace: str, name: str) -> None:
-        self.timers.pop((namespace, name), None)
-        self.spawn(self._timed_pass(namespace, name))
-
-    def spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _timed_pass(self, namespace: str, name: str) -> None:
-        if (namespace, name) in self.wakeups:  # a daemon drives it
-            self.wake(namespace, name)
-            return
-        if self.synced is not None:
-            await self.synced.wait()
-        try:
-            outcome = await asyncio.to_thread(_pass, self.reconciler, namespace, name)
-        except Exception:
-            log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
-            self.schedule_pass(namespace, name, 5.0)
-            return
-        self.after_pass(namespace, name, outcome)
-
-    def after_pass(self, namespace: str, name: str, outcome: Outcome) -> None:
-        """A finished run's next pass is due only at its next timer, if it has one."""
-        if outcome.phase in FINISHED and outcome.requeue_after is not None:
-            self.schedule_pass(namespace, name, outcome.requeue_after)
-
-    def finished_run_seen(self, body: Mapping[str, Any]) -> None:
-        """A finished run was listed or changed: a pass now or at its next timer, if the
-        watched Jobs or the run ask for one; otherwise nothing."""
-        meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        if self.synced is None or not self.synced.is_set():
-            self.unchecked[key] = dict(body)
-            return
-        if meta.get("deletionTimestamp"):
-            return
-        jobs_of_run = self.view.jobs_of_run(str(meta.get("uid", "")))
-        status = body.get("status") or {}
-        retention = (body.get("spec") or {}).get("retention") or {}
-        edited = meta.get("generation") != status.get("observedGeneration")
-        if not jobs_of_run and retention.get("ttlSecondsAfterFinished") is None and not edited:
-            return
-        self.spawn(self._check_finished(key, dict(body), jobs_of_run))
-
-    async def _check_finished(
-        self, key: tuple[str, str], body: dict[str, Any], found: list[dict[str, Any]]
-    ) -> None:
-        try:
-            delay = await asyncio.to_thread(_due_in, body, found, self.reconciler)
-        except Exception:
-            log.exception("could not check a finished run; passing it", extra=_ctx(*key))
-            delay = 0.0
-        if delay is not None:
-            self.schedule_pass(*key, delay)
-
-    async def watches_listed(self) -> None:
-        """Wait for the first list of every watch, then let passes run."""
-        await asyncio.to_thread(self.view.wait_synced)
-        assert self.synced is not None
-        self.synced.set()
-        self.readiness.informer_listed()
-        log.info("watches of step Jobs, pods and pod refusals listed; %d objects seen",
-                 self.view.size())  # fmt: skip
-        unchecked, self.unchecked = self.unchecked, {}
-        for body in unchecked.values():
-            self.finished_run_seen(body)
-
-
-FINISHED = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
-SETTLE_SECONDS = 1.0
-
-
-def _pass(reconciler: Reconciler, namespace: str, name: str) -> Outcome:
-    """One reconcile pass, timed (agentrun_reconcile_duration_seconds)."""
-    with metrics.reconcile_pass():
-        return reconciler.reconcile(namespace, name)
-
-
-def _ctx(namespace: str, name: str) -> dict[str, Any]:
-    return {"agentrun": {"run": f"{namespace}/{name}"}}
-
-
-def _needs_pass(found: list[dict[str, Any]]) -> bool:
-    """Whether a change of a finished run's Jobs may ask for a pass: a Job still running (a
-    late create, to be deleted) or one being deleted that still holds the outcome finalizer
-    (to be released)."""
-    for job in found:
-        meta = job.get("metadata") or {}
-        held = s.JOB_FINALIZER in (meta.get("finalizers") or [])
-        if (meta.get("deletionTimestamp") and held) or not jobs.is_finished(job):
-            return True
-    return False
-
-
-def _due_in(body: dict[str, Any], found: list[dict[str, Any]], rec: Reconciler) -> float | None:
-    """In memory: seconds until a finished run needs a pass (0: now), None if never. The
-    core is asked what it would do with the run and its watched Jobs (unverified: a pass
-    verifies them before acting)."""
-    run = m.AgentRun.model_validate(body)
-    observed = [o for o in (jobs.observe_job(j, None) for j in found) if o is not None]
-    decision = reconcile(run, Observed(tuple(observed)), rec.clock(), rec.config)
-    if decision.after_commit or decision.status_changed(run.status):
-        return 0.0
-    return decision.requeue_after
+    janitor_task: asyncio.Task[None] | None = None
 
 
 def api_client() -> Any:
@@ -235,18 +70,6 @@ def api_client() -> Any:
     return metrics.count_requests(client)
 
 
-class _Waker:
-    """``wake(namespace, name, uid)`` from any thread: hands the change to the loop."""
-
-    def __init__(self) -> None:
-        self.state: OperatorState | None = None
-
-    def __call__(self, namespace: str, name: str, uid: str) -> None:
-        state = self.state
-        if state is not None and state.loop is not None and not state.loop.is_closed():
-            state.loop.call_soon_threadsafe(state.observed, namespace, name, uid)
-
-
 def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> OperatorState:
     client = api_client()
     concurrency.size_connection_pool(
@@ -258,7 +81,7 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         custom=kube_client.CustomObjectsApi(client),
     )
     view = ClusterView()
-    waker = _Waker()
+    waker = Waker()
     bodies = RunBodies()
     reconciler = (
         Reconciler(apis, settings, view=view, wake=waker, bodies=bodies)
@@ -266,15 +89,17 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         else Reconciler(apis, settings, checkpoint=checkpoint, view=view, wake=waker, bodies=bodies)
     )
     informer = Informer(apis, settings.namespaces, waker, view)
-    state = OperatorState(
+    readiness = Readiness(settings.namespaces)
+    scheduler = Scheduler(reconciler, view, readiness)
+    waker.scheduler = scheduler
+    return OperatorState(
         reconciler,
         settings,
         Janitor(reconciler, settings.namespaces),
         informer,
-        readiness=Readiness(settings.namespaces),
+        scheduler,
+        readiness,
     )
-    waker.state = state
-    return state
 
 
 def _state(memo: Any) -> OperatorState:
@@ -326,17 +151,15 @@ async def bound_concurrency(settings: kopf.OperatorSettings, memo: kopf.Memo, **
 async def start_watching(memo: kopf.Memo, **_: Any) -> None:
     """The watches of step Jobs, their pods and their refusals (threads of their own)."""
     state = _state(memo)
-    state.loop = asyncio.get_running_loop()
-    state.synced = asyncio.Event()
+    state.scheduler.start()
     state.informer.start()
-    state.spawn(state.watches_listed())
+    state.scheduler.spawn(state.scheduler.watches_listed())
 
 
 @kopf.on.cleanup()
 async def stop_watching(memo: kopf.Memo, **_: Any) -> None:
     state = _state(memo)
-    for key in list(state.timers):
-        state.cancel_timer(*key)
+    state.scheduler.cancel_timers()
     await asyncio.to_thread(state.informer.stop)
 
 
@@ -380,41 +203,7 @@ async def drive_run(
 ) -> None:
     """Reconcile one run until it is finished (then timers take over) or deleted."""
     assert namespace is not None, "AgentRuns are namespaced"
-    state = _state(memo)
-    wake = state.wakeup(namespace, name)
-    state.cancel_timer(namespace, name)
-    resync = float(state.settings.resync_seconds)
-    try:
-        if state.synced is not None:
-            await state.synced.wait()
-        while not stopped:
-            wake.clear()
-            try:
-                outcome = await asyncio.to_thread(_pass, state.reconciler, namespace, name)
-                if outcome.phase in FINISHED:
-                    state.after_pass(namespace, name, outcome)
-                    return
-                delay = min(outcome.requeue_after or resync, resync)
-            except Exception:
-                log.exception(
-                    "reconcile failed; retrying", extra={"agentrun": {"run": f"{namespace}/{name}"}}
-                )
-                delay = 5.0
-            await _sleep(wake, stopped, delay)
-    finally:
-        state.wakeups.pop((namespace, name), None)
-
-
-async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
-    async def until_stopped() -> None:
-        await stopped.wait()
-
-    tasks = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(until_stopped())}
-    try:
-        await asyncio.wait(tasks, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
+    await _state(memo).scheduler.drive(namespace, name, stopped)
 
 
 @kopf.on.event(m.GROUP, m.VERSION, m.PLURAL)
@@ -438,9 +227,7 @@ async def run_changed(
             bodies.drop(namespace or "", name)
         else:
             bodies.offer(dict(body))  # before the wake: the pass starts from it
-    state.wake(namespace or "", name)
-    if status.get("phase") in FINISHED and (namespace or "", name) not in state.wakeups:
-        state.finished_run_seen(body)
+    state.scheduler.run_changed(namespace or "", name, status.get("phase"), body)
 
 
 @kopf.on.delete(m.GROUP, m.VERSION, m.PLURAL, backoff=2.0)
@@ -450,23 +237,22 @@ def cleanup(
     """Remove the run's Jobs, pods and result objects, then let the finalizer go."""
     assert namespace is not None, "AgentRuns are namespaced"
     state = _state(memo)
-    loop = state.loop
-    if loop is not None:
-        loop.call_soon_threadsafe(state.cancel_timer, namespace, name)
-    try:
-        left = state.reconciler.cleanup(namespace, name, uid)
-        error = None
-    except Exception as exc:  # cleanup must never hang the deletion forever
-        left, error = [f"cleanup failed: {exc}"], exc
-    if not left:
+    state.scheduler.cancel_timer_soon(namespace, name)
+    deletion = with_patience(
+        lambda: state.reconciler.cleanup(namespace, name, uid),
+        runtime.total_seconds,
+        state.settings.cleanup_timeout_seconds,
+    )
+    if not deletion.left:
         log.info("cleaned up", extra={"agentrun": {"run": f"{namespace}/{name}"}})
         state.reconciler.forget(namespace, name)
         return
-    if runtime.total_seconds() < state.settings.cleanup_timeout_seconds:
-        raise kopf.TemporaryError(f"still there: {', '.join(left)}", delay=2.0) from error
+    if deletion.waits:
+        still = f"still there: {deletion.leftovers}"
+        raise kopf.TemporaryError(still, delay=2.0) from deletion.error
     message = (
         f"released the finalizer after {state.settings.cleanup_timeout_seconds}s of failed "
-        f"cleanup; left behind: {', '.join(left)}"
+        f"cleanup; left behind: {deletion.leftovers}"
     )
     log.warning(message, extra={"agentrun": {"run": f"{namespace}/{name}"}})
     state.reconciler.forget(namespace, name)

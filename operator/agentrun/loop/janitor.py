@@ -15,8 +15,9 @@ The janitor depends on no watch. At startup, and then every ``AGENTRUN_JANITOR_S
 3. for each run with a deletionTimestamp that still carries the run finalizer: removes what
    it owns (:meth:`Reconciler.cleanup`: Jobs, their finalizers, pods, result objects), then its
    finalizer (a JSON patch guarded by a ``test`` op). When something is left (held by someone
-   else's finalizer), it waits as the deletion handler does: the finalizer goes anyway once
-   the deletionTimestamp is ``cleanup_timeout_seconds`` old, with a CleanupIncomplete Event;
+   else's finalizer), it waits as the deletion handler does (:func:`.cleanup.with_patience`):
+   the finalizer goes anyway once the deletionTimestamp is ``cleanup_timeout_seconds`` old,
+   with a CleanupIncomplete Event. A cleanup that failed is tried again by the next pass;
 4. for each Job still carrying the Job finalizer whose run is not in the list, or is being
    deleted: releases that finalizer (the garbage collector, or the namespace controller,
    then removes the Job, since its owner is gone).
@@ -55,7 +56,8 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
 from agentrun.kubeapi import finalizer_removal, list_items, tolerate
-from agentrun.loop.reconciler import Reconciler
+from agentrun.loop.cleanup import with_patience
+from agentrun.loop.reconciler import Apis, Reconciler
 
 log = logging.getLogger("agentrun.janitor")
 
@@ -129,8 +131,6 @@ class Janitor:
     def connect(cls, api_client: Any, namespaces: Sequence[str] = ()) -> Janitor:
         """A janitor of its own over ``api_client`` (``agentrun release`` and the plugin)."""
         from kubernetes import client as kube_client
-
-        from agentrun.loop.reconciler import Apis
 
         apis = Apis(
             core=kube_client.CoreV1Api(api_client),
@@ -211,20 +211,22 @@ class Janitor:
         meta = run["metadata"]
         ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
         ctx = {"agentrun": {"run": f"{ns}/{name}"}}
-        try:
-            left = self.reconciler.cleanup(ns, name, uid)
-        except Exception as error:
-            done.failures.append(f"run {ns}/{name}: cleanup failed: {error}")
-            log.warning("cleanup of a deleted run failed: %s", error, extra=ctx)
+        deletion = with_patience(
+            lambda: self.reconciler.cleanup(ns, name, uid),
+            lambda: _age(str(meta["deletionTimestamp"]), self.clock()),
+            patience,
+        )
+        if deletion.error is not None:  # tried again by the next pass, however long it waited
+            done.failures.append(f"run {ns}/{name}: cleanup failed: {deletion.error}")
+            log.warning("cleanup of a deleted run failed: %s", deletion.error, extra=ctx)
             return False
-        if left:
-            age = _age(str(meta["deletionTimestamp"]), self.clock())
-            if age < patience:
-                done.runs_waiting.append(f"{ns}/{name} ({', '.join(left)})")
-                return True
+        if deletion.waits:
+            done.runs_waiting.append(f"{ns}/{name} ({deletion.leftovers})")
+            return True
+        if deletion.forced:
             message = (
-                f"released the finalizer {age:.0f}s after the run was deleted, cleanup "
-                f"incomplete; left behind: {', '.join(left)}"
+                f"released the finalizer {deletion.waited:.0f}s after the run was deleted, "
+                f"cleanup incomplete; left behind: {deletion.leftovers}"
             )
             log.warning(message, extra=ctx)
             if events:

@@ -1,0 +1,65 @@
+"""Decide: ask the core (:func:`agentrun.core.reconcile`) what a run needs, with the
+configuration it takes from the settings, and read its answer: when the next pass is due.
+
+No I/O: what the core is given was observed before (:mod:`.observe`), what it answers is
+committed and carried out after (:mod:`.commit`, :mod:`.act`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from datetime import datetime
+from typing import Any
+
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.core import CoreConfig, CreateJob, Decision, Observed, reconcile
+from agentrun.core import agent as agent_loop
+from agentrun.execution import jobs
+
+REFUSAL_REQUEUE = 0.1
+"""Seconds until the pass that fails an attempt whose Job the API refused."""
+
+
+def core_config(settings: s.Settings) -> CoreConfig:
+    """What the core takes from the operator's settings."""
+    return CoreConfig(
+        jitter_seed=settings.jitter_seed,
+        job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
+        running_after_seconds=settings.running_after_seconds,
+        agent=agent_loop.AgentConfig(
+            llm_image=settings.llm_image, llm_command=settings.llm_command
+        ),
+    )
+
+
+class Decider:
+    """The core, with the operator's configuration and clock."""
+
+    def __init__(self, settings: s.Settings, clock: Callable[[], datetime]) -> None:
+        self.config = core_config(settings)
+        self.clock = clock
+
+    def decide(self, run: m.AgentRun, observed: Observed) -> Decision:
+        return reconcile(run, observed, self.clock(), self.config)
+
+    def due_in(self, body: dict[str, Any], found: list[dict[str, Any]]) -> float | None:
+        """In memory: seconds until a finished run needs a pass (0: now), None if never. The
+        core is asked what it would do with the run and its watched Jobs (unverified: a pass
+        verifies them before acting)."""
+        run = m.AgentRun.model_validate(body)
+        observed = [o for o in (jobs.observe_job(j, None) for j in found) if o is not None]
+        decision = self.decide(run, Observed(tuple(observed)))
+        if decision.after_commit or decision.status_changed(run.status):
+            return 0.0
+        return decision.requeue_after
+
+
+def requeue_after(decision: Decision, refused: Collection[str]) -> float | None:
+    """When the run's next pass is due after ``decision`` was carried out: as the core says,
+    or at once when the API refused a Job it was to create (``refused``: the run's Jobs whose
+    create was refused), so that the next pass fails the attempt."""
+    requeue = decision.requeue_after
+    if any(isinstance(a, CreateJob) and a.job_name in refused for a in decision.after_commit):
+        requeue = min(requeue or REFUSAL_REQUEUE, REFUSAL_REQUEUE)
+    return requeue

@@ -1,0 +1,316 @@
+"""Observe: what a pass knows of a run besides the run itself, assembled into the core's
+:class:`~agentrun.core.Observed`.
+
+* :class:`RunBodies`: the latest body of each run, as watched or as this process wrote it;
+* :class:`Observer`: the run's Jobs from the watch view (only those adoption verifies as the
+  operator's), the Jobs of attempts in flight that vanished, the records an agent run's loop
+  asks for, what the creator may not launch and the Jobs the API refused, carried results'
+  sources and the conversation a run resumes.
+
+The Observer keeps what this process learnt beyond the cluster's view and feeds it to the
+core: the Jobs it launched (:meth:`Observer.note_launched`), the creates the API refused
+(:meth:`Observer.note_refused`) and how far each run's audit record is known to reach
+(:meth:`Observer.note_recorded`). Those caches share the one lock of the passes' caches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from agentrun import settings as s
+from agentrun.access import audit, authz
+from agentrun.api import models as m
+from agentrun.core import CarriedSource, Observed, ObservedJob
+from agentrun.core import agent as agent_loop
+from agentrun.execution import objects
+from agentrun.kubeapi import list_items, tolerate
+from agentrun.loop.common import Apis, log, run_fields
+from agentrun.loop.ledger import Ledger
+from agentrun.observation import conversation as resume
+from agentrun.observation.adoption import Adoption
+from agentrun.observation.watches import ClusterView
+
+Report = Callable[[m.AgentRun, str, str], None]
+"""``report(run, reason, message)``: a Warning about the run, logged and posted as an Event."""
+
+
+class Observer:
+    """Assembles what a pass observes of a run. Safe to call concurrently for different runs."""
+
+    def __init__(
+        self,
+        apis: Apis,
+        settings: s.Settings,
+        ledger: Ledger,
+        view: ClusterView | None,
+        report: Report,
+        guard: threading.Lock,
+    ) -> None:
+        self.apis = apis
+        self.settings = settings
+        self.ledger = ledger
+        self.view = view
+        """The watched step Jobs, pods and pod refusals (agentrun.observation.watches); a pass
+        waits until it is synced. Only deletion cleanup works without one."""
+        self.adoption = Adoption(
+            view or ClusterView(), self._dry_run_job, self.read_job, self._list_pods, report
+        )
+        self._guard = guard
+        self._authorizer: authz.Authorizer | None = None
+        self._job_refusals: dict[str, dict[str, str]] = {}
+        """Run uid -> Job name -> the API's message refusing its create (fed to the core)."""
+        self._launched: dict[str, set[str]] = {}
+        """Run uid -> Jobs of attempts still Launching that this process created or saw: one
+        gone without a trace is lost, not to be created again (Observed.vanished)."""
+        self._recorded: dict[str, int] = {}
+        """Run uid -> the last transition this process found or stored in the run's audit
+        record, until a commit carries it into status.audit.recordedSeq."""
+
+    def observe(self, run: m.AgentRun) -> Observed:
+        """Everything the core is given besides the run and the time."""
+        observed = self._observe(run)
+        observed = self._with_documents(run, observed)
+        observed = self._with_verdicts(run, observed)
+        observed = self._with_carried_sources(run, observed)
+        return self._with_resume_source(run, observed)
+
+    # -- what the other parts of a pass tell it --------------------------------------------
+
+    def note_launched(self, run_uid: str, job_name: str) -> None:
+        """This process created ``job_name`` for an attempt of the run."""
+        with self._guard:
+            self._launched.setdefault(run_uid, set()).add(job_name)
+
+    def note_refused(self, run_uid: str, job_name: str, message: str) -> None:
+        """The API refused to create ``job_name`` for good, saying ``message``."""
+        with self._guard:
+            self._job_refusals.setdefault(run_uid, {})[job_name] = message
+
+    def refusals_of(self, run_uid: str) -> set[str]:
+        """Jobs of the run whose create the API refused (still current)."""
+        with self._guard:
+            return set(self._job_refusals.get(run_uid, {}))
+
+    def recorded(self, run_uid: str) -> int | None:
+        """The last transition this process knows its audit record to hold."""
+        with self._guard:
+            return self._recorded.get(run_uid)
+
+    def note_recorded(self, run_uid: str, seq: int) -> None:
+        """The run's audit record is known to hold the transitions up to ``seq``."""
+        with self._guard:
+            self._recorded[run_uid] = seq
+
+    def drop_recorded(self, run_uid: str) -> None:
+        """Status says how far the record reaches: nothing to remember."""
+        with self._guard:
+            self._recorded.pop(run_uid, None)
+
+    # -- observing ------------------------------------------------------------------------
+
+    def _observe(self, run: m.AgentRun) -> Observed:
+        """The run's Jobs, the Jobs of attempts still Launching that vanished, and how far
+        its audit record is known to reach (from memory: the record itself is read only when
+        transitions are appended to it)."""
+        found = self._observe_jobs(run)
+        uid = run.metadata.uid
+        launching = launching_jobs(run)
+        present = {j.name for j in found}
+        with self._guard:
+            known = self._launched.get(uid, set()) & launching
+            vanished = frozenset(known - present)
+            known |= present & launching
+            if known:
+                self._launched[uid] = known
+            else:
+                self._launched.pop(uid, None)
+            recorded = self._recorded.get(uid)
+        if vanished:
+            log.warning("Job(s) %s of attempts in flight vanished", ", ".join(sorted(vanished)),
+                        extra=run_fields(run))  # fmt: skip
+        if recorded is None:
+            return Observed(found, vanished=vanished)
+        prefix = audit.record_prefix(run.metadata.name, uid)
+        return Observed(found, recorded_seq=recorded, record_name=prefix, vanished=vanished)
+
+    def _with_carried_sources(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """What each carried result's ``fromRun`` really committed for its step, read from that
+        run in the same namespace: the core accepts a carried result only against it. Read
+        only while a carried step has no status yet (carried results are decided once)."""
+        known = {st.name for st in (run.status.steps if run.status else None) or []}
+        pending = [c for c in run.spec.carried_results or [] if c.from_run and c.step not in known]
+        if not pending:
+            return observed
+        runs: dict[str, m.AgentRun | None] = {}
+        sources: dict[str, CarriedSource] = {}
+        for carried in pending:
+            origin = carried.from_run or ""  # "namespace/name", written by kubectl agentrun fork
+            namespace, _, name = origin.partition("/")
+            if namespace != run.metadata.namespace or not name:
+                continue  # the core refuses it, saying why
+            if name not in runs:
+                runs[name] = self._read_source_run(namespace, name)
+            source = runs[name]
+            steps = (source.status.steps if source and source.status else None) or []
+            for st in steps:
+                if st.name == carried.step:
+                    found = CarriedSource.from_step_status(origin, st)
+                    if found is not None:
+                        sources[carried.step] = found
+        return dataclasses.replace(observed, carried_sources=sources)
+
+    def _with_resume_source(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """The conversation spec.agent.resumeFrom names, read from that run and verified
+        (agentrun.observation.conversation), until the run's first turn has taken it."""
+        source = resume.read_source(run, self.apis.core, self._read_source_run, self.authorizer)
+        return observed if source is None else dataclasses.replace(observed, resume=source)
+
+    def _read_source_run(self, namespace: str, name: str) -> m.AgentRun | None:
+        body = self.ledger.read(namespace, name)
+        if body is None:
+            return None
+        try:
+            return m.AgentRun.model_validate(body)
+        except ValueError:  # not a run this operator can read: nothing to carry from it
+            return None
+
+    def _observe_jobs(self, run: m.AgentRun) -> tuple[ObservedJob, ...]:
+        """The run's Jobs from the view (agentrun.observation.adoption: only those the operator
+        made)."""
+        if self.view is None:
+            raise RuntimeError("a reconcile pass needs the view of the cluster")
+        while not self.view.wait_synced(timeout=30):
+            log.warning("waiting for the watches of Jobs and pods to list", extra=run_fields(run))
+        return self.adoption.observe(run)
+
+    def _dry_run_job(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        response = self.apis.batch.create_namespaced_job(
+            namespace, manifest, dry_run="All", _preload_content=False
+        )
+        job: dict[str, Any] = json.loads(response.data)
+        return job
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Job ``name`` as the API server holds it now, None when it is gone."""
+        with tolerate(404) as gone:
+            response = self.apis.batch.read_namespaced_job(name, namespace, _preload_content=False)
+        if gone:
+            return None
+        job: dict[str, Any] = json.loads(response.data)
+        return job
+
+    def _list_pods(self, namespace: str, run_uid: str) -> list[dict[str, Any]]:
+        return list_items(
+            self.apis.core.list_namespaced_pod(
+                namespace, label_selector=objects.owned_by(run_uid), _preload_content=False
+            )
+        )
+
+    # -- verdicts fed to the core ------------------------------------------------------------
+
+    @property
+    def authorizer(self) -> authz.Authorizer:
+        """SubjectAccessReviews on behalf of runs' creators (see :mod:`agentrun.access.authz`)."""
+        if self._authorizer is None:
+            api = self.apis.authorization
+            if api is None:
+                from kubernetes import client as kube_client
+
+                api = kube_client.AuthorizationV1Api(self.apis.core.api_client)
+            self._authorizer = authz.Authorizer(api, ttl=self.settings.rights_ttl_seconds)
+        return self._authorizer
+
+    def _with_verdicts(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """``observed`` plus the steps the creator may not have launched and the Jobs the API
+        refused (still current: an attempt's refusal is dropped once it is no longer
+        Launching)."""
+        refusals = self.authorizer.refusals(run)
+        launching = launching_jobs(run)
+        with self._guard:
+            known = self._job_refusals.get(run.metadata.uid, {})
+            job_refusals = {k: v for k, v in known.items() if k in launching}
+            if job_refusals:
+                self._job_refusals[run.metadata.uid] = dict(job_refusals)
+            else:
+                self._job_refusals.pop(run.metadata.uid, None)
+        if not refusals and not job_refusals:
+            return observed
+        return dataclasses.replace(observed, refusals=refusals, job_refusals=job_refusals)
+
+    def _with_documents(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """The records an agent run's loop asks for (agentrun.core.agent.wanted_documents),
+        read from the run's ConfigMaps; one read per ConfigMap, none for other runs. Their
+        content is checked by the core against committed digests."""
+        wanted = agent_loop.wanted_documents(run)
+        if not wanted:
+            return observed
+        maps: dict[str, dict[str, Any]] = {}
+        documents: dict[tuple[str, str], str] = {}
+        for name, key in wanted:
+            if name not in maps:
+                with tolerate(404) as missing:
+                    found = self.apis.core.read_namespaced_config_map(
+                        name, run.metadata.namespace, _preload_content=False
+                    )
+                maps[name] = {} if missing else (json.loads(found.data).get("data") or {})
+            value = maps[name].get(key)
+            if isinstance(value, str):
+                documents[(name, key)] = value
+        return dataclasses.replace(observed, documents=documents)
+
+
+def launching_jobs(run: m.AgentRun) -> set[str]:
+    """Job names of the run's attempts committed as Launching."""
+    steps = (run.status.steps if run.status else None) or []
+    return {st.job_name for st in steps if st.phase == m.StepPhase.LAUNCHING and st.job_name}
+
+
+class RunBodies:
+    """The latest known body of each unfinished run: as kopf's watch delivered it, or as a
+    status write of this process returned it, whichever is newer (resourceVersions compared
+    as the integers etcd makes them; one that is not taken as newer). Safe across threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bodies: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def offer(self, body: dict[str, Any]) -> None:
+        """Keep ``body`` unless a newer one is known. A finished run's is not kept: such a
+        run is rarely passed again (and then read), and thousands of them would cost memory."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        finished = (body.get("status") or {}).get("phase") in FINISHED_PHASES
+        with self._lock:
+            known = self._bodies.get(key)
+            if known is not None and _older(body, known):
+                return
+            if finished:
+                self._bodies.pop(key, None)
+            else:
+                self._bodies[key] = body
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._bodies.get((namespace, name))
+
+    def drop(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._bodies.pop((namespace, name), None)
+
+
+FINISHED_PHASES = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
+
+
+def _older(body: dict[str, Any], than: dict[str, Any]) -> bool:
+    def version(b: dict[str, Any]) -> int | None:
+        text = str((b.get("metadata") or {}).get("resourceVersion") or "")
+        return int(text) if text.isdigit() else None
+
+    mine, theirs = version(body), version(than)
+    if (body.get("metadata") or {}).get("uid") != (than.get("metadata") or {}).get("uid"):
+        return False  # another run of that name: the newer one
+    return mine is not None and theirs is not None and mine < theirs

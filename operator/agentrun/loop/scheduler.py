@@ -1,0 +1,265 @@
+"""When each run gets its next pass.
+
+* an unfinished run is driven by its daemon (:meth:`Scheduler.drive`; kopf starts one per run,
+  :mod:`.handlers`): one reconcile pass, then sleep until the next timer, a wake-up (an event
+  on the run, or a change the watches of its Jobs, their pods and their pods' refusals report:
+  agentrun/observation/watches.py) or the periodic resync, whichever comes first;
+* a finished run costs nothing at rest: its daemon ends with the pass that finishes it, and
+  what it still needs (deleting its Jobs after the grace, deleting itself past its retention
+  TTL) runs as a timer at the moment it is due, as does a pass for a change seen later (a Job
+  of it being deleted, an edit of its spec). At startup, a finished run is checked in memory
+  against the watched Jobs and gets a timer only when something is due;
+* no pass runs before those watches have listed once.
+
+Everything here runs in the event loop but :class:`Waker` (any thread); passes run in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from agentrun import settings as s
+from agentrun.api import models as m
+from agentrun.execution import jobs
+from agentrun.loop.reconciler import Outcome, Reconciler
+from agentrun.observation.watches import ClusterView
+from agentrun.telemetry import metrics
+from agentrun.telemetry.endpoints import Readiness
+
+log = logging.getLogger("agentrun.handlers")
+"""The name these lines have always carried (they were the handlers')."""
+
+FINISHED = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
+SETTLE_SECONDS = 1.0
+
+
+class Scheduler:
+    """Decides when each run's next pass runs, and runs it."""
+
+    def __init__(self, reconciler: Reconciler, view: ClusterView, readiness: Readiness) -> None:
+        self.reconciler = reconciler
+        self.view = view
+        self.readiness = readiness
+        """Told when the watches have listed (/readyz waits for them too)."""
+        self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        """One per running daemon (unfinished run)."""
+        self.timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        """The next pass of a finished run, when one is due."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.synced: asyncio.Event | None = None
+        """Set once the watches have listed (passes wait for it)."""
+        self.unchecked: dict[tuple[str, str], dict[str, Any]] = {}
+        """Finished runs seen before the watches listed, checked once they have."""
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def start(self) -> None:
+        """In the event loop, before the watches start: passes wait for them to list."""
+        self.loop = asyncio.get_running_loop()
+        self.synced = asyncio.Event()
+
+    # -- unfinished runs: a daemon each ------------------------------------------------------
+
+    async def drive(self, namespace: str, name: str, stopped: kopf.DaemonStopped) -> None:
+        """Reconcile one run until it is finished (then timers take over) or deleted."""
+        wake = self.wakeup(namespace, name)
+        self.cancel_timer(namespace, name)
+        resync = float(self.reconciler.settings.resync_seconds)
+        try:
+            if self.synced is not None:
+                await self.synced.wait()
+            while not stopped:
+                wake.clear()
+                try:
+                    outcome = await asyncio.to_thread(_pass, self.reconciler, namespace, name)
+                    if outcome.phase in FINISHED:
+                        self.after_pass(namespace, name, outcome)
+                        return
+                    delay = min(outcome.requeue_after or resync, resync)
+                except Exception:
+                    log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
+                    delay = 5.0
+                await _sleep(wake, stopped, delay)
+        finally:
+            self.wakeups.pop((namespace, name), None)
+
+    def wakeup(self, namespace: str, name: str) -> asyncio.Event:
+        return self.wakeups.setdefault((namespace, name), asyncio.Event())
+
+    def wake(self, namespace: str, name: str) -> None:
+        event = self.wakeups.get((namespace, name))
+        if event is not None:
+            event.set()
+
+    def run_changed(
+        self, namespace: str, name: str, phase: str | None, body: Mapping[str, Any]
+    ) -> None:
+        """An event on the run: its daemon passes now; a finished run without one, if due."""
+        self.wake(namespace, name)
+        if phase in FINISHED and (namespace, name) not in self.wakeups:
+            self.finished_run_seen(body)
+
+    def observed(self, namespace: str, name: str, uid: str) -> None:
+        """A watched object of the run changed (called in the loop)."""
+        if (namespace, name) in self.wakeups:
+            self.wake(namespace, name)
+        elif self.loop is not None and _needs_pass(self.view.jobs_of_run(uid)):
+            # A moment later, and only if still so: a Job the operator deletes is seen being
+            # deleted before its finalizer, released in the same breath, is seen gone.
+            self.loop.call_later(SETTLE_SECONDS, self._recheck, namespace, name, uid)
+
+    def _recheck(self, namespace: str, name: str, uid: str) -> None:
+        if _needs_pass(self.view.jobs_of_run(uid)):
+            self.schedule_pass(namespace, name, 0.0)
+
+    # -- finished runs: a timer each, when something is due ----------------------------------
+
+    def schedule_pass(self, namespace: str, name: str, delay: float) -> None:
+        """A pass of a run without a daemon in ``delay`` seconds (the earliest one wins)."""
+        loop = self.loop
+        if loop is None:
+            return
+        key = (namespace, name)
+        due = loop.time() + max(delay, 0.0)
+        pending = self.timers.get(key)
+        if pending is not None and pending.when() <= due:
+            return
+        if pending is not None:
+            pending.cancel()
+        self.timers[key] = loop.call_at(due, self._timer_fired, namespace, name)
+
+    def cancel_timer(self, namespace: str, name: str) -> None:
+        pending = self.timers.pop((namespace, name), None)
+        if pending is not None:
+            pending.cancel()
+
+    def cancel_timer_soon(self, namespace: str, name: str) -> None:
+        """:meth:`cancel_timer` from another thread (kopf's sync handlers run in threads)."""
+        loop = self.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self.cancel_timer, namespace, name)
+
+    def cancel_timers(self) -> None:
+        for key in list(self.timers):
+            self.cancel_timer(*key)
+
+    def _timer_fired(self, namespace: str, name: str) -> None:
+        self.timers.pop((namespace, name), None)
+        self.spawn(self._timed_pass(namespace, name))
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _timed_pass(self, namespace: str, name: str) -> None:
+        if (namespace, name) in self.wakeups:  # a daemon drives it
+            self.wake(namespace, name)
+            return
+        if self.synced is not None:
+            await self.synced.wait()
+        try:
+            outcome = await asyncio.to_thread(_pass, self.reconciler, namespace, name)
+        except Exception:
+            log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
+            self.schedule_pass(namespace, name, 5.0)
+            return
+        self.after_pass(namespace, name, outcome)
+
+    def after_pass(self, namespace: str, name: str, outcome: Outcome) -> None:
+        """A finished run's next pass is due only at its next timer, if it has one."""
+        if outcome.phase in FINISHED and outcome.requeue_after is not None:
+            self.schedule_pass(namespace, name, outcome.requeue_after)
+
+    def finished_run_seen(self, body: Mapping[str, Any]) -> None:
+        """A finished run was listed or changed: a pass now or at its next timer, if the
+        watched Jobs or the run ask for one; otherwise nothing."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if self.synced is None or not self.synced.is_set():
+            self.unchecked[key] = dict(body)
+            return
+        if meta.get("deletionTimestamp"):
+            return
+        jobs_of_run = self.view.jobs_of_run(str(meta.get("uid", "")))
+        status = body.get("status") or {}
+        retention = (body.get("spec") or {}).get("retention") or {}
+        edited = meta.get("generation") != status.get("observedGeneration")
+        if not jobs_of_run and retention.get("ttlSecondsAfterFinished") is None and not edited:
+            return
+        self.spawn(self._check_finished(key, dict(body), jobs_of_run))
+
+    async def _check_finished(
+        self, key: tuple[str, str], body: dict[str, Any], found: list[dict[str, Any]]
+    ) -> None:
+        try:
+            delay = await asyncio.to_thread(self.reconciler.due_in, body, found)
+        except Exception:
+            log.exception("could not check a finished run; passing it", extra=_ctx(*key))
+            delay = 0.0
+        if delay is not None:
+            self.schedule_pass(*key, delay)
+
+    async def watches_listed(self) -> None:
+        """Wait for the first list of every watch, then let passes run."""
+        await asyncio.to_thread(self.view.wait_synced)
+        assert self.synced is not None
+        self.synced.set()
+        self.readiness.informer_listed()
+        log.info("watches of step Jobs, pods and pod refusals listed; %d objects seen",
+                 self.view.size())  # fmt: skip
+        unchecked, self.unchecked = self.unchecked, {}
+        for body in unchecked.values():
+            self.finished_run_seen(body)
+
+
+class Waker:
+    """``wake(namespace, name, uid)`` from any thread: hands the change to the loop. Made
+    before the :class:`Scheduler` it wakes (the reconciler it drives takes it)."""
+
+    def __init__(self) -> None:
+        self.scheduler: Scheduler | None = None
+
+    def __call__(self, namespace: str, name: str, uid: str) -> None:
+        scheduler = self.scheduler
+        loop = scheduler.loop if scheduler is not None else None
+        if scheduler is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(scheduler.observed, namespace, name, uid)
+
+
+def _pass(reconciler: Reconciler, namespace: str, name: str) -> Outcome:
+    """One reconcile pass, timed (agentrun_reconcile_duration_seconds)."""
+    with metrics.reconcile_pass():
+        return reconciler.reconcile(namespace, name)
+
+
+def _ctx(namespace: str, name: str) -> dict[str, Any]:
+    return {"agentrun": {"run": f"{namespace}/{name}"}}
+
+
+def _needs_pass(found: list[dict[str, Any]]) -> bool:
+    """Whether a change of a finished run's Jobs may ask for a pass: a Job still running (a
+    late create, to be deleted) or one being deleted that still holds the outcome finalizer
+    (to be released)."""
+    for job in found:
+        meta = job.get("metadata") or {}
+        held = s.JOB_FINALIZER in (meta.get("finalizers") or [])
+        if (meta.get("deletionTimestamp") and held) or not jobs.is_finished(job):
+            return True
+    return False
+
+
+async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
+    async def until_stopped() -> None:
+        await stopped.wait()
+
+    tasks = {asyncio.ensure_future(wake.wait()), asyncio.ensure_future(until_stopped())}
+    try:
+        await asyncio.wait(tasks, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
