@@ -14,7 +14,7 @@ from agentrun.telemetry.logs import JsonFormatter
 def line(
     message: str, *args: object, level: int = logging.INFO, exc: bool = False, **extra: Any
 ) -> dict[str, Any]:
-    record = logging.LogRecord("agentrun.loop.reconciler", level, __file__, 1, message, args, None)
+    record = logging.LogRecord("agentrun.reconciler", level, __file__, 1, message, args, None)
     if exc:
         try:
             raise ValueError("bad value")
@@ -33,7 +33,7 @@ def test_a_line_names_time_level_logger_message_and_the_run_step_and_attempt() -
         "created Job %s", "j-1", agentrun={"run": "team-a/nightly", "step": "fetch", "attempt": 2}
     )
     assert list(out)[:4] == ["time", "level", "logger", "message"]
-    assert out["level"] == "info" and out["logger"] == "agentrun.loop.reconciler"
+    assert out["level"] == "info" and out["logger"] == "agentrun.reconciler"
     assert out["message"] == "created Job j-1"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", out["time"])
     assert (out["run"], out["step"], out["attempt"]) == ("team-a/nightly", "fetch", 2)
