@@ -10,7 +10,8 @@ For README.md and every page under docs/:
   ``devcluster`` extension, and ``agentrun.clients.plugin.commands.build_parser()``);
 * every repository path in code (``examples/foo.yaml``, ``hack/x.sh``, ``charts/...``) exists;
 * every Python name in code (``agentrun.loop.reconciler.CHECKPOINTS``) can be imported, or is a
-  span or attribute name that ``agentrun.telemetry.tracing`` emits (``agentrun.step_attempt``).
+  span or attribute name that ``agentrun.telemetry.tracing`` emits (``agentrun.step_attempt``),
+  or the name of one of the operator's loggers (``agentrun.reconciler``).
 
 "In code" means inline code spans and fenced code blocks. Failures name the page, the line
 and what is missing.
@@ -340,11 +341,29 @@ def trace_names() -> set[str]:
     }
 
 
+def logger_names() -> set[str]:
+    """The names of the operator's loggers (``agentrun.reconciler``), as its JSON log lines
+    show them: the string arguments of ``logging.getLogger`` in its source."""
+    return {
+        node.args[0].value
+        for path in (ROOT / "operator" / "agentrun").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "logging.getLogger"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    }
+
+
 def python_problems(page: Page) -> Iterator[str]:
-    traced = trace_names()
+    known = trace_names() | logger_names()
     for line, name in python_mentions(page):
-        if not resolves(name) and name not in traced:
-            yield f"{page.at(line)}: `{name}` cannot be imported (nor is it a span or attribute)"
+        if not resolves(name) and name not in known:
+            yield (
+                f"{page.at(line)}: `{name}` cannot be imported (nor is it a span, an attribute "
+                "or a logger)"
+            )
 
 
 # -- the tests ------------------------------------------------------------------------------
