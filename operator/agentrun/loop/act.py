@@ -29,12 +29,14 @@ from agentrun.core import (
 )
 from agentrun.core.actions import StoreRecord
 from agentrun.execution import jobs, objects
-from agentrun.kubeapi import finalizer_removal, tolerate
+from agentrun.kubeapi import api_message, finalizer_removal, tolerate
 from agentrun.loop.common import Apis, Checkpoint, log, run_fields
 from agentrun.loop.observe import Observer
 from agentrun.observation.watches import Wake, controller_uid
 from agentrun.telemetry import events
 
+MAX_REFUSAL = 2048
+"""How much of the API's words on a refused Job the step's failure keeps."""
 JOB_REFUSALS = (400, 403, 404, 422)
 """Statuses of a Job create that fail the attempt (reason JobRefused) instead of being retried:
 the request itself is refused (bad request, forbidden, namespace gone, invalid)."""
@@ -157,7 +159,7 @@ class Actor:
         if exists.error is not None and exists.status != 409:
             # Refused for good (invalid, forbidden): the same create would be refused again.
             # The core fails the attempt on the next pass, with the API's own words.
-            message = _api_message(exists.error)
+            message = api_message(exists.error)[:MAX_REFUSAL]
             log.warning("the API refused Job %s: %s", action.job_name, message, extra=ctx)
             self.observer.note_refused(run.metadata.uid, action.job_name, message)
             return
@@ -242,14 +244,3 @@ class Actor:
         body = objects.owned_config_map(objects.RunRef.of(run), action.name, labels, action.data)
         with tolerate(409):  # written by an earlier pass: its name stands for its content
             self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
-
-
-def _api_message(error: ApiException) -> str:
-    """The message of the API's Status in a refusal, else its reason."""
-    try:
-        status = json.loads(error.body or "")
-    except (TypeError, ValueError, RecursionError):
-        status = None
-    message = status.get("message") if isinstance(status, dict) else None
-    text = message if isinstance(message, str) and message else f"{error.status} {error.reason}"
-    return text[:2048]

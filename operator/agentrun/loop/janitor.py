@@ -55,13 +55,12 @@ from kubernetes.client.exceptions import ApiException
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
-from agentrun.kubeapi import finalizer_removal, list_items, tolerate
+from agentrun.kubeapi import JSON_PATCH, finalizer_removal, list_items, tolerate
 from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
 
 log = logging.getLogger("agentrun.janitor")
 
-JSON_PATCH = "application/json-patch+json"
 STEP_JOBS = f"{s.LABEL_RUN_UID},{s.LABEL_MANAGED_BY}={s.MANAGED_BY}"
 """Label selector of every step Job the operator made."""
 
