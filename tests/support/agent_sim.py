@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.access import authz
 from agentrun.api import models as m
 from agentrun.core import Observed, ResumeSource
-from agentrun.core import agent as loop
+from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core.actions import StoreRecord
 from agentrun.observation import conversation as resume

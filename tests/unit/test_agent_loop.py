@@ -11,7 +11,7 @@ import pytest
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent as loop
+from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core.envelope import MAX_TOKENS
 from agentrun.core.naming import sha256_text

@@ -9,7 +9,7 @@ import pytest
 from agentrun.api import models as m
 from agentrun.clients import forks
 from agentrun.clients.plugin import commands, transcript
-from agentrun.core import fork as forking
+from agentrun.core import fork_plan as forking
 from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call
 from tests.support.sim import UID
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agentrun import settings as s
-from agentrun.core import agent as loop
+from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core.naming import sha256_text
 from agentrun.pod import llm, runner

@@ -16,10 +16,10 @@ from agentrun.core import (
     DeleteRun,
     ReleaseJob,
     StoreResult,
-    fork,
     naming,
     reconcile,
 )
+from agentrun.core import fork_plan as fork
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.naming import sha256_text
 from agentrun.core.observed import CarriedSource, Observed

@@ -20,7 +20,7 @@ from agentrun.clients import forks, reading
 from agentrun.clients.plugin import commands, render
 from agentrun.clients.plugin.kube import PluginError, strip_kind
 from agentrun.core import CarriedSource, graph, naming
-from agentrun.core import fork as forking
+from agentrun.core import fork_plan as forking
 from agentrun.execution import objects
 from agentrun.kubeapi import Unreachable
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID, LABEL_STEP
@@ -537,7 +537,7 @@ def test_the_namespace_comes_from_the_flag_then_the_context(tmp_path: Path) -> N
         Session.connect(kubeconfig=str(config), context="zz")
 
 
-# Fork planning is agentrun.core.fork: test_layering keeps the core pure.
+# Fork planning is agentrun.core.fork_plan: test_layering keeps the core pure.
 @pytest.mark.parametrize("module", ["render.py", "transcript.py"])
 def test_formatting_stays_pure(module: str) -> None:
     imported: list[str] = []

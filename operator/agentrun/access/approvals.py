@@ -30,7 +30,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
-from agentrun.core import agent as agent_loop
+from agentrun.core import agent_loop
 
 CONFLICT_RETRIES = 5
 """Fresh reads before giving up on a run that keeps changing under the decision."""

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun.api import models as m
-from agentrun.core import agent as agent_loop
+from agentrun.core import agent_loop
 
 RUNS_REMEMBERED = 4096
 """Runs whose verdicts are kept (least recently used first out)."""

@@ -1,7 +1,7 @@
 """Making a fork: one implementation for ``kubectl agentrun fork`` and
 :meth:`agentrun.clients.typed.AgentRunClient.fork`.
 
-What a fork keeps and runs is planned by :mod:`agentrun.core.fork` (pure). Making it:
+What a fork keeps and runs is planned by :mod:`agentrun.core.fork_plan` (pure). Making it:
 
 1. read the results it carries that are kept by reference (ConfigMaps of the old run), each
    checked against the digest its step committed;
@@ -32,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import fork as forking
+from agentrun.core import fork_plan as forking
 from agentrun.core import naming
 from agentrun.execution import objects
 from agentrun.kubeapi import Unreachable, api_message

@@ -15,8 +15,7 @@ import json
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent as agent_loop
-from agentrun.core import naming
+from agentrun.core import agent_loop, naming
 from agentrun.core.builder import Builder
 
 UNHASHABLE = (

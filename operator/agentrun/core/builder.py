@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent as agent_loop
+from agentrun.core import agent_loop
 from agentrun.core.actions import Action, EmitEvent
 from agentrun.core.envelope import clean
 from agentrun.core.observed import Observed

@@ -1,5 +1,5 @@
 """Tool calls of the agent loop: validating what the model proposed, and reading each call's
-outcome back as the model will see it (see :mod:`agentrun.core.agent`).
+outcome back as the model will see it (see :mod:`agentrun.core.agent_loop`).
 """
 
 from __future__ import annotations

@@ -19,8 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent as agent_loop
-from agentrun.core import naming
+from agentrun.core import agent_loop, naming
 from agentrun.core.actions import CreateJob
 from agentrun.core.arguments import (
     UNHASHABLE,

@@ -48,7 +48,7 @@ from datetime import datetime, timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent as agent_loop
+from agentrun.core import agent_loop
 from agentrun.core.actions import Action, CreateJob, DeleteJob
 from agentrun.core.arguments import needs_approval
 from agentrun.core.attempts import observe_attempt

@@ -137,7 +137,7 @@ class Observed:
     conversation it continues, as read in this pass; None when not read (the loop waits)."""
     documents: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """Keyed by (ConfigMap name, key): the records an agent run's loop asked for
-    (:func:`agentrun.core.agent.wanted_documents`), as the shell read them; keys not found
+    (:func:`agentrun.core.agent_loop.wanted_documents`), as the shell read them; keys not found
     are left out (the loop waits for them)."""
 
     def job(self, name: str) -> ObservedJob | None:

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent as agent_loop
+from agentrun.core import agent_loop
 from agentrun.core.actions import DeleteJob, DeleteRun, ReleaseJob
 from agentrun.core.builder import Builder, all_steps, floor_seconds, truncate
 from agentrun.core.observed import JobState, ObservedJob

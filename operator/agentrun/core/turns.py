@@ -3,7 +3,7 @@ for the current turn (a model turn in the operator's image, a tool call in its t
 container with the call's arguments), their idempotency keys, and the small questions the
 machine asks about them (is this a tool call, may it launch yet, is its turn closed).
 
-See :mod:`agentrun.core.agent` for the loop itself.
+See :mod:`agentrun.core.agent_loop` for the loop itself.
 """
 
 from __future__ import annotations

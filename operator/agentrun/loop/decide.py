@@ -13,8 +13,7 @@ from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CoreConfig, CreateJob, Decision, Observed, reconcile
-from agentrun.core import agent as agent_loop
+from agentrun.core import CoreConfig, CreateJob, Decision, Observed, agent_loop, reconcile
 from agentrun.execution import jobs
 
 REFUSAL_REQUEUE = 0.1

@@ -24,8 +24,7 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.access import audit, authz
 from agentrun.api import models as m
-from agentrun.core import CarriedSource, Observed, ObservedJob
-from agentrun.core import agent as agent_loop
+from agentrun.core import CarriedSource, Observed, ObservedJob, agent_loop
 from agentrun.execution import objects
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
@@ -242,7 +241,7 @@ class Observer:
         return dataclasses.replace(observed, refusals=refusals, job_refusals=job_refusals)
 
     def _with_documents(self, run: m.AgentRun, observed: Observed) -> Observed:
-        """The records an agent run's loop asks for (agentrun.core.agent.wanted_documents),
+        """The records an agent run's loop asks for (agentrun.core.agent_loop.wanted_documents),
         read from the run's ConfigMaps; one read per ConfigMap, none for other runs. Their
         content is checked by the core against committed digests."""
         wanted = agent_loop.wanted_documents(run)

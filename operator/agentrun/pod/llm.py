@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrun import settings as s
-from agentrun.core import agent as loop
+from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core import naming
 from agentrun.pod import runner

@@ -16,7 +16,7 @@ from typing import Any
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.clients.plugin.render import one_line
-from agentrun.core import agent as agent_loop
+from agentrun.core import agent_loop
 
 RESULT_LIMIT = 300
 """Characters of a tool result or a message shown per line; the record keeps all of it."""
