@@ -269,6 +269,28 @@ def test_a_run_whose_cleanup_leaves_something_waits_then_goes_with_an_event() ->
     assert event["apiVersion"] == "events.k8s.io/v1" and event["action"] == "Cleanup"
 
 
+def test_a_run_whose_cleanup_keeps_failing_goes_once_patience_is_over() -> None:
+    """The deletion handler's policy: a failed cleanup is tried again, and the finalizer goes
+    anyway once the deletion has waited cleanup_timeout_seconds, with an Event."""
+    fake = FakeCluster()
+    fake.add_run("a", "stuck", deleted_ago=10)
+
+    def refuse(ns: str, **_: Any) -> None:
+        raise ApiException(status=500, reason="etcd timeout")
+
+    fake.delete_collection_namespaced_config_map = refuse  # type: ignore[method-assign]
+    done = make_janitor(fake, cleanup_timeout=60).sweep()
+    assert done.runs_released == [] and done.failures
+    assert "cleanup failed" in done.failures[0]
+    assert s.RUN_FINALIZER in fake.runs[("a", "stuck")]["metadata"]["finalizers"]
+
+    done = make_janitor(fake, cleanup_timeout=5).sweep()
+    assert done.runs_released == ["a/stuck"]
+    assert not fake.runs
+    (event,) = fake.events
+    assert event["reason"] == "CleanupIncomplete" and "cleanup failed" in event["note"]
+
+
 def test_a_run_not_being_deleted_or_without_our_finalizer_is_left_alone() -> None:
     fake = FakeCluster()
     fake.add_run("a", "someone-elses", deleted_ago=100, finalizers=["example.com/hold"])

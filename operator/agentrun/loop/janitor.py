@@ -17,7 +17,8 @@ The janitor depends on no watch. At startup, and then every ``AGENTRUN_JANITOR_S
    finalizer (a JSON patch guarded by a ``test`` op). When something is left (held by someone
    else's finalizer), it waits as the deletion handler does (:func:`.cleanup.with_patience`):
    the finalizer goes anyway once the deletionTimestamp is ``cleanup_timeout_seconds`` old,
-   with a CleanupIncomplete Event. A cleanup that failed is tried again by the next pass;
+   with a CleanupIncomplete Event. A cleanup that failed is tried again by the next pass,
+   under the same patience;
 4. for each Job still carrying the Job finalizer whose run is not in the list, or is being
    deleted: releases that finalizer (the garbage collector, or the namespace controller,
    then removes the Job, since its owner is gone).
@@ -215,10 +216,11 @@ class Janitor:
             lambda: _age(str(meta["deletionTimestamp"]), self.clock()),
             patience,
         )
-        if deletion.error is not None:  # tried again by the next pass, however long it waited
+        if deletion.error is not None:
             done.failures.append(f"run {ns}/{name}: cleanup failed: {deletion.error}")
             log.warning("cleanup of a deleted run failed: %s", deletion.error, extra=ctx)
-            return False
+            if deletion.waits:  # tried again by the next pass, until patience is over
+                return False
         if deletion.waits:
             done.runs_waiting.append(f"{ns}/{name} ({deletion.leftovers})")
             return True
