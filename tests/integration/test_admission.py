@@ -2,8 +2,9 @@
 run (user and groups) and who last changed it is recorded from the authenticated identity;
 approvals are append-only, signed by the requesting user, limited to policy.approverGroups and,
 with requireSecondPerson, never by the creator; approval requirements of a step only get
-stricter after creation, and what the steps run as (spec.stepTemplate) and the results carried
-into the run (spec.carriedResults) are fixed at creation.
+stricter after creation, and what the steps run as (spec.stepTemplate), the results carried
+into the run (spec.carriedResults) and an agent's model and tools (where its API key is sent)
+are fixed at creation.
 
 Other tests of the session create runs as the admin user and sign approvals with any name, so
 the shipped policies are never bound cluster-wide here: each test binds copies of its own to its
@@ -694,6 +695,101 @@ def test_carried_results_cannot_be_added_after_creation(admission: Admission) ->
         assert proc.returncode != 0, proc.stdout
         assert "carriedResults can only be set when the run is created" in proc.stderr
     assert "carriedResults" not in admission.get("r")["spec"]
+
+
+def _tool(name: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": f"the {name} tool",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        "container": {"image": "busybox:1.36", "command": ["true"]},
+        **extra,
+    }
+
+
+def _agent_run(name: str, **spec: Any) -> dict[str, Any]:
+    body = _run(name, **spec)
+    body["spec"]["agent"] = {
+        "model": {
+            "baseURL": "http://llm.models.svc:8000/v1",
+            "name": "m",
+            "apiKeySecretRef": {"name": "llm", "key": "api-key"},
+        },
+        "tools": [_tool("search"), _tool("restart", risk="external", approval="required")],
+    }
+    return body
+
+
+def test_the_agents_model_and_tools_cannot_change_after_creation(admission: Admission) -> None:
+    """Rule k: where the API key is sent (and which key), the model and the tools are fixed at
+    creation, for everyone: the attack it stops is an editor, who may not read the key's
+    Secret, pointing the next model turn at a server of theirs."""
+    admission.created("alice", _agent_run("r"))
+    why = (
+        " after creation: the model endpoint, its API key Secret and the tools decide where the "
+        "run's API key is sent and what the model may call, so they are fixed when the run is "
+        "created"
+    )
+    changed = ": cannot change" + why
+    attacker = _replace("/spec/agent/model/baseURL", "http://attacker.example/v1")
+    for user in ("alice", "carol", "admin"):
+        assert _denial(admission.patch(user, "r", [attacker])) == (
+            "spec.agent.model.baseURL" + changed
+        )
+    assert _denial(
+        admission.patch("carol", "r", [_replace("/spec/agent/model/apiKeySecretRef/name", "x")])
+    ) == ("spec.agent.model.apiKeySecretRef" + changed)
+    proc = admission.patch(
+        "carol", "r", [{"op": "remove", "path": "/spec/agent/model/apiKeySecretRef"}]
+    )
+    assert _denial(proc) == "spec.agent.model.apiKeySecretRef" + changed
+    proc = admission.patch(
+        "carol",
+        "r",
+        [
+            _replace("/spec/agent/model/name", "gpt-4o"),
+            {"op": "add", "path": "/spec/agent/model/temperature", "value": 1.5},
+            attacker,
+        ],
+    )
+    assert _denial(proc) == (
+        "spec.agent.model.baseURL, spec.agent.model.name, spec.agent.model.temperature" + changed
+    )
+    # The tools: changed, added or removed, by name; reordered, as a whole.
+    proc = admission.patch("carol", "r", [_replace("/spec/agent/tools/0/description", "any")])
+    assert _denial(proc) == "spec.agent.tools[search]" + changed
+    new = {"op": "add", "path": "/spec/agent/tools/-", "value": _tool("shell")}
+    assert _denial(admission.patch("carol", "r", [new])) == "spec.agent.tools[shell]" + changed
+    gone = {"op": "remove", "path": "/spec/agent/tools/0"}
+    assert _denial(admission.patch("carol", "r", [gone])) == "spec.agent.tools[search]" + changed
+    tools = admission.get("r")["spec"]["agent"]["tools"]
+    swapped = _replace("/spec/agent/tools", list(reversed(tools)))
+    assert _denial(admission.patch("carol", "r", [swapped])) == "spec.agent.tools" + changed
+    # Rule g speaks first for a tool an update would gate less.
+    lowered = _replace("/spec/agent/tools/1/approval", "auto")
+    assert "spec.agent.tools[restart]: cannot go from approval required" in _denial(
+        admission.patch("carol", "r", [lowered])
+    )
+    # The agent can be neither removed nor added.
+    proc = admission.patch("carol", "r", [{"op": "remove", "path": "/spec/agent"}])
+    assert _denial(proc) == "spec.agent: cannot be removed" + why
+    admission.created("alice", _run("plan-only"))
+    agent = _agent_run("x")["spec"]["agent"]
+    proc = admission.patch("carol", "plan-only", [{"op": "add", "path": "/spec/agent",
+                                                   "value": agent}])  # fmt: skip
+    assert _denial(proc) == "spec.agent: cannot be added" + why
+    # The rest of the agent and of the spec can change, by whoever may edit the run.
+    run = admission.patched(
+        "carol",
+        "r",
+        [
+            {"op": "add", "path": "/spec/agent/maxTurns", "value": 3},
+            {"op": "add", "path": "/spec/agent/instructions", "value": "Be brief."},
+            {"op": "add", "path": "/spec/budget", "value": {"maxTokens": 1000}},
+        ],
+    )
+    assert run["spec"]["agent"]["maxTurns"] == 3
+    assert run["spec"]["agent"]["model"]["baseURL"] == "http://llm.models.svc:8000/v1"
 
 
 def test_a_128_step_plan_is_checked_within_the_cost_limits(admission: Admission) -> None:

@@ -35,11 +35,21 @@ def shipped_policies() -> Docs:
     return docs
 
 
-def scoped_copies(namespace: str) -> Docs:
-    """The shipped policies and bindings, renamed ``<name>-<namespace>``, the bindings
-    restricted to the namespace labelled ``SCOPE_LABEL=namespace``."""
+def mutating_only(doc: dict[str, Any]) -> bool:
+    """A ``keep`` for :func:`policies_bound_to`: only the agentrun-identity policy, which
+    records who created and last changed a run, and none of the validating policies (what the
+    operator must hold on its own is tested with this)."""
+    return bool(doc["kind"].startswith("Mutating"))
+
+
+def scoped_copies(namespace: str, keep: Callable[[dict[str, Any]], bool] | None = None) -> Docs:
+    """The shipped policies and bindings (those ``keep`` keeps, all by default), renamed
+    ``<name>-<namespace>``, the bindings restricted to the namespace labelled
+    ``SCOPE_LABEL=namespace``."""
     out = []
     for doc in shipped_policies():
+        if keep is not None and not keep(doc):
+            continue
         doc["metadata"]["name"] = f"{doc['metadata']['name']}-{namespace}"
         if doc["kind"].endswith("Binding"):
             doc["spec"]["policyName"] = f"{doc['spec']['policyName']}-{namespace}"
@@ -52,11 +62,14 @@ def scoped_copies(namespace: str) -> Docs:
 
 @contextlib.contextmanager
 def policies_bound_to(
-    cluster: TestCluster, namespace: str, enforced: Callable[[], bool]
+    cluster: TestCluster,
+    namespace: str,
+    enforced: Callable[[], bool],
+    keep: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Iterator[Docs]:
-    """Apply :func:`scoped_copies` for ``namespace``, wait until ``enforced()`` (policies
-    take a moment to act), and delete them again afterwards."""
-    docs = scoped_copies(namespace)
+    """Apply :func:`scoped_copies` for ``namespace`` (those ``keep`` keeps), wait until
+    ``enforced()`` (policies take a moment to act), and delete them again afterwards."""
+    docs = scoped_copies(namespace, keep)
     assert docs, f"{ADMISSION_DIR} holds no policies"
     cluster.kubectl("label", "namespace", namespace, f"{SCOPE_LABEL}={namespace}")
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))

@@ -457,19 +457,6 @@ def test_cancelling_stops_the_loop() -> None:
     assert sim.agent.stage == a.AgentStage.STOPPED
 
 
-def test_a_tool_removed_while_its_call_runs_stops_the_call() -> None:
-    sim = AgentSim(agent_run(tools=[SEARCH, RESTART]))
-    sim.answer("", [call("search", {"query": "x"}, "c")])
-    agent = sim.run.spec.agent
-    assert agent is not None
-    sim.spec_update(
-        agent=agent.model_copy(update={"tools": [agent.tools[1]] if agent.tools else []})
-    )
-    sim.settle()
-    assert sim.agent.turn == 2
-    assert "tool search was removed" in _tool_messages(sim.context(), 1)["c"]
-
-
 def test_token_counts_are_clamped() -> None:
     sim = AgentSim(agent_run())
     sim.settle()

@@ -4,6 +4,8 @@ HTTP (on 127.0.0.1), through the official ``openai`` client."""
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -220,3 +222,24 @@ def test_agentrun_step_llm_is_the_cli_of_a_turn(
     monkeypatch.setenv(s.ENV_SERVICEACCOUNT_DIR, str(tmp_path / "no-token"))
     assert cli.main(["step", "llm"]) == 0
     assert json.loads(_termination(env))["result"]["content"] == "done"
+
+
+def test_the_scripted_model_records_every_request_whatever_its_method(
+    model: ScriptedModel,
+) -> None:
+    """So that a test can say a server (an attacker's) received nothing at all."""
+    for method in ("GET", "DELETE", "PUT"):
+        request = urllib.request.Request(
+            f"{model.base_url}/models", method=method, headers={"Authorization": "Bearer k"}
+        )
+        try:
+            urllib.request.urlopen(request, timeout=5).close()
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 405
+    received = model.received()
+    assert [(r.method, r.path, r.authorization) for r in received] == [
+        ("GET", "/v1/models", "Bearer k"),
+        ("DELETE", "/v1/models", "Bearer k"),
+        ("PUT", "/v1/models", "Bearer k"),
+    ]
+    assert model.completions() == []

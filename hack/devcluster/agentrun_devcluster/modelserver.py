@@ -1,9 +1,10 @@
 """A scripted OpenAI-compatible model server: real HTTP on 127.0.0.1, answers from a script.
 
 Tests and the agent demo point an agent run's ``spec.agent.model.baseURL`` at it
-(:attr:`ScriptedModel.base_url`, ``http://127.0.0.1:PORT/v1``). Every request to
-``POST /v1/chat/completions`` is recorded (:attr:`ScriptedModel.requests`, the JSON bodies and
-the Authorization header's presence) and answered with the next entry of the script:
+(:attr:`ScriptedModel.base_url`, ``http://127.0.0.1:PORT/v1``). Every request it receives is
+recorded (:attr:`ScriptedModel.requests`: the method, path, JSON body and Authorization header,
+so that a test can check that a server got nothing at all), and each ``POST
+/v1/chat/completions`` is answered with the next entry of the script:
 
 * :func:`reply` builds a chat completion: an assistant message with ``content`` and/or tool
   calls, a finish reason and token usage;
@@ -112,6 +113,7 @@ class Recorded:
     body: dict[str, Any]
     authorization: str | None
     """The Authorization header as sent (tests check a key arrived, or none did)."""
+    method: str = "POST"
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -153,7 +155,16 @@ class ScriptedModel:
     def completions(self) -> list[Recorded]:
         """The chat completion requests received so far."""
         with self._lock:
-            return [r for r in self.requests if r.path.endswith("/chat/completions")]
+            return [
+                r
+                for r in self.requests
+                if r.method == "POST" and r.path.endswith("/chat/completions")
+            ]
+
+    def received(self) -> list[Recorded]:
+        """Every request received so far, whatever its method and path."""
+        with self._lock:
+            return list(self.requests)
 
     def _next(self, body: dict[str, Any]) -> Answer:
         with self._lock:
@@ -206,11 +217,23 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
+            record = Recorded(self.path, {}, self.headers.get("Authorization"), "GET")
+            with model._lock:
+                model.requests.append(record)
             if self.path.rstrip("/").endswith("/models"):
                 listing = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
                 self._send(200, json.dumps(listing).encode())
             else:
                 self._send(404, b'{"error": {"message": "not found"}}')
+
+        def _other(self) -> None:
+            """Any other method: recorded, and refused."""
+            record = Recorded(self.path, {}, self.headers.get("Authorization"), self.command)
+            with model._lock:
+                model.requests.append(record)
+            self._send(405, b'{"error": {"message": "method not allowed"}}')
+
+        do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _other
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)

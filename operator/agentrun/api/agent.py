@@ -236,7 +236,14 @@ class ResumeFrom(ApiModel):
 class Agent(ApiModel):
     """A model that decides the next steps while the run runs, and the tools it may call."""
 
-    model: ModelEndpoint = Field(description="The model that reasons.")
+    model: ModelEndpoint = Field(
+        description=(
+            "The model that reasons. Fixed at creation: it decides where the API key is sent, "
+            "so the operator builds every turn from the copy it took on its first pass "
+            "(status.agent.frozen), and a run whose model changes fails (reason "
+            "AgentSpecChanged) before its next turn."
+        )
+    )
     instructions: str | None = Field(
         default=None,
         description="The system prompt. The run's goal (and the plan's results) is the first "
@@ -245,7 +252,10 @@ class Agent(ApiModel):
     )
     tools: list[AgentTool] | None = Field(
         default=None,
-        description="The tools the model may call; none: the model only answers.",
+        description=(
+            "The tools the model may call; none: the model only answers. Fixed at creation "
+            "like model: a run whose tools change fails (reason AgentSpecChanged)."
+        ),
         max_length=MAX_TOOLS,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
@@ -404,11 +414,42 @@ class ResumedFrom(ApiModel):
     )
 
 
+class FrozenAgent(ApiModel):
+    """What of ``spec.agent`` decides where the API key is sent and what the model may call,
+    as the operator took it on its first pass of the run: model turns are built from this copy,
+    never from the spec as it reads later."""
+
+    model: ModelEndpoint = Field(
+        description=(
+            "spec.agent.model as it was: every model turn's Job gets its endpoint, model name, "
+            "API key Secret reference and settings from here."
+        )
+    )
+    tools_digest: str = Field(
+        description=(
+            "sha256 of spec.agent.tools as it was (canonical JSON): every pass checks the spec "
+            "against it before a tool is offered or a call is run."
+        ),
+        max_length=64,
+    )
+    generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec it was taken from."
+    )
+
+
 class AgentStatus(ApiModel):
     """The agent loop: bounded counters and the current turn; the transcript is kept by
     reference in ConfigMaps owned by the run (label agentrun.dev/object=transcript)."""
 
     stage: AgentStage = Field(default=AgentStage.WAITING, description="Where the loop is.")
+    frozen: FrozenAgent | None = Field(
+        default=None,
+        description=(
+            "spec.agent.model and a digest of spec.agent.tools, taken on the operator's first "
+            "pass of the run: fixed at creation. A run whose spec.agent no longer matches them "
+            "fails (reason AgentSpecChanged, naming the field) before any further turn."
+        ),
+    )
     turn: int = Field(
         default=0, ge=0, description="The current (or last) model turn; 0 before the first."
     )

@@ -40,6 +40,12 @@ goal: its first context holds the messages that run's turn N+1 saw, read from th
 records and verified by the shell and the core (:mod:`agentrun.core.resume`); if that fails,
 the run fails (reason ResumeRefused) before its plan or any turn runs.
 
+The model a turn calls (``spec.agent.model``: endpoint, model name, API key Secret) and the
+tools it is offered are fixed at creation: the operator's first pass of the run takes them into
+``status.agent.frozen`` (:func:`pin`), every turn's Job is built from that copy, and a run whose
+spec.agent no longer matches it fails (reason AgentSpecChanged) before anything of the pass is
+launched (:mod:`agentrun.core.frozen`).
+
 Everything the loop reads beyond the status comes from committed records: results kept in
 ConfigMaps and the previous context are read by the shell when :func:`wanted_documents` asks
 for them (``Observed.documents``). A stage that needs one not yet read simply waits for the
@@ -58,9 +64,10 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import context as cx
+from agentrun.core import frozen as freezing
 from agentrun.core import naming
 from agentrun.core import resume as resuming
-from agentrun.core.actions import DeleteJob, StoreRecord
+from agentrun.core.actions import StoreRecord
 from agentrun.core.calls import call_outcome, content_of, cut, validate_calls
 from agentrun.core.envelope import summary_line
 from agentrun.core.turns import (
@@ -93,6 +100,7 @@ from agentrun.core.turns import (
     image_exempt,
     is_agent_run,
     is_tool_step,
+    model_of,
     model_step,
     pauses_for_tokens,
     record_name,
@@ -116,6 +124,7 @@ __all__ = [
     "ENV_TURN",
     "KIND_CONTEXT",
     "KIND_TRANSCRIPT",
+    "SPEC_CHANGED",
     "AgentConfig",
     "Host",
     "Settled",
@@ -132,9 +141,11 @@ __all__ = [
     "image_exempt",
     "is_agent_run",
     "is_tool_step",
+    "model_of",
     "model_step",
     "paused_message",
     "pauses_for_tokens",
+    "pin",
     "record_name",
     "settled",
     "transcript_prefix",
@@ -146,6 +157,8 @@ __all__ = [
 
 WAIT_SECONDS = 1
 """A stage waiting for a record the shell has not read yet looks again this soon."""
+SPEC_CHANGED = freezing.REASON
+"""The reason of a run whose spec.agent changed after it started (:func:`pin`)."""
 
 # ---------------------------------------------------------------------------------------------
 # What the shell reads for the loop
@@ -195,6 +208,29 @@ def wanted_documents(run: m.AgentRun) -> list[DocumentKey]:
 # ---------------------------------------------------------------------------------------------
 
 
+def pin(b: Host, first: bool) -> str | None:
+    """What the run's turns call, fixed at creation (:mod:`agentrun.core.frozen`). On the
+    operator's ``first`` pass of an agent run, ``spec.agent.model`` and a digest of its tools go
+    into ``status.agent.frozen``; on every later pass, why the run must stop because its
+    spec.agent no longer matches them (None: it does). Called before anything of the pass
+    builds a step of the loop, so no turn is ever built from a changed spec."""
+    agent = b.run.spec.agent
+    ag = b.status.agent
+    if ag is None:
+        if agent is None:
+            return None  # a plan run
+        if not first:
+            return freezing.added(agent)  # the first pass saw a run without an agent
+        ag = b.status.agent = a.AgentStatus()
+    if ag.frozen is None:
+        # The first pass; or a run an operator from before the freeze started, whose spec is
+        # taken as it reads now (it cannot be told from the one the run was created with).
+        ag.frozen = freezing.freeze(b.run)
+        return None
+    changed = freezing.changes(agent, ag.frozen)
+    return freezing.refusal(agent, ag.frozen, changed) if changed else None
+
+
 def advance(b: Host, config: AgentConfig) -> None:
     """The loop's part of a pass: after the machine observed the attempts, before it
     launches steps. Moves at most through closing one turn and starting the next."""
@@ -207,7 +243,6 @@ def advance(b: Host, config: AgentConfig) -> None:
         ag.transcript = transcript_prefix(b.run)
     if ag.stage in (a.AgentStage.ANSWERED, a.AgentStage.STOPPED) or b.halt is not None:
         return
-    _cancel_orphans(b, agent, ag)
     for _ in range(4):
         before = (ag.stage, ag.turn)
         if ag.stage == a.AgentStage.WAITING:
@@ -224,21 +259,6 @@ def advance(b: Host, config: AgentConfig) -> None:
 
 def _wait(b: Host) -> None:
     b.timer(b.now + timedelta(seconds=WAIT_SECONDS))
-
-
-def _cancel_orphans(b: Host, agent: a.Agent, ag: a.AgentStatus) -> None:
-    """Calls of a tool removed from spec.agent.tools cannot run: stop them."""
-    tools = {t.name for t in agent.tools or []}
-    for call in ag.calls or []:
-        st = b.steps.get(call.step or "")
-        if st is None or call.tool in tools or st.phase in m.TERMINAL_STEP_PHASES:
-            continue
-        if st.phase in m.ACTIVE_STEP_PHASES and st.job_name:
-            b.after.append(DeleteJob(st.job_name, "ToolRemoved"))
-        text = f"tool {call.tool} was removed from spec.agent.tools"
-        st.error = m.StepError(reason="ToolRemoved", message=text, at=b.now)
-        st.finished_at = b.now
-        b.move(st, SP.CANCELLED, "ToolRemoved", text)
 
 
 def _store_context(b: Host, ag: a.AgentStatus, ctx: cx.Context) -> None:
@@ -320,19 +340,20 @@ def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> N
     _store_context(b, ag, cx.page(first, agent.context_bytes))
     ag.turn = 1
     ag.stage = a.AgentStage.READY
+    model = model_of(agent, ag)
     b.record(
         None,
         str(b.status.phase) if b.status.phase else None,
         str(b.status.phase or m.RunPhase.RUNNING),
         "AgentStarted",
-        f"the agent starts: model {agent.model.name} at {agent.model.base_url}, "
+        f"the agent starts: model {model.name} at {model.base_url}, "
         f"{len(agent.tools or [])} tools, up to {agent.max_turns} turns",
     )
 
 
-def turn_needs(agent: a.Agent, ctx: a.ContextStatus, config: AgentConfig) -> int:
+def turn_needs(model: a.ModelEndpoint, ctx: a.ContextStatus, config: AgentConfig) -> int:
     """Tokens a turn may use: its output limit and its prompt, estimated from its size."""
-    return agent.model.max_output_tokens + math.ceil(ctx.bytes / config.bytes_per_token)
+    return model.max_output_tokens + math.ceil(ctx.bytes / config.bytes_per_token)
 
 
 def _begin_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
@@ -342,7 +363,7 @@ def _begin_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
         return
     if b.run.spec.suspend:
         return
-    need = turn_needs(agent, ctx, config)
+    need = turn_needs(model_of(agent, ag), ctx, config)
     budget = b.run.spec.budget or m.Budget()
     usage = b.status.usage or m.Usage()
     note = ""
@@ -378,10 +399,11 @@ def paused_message(
     used = (status.usage or m.Usage()).tokens
     if ag is None or ag.context is None or budget.max_tokens is None:
         return "paused"
-    need = turn_needs(agent, ag.context, cfg)
+    model = model_of(agent, ag)
+    need = turn_needs(model, ag.context, cfg)
     return (
         f"paused before turn {ag.turn}: it may use {need} tokens (maxOutputTokens "
-        f"{agent.model.max_output_tokens} + about {need - agent.model.max_output_tokens} of "
+        f"{model.max_output_tokens} + about {need - model.max_output_tokens} of "
         f"prompt) but {max(budget.max_tokens - used, 0)} of budget.maxTokens "
         f"{budget.max_tokens} are left; raise spec.budget.maxTokens to resume"
     )
@@ -679,9 +701,9 @@ def finish(run: m.AgentRun, status: m.AgentRunStatus) -> None:
     """Progress of an agent run (``turn N/maxTurns``), and the loop's end with the run's."""
     agent = run.spec.agent
     ag = status.agent
-    if agent is None or ag is None:
+    if ag is None:
         return
-    if ag.turn > 0:
+    if agent is not None and ag.turn > 0:
         status.progress = f"turn {ag.turn}/{agent.max_turns}"
     if status.phase in m.TERMINAL_RUN_PHASES and ag.stage != a.AgentStage.ANSWERED:
         ag.stage = a.AgentStage.STOPPED

@@ -13,6 +13,11 @@ new run has ``spec.agent.resumeFrom`` naming the old run (name and uid) and N, a
 the results of every plan step that succeeded (the plan ran before the conversation, which
 holds its results already). The operator reads the conversation from the old run's records,
 never from the new run's spec.
+
+A fork copies the old run's spec, so it is refused when the old run's ``spec.agent`` no longer
+matches what its turns used (``status.agent.frozen``, :mod:`agentrun.core.frozen`): a run that
+failed with reason AgentSpecChanged holds an endpoint someone else wrote, and a fork would send
+the forking person's key there.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.api import models as m
+from agentrun.core import frozen as freezing
 from agentrun.core import naming
 from agentrun.core import resume as resuming
 from agentrun.core.graph import downstream
@@ -89,12 +95,27 @@ def turn_of(run: m.AgentRun, value: str) -> int | None:
     return int(value)
 
 
+def agent_problem(run: m.AgentRun) -> str | None:
+    """Why ``run``'s spec cannot be copied into a fork: its spec.agent changed after the run
+    started, so it is not what the run's turns used (None: it is, or nothing was frozen)."""
+    ag = run.status.agent if run.status else None
+    if ag is None or ag.frozen is None:
+        return None
+    changed = freezing.changes(run.spec.agent, ag.frozen)
+    if not changed:
+        return None
+    return (
+        f"its {', '.join(changed)} changed after it started, so its spec is not what its "
+        "turns used and a fork would copy the change; create a new run instead"
+    )
+
+
 def plan_turn(run: m.AgentRun, turn: int, name: str) -> ForkPlan:
     """A fork continuing the conversation of agent run ``run`` after ``turn``: every plan step
     that succeeded is carried. ``ValueError`` (a message for people) when ``run`` did not close
     that turn (the operator checks again, against its committed records)."""
     where = f"agentrun/{run.metadata.name}"
-    problem = resuming.turn_problem(run, turn, where)
+    problem = agent_problem(run) or resuming.turn_problem(run, turn, where)
     if problem is not None:
         raise ValueError(f"cannot fork {where} from turn {turn}: {problem}")
     carry, rerun = _carry_or_rerun(run, name)
@@ -132,6 +153,9 @@ def plan(run: m.AgentRun, from_step: str, name: str) -> ForkPlan:
     when ``from_step`` is not a step of the plan."""
     steps = run.spec.plan.steps
     names = [st.name for st in steps]
+    problem = agent_problem(run)
+    if problem is not None:
+        raise ValueError(f"cannot fork agentrun/{run.metadata.name}: {problem}")
     if from_step not in names:
         raise ValueError(
             f"step '{from_step}' is not a step of agentrun/{run.metadata.name} "

@@ -101,6 +101,7 @@ def reconcile(
     status = (run.status or m.AgentRunStatus()).model_copy(deep=True)
     steps = {s.name: s for s in (status.steps or [])}
     b = Builder(run, observed, now, config, status, steps)
+    first_pass = status.phase is None
 
     if status.phase is None:
         status.phase = m.RunPhase.PENDING
@@ -117,6 +118,20 @@ def reconcile(
     problems = plan_problems(run.spec.plan.steps)
     if problems:
         end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
+        return _finish(b)
+
+    # Before any step of the loop is built: its model turns are built from what this froze,
+    # and a run whose spec.agent changed since stops here, launching nothing.
+    changed = agent_loop.pin(b, first_pass)
+    if changed is not None:
+        by = _modified_by(run)
+        abort(
+            b,
+            m.RunPhase.FAILED,
+            agent_loop.SPEC_CHANGED,
+            changed + (f" (spec last changed by {by})" if by else ""),
+            by,
+        )
         return _finish(b)
 
     carried = {c.step: c for c in run.spec.carried_results or []}

@@ -169,16 +169,26 @@ def _env(name: str, value: str) -> m.EnvVar:
     return m.EnvVar.model_construct(name=name, value=value, value_from=None)
 
 
+def model_of(agent: a.Agent, status: a.AgentStatus | None) -> a.ModelEndpoint:
+    """The model the run's turns call: ``spec.agent.model`` as frozen on the operator's first
+    pass (:mod:`agentrun.core.frozen`), never the spec as it reads now. The spec only for a
+    status an operator from before the freeze wrote, until the next pass freezes it."""
+    if status is not None and status.frozen is not None:
+        return status.frozen.model
+    return agent.model
+
+
 def model_turn_step(
     run: m.AgentRun, status: a.AgentStatus, ctx: a.ContextStatus, config: AgentConfig
 ) -> m.Step:
     """The step of the model turn ``ctx`` was assembled for, with the image and command
-    committed when the turn started (the operator's settings before that)."""
+    committed when the turn started (the operator's settings before that), and the endpoint,
+    model and API key Secret frozen when the run started (``status.agent.frozen``)."""
     agent = run.spec.agent
     assert agent is not None
     image = status.turn_image or config.llm_image
     command = list(status.turn_command or config.llm_command)
-    model = agent.model
+    model = model_of(agent, status)
     env = [
         _env(ENV_TURN, str(ctx.turn)),
         _env(ENV_MODEL_BASE_URL, model.base_url),

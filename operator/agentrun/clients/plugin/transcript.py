@@ -152,7 +152,8 @@ def agent_status_lines(run: m.AgentRun) -> list[str]:
     ag = run.status.agent if run.status else None
     if agent is None:
         return []
-    lines = [f"agent: model {agent.model.name} at {agent.model.base_url}"]
+    model = ag.frozen.model if ag is not None and ag.frozen is not None else agent.model
+    lines = [f"agent: model {model.name} at {model.base_url}"]
     if ag is None:
         return [*lines, "  not started"]
     if ag.resumed_from is not None:

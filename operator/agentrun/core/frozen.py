@@ -1,0 +1,119 @@
+"""What of an agent run is fixed at its creation: the model its turns call and the tools the
+model is offered.
+
+Every model turn sends the API key (``spec.agent.model.apiKeySecretRef``) to
+``spec.agent.model.baseURL``. Were the endpoint read from the spec on every turn, anyone allowed
+to edit the run (``agentrun-edit``, who need not be allowed to read the Secret) could point the
+next turn at a server of theirs and receive the key; the operator's check of the creator's
+rights would not notice, since the Secret stays the creator's. So:
+
+* on its first pass of an agent run the operator takes ``spec.agent.model`` whole and a digest
+  of ``spec.agent.tools`` (:func:`freeze`) into ``status.agent.frozen``, which only it writes
+  (the status subresource);
+* every model turn's Job is built from that copy (:func:`agentrun.core.turns.model_turn_step`),
+  never from the spec as it reads later;
+* every later pass compares the spec with it first (:func:`changes`): a run whose
+  ``spec.agent.model`` or ``spec.agent.tools`` changed, or that gained or lost ``spec.agent``,
+  fails at once with reason :data:`REASON` and a message naming the fields
+  (:func:`refusal`), its running steps stopped, before any turn, call or retry is launched.
+
+The admission policy (``manifests/admission/validating-policy.yaml``, rule k) refuses such an
+update at the API as well; this check holds without it. What it cannot cover is a change made
+between the run's creation and the operator's first pass of it (normally well under a second):
+only the admission policy refuses that one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentrun.api import agent as a
+from agentrun.api import models as m
+from agentrun.api.base import SecretKeySelector
+from agentrun.core import naming
+
+REASON = "AgentSpecChanged"
+_SHOWN = 96
+"""Characters of a changed value a message shows (a baseURL may be 2048)."""
+
+
+def tools_digest(tools: Sequence[a.AgentTool] | None) -> str:
+    """sha256 of the tools as canonical JSON. Fields at their defaults are left out, so that a
+    field a later version adds (with a default) does not change the digest of a stored spec."""
+    wire = [
+        t.model_dump(mode="json", by_alias=True, exclude_defaults=True, exclude_none=True)
+        for t in tools or []
+    ]
+    return naming.sha256_text(naming.canonical_json(wire))
+
+
+def freeze(run: m.AgentRun) -> a.FrozenAgent | None:
+    """What a run's turns will use, from its spec as read now (None without ``spec.agent``)."""
+    agent = run.spec.agent
+    if agent is None:
+        return None
+    return a.FrozenAgent(
+        model=agent.model.model_copy(deep=True),
+        tools_digest=tools_digest(agent.tools),
+        generation=run.metadata.generation,
+    )
+
+
+def changes(agent: a.Agent | None, frozen: a.FrozenAgent) -> list[str]:
+    """The fields of ``spec.agent`` that no longer match what was frozen, as paths of the
+    spec (``spec.agent.model.baseURL``, ``spec.agent.tools``, ``spec.agent``); empty when
+    none changed."""
+    if agent is None:
+        return ["spec.agent"]
+    found: list[str] = []
+    for name, field in a.ModelEndpoint.model_fields.items():
+        if getattr(agent.model, name) != getattr(frozen.model, name):
+            found.append(f"spec.agent.model.{field.alias or name}")
+    if not found and agent.model != frozen.model:  # pragma: no cover - every field is compared
+        found.append("spec.agent.model")
+    if tools_digest(agent.tools) != frozen.tools_digest:
+        found.append("spec.agent.tools")
+    return found
+
+
+def _show(value: object) -> str:
+    if isinstance(value, SecretKeySelector):
+        text = f"secret {value.name} key {value.key}"
+    elif value is None:
+        text = "unset"
+    else:
+        text = str(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+
+
+_SHOWN_FIELDS = {"base_url": "baseURL", "name": "name", "api_key_secret_ref": "apiKeySecretRef"}
+"""Fields whose old and new values a message shows: where the key goes, and which key."""
+
+
+def refusal(agent: a.Agent | None, frozen: a.FrozenAgent, changed: Sequence[str]) -> str:
+    """The run's message when ``changed`` (from :func:`changes`) is not empty."""
+    if agent is None:
+        head = "spec.agent was removed after the run started"
+    else:
+        head = ", ".join(changed) + " changed after the run started"
+        shown = [
+            f"{wire} was {_show(getattr(frozen.model, name))}, now "
+            f"{_show(getattr(agent.model, name))}"
+            for name, wire in _SHOWN_FIELDS.items()
+            if f"spec.agent.model.{wire}" in changed
+        ]
+        if shown:
+            head += " (" + "; ".join(shown) + ")"
+    return (
+        f"{head}: the model endpoint, its API key and the tools are fixed at creation, so no "
+        "further model turn or tool call runs; create a new run to use others"
+    )
+
+
+def added(agent: a.Agent) -> str:
+    """The run's message when ``spec.agent`` appeared after the operator's first pass."""
+    return (
+        f"spec.agent was added after the run started (model {_show(agent.model.name)} at "
+        f"{_show(agent.model.base_url)}): the model endpoint, its API key and the tools are "
+        "fixed at creation, so no model turn runs; create a new run with spec.agent"
+    )
