@@ -119,6 +119,8 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
                 f"step {step.name} not started",
             )
             return
+        if any(j.step == step.name and j.running for j in b.observed.strays):
+            continue  # an earlier attempt's pod is still stopping: attempts never overlap
         _commit_launch_intent(b, step, st, h, input_env, first, decision)
 
 

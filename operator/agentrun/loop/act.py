@@ -171,7 +171,10 @@ class Actor:
                 log.info("Job %s is not the operator's (or gone): not deleted", action.job_name,
                          extra=run_fields(run))  # fmt: skip
                 return
-            self.delete_job(ns, action.job_name, uid, release=action.release)
+            # Foreground: the garbage collector deletes its pods now, while the operator's
+            # finalizer keeps the Job; in the background they would wait for the Job to go,
+            # and run on for the whole deletion grace (or to their end).
+            self.delete_job(ns, action.job_name, uid, release=action.release, foreground=True)
             log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=run_fields(run))
         elif isinstance(action, ReleaseJob):
             self.checkpoint("before-job-release")
@@ -225,11 +228,19 @@ class Actor:
         self.checkpoint("after-job-create")
 
     def delete_job(
-        self, namespace: str, name: str, uid: str | None = None, *, release: bool = True
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None = None,
+        *,
+        release: bool = True,
+        foreground: bool = False,
     ) -> None:
         """Delete a step Job and (with ``release``) remove the operator's finalizer from it;
-        with ``uid``, only if the Job of that name is still that one."""
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        with ``uid``, only if the Job of that name is still that one; with ``foreground``, its
+        pods are deleted before it (not after, as in the background)."""
+        policy = "Foreground" if foreground else "Background"
+        body: dict[str, Any] = {"propagationPolicy": policy}
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         with tolerate(404, 409) as gone:

@@ -24,8 +24,8 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.access import audit, authz
 from agentrun.api import models as m
-from agentrun.core import CarriedSource, Observed, ObservedJob, agent_loop
-from agentrun.execution import objects
+from agentrun.core import CarriedSource, Observed, ObservedJob, StrayJob, agent_loop
+from agentrun.execution import jobs, objects
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
 from agentrun.loop.ledger import Ledger
@@ -131,10 +131,51 @@ class Observer:
         if vanished:
             log.warning("Job(s) %s of attempts in flight vanished", ", ".join(sorted(vanished)),
                         extra=run_fields(run))  # fmt: skip
+        strays = self._strays(run, found)
         if recorded is None:
-            return Observed(found, vanished=vanished)
+            return Observed(found, strays=strays, vanished=vanished)
         prefix = audit.record_prefix(run.metadata.name, uid)
-        return Observed(found, recorded_seq=recorded, record_name=prefix, vanished=vanished)
+        return Observed(
+            found, recorded_seq=recorded, record_name=prefix, strays=strays, vanished=vanished
+        )
+
+    def _strays(self, run: m.AgentRun, found: tuple[ObservedJob, ...]) -> tuple[StrayJob, ...]:
+        """The run's Jobs adoption could not tell (no committed intent describes them: their
+        step was removed or changed, or a later attempt superseded theirs), not someone
+        else's, and still held by the operator's finalizer: nothing else would let them go,
+        and one still running would run on. Their outcome is never read."""
+        uid = run.metadata.uid
+        steps = (run.status.steps if run.status else None) or []
+        skip = {j.name for j in found} | {
+            st.job_name for st in steps if st.job_name and st.phase in m.ACTIVE_STEP_PHASES
+        }
+        view = self.view
+        assert view is not None  # _observe_jobs, before, made sure
+        strays = []
+        for job in view.jobs_of_run(uid):
+            seen = jobs.observe_job(job, None)
+            if seen is None or seen.name in skip or not seen.held:
+                continue
+            if self.adoption.is_rejected(job, uid):
+                continue  # someone else's: left alone
+            pods = view.pods_of_job(str((job.get("metadata") or {}).get("uid") or ""))
+            running = any(
+                jobs.step_terminated(p) is None
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                for p in pods
+            )
+            strays.append(
+                StrayJob(
+                    name=seen.name,
+                    step=seen.step,
+                    attempt=seen.attempt,
+                    state=seen.state,
+                    deleting=seen.deleting,
+                    deleted_at=seen.deleted_at,
+                    running=running,
+                )
+            )
+        return tuple(strays)
 
     def _with_carried_sources(self, run: m.AgentRun, observed: Observed) -> Observed:
         """What each carried result's ``fromRun`` really committed for its step, read from that
