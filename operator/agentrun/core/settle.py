@@ -8,7 +8,8 @@ from the plan is cancelled here (:func:`forget_removed_steps`), and one added ba
 again (:func:`restart_readded`).
 
 :func:`apply_retention` deletes finished step Jobs, never before their outcome is committed
-and only a grace later, and the finished run once its TTL passed.
+and only a grace later, and the finished run once its TTL passed; :func:`let_strays_go` stops
+and lets go the Jobs that lost their step.
 
 Imports :mod:`.builder` only.
 """
