@@ -50,9 +50,9 @@ def _without_b(sim: Sim) -> None:
     sim.spec_update(plan=plan.model_copy(update={"steps": plan.steps[:1]}))
 
 
-def _seen_as_stray(sim: Sim, name: str, **fields: Any) -> Observed:
+def _seen_as_stray(sim: Sim, name: str, running: bool = False, **fields: Any) -> Observed:
     """What the shell observes once Job ``name`` lost its step: not among the verified Jobs, a
-    stray (see agentrun.loop.observe.Observer._strays)."""
+    stray (see agentrun.loop.observe.Observer._strays), its pod ``running`` or not."""
     job = sim.jobs.pop(name)
     sim.creations.pop(name, None)
     stray = StrayJob(
@@ -63,7 +63,11 @@ def _seen_as_stray(sim: Sim, name: str, **fields: Any) -> Observed:
         deleting=job.deleting,
         deleted_at=job.deleted_at,
     )
-    return dataclasses.replace(Sim.observed(sim), strays=(dataclasses.replace(stray, **fields),))
+    return dataclasses.replace(
+        Sim.observed(sim),
+        strays=(dataclasses.replace(stray, **fields),),
+        running=frozenset({name} if running else ()),
+    )
 
 
 def test_a_removed_running_step_is_stopped_and_its_job_released_after_the_grace() -> None:
@@ -134,12 +138,35 @@ def test_a_step_added_back_waits_until_its_earlier_attempts_pod_stopped() -> Non
     assert sim.step_status("b").phase == SP.PENDING
     assert not any(isinstance(a, CreateJob) for a in decision.after_commit), "overlap"
 
-    stopped = dataclasses.replace(stopping, strays=(dataclasses.replace(
-        stopping.strays[0], running=False),))  # fmt: skip
+    stopped = dataclasses.replace(stopping, running=frozenset())
     sim.observed = lambda: stopped  # type: ignore[method-assign]
     decision = sim.tick()
     (create,) = [a for a in decision.after_commit if isinstance(a, CreateJob)]
     assert create.step.name == "b" and create.attempt == 2 and create.job_name != b_job
+
+
+def test_a_retry_waits_until_the_pod_of_the_attempt_it_replaces_stopped() -> None:
+    """The Job of a timed-out attempt, verified and deleting: its pod is killed, and the
+    next attempt starts once it has stopped."""
+    retry = {"limit": 1, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 1}}
+    sim = Sim(make_run([step("slow", retry=retry, timeoutSeconds=10)]))
+    sim.tick()
+    first = sim.step_status("slow").job_name
+    assert first is not None
+    for _ in range(40):  # Running, then past timeoutSeconds and its grace
+        sim.advance(1)
+        sim.tick()
+        if sim.step_status("slow").phase == SP.BACKING_OFF:
+            break
+    slow = sim.step_status("slow")
+    assert slow.error is not None and slow.error.reason == "StepTimeout", slow
+    assert slow.phase == SP.BACKING_OFF and sim.jobs[first].deleting, slow
+    sim.advance(5)  # the backoff is over
+    stopping = dataclasses.replace(Sim.observed(sim), running=frozenset({first}))
+    decision = reconcile(sim.run, stopping, sim.now, sim.config)
+    assert not any(isinstance(a, CreateJob) for a in decision.after_commit), "overlap"
+    decision = reconcile(sim.run, Sim.observed(sim), sim.now, sim.config)
+    assert any(isinstance(a, CreateJob) and a.attempt == 2 for a in decision.after_commit)
 
 
 # -- the shell: which Jobs are strays, and how a Job is deleted ------------------------------
@@ -169,6 +196,7 @@ def _pod(job: dict[str, Any], phase: str) -> dict[str, Any]:
                 {"controller": True, "uid": job["metadata"]["uid"], "kind": "Job", "name": "j"}
             ],
         },
+        "spec": copy.deepcopy(job["spec"]["template"]["spec"]),  # the Job's own pod
         "status": {"phase": phase},
     }
 
@@ -188,13 +216,15 @@ def test_the_observer_finds_the_held_jobs_no_intent_accounts_for() -> None:
     apis = Apis(core=mock.Mock(), batch=mock.Mock(), custom=mock.Mock())
     rec = Reconciler(apis, s.Settings(namespaces=("default",)), view=view)
 
-    strays = {j.name: j for j in rec.observer._strays(run, ())}
+    found = rec.observer._strays(run, ())
+    strays = {j.name: j for j in found}
 
     assert set(strays) == {deleting["metadata"]["name"], stopped["metadata"]["name"]}
     first = strays[deleting["metadata"]["name"]]
-    assert first.deleting and first.deleted_at is not None and first.running
+    assert first.deleting and first.deleted_at is not None
     assert first.step == "b" and first.attempt == 1
-    assert not strays[stopped["metadata"]["name"]].running
+    running = rec.observer._running(UID, set(strays))
+    assert running == {deleting["metadata"]["name"]}, running
 
 
 def test_the_operator_deletes_a_job_pods_first() -> None:

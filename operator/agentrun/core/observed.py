@@ -68,8 +68,6 @@ class StrayJob:
     """From the Job's conditions only."""
     deleting: bool = False
     deleted_at: datetime | None = None
-    running: bool = False
-    """A pod of it has not terminated yet: the step's next attempt waits for it."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +148,10 @@ class Observed:
     strays: Sequence[StrayJob] = field(default_factory=tuple)
     """The run's Jobs that no committed attempt accounts for, still held by the operator's
     finalizer (:class:`StrayJob`)."""
+    running: frozenset[str] = frozenset()
+    """Names of the run's Jobs (verified or strays) with a pod of their own that has not
+    terminated yet: a step's next attempt starts only once no Job of its earlier attempts is
+    among them, so two attempts of a step never overlap."""
     vanished: frozenset[str] = frozenset()
     """Names of Jobs the shell created or observed for a committed attempt and that are now
     gone without a trace (their finalizer stripped, then deleted). The core counts such an

@@ -132,12 +132,26 @@ class Observer:
             log.warning("Job(s) %s of attempts in flight vanished", ", ".join(sorted(vanished)),
                         extra=run_fields(run))  # fmt: skip
         strays = self._strays(run, found)
+        running = self._running(uid, {j.name for j in found} | {j.name for j in strays})
+        observed = Observed(found, strays=strays, running=running, vanished=vanished)
         if recorded is None:
-            return Observed(found, strays=strays, vanished=vanished)
+            return observed
         prefix = audit.record_prefix(run.metadata.name, uid)
-        return Observed(
-            found, recorded_seq=recorded, record_name=prefix, strays=strays, vanished=vanished
-        )
+        return dataclasses.replace(observed, recorded_seq=recorded, record_name=prefix)
+
+    def _running(self, run_uid: str, names: set[str]) -> frozenset[str]:
+        """Those of the run's Jobs ``names`` with a pod of their own (running the Job's
+        template) that has not terminated yet."""
+        view = self.view
+        assert view is not None  # _observe_jobs, before, made sure
+        running = set()
+        for job in view.jobs_of_run(run_uid):
+            meta = job.get("metadata") or {}
+            if meta.get("name") not in names:
+                continue
+            if any(_running_pod(job, p) for p in view.pods_of_job(str(meta.get("uid")))):
+                running.add(str(meta.get("name")))
+        return frozenset(running)
 
     def _strays(self, run: m.AgentRun, found: tuple[ObservedJob, ...]) -> tuple[StrayJob, ...]:
         """The run's Jobs adoption could not tell (no committed intent describes them: their
@@ -158,12 +172,6 @@ class Observer:
                 continue
             if self.adoption.is_rejected(job, uid):
                 continue  # someone else's: left alone
-            pods = view.pods_of_job(str((job.get("metadata") or {}).get("uid") or ""))
-            running = any(
-                jobs.step_terminated(p) is None
-                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-                for p in pods
-            )
             strays.append(
                 StrayJob(
                     name=seen.name,
@@ -172,7 +180,6 @@ class Observer:
                     state=seen.state,
                     deleting=seen.deleting,
                     deleted_at=seen.deleted_at,
-                    running=running,
                 )
             )
         return tuple(strays)
@@ -301,6 +308,17 @@ class Observer:
             if isinstance(value, str):
                 documents[(name, key)] = value
         return dataclasses.replace(observed, documents=documents)
+
+
+def _running_pod(job: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """Whether ``pod`` runs ``job``'s template and has not terminated (a pod someone else
+    made never holds a step back)."""
+    phase = (pod.get("status") or {}).get("phase")
+    return (
+        phase not in ("Succeeded", "Failed")
+        and jobs.step_terminated(pod) is None
+        and jobs.pod_problem(job, pod) is None
+    )
 
 
 def launching_jobs(run: m.AgentRun) -> set[str]:
