@@ -3,7 +3,9 @@ API's own message and a Warning Event, instead of leaving the run Launching fore
 
 The refusal counts as a failed attempt: the step's retry policy applies, and since an invalid
 spec is refused the same way each time, the retries end with the step Failed (reason
-``JobRefused``) and no more creates are asked for.
+``JobRefused``) and no more creates are asked for. A Job the Kubernetes client refuses before
+sending it (an unknown securityContext key) ends the same way, never in a crash loop; a field
+of the wrong type is refused earlier, by the CRD, at ``kubectl apply``.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import yaml
+
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events, wait_for
-from tests.support.runs import Run, agentrun, condition, create, step, step_status
+from tests.support.runs import Run, agentrun, condition, create, gone, step, step_status
 from tests.support.waiting import assert_holds, wait_phase
 
 SOON = 30.0
@@ -93,3 +97,45 @@ def test_an_invalid_security_context_is_refused_once_per_attempt_until_retries_e
         assert step_status(run, "bad")["attempt"] == 3
 
     assert_holds(asked_three_times, seconds=3)
+
+
+def test_a_security_context_field_of_the_wrong_type_is_refused_at_kubectl_apply(
+    cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    run = refused_run("root-by-name", stepTemplate={"securityContext": {"runAsUser": "root"}})
+    proc = cluster.kubectl("-n", namespace, "apply", "-f", "-", input=yaml.safe_dump(run),
+                           check=False)  # fmt: skip
+    assert proc.returncode != 0, proc.stdout
+    assert "spec.stepTemplate.securityContext.runAsUser" in proc.stderr, proc.stderr
+    assert "integer" in proc.stderr, proc.stderr
+    assert gone(kube, namespace, "root-by-name")  # never stored
+
+
+def test_a_job_the_client_refuses_fails_the_step_with_its_message_not_a_crash_loop(
+    operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    """An unknown key is kept by the CRD (never pruned in silence) and refused by the
+    Kubernetes client before the Job's create is sent: the attempt fails, once per attempt."""
+    retry = {"limit": 1, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 1}}
+    template = {"securityContext": {"runAsNonRoot": True, "sandboxLevel": {"strict": True}}}
+    run = refused_run("unknown-key", stepTemplate=template)
+    run["spec"]["plan"]["steps"][0]["retry"] = retry
+    create(kube, namespace, run)
+
+    done = wait_phase(kube, namespace, "unknown-key", "Failed", timeout=SOON)
+    bad = step_status(done, "bad")
+    error = bad.get("error") or {}
+    assert error.get("reason") == "JobRefused" and bad["attempt"] == 2, bad
+    assert "the Kubernetes client refused the Job" in error["message"], error
+    assert "securityContext.sandboxLevel: Extra inputs are not permitted" in error["message"]
+    assert condition(done)["reason"] == "JobRefused", condition(done)
+    found = warnings(kube, namespace, "unknown-key", bool)
+    assert any("sandboxLevel" in w for w in found), found
+
+    def nothing_sent() -> None:
+        if not cluster.external:
+            assert job_create_codes(cluster, namespace) == []  # refused before any request
+        run = wait_phase(kube, namespace, "unknown-key", "Failed")
+        assert step_status(run, "bad")["attempt"] == 2
+
+    assert_holds(nothing_sent, seconds=3)

@@ -21,6 +21,7 @@ from agentrun.core.observed import (
     Observed,
     ObservedJob,
     ResumeSource,
+    StrayJob,
 )
 
 __all__ = [
@@ -38,5 +39,6 @@ __all__ = [
     "ReleaseJob",
     "ResumeSource",
     "StoreResult",
+    "StrayJob",
     "reconcile",
 ]

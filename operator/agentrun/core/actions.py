@@ -22,9 +22,10 @@ class CreateJob:
 
 @dataclass(frozen=True)
 class DeleteJob:
-    """Delete a step Job (and, by propagation, its pods). The operator's finalizer stays on
-    it until the deletion grace has passed (a later DeleteJob with ``release``), so that an
-    operator stalled between its fence write and that Job's create cannot create it again."""
+    """Delete a step Job, its pods first (so none runs on while the Job is held). The
+    operator's finalizer stays on it until the deletion grace has passed (a later DeleteJob
+    with ``release``), so that an operator stalled between its fence write and that Job's
+    create cannot create it again."""
 
     job_name: str
     reason: str

@@ -119,7 +119,17 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
                 f"step {step.name} not started",
             )
             return
+        if _earlier_attempt_running(b, step.name):
+            continue  # an earlier attempt's pod is still stopping: attempts never overlap
         _commit_launch_intent(b, step, st, h, input_env, first, decision)
+
+
+def _earlier_attempt_running(b: Builder, step_name: str) -> bool:
+    """Whether a pod of a Job of the step (verified, or a stray) has not terminated yet: of
+    an earlier attempt, since the step is not in flight."""
+    names = {j.name for j in b.observed.jobs if j.step == step_name}
+    names |= {j.name for j in b.observed.strays if j.step == step_name}
+    return not names.isdisjoint(b.observed.running)
 
 
 def _fail_before_launch(

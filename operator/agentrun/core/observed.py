@@ -54,6 +54,23 @@ class ObservedJob:
 
 
 @dataclass(frozen=True)
+class StrayJob:
+    """A Job controlled by the run, still holding the operator's finalizer, that no committed
+    attempt accounts for: its step was removed from the plan (or changed since its launch), or
+    a later attempt superseded it. No intent describes it, so its spec cannot be verified (see
+    agentrun.observation.adoption) and its outcome is never read: the core only stops it and,
+    once it is no longer needed, lets it go."""
+
+    name: str
+    step: str
+    attempt: int
+    state: JobState
+    """From the Job's conditions only."""
+    deleting: bool = False
+    deleted_at: datetime | None = None
+
+
+@dataclass(frozen=True)
 class CarriedSource:
     """What the run a carried result claims to come from (its ``fromRun``) really committed
     for that step, as the shell read it from that run's status (same namespace).
@@ -128,6 +145,13 @@ class Observed:
     job_refusals: Mapping[str, str] = field(default_factory=dict)
     """Keyed by Job name: the API server's message refusing the create of a committed
     attempt's Job (a 4xx other than 409). The core fails that attempt (reason JobRefused)."""
+    strays: Sequence[StrayJob] = field(default_factory=tuple)
+    """The run's Jobs that no committed attempt accounts for, still held by the operator's
+    finalizer (:class:`StrayJob`)."""
+    running: frozenset[str] = frozenset()
+    """Names of the run's Jobs (verified or strays) with a pod of their own that has not
+    terminated yet: a step's next attempt starts only once no Job of its earlier attempts is
+    among them, so two attempts of a step never overlap."""
     vanished: frozenset[str] = frozenset()
     """Names of Jobs the shell created or observed for a committed attempt and that are now
     gone without a trace (their finalizer stripped, then deleted). The core counts such an

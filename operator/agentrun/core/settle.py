@@ -8,7 +8,8 @@ from the plan is cancelled here (:func:`forget_removed_steps`), and one added ba
 again (:func:`restart_readded`).
 
 :func:`apply_retention` deletes finished step Jobs, never before their outcome is committed
-and only a grace later, and the finished run once its TTL passed.
+and only a grace later, and the finished run once its TTL passed; :func:`let_strays_go` stops
+and lets go the Jobs that lost their step.
 
 Imports :mod:`.builder` only.
 """
@@ -263,6 +264,26 @@ def _outcome_committed(committed: m.StepStatus | None, job: ObservedJob) -> bool
     )
 
 
+def let_strays_go(b: Builder, retention: m.Retention, grace: timedelta) -> None:
+    """Jobs that lost their step (removed from the plan, changed, or a later attempt's):
+    one still running is deleted, its pods first (so none keeps running); one deleting is
+    released once it has been deleting for the grace, which a stalled create cannot outlast;
+    a finished one goes to the TTL controller, unless retention keeps it."""
+    for job in b.observed.strays:
+        if job.deleting:
+            since = min(floor_seconds(job.deleted_at), b.now) if job.deleted_at else b.now
+            if b.now >= since + grace:
+                b.after.append(DeleteJob(job.name, "Deleted", release=True))
+            else:
+                b.timer(since + grace)
+        elif job.state == JobState.ACTIVE:
+            b.after.append(DeleteJob(job.name, "NotCurrentAttempt"))
+        elif retention.keep_jobs == m.KeepJobs.NONE or (
+            retention.keep_jobs == m.KeepJobs.FAILED and job.state == JobState.SUCCEEDED
+        ):
+            b.after.append(ReleaseJob(job.name, b.config.job_deletion_grace_seconds))
+
+
 def apply_retention(b: Builder) -> None:
     """Delete finished step Jobs (after a grace) and, past its TTL, the finished run."""
     retention = b.run.spec.retention or m.Retention()
@@ -313,6 +334,7 @@ def apply_retention(b: Builder) -> None:
             b.after.append(DeleteJob(job.name, "Retention"))
         else:
             b.timer(due)
+    let_strays_go(b, retention, grace)
     status = b.status
     ttl = retention.ttl_seconds_after_finished
     if status.phase in m.TERMINAL_RUN_PHASES and ttl is not None and status.completed_at:

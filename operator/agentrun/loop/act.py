@@ -10,7 +10,7 @@ and after it (create, delete and release Jobs, delete the run, Events).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +40,44 @@ MAX_REFUSAL = 2048
 JOB_REFUSALS = (400, 403, 404, 422)
 """Statuses of a Job create that fail the attempt (reason JobRefused) instead of being retried:
 the request itself is refused (bad request, forbidden, namespace gone, invalid)."""
+
+
+CLIENT_REFUSAL = "the Kubernetes client refused the Job before sending it"
+"""How the failure of an attempt whose Job the client itself refused begins."""
+
+
+def client_message(error: ValueError | TypeError) -> str:
+    """What the client found wrong with a manifest: ``path: problem`` per error when it says
+    where (its models' validation errors, e.g. ``spec.template.spec.securityContext.runAsUser:
+    Input should be a valid integer (got 'root')``), else its own words."""
+    errors = getattr(error, "errors", None)
+    found: Any = None
+    if callable(errors):
+        try:
+            found = errors(include_url=False)
+        except TypeError:  # an errors() of another kind: its words will do
+            found = None
+    if not isinstance(found, list) or not found:
+        return str(error) or type(error).__name__
+    parts = []
+    for e in found:
+        path = _path(e.get("loc") or ())
+        given = e.get("input")
+        shown = "" if isinstance(given, dict | list) else f" (got {repr(given)[:64]})"
+        parts.append(f"{path}: {e.get('msg')}{shown}" if path else f"{e.get('msg')}{shown}")
+    return "; ".join(parts)
+
+
+def _path(loc: Sequence[Any]) -> str:
+    """``spec.containers[0].name`` from a validation error's location; the leading argument
+    position the client's method validation puts first is left out."""
+    parts = list(loc)
+    if parts and isinstance(parts[0], int):
+        parts = parts[1:]
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
 
 
 class Events:
@@ -133,7 +171,10 @@ class Actor:
                 log.info("Job %s is not the operator's (or gone): not deleted", action.job_name,
                          extra=run_fields(run))  # fmt: skip
                 return
-            self.delete_job(ns, action.job_name, uid, release=action.release)
+            # Foreground: the garbage collector deletes its pods now, while the operator's
+            # finalizer keeps the Job; in the background they would wait for the Job to go,
+            # and run on for the whole deletion grace (or to their end).
+            self.delete_job(ns, action.job_name, uid, release=action.release, foreground=True)
             log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=run_fields(run))
         elif isinstance(action, ReleaseJob):
             self.checkpoint("before-job-release")
@@ -150,12 +191,22 @@ class Actor:
                 )
 
     def _create_job(self, run: m.AgentRun, action: CreateJob) -> None:
-        manifest = jobs.build_job(run, action)
         ctx = run_fields(run, action.step.name, action.attempt)
-        with tolerate(409, *JOB_REFUSALS) as exists:
-            created = self.apis.batch.create_namespaced_job(
-                run.metadata.namespace, manifest, _preload_content=False
-            )
+        try:
+            manifest = jobs.build_job(run, action)
+            with tolerate(409, *JOB_REFUSALS) as exists:
+                created = self.apis.batch.create_namespaced_job(
+                    run.metadata.namespace, manifest, _preload_content=False
+                )
+        except (ValueError, TypeError) as error:
+            # The client validates the body against its models before sending it (a string
+            # runAsUser, an unknown key): as final as the API's refusal, and the pass would
+            # otherwise fail the same way for ever, the step stuck in Launching.
+            message = f"{CLIENT_REFUSAL}: {client_message(error)}"[:MAX_REFUSAL]
+            log.warning("the Kubernetes client refused Job %s: %s", action.job_name, message,
+                        extra=ctx)  # fmt: skip
+            self.observer.note_refused(run.metadata.uid, action.job_name, message)
+            return
         if exists.error is not None and exists.status != 409:
             # Refused for good (invalid, forbidden): the same create would be refused again.
             # The core fails the attempt on the next pass, with the API's own words.
@@ -177,11 +228,19 @@ class Actor:
         self.checkpoint("after-job-create")
 
     def delete_job(
-        self, namespace: str, name: str, uid: str | None = None, *, release: bool = True
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None = None,
+        *,
+        release: bool = True,
+        foreground: bool = False,
     ) -> None:
         """Delete a step Job and (with ``release``) remove the operator's finalizer from it;
-        with ``uid``, only if the Job of that name is still that one."""
-        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        with ``uid``, only if the Job of that name is still that one; with ``foreground``, its
+        pods are deleted before it (not after, as in the background)."""
+        policy = "Foreground" if foreground else "Background"
+        body: dict[str, Any] = {"propagationPolicy": policy}
         if uid is not None:
             body["preconditions"] = {"uid": uid}
         with tolerate(404, 409) as gone:

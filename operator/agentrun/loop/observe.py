@@ -24,8 +24,8 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.access import audit, authz
 from agentrun.api import models as m
-from agentrun.core import CarriedSource, Observed, ObservedJob, agent_loop
-from agentrun.execution import objects
+from agentrun.core import CarriedSource, Observed, ObservedJob, StrayJob, agent_loop
+from agentrun.execution import jobs, objects
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
 from agentrun.loop.ledger import Ledger
@@ -131,10 +131,58 @@ class Observer:
         if vanished:
             log.warning("Job(s) %s of attempts in flight vanished", ", ".join(sorted(vanished)),
                         extra=run_fields(run))  # fmt: skip
+        strays = self._strays(run, found)
+        running = self._running(uid, {j.name for j in found} | {j.name for j in strays})
+        observed = Observed(found, strays=strays, running=running, vanished=vanished)
         if recorded is None:
-            return Observed(found, vanished=vanished)
+            return observed
         prefix = audit.record_prefix(run.metadata.name, uid)
-        return Observed(found, recorded_seq=recorded, record_name=prefix, vanished=vanished)
+        return dataclasses.replace(observed, recorded_seq=recorded, record_name=prefix)
+
+    def _running(self, run_uid: str, names: set[str]) -> frozenset[str]:
+        """Those of the run's Jobs ``names`` with a pod of their own (running the Job's
+        template) that has not terminated yet."""
+        view = self.view
+        assert view is not None  # _observe_jobs, before, made sure
+        running = set()
+        for job in view.jobs_of_run(run_uid):
+            meta = job.get("metadata") or {}
+            if meta.get("name") not in names:
+                continue
+            if any(_running_pod(job, p) for p in view.pods_of_job(str(meta.get("uid")))):
+                running.add(str(meta.get("name")))
+        return frozenset(running)
+
+    def _strays(self, run: m.AgentRun, found: tuple[ObservedJob, ...]) -> tuple[StrayJob, ...]:
+        """The run's Jobs adoption could not tell (no committed intent describes them: their
+        step was removed or changed, or a later attempt superseded theirs), not someone
+        else's, and still held by the operator's finalizer: nothing else would let them go,
+        and one still running would run on. Their outcome is never read."""
+        uid = run.metadata.uid
+        steps = (run.status.steps if run.status else None) or []
+        skip = {j.name for j in found} | {
+            st.job_name for st in steps if st.job_name and st.phase in m.ACTIVE_STEP_PHASES
+        }
+        view = self.view
+        assert view is not None  # _observe_jobs, before, made sure
+        strays = []
+        for job in view.jobs_of_run(uid):
+            seen = jobs.observe_job(job, None)
+            if seen is None or seen.name in skip or not seen.held:
+                continue
+            if self.adoption.is_rejected(job, uid):
+                continue  # someone else's: left alone
+            strays.append(
+                StrayJob(
+                    name=seen.name,
+                    step=seen.step,
+                    attempt=seen.attempt,
+                    state=seen.state,
+                    deleting=seen.deleting,
+                    deleted_at=seen.deleted_at,
+                )
+            )
+        return tuple(strays)
 
     def _with_carried_sources(self, run: m.AgentRun, observed: Observed) -> Observed:
         """What each carried result's ``fromRun`` really committed for its step, read from that
@@ -260,6 +308,17 @@ class Observer:
             if isinstance(value, str):
                 documents[(name, key)] = value
         return dataclasses.replace(observed, documents=documents)
+
+
+def _running_pod(job: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """Whether ``pod`` runs ``job``'s template and has not terminated (a pod someone else
+    made never holds a step back)."""
+    phase = (pod.get("status") or {}).get("phase")
+    return (
+        phase not in ("Succeeded", "Failed")
+        and jobs.step_terminated(pod) is None
+        and jobs.pod_problem(job, pod) is None
+    )
 
 
 def launching_jobs(run: m.AgentRun) -> set[str]:
