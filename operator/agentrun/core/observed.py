@@ -128,6 +128,11 @@ class Observed:
     job_refusals: Mapping[str, str] = field(default_factory=dict)
     """Keyed by Job name: the API server's message refusing the create of a committed
     attempt's Job (a 4xx other than 409). The core fails that attempt (reason JobRefused)."""
+    tampered: Mapping[str, str] = field(default_factory=dict)
+    """Keyed by Job name: why a result by reference of that attempt (its own result, as the
+    operator stored it, or an input it would have been given) is not the content committed
+    for it, as the shell found when storing or binding it. The core fails that attempt
+    (reason ResultTampered); the content is never used."""
     vanished: frozenset[str] = frozenset()
     """Names of Jobs the shell created or observed for a committed attempt and that are now
     gone without a trace (their finalizer stripped, then deleted). The core counts such an
