@@ -6,14 +6,18 @@ from __future__ import annotations
 import copy
 import json
 from typing import Any
+from unittest import mock
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
 from agentrun.core import CreateJob, EmitEvent, StoreResult, naming
 from agentrun.core.envelope import result_object_data
 from agentrun.core.machine import committed_launch
 from agentrun.execution import inputs, objects
+from agentrun.loop.act import Actor
+from agentrun.loop.common import Apis
 from tests.support.sim import Sim, make_run, step
 
 SP = m.StepPhase
@@ -210,3 +214,88 @@ def test_the_operator_stores_results_immutable_and_checks_one_found_under_the_na
     foreign = copy.deepcopy(body)
     foreign["metadata"]["ownerReferences"][0]["controller"] = False
     assert "not controlled" in (objects.result_problem(uid, foreign, digest, stored=True) or "")
+
+
+# -- the shell: storing a result, creating a Job with inputs by reference -----------------------
+
+
+class FakeObserver:
+    """What the Actor tells the observer, and the ConfigMap it reads back."""
+
+    def __init__(self, found: dict[str, Any] | None) -> None:
+        self.adoption = mock.Mock()
+        self.found = found
+        self.tampered: dict[str, str] = {}
+
+    def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.found
+
+    def note_tampered(self, run_uid: str, job_name: str, message: str) -> None:
+        self.tampered[job_name] = message
+
+    def note_launched(self, run_uid: str, job_name: str) -> None:
+        pass
+
+
+def _actor(found: dict[str, Any] | None, *, exists: bool) -> tuple[Actor, Any, FakeObserver]:
+    core, batch = mock.Mock(), mock.Mock()
+    if exists:
+        core.create_namespaced_config_map.side_effect = ApiException(status=409)
+    observer = FakeObserver(found)
+    as_observer: Any = observer  # the part of an Observer the Actor uses
+    apis = Apis(core=core, batch=batch, custom=mock.Mock())
+    actor = Actor(apis, as_observer, mock.Mock(), lambda point: None)
+    return actor, batch, observer
+
+
+def _storing() -> tuple[Sim, Any, StoreResult, dict[str, Any]]:
+    """``a`` finished with a large result: the pass's run, its StoreResult, and the object the
+    operator would store."""
+    sim = _sim()
+    sim.tick()
+    sim.finish(sim.job_of("a").name, message=json.dumps({"ok": True, "result": {"rows": ROWS}}))
+    decision, _ = sim.decide()
+    (store,) = [x for x in decision.before_commit if isinstance(x, StoreResult)]
+    body = objects.result_config_map(objects.RunRef.of(sim.run), store.name, "a", 1, store.data)
+    return sim, decision, store, body
+
+
+@pytest.mark.parametrize(
+    ("change", "stored"),
+    [(None, True), (_forged_result, False), (_recreated_with_owner, False), (_recreated, False)],
+    ids=["own", "other-content", "mutable", "not-the-runs"],
+)
+def test_a_result_name_held_by_another_object_is_never_committed(change: Any, stored: bool) -> None:
+    sim, decision, _, body = _storing()
+    found = copy.deepcopy(body)
+    if change is not None:
+        change(found)
+    actor, _, observer = _actor(found, exists=True)
+    assert actor.before_commit(sim.run, decision.before_commit) is stored
+    job = sim.step_status("a").job_name or ""
+    if stored:
+        assert not observer.tampered
+    else:
+        assert "could not be stored" in observer.tampered[job], observer.tampered
+        sim.tampered = dict(observer.tampered)  # the next pass fails the attempt
+        sim.tick()
+        a = sim.step_status("a")
+        assert a.error is not None and a.error.reason == "ResultTampered" and a.result_ref is None
+
+
+def test_a_job_is_created_with_its_inputs_verified_or_not_at_all() -> None:
+    sim, create, body = _launched()
+    actor, batch, observer = _actor(body, exists=False)
+    batch.create_namespaced_job.return_value = mock.Mock(data=json.dumps({"metadata": {}}))
+    actor.act(sim.run, (create,))
+    manifest = batch.create_namespaced_job.call_args.args[1]
+    env = manifest["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "ROWS", "value": ROWS} in env
+    assert not any("valueFrom" in e for e in env)
+
+    forged = copy.deepcopy(body)
+    _forged_result(forged)
+    actor, batch, observer = _actor(forged, exists=False)
+    actor.act(sim.run, (create,))
+    batch.create_namespaced_job.assert_not_called()
+    assert "does not have the digest" in observer.tampered[create.job_name]
