@@ -92,6 +92,8 @@ class Sim:
     commits: int = 0
     carried_sources: dict[str, CarriedSource] = field(default_factory=dict)
     """What the runs named by spec.carriedResults committed, as the shell would read it."""
+    tampered: dict[str, str] = field(default_factory=dict)
+    """Job name -> why a result by reference of that attempt is not what was committed."""
 
     # -- the cluster ---------------------------------------------------------------------
 
@@ -115,6 +117,7 @@ class Sim:
                 for j in self.jobs.values()
             ),
             carried_sources=dict(self.carried_sources),
+            tampered=dict(self.tampered),
             # What the shell remembers: Jobs it created that are now gone.
             vanished=frozenset(n for n in self.creations if n not in self.jobs),
         )

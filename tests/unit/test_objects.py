@@ -44,17 +44,19 @@ def test_result_config_map_is_labelled_and_controlled_by_the_run() -> None:
             ],
         },
         "data": {"result": "x", "field.n": "1"},
+        "immutable": True,
     }
 
 
 def test_objects_written_without_the_operators_rights_do_not_block_the_runs_deletion() -> None:
     body = objects.result_config_map(
         RUN, "cm", "a", 1, {"result": "x"}, labels={"k": "v"}, annotations={"a": "b"},
-        controller=False,
+        block=False,
     )  # fmt: skip
     (owner,) = body["metadata"]["ownerReferences"]
     assert owner["uid"] == "uid-1"
-    assert owner["controller"] is False and owner["blockOwnerDeletion"] is False
+    assert owner["controller"] is True and owner["blockOwnerDeletion"] is False
+    assert body["immutable"] is True
     assert body["metadata"]["labels"]["k"] == "v"
     assert body["metadata"]["labels"][s.LABEL_KIND] == "result"
     assert body["metadata"]["annotations"] == {"a": "b"}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient, V1ConfigMap
 from kubernetes.client.exceptions import ApiException
 
 from agentrun import settings as s
@@ -83,17 +84,33 @@ def test_a_completed_result_with_the_same_key_is_replayed_not_rerun(
     assert _message(env)["replayed"] is True
 
 
-class FakeCoreApi:
-    """Records created ConfigMaps; refuses a create with ``refuse`` when it is set."""
+def _typed(body: dict[str, Any], kind: str) -> Any:
+    """``body`` as the kubernetes client's typed model ``kind``, as the API calls return."""
+    client: Any = ApiClient()
+    return client._ApiClient__deserialize(body, kind)
 
-    def __init__(self, refuse: int | None = None) -> None:
+
+class FakeCoreApi:
+    """Records created ConfigMaps; refuses a create with ``refuse`` when it is set, and
+    then reads back ``existing`` (the object holding the name) or the body it was given."""
+
+    def __init__(self, refuse: int | None = None, existing: dict[str, Any] | None = None) -> None:
         self.created: list[tuple[str, dict[str, Any]]] = []
         self.refuse = refuse
+        self.existing = existing
 
     def create_namespaced_config_map(self, namespace: str, body: dict[str, Any]) -> None:
         self.created.append((namespace, body))
         if self.refuse is not None:
             raise ApiException(status=self.refuse, reason="refused")
+
+    def list_namespaced_config_map(self, namespace: str, label_selector: str) -> Any:
+        return _typed({"items": []}, "V1ConfigMapList")
+
+    def read_namespaced_config_map(self, name: str, namespace: str) -> V1ConfigMap:
+        body = self.existing or self.created[-1][1]
+        found: V1ConfigMap = _typed(body, "V1ConfigMap")
+        return found
 
 
 def test_a_result_the_same_attempt_stored_before_is_referenced_again(
@@ -102,6 +119,50 @@ def test_a_result_the_same_attempt_stored_before_is_referenced_again(
     api = FakeCoreApi(refuse=409)
     ref = runner.ResultStore(api, runner.StepIdentity(env)).store("big", "summary")
     assert ref == {"name": api.created[0][1]["metadata"]["name"], "key": "result"}
+
+
+def _forged(env: dict[str, str], **changes: Any) -> dict[str, Any]:
+    """The object the attempt would store, holding ``FORGED`` (and ``changes``)."""
+    api = FakeCoreApi()
+    runner.ResultStore(api, runner.StepIdentity(env)).store("big", "summary")
+    body = api.created[0][1]
+    body["data"] = {"result": "FORGED"}
+    body.update(changes)
+    return body
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"immutable": None}],
+    ids=["other-content", "mutable"],
+)
+def test_a_result_object_created_before_the_step_wrote_it_fails_the_step(
+    env: dict[str, str], changes: dict[str, Any]
+) -> None:
+    forged = _forged(env, **changes)
+    if changes:
+        forged["data"] = {"result": "x" * 10000, "field.rows": "FORGED"}
+    api = FakeCoreApi(refuse=409, existing=forged)
+    store = runner.ResultStore(api, runner.StepIdentity(env))
+    code = runner.run_step([sys.executable, "-c", "print('x' * 10000)"], env, lambda i, e: store)
+    assert code == 1
+    message = _message(env)
+    assert message["ok"] is False and "resultRef" not in message
+    assert message["summary"].startswith("ResultTampered:"), message
+
+
+def test_a_replay_takes_only_the_steps_own_result_objects(env: dict[str, str]) -> None:
+    forged = _forged(env)
+    forged["metadata"]["name"] = "team-config"
+    forged["metadata"]["annotations"][runner.ANNOTATION_COMPLETE] = "true"
+    own = _forged(env, immutable=None)  # under the step's name, but not as a step stores it
+
+    class Api(FakeCoreApi):
+        def list_namespaced_config_map(self, namespace: str, label_selector: str) -> Any:
+            return _typed({"items": [forged, own]}, "V1ConfigMapList")
+
+    store = runner.ResultStore(Api(), runner.StepIdentity(env))
+    assert store.previous() is None
 
 
 def test_other_refusals_of_the_result_store_fail_the_step(env: dict[str, str]) -> None:

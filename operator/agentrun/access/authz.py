@@ -17,8 +17,10 @@ agentruns.agentrun.dev/<source>`` and ``get configmaps/<the source's context>``
 (:mod:`agentrun.observation.conversation`).
 
 The env vars that carry inputs from earlier steps are not checked: the core derives them from
-``step.inputs`` (``_resolve_inputs``), and those that are references name the run's own result
-ConfigMaps, which the operator wrote. Only what the user wrote in ``container.env`` is.
+``step.inputs`` (``resolve_inputs``), and those that are references name the run's own result
+objects only: a step's envelope may reference no other ConfigMap (reason ResultRefRefused,
+agentrun.core.attempts), and each is passed on only once its content has the digest committed
+for it (agentrun.execution.inputs). Only what the user wrote in ``container.env`` is.
 
 Why ``impersonate`` for a ServiceAccount: a pod running as a ServiceAccount gets its token and
 acts as it against the API, and acting as someone else is what ``impersonate`` grants.

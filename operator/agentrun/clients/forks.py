@@ -218,4 +218,5 @@ def result_copy(
     )
     if source.get("binaryData"):
         body["binaryData"] = dict(source["binaryData"])
+    body["immutable"] = True  # as the source: a result never changes (its digest is checked)
     return body

@@ -28,10 +28,19 @@ INLINE_RESULT_MAX = m.MAX_INLINE_RESULT
 """Results are kept inline only up to this many bytes, whatever the configured limit:
 status.steps[].result's maxLength."""
 EXIT_CODES = range(-(2**31), 2**31)
+RESULT_TAMPERED = "ResultTampered"
+"""Reason of an attempt whose result by reference, or an input by reference, is not the
+content committed for it."""
+RESULT_REF_REFUSED = "ResultRefRefused"
+"""Reason of an attempt whose envelope references a ConfigMap that is not its own result."""
 
 
 def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
     """Move a Launching or Running step on from what its attempt's Job, as observed, says."""
+    tampered = b.observed.tampered.get(st.job_name or "")
+    if tampered is not None:  # its result or an input is not what was committed: never used
+        _fail_closed(b, step, st, RESULT_TAMPERED, tampered)
+        return
     job = b.observed.job(st.job_name or "")
     if job is None:
         refused = b.observed.job_refusals.get(st.job_name or "")
@@ -115,6 +124,44 @@ def _job_refused(b: Builder, step: m.Step, st: m.StepStatus, message: str) -> No
         b.events.append(EmitEvent("Warning", "JobRefused", truncate(text)))
 
 
+def _fail_closed(b: Builder, step: m.Step, st: m.StepStatus, reason: str, message: str) -> None:
+    """The attempt failed for a reason its creator must hear of even when a retry follows."""
+    attempt = st.attempt
+    _attempt_failed(b, step, st, reason, message, None)
+    text = f"step {step.name}, attempt {attempt}: {message}"
+    b.events.append(EmitEvent("Warning", reason, truncate(text)))
+
+
+def own_result_names(run: m.AgentRun, step: str, attempt: int) -> tuple[str, ...]:
+    """The ConfigMaps a step's envelope may name as its result: the ones the step runner
+    writes for this attempt and, for a replay of the same idempotency key, for its earlier
+    attempts (the operator derives each name; no other object may be passed on)."""
+    meta = run.metadata
+    return tuple(
+        naming.result_object_name(meta.name, meta.uid, step, a) for a in range(1, attempt + 1)
+    )
+
+
+def result_ref_problem(run: m.AgentRun, step: str, attempt: int, env: Envelope) -> str | None:
+    """Why the envelope's resultRef cannot be taken as the step's result; None when it names
+    a result object of the step itself, with the digest of its content."""
+    if env.result_ref is None:
+        return None
+    name, key = env.result_ref
+    if name not in own_result_names(run, step, attempt) or key != "result":
+        return (
+            f"the result envelope names ConfigMap {name} (key {key}), which is not the "
+            f"step's own result object; a step may only reference the result the step runner "
+            f"stored for it (key result), so nothing was read or passed on"
+        )
+    if not env.result_digest:
+        return (
+            f"the result envelope names ConfigMap {name} without a resultDigest, so its "
+            f"content cannot be verified where it is used; report the sha256 of the result"
+        )
+    return None
+
+
 def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
     if job.reason == "DeadlineExceeded":
         return "StepTimeout", "the attempt ran past timeoutSeconds"
@@ -148,6 +195,10 @@ def _check_step_timeout(b: Builder, step: m.Step, st: m.StepStatus, job: Observe
 def _attempt_succeeded(
     b: Builder, step: m.Step, st: m.StepStatus, job: ObservedJob, env: Envelope
 ) -> None:
+    refused = result_ref_problem(b.run, step.name, st.attempt, env)
+    if refused is not None:
+        _fail_closed(b, step, st, RESULT_REF_REFUSED, refused)
+        return
     st.summary = env.summary
     st.result = None
     st.result_ref = None

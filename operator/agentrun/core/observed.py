@@ -152,6 +152,11 @@ class Observed:
     """Names of the run's Jobs (verified or strays) with a pod of their own that has not
     terminated yet: a step's next attempt starts only once no Job of its earlier attempts is
     among them, so two attempts of a step never overlap."""
+    tampered: Mapping[str, str] = field(default_factory=dict)
+    """Keyed by Job name: why a result by reference of that attempt (its own result, as the
+    operator stored it, or an input it would have been given) is not the content committed
+    for it, as the shell found when storing or binding it. The core fails that attempt
+    (reason ResultTampered); the content is never used."""
     vanished: frozenset[str] = frozenset()
     """Names of Jobs the shell created or observed for a committed attempt and that are now
     gone without a trace (their finalizer stripped, then deleted). The core counts such an

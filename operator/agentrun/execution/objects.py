@@ -15,6 +15,8 @@ from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
+from agentrun.core.envelope import result_object_data
+from agentrun.core.naming import sha256_text
 
 
 @dataclass(frozen=True)
@@ -55,13 +57,16 @@ def owned_by(run_uid: str, kind: str | None = None) -> str:
     return selector if kind is None else f"{selector},{s.LABEL_KIND}={kind}"
 
 
-def owner_reference(run: RunRef, *, controller: bool = True) -> dict[str, Any]:
+def owner_reference(
+    run: RunRef, *, controller: bool = True, block: bool | None = None
+) -> dict[str, Any]:
     """A reference to the run, so that deleting the run deletes the object.
 
     The operator's objects name the run as their controller and block its deletion until they
     are gone. Objects written with someone else's rights (the step pod's ServiceAccount, the
     plugin's user) do neither: blocking an owner's deletion takes the right to update its
-    finalizers, which only the operator has.
+    finalizers, which only the operator has: ``block`` (default: ``controller``) says
+    whether it blocks.
     """
     return {
         "apiVersion": m.API_VERSION,
@@ -69,7 +74,7 @@ def owner_reference(run: RunRef, *, controller: bool = True) -> dict[str, Any]:
         "name": run.name,
         "uid": run.uid,
         "controller": controller,
-        "blockOwnerDeletion": controller,
+        "blockOwnerDeletion": controller if block is None else block,
     }
 
 
@@ -81,9 +86,11 @@ def owned_config_map(
     *,
     annotations: Mapping[str, str] | None = None,
     controller: bool = True,
+    block: bool | None = None,
+    immutable: bool = False,
 ) -> dict[str, Any]:
     """A ConfigMap in the run's namespace with the run's labels (and ``labels``), owned by
-    the run (see :func:`owner_reference` for ``controller``)."""
+    the run (see :func:`owner_reference` for ``controller`` and ``block``)."""
     metadata: dict[str, Any] = {
         "name": name,
         "namespace": run.namespace,
@@ -91,8 +98,12 @@ def owned_config_map(
     }
     if annotations:
         metadata["annotations"] = dict(annotations)
-    metadata["ownerReferences"] = [owner_reference(run, controller=controller)]
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": dict(data)}
+    metadata["ownerReferences"] = [owner_reference(run, controller=controller, block=block)]
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata}
+    body["data"] = dict(data)
+    if immutable:
+        body["immutable"] = True
+    return body
 
 
 def result_config_map(
@@ -104,9 +115,13 @@ def result_config_map(
     *,
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
-    controller: bool = True,
+    block: bool = True,
 ) -> dict[str, Any]:
-    """The ConfigMap holding a step attempt's result too large for status."""
+    """The ConfigMap holding a step attempt's result too large for status: immutable, its
+    controller the run (``block``: whether it blocks the run's deletion, which only the
+    operator may ask for). Immutable alone proves nothing (anyone who may create ConfigMaps
+    can delete it and create another under the name): where it is read, its controller's uid
+    and the digest committed in status are checked (:func:`result_problem`)."""
     result_labels = {s.LABEL_STEP: step, s.LABEL_ATTEMPT: str(attempt), s.LABEL_KIND: "result"}
     return owned_config_map(
         run,
@@ -114,8 +129,41 @@ def result_config_map(
         {**result_labels, **(labels or {})},
         data,
         annotations=annotations,
-        controller=controller,
+        controller=True,
+        block=block,
+        immutable=True,
     )
+
+
+def result_problem(
+    run_uid: str, config_map: Mapping[str, Any], digest: str | None, *, stored: bool = False
+) -> str | None:
+    """Why ``config_map`` (the API's JSON) is not a result object of run ``run_uid`` holding
+    content of sha256 ``digest`` (its ``result`` entry; every other entry derives from it);
+    None when it is. ``stored``: it must be as the operator stores it (controlled by the run,
+    immutable); else any reference to the run will do (a fork's copy of a carried result is
+    its user's), for the digest is the proof."""
+    meta = config_map.get("metadata") or {}
+    name = meta.get("name")
+    owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller") or not stored]
+    if not any(o.get("uid") == run_uid for o in owners):
+        how = "controlled" if stored else "owned"
+        return f"ConfigMap {name} is not {how} by the run (uid {run_uid})"
+    if stored and config_map.get("immutable") is not True:
+        return f"ConfigMap {name} is not immutable, so its content may have changed"
+    result = (config_map.get("data") or {}).get("result")
+    if not isinstance(result, str) or not digest or sha256_text(result) != digest:
+        return (
+            f"the content of ConfigMap {name} does not have the digest committed for it "
+            f"({(digest or 'none')[:12]}): it was changed or replaced after the step wrote it"
+        )
+    return None
+
+
+def result_entry(result: str, key: str) -> str | None:
+    """Entry ``key`` of a result object holding ``result``, derived from the verified result
+    itself (never read from the object's other entries), None when it has no such entry."""
+    return dict(result_object_data(result)).get(key)
 
 
 def audit_config_map(run: RunRef, name: str, data: Mapping[str, str]) -> dict[str, Any]:

@@ -26,9 +26,10 @@ from agentrun.core import (
     EmitEvent,
     ReleaseJob,
     StoreResult,
+    naming,
 )
 from agentrun.core.actions import StoreRecord
-from agentrun.execution import jobs, objects
+from agentrun.execution import inputs, jobs, objects
 from agentrun.kubeapi import api_message, finalizer_removal, tolerate
 from agentrun.loop.common import Apis, Checkpoint, log, run_fields
 from agentrun.loop.observe import Observer
@@ -78,6 +79,10 @@ def _path(loc: Sequence[Any]) -> str:
     for part in parts:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
+
+
+class ResultNotStored(Exception):
+    """A result's name is held by an object that is not that result (see _store_result)."""
 
 
 class Events:
@@ -143,13 +148,18 @@ class Actor:
         self.wake = wake
         """Wakes a run's next pass (a create met a Job already holding the name)."""
 
-    def before_commit(self, run: m.AgentRun, actions: tuple[Action, ...]) -> None:
+    def before_commit(self, run: m.AgentRun, actions: tuple[Action, ...]) -> bool:
         """What must stand before the status that names it is committed (result and record
-        ConfigMaps)."""
+        ConfigMaps). False when a result could not be stored as committed: the status that
+        names it must not be written (the pass derives again, and the attempt fails)."""
         stores = [a for a in actions if isinstance(a, StoreResult | StoreRecord)]
-        self.act(run, actions)
+        try:
+            self.act(run, actions)
+        except ResultNotStored:
+            return False
         if stores:
             self.checkpoint("after-result-store")
+        return True
 
     def act(self, run: m.AgentRun, actions: tuple[Action, ...]) -> None:
         """Carry out ``actions`` in order. A refused request stops them (the pass fails and is
@@ -180,7 +190,8 @@ class Actor:
             self.checkpoint("before-job-release")
             self._release_to_ttl(run, action)
         elif isinstance(action, StoreResult):
-            self._store_result(run, action)
+            if not self._store_result(run, action):
+                raise ResultNotStored(action.name)
         elif isinstance(action, StoreRecord):
             self._store_record(run, action)
         elif isinstance(action, DeleteRun):
@@ -192,6 +203,12 @@ class Actor:
 
     def _create_job(self, run: m.AgentRun, action: CreateJob) -> None:
         ctx = run_fields(run, action.step.name, action.attempt)
+        bound = inputs.bind_inputs(run, action, self.observer.read_config_map)
+        if isinstance(bound, str):  # never launched with what was not committed
+            log.warning("Job %s not created: %s", action.job_name, bound, extra=ctx)
+            self.observer.note_tampered(run.metadata.uid, action.job_name, bound)
+            return
+        action = bound
         try:
             manifest = jobs.build_job(run, action)
             with tolerate(409, *JOB_REFUSALS) as exists:
@@ -290,12 +307,37 @@ class Actor:
         log.info("released Job %s to the TTL controller (%ds after it finished)",
                  action.job_name, action.ttl_seconds, extra=run_fields(run))  # fmt: skip
 
-    def _store_result(self, run: m.AgentRun, action: StoreResult) -> None:
+    def _store_result(self, run: m.AgentRun, action: StoreResult) -> bool:
+        """Store the result; False when its name is held by an object that is not this
+        result as the operator stores it (then the attempt fails, reason ResultTampered)."""
+        ns = run.metadata.namespace
         body = objects.result_config_map(
             objects.RunRef.of(run), action.name, action.step, action.attempt, action.data
         )
-        with tolerate(409):  # written by an earlier pass from the same Job: same content
-            self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
+        with tolerate(409) as exists:
+            self.apis.core.create_namespaced_config_map(ns, body)
+        if not exists:
+            return True
+        # Written by an earlier pass from the same Job, or created first by someone else:
+        # it counts only as the run's own, immutable, with the digest about to be committed.
+        found = self.observer.read_config_map(ns, action.name)
+        digest = naming.sha256_text(dict(action.data)["result"])
+        problem = (
+            f"ConfigMap {action.name} is gone"
+            if found is None
+            else objects.result_problem(run.metadata.uid, found, digest, stored=True)
+        )
+        if problem is None:
+            return True
+        st = next((x for x in (run.status.steps if run.status else None) or []
+                   if x.name == action.step), None)  # fmt: skip
+        message = (
+            f"the result of attempt {action.attempt} could not be stored: {problem} (created "
+            f"before the operator wrote it); the result is not used"
+        )
+        log.warning(message, extra=run_fields(run, action.step, action.attempt))
+        self.observer.note_tampered(run.metadata.uid, (st.job_name if st else None) or "", message)
+        return False
 
     def _store_record(self, run: m.AgentRun, action: StoreRecord) -> None:
         """A ConfigMap of an agent run's memory: a turn's transcript record or context."""

@@ -25,7 +25,7 @@ from agentrun import settings as s
 from agentrun.access import audit, authz
 from agentrun.api import models as m
 from agentrun.core import CarriedSource, Observed, ObservedJob, StrayJob, agent_loop
-from agentrun.execution import jobs, objects
+from agentrun.execution import inputs, jobs, objects
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
 from agentrun.loop.ledger import Ledger
@@ -56,12 +56,16 @@ class Observer:
         """The watched step Jobs, pods and pod refusals (agentrun.observation.watches); a pass
         waits until it is synced. Only deletion cleanup works without one."""
         self.adoption = Adoption(
-            view or ClusterView(), self._dry_run_job, self.read_job, self._list_pods, report
-        )
+            view or ClusterView(), self._dry_run_job, self.read_job, self._list_pods, report,
+            bind=lambda run, intent: inputs.bind_inputs(run, intent, self.read_config_map),
+        )  # fmt: skip
         self._guard = guard
         self._authorizer: authz.Authorizer | None = None
         self._job_refusals: dict[str, dict[str, str]] = {}
         """Run uid -> Job name -> the API's message refusing its create (fed to the core)."""
+        self._tampered: dict[str, dict[str, str]] = {}
+        """Run uid -> Job name -> why a result by reference of that attempt (its own, or an
+        input) is not what was committed (fed to the core: Observed.tampered)."""
         self._launched: dict[str, set[str]] = {}
         """Run uid -> Jobs of attempts still Launching that this process created or saw: one
         gone without a trace is lost, not to be created again (Observed.vanished)."""
@@ -74,6 +78,7 @@ class Observer:
         observed = self._observe(run)
         observed = self._with_documents(run, observed)
         observed = self._with_verdicts(run, observed)
+        observed = self._with_tampered(run, observed)
         observed = self._with_carried_sources(run, observed)
         return self._with_resume_source(run, observed)
 
@@ -89,10 +94,28 @@ class Observer:
         with self._guard:
             self._job_refusals.setdefault(run_uid, {})[job_name] = message
 
-    def refusals_of(self, run_uid: str) -> set[str]:
-        """Jobs of the run whose create the API refused (still current)."""
+    def note_tampered(self, run_uid: str, job_name: str, message: str) -> None:
+        """A result by reference of the attempt of ``job_name`` (its own, or an input) is not
+        the content committed for it: the next pass fails the attempt, saying ``message``."""
         with self._guard:
-            return set(self._job_refusals.get(run_uid, {}))
+            self._tampered.setdefault(run_uid, {})[job_name] = message
+
+    def refusals_of(self, run_uid: str) -> set[str]:
+        """Jobs of the run whose create the API refused, or whose inputs were not passed on
+        (still current)."""
+        with self._guard:
+            return set(self._job_refusals.get(run_uid, {})) | set(self._tampered.get(run_uid, {}))
+
+    def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """ConfigMap ``name`` as stored now (the API's JSON), None when there is none."""
+        with tolerate(404) as gone:
+            response = self.apis.core.read_namespaced_config_map(
+                name, namespace, _preload_content=False
+            )
+        if gone:
+            return None
+        found: dict[str, Any] = json.loads(response.data)
+        return found
 
     def recorded(self, run_uid: str) -> int | None:
         """The last transition this process knows its audit record to hold."""
@@ -183,6 +206,24 @@ class Observer:
                 )
             )
         return tuple(strays)
+
+    def _with_tampered(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """``observed`` plus the attempts in flight whose result, or input, by reference was
+        found not to be what was committed (dropped once the attempt is no longer in flight)."""
+        steps = (run.status.steps if run.status else None) or []
+        in_flight = {
+            st.job_name
+            for st in steps
+            if st.job_name and st.phase in (m.StepPhase.LAUNCHING, m.StepPhase.RUNNING)
+        }
+        with self._guard:
+            known = self._tampered.get(run.metadata.uid, {})
+            tampered = {k: v for k, v in known.items() if k in in_flight}
+            if tampered:
+                self._tampered[run.metadata.uid] = dict(tampered)
+            else:
+                self._tampered.pop(run.metadata.uid, None)
+        return dataclasses.replace(observed, tampered=tampered) if tampered else observed
 
     def _with_carried_sources(self, run: m.AgentRun, observed: Observed) -> Observed:
         """What each carried result's ``fromRun`` really committed for its step, read from that

@@ -127,7 +127,9 @@ class Reconciler:
             observed = self.observer.observe(run)
             decision = self.decider.decide(run, observed)
             self.record.anchor(run, decision.status)
-            self.actor.before_commit(run, decision.before_commit)
+            if not self.actor.before_commit(run, decision.before_commit):
+                quorum = True  # a result could not be stored: derive again, failing it
+                continue
             try:
                 stored = commit(self.ledger, self.checkpoint, body, run, decision)
             except Conflict:

@@ -55,6 +55,9 @@ ReadJob = Callable[[str, str], Obj | None]
 """``read_job(namespace, name)``: the Job as stored now (a quorum read), None when absent."""
 ListPods = Callable[[str, str], list[Obj]]
 """``list_pods(namespace, run_uid)``: the run's pods as stored now."""
+Bind = Callable[[m.AgentRun, CreateJob], CreateJob | str]
+"""``bind(run, intent)``: the intent with its inputs by reference bound to their verified
+values, as the operator creates the Job (agentrun.execution.inputs), or why they cannot be."""
 Report = Callable[[m.AgentRun, str, str], None]
 """``report(run, reason, message)``: a Warning for the run's creator, called once per Job found
 holding an attempt's name that is not the attempt's (reason ``JobNameTaken``) and once per pod
@@ -210,8 +213,10 @@ class Adoption:
         read_job: ReadJob,
         list_pods: ListPods,
         report: Report,
+        bind: Bind | None = None,
     ) -> None:
         self.view = view
+        self.bind = bind
         self.dry_run = dry_run
         self.read_job = read_job
         self.list_pods = list_pods
@@ -286,8 +291,12 @@ class Adoption:
         intent = committed_launch(run, step) if step is not None else None
         if intent is None or intent.job_name != _name(job):
             return None
-        expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, intent))
-        found = Verdict(spec_problem(expected, job))
+        bound = intent if self.bind is None else self.bind(run, intent)
+        if isinstance(bound, str):  # its inputs are not the committed ones: nothing to match
+            found = Verdict(f"its inputs cannot be verified: {bound}")
+        else:
+            expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, bound))
+            found = Verdict(spec_problem(expected, job))
         with self._lock:
             self._verdicts.remember(job_uid, (generation, found))
         if not found.ok:

@@ -242,7 +242,12 @@ def run_turn(
             print(f"agentrun step llm: {message}", file=sys.stderr)
             termination.write_text(message)
             return 1
-        ref = store.store(full, body["summary"])
+        try:
+            ref = store.store(full, body["summary"])
+        except runner.ResultTampered as error:  # never reference what the turn did not write
+            print(f"agentrun step llm: {error}", file=sys.stderr)
+            termination.write_text(str(error)[: runner.TERMINATION_LIMIT])
+            return 1
         body = {
             "ok": True,
             "summary": body["summary"],

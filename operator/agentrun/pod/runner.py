@@ -87,6 +87,31 @@ def build_envelope(ok: bool, result: str) -> dict[str, Any]:
     return envelope
 
 
+class ResultTampered(Exception):
+    """The step's result object is held by one the step did not write."""
+
+
+def _as_json(config_map: Any) -> dict[str, Any]:
+    """The parts of a ConfigMap (the client's typed model) that a result check reads."""
+    meta = config_map.metadata
+    owners = [{"uid": o.uid, "controller": o.controller} for o in meta.owner_references or []]
+    return {
+        "metadata": {"name": meta.name, "ownerReferences": owners},
+        "immutable": config_map.immutable,
+        "data": config_map.data or {},
+    }
+
+
+def _stored_by_a_step(run_uid: str, config_map: Any) -> bool:
+    """Whether ``config_map`` is held as a step stores its result (the run its controller,
+    immutable); its content is checked against the digest wherever it is used."""
+    found = _as_json(config_map)
+    result = found["data"].get("result")
+    if not isinstance(result, str):
+        return False
+    return objects.result_problem(run_uid, found, naming.sha256_text(result), stored=True) is None
+
+
 class ResultStore:
     """Result ConfigMaps through the Kubernetes API, with the pod's ServiceAccount."""
 
@@ -100,8 +125,15 @@ class ResultStore:
             self.identity.namespace,
             label_selector=f"{LABEL_KEY_HASH}={self.identity.key_hash}",
         )
+        ident = self.identity
+        own = {
+            naming.result_object_name(ident.run, ident.run_uid, ident.step, a)
+            for a in range(1, ident.attempt + 1)
+        }
         for item in found.items:
             annotations = item.metadata.annotations or {}
+            if item.metadata.name not in own or not _stored_by_a_step(ident.run_uid, item):
+                continue  # not one this step stores: a label is no proof of who wrote it
             if annotations.get(ANNOTATION_COMPLETE) == "true" and item.data:
                 result = item.data.get("result", "")
                 return {
@@ -124,10 +156,22 @@ class ResultStore:
             result_object_data(result),
             labels={LABEL_KEY_HASH: ident.key_hash},
             annotations={ANNOTATION_COMPLETE: "true", ANNOTATION_SUMMARY: summary},
-            controller=False,  # the pod may not block the run's deletion (see owner_reference)
+            block=False,  # the pod may not block the run's deletion (see owner_reference)
         )
-        with tolerate(409):  # AlreadyExists: the same attempt stored it before
+        with tolerate(409) as exists:
             self.core.create_namespaced_config_map(ident.namespace, body)
+        if exists:
+            # Anyone who may create ConfigMaps could have put one there first: it is ours
+            # only if it holds exactly this result (stored by this attempt before).
+            found = _as_json(self.core.read_namespaced_config_map(name, ident.namespace))
+            problem = objects.result_problem(
+                ident.run_uid, found, naming.sha256_text(result), stored=True
+            )
+            if problem is not None:
+                raise ResultTampered(
+                    f"ResultTampered: the result object {name} exists and is not this "
+                    f"attempt's ({problem}); the result was not stored"
+                )
         return {"name": name, "key": "result"}
 
 
@@ -196,11 +240,15 @@ def run_step(
                 "ServiceAccount (stepTemplate.serviceAccountName) allowed to create ConfigMaps"
             )}  # fmt: skip
         else:
-            ref = store.store(full, summary)
-            envelope = {"ok": ok, "summary": summary, "resultRef": ref,
-                        "resultDigest": naming.sha256_text(full)}  # fmt: skip
-            if "usage" in original:
-                envelope["usage"] = original["usage"]
+            try:
+                ref = store.store(full, summary)
+            except ResultTampered as error:
+                envelope = {"ok": False, "summary": str(error)}
+            else:
+                envelope = {"ok": ok, "summary": summary, "resultRef": ref,
+                            "resultDigest": naming.sha256_text(full)}  # fmt: skip
+                if "usage" in original:
+                    envelope["usage"] = original["usage"]
         text = json.dumps(envelope, separators=(",", ":"))
     termination.write_text(text[:TERMINATION_LIMIT])
     if ok and envelope.get("ok") is False:
