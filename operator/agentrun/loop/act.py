@@ -28,7 +28,7 @@ from agentrun.core import (
     StoreResult,
 )
 from agentrun.core.actions import StoreRecord
-from agentrun.execution import jobs, objects
+from agentrun.execution import jobs, objects, proof
 from agentrun.kubeapi import api_message, finalizer_removal, tolerate
 from agentrun.loop.common import Apis, Checkpoint, log, run_fields
 from agentrun.loop.observe import Observer
@@ -151,6 +151,9 @@ class Actor:
 
     def _create_job(self, run: m.AgentRun, action: CreateJob) -> None:
         manifest = jobs.build_job(run, action)
+        # The proof that the operator made it: a Job without one never counts (adoption).
+        key = self.observer.job_key.get()
+        proof.sign(key, run.metadata.uid, action.step.name, action.attempt, manifest)
         ctx = run_fields(run, action.step.name, action.attempt)
         with tolerate(409, *JOB_REFUSALS) as exists:
             created = self.apis.batch.create_namespaced_job(

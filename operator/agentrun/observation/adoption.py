@@ -1,23 +1,31 @@
 """Which Jobs count as a step attempt's: never adopt what the operator did not create.
 
 A step Job's name is a function of (run uid, step, attempt), so anyone who may create Jobs in
-the namespace can compute the next attempt's name and create a Job under it first. A Job found
-under the expected name therefore counts as the attempt's only if
+the namespace can compute the next attempt's name and build the operator's exact manifest
+(:func:`agentrun.execution.jobs.build_job`) under it first, even before the step's approval.
+Names, labels, owner references and specs can be copied; the operator's key cannot. A Job
+found under an attempt's name counts as the attempt's only if
 
-(i)  its controller owner reference is the run (and it carries the run's uid label, which is
-     how the watch finds it), and
+(i)  the operator created it: its uid is one this process's create returned (the fast path),
+     or its ``agentrun.dev/proof`` annotation verifies (:mod:`agentrun.execution.proof`: an
+     HMAC over the run uid, step, attempt, Job name and the digest of the spec the operator
+     creates for the committed intent, with a key only the operator holds), and
 (ii) its spec is the one the operator creates for the committed intent.
 
-The uids of Jobs this process created are known (the create returned them): those pass (ii).
-Any other Job (met as AlreadyExists, created by another operator, or found after a restart)
-is checked once per uid by a server-side dry-run create (``dryRun=All``) of the operator's own
+Labels decide nothing: a namespace user may change them at any time. A Job whose uid this
+process created stays the attempt's whatever its labels or owner references become, and is
+read directly when the watch (which finds Jobs by label) loses it, so no second attempt starts
+while the first one's Job exists. Any other Job (met as AlreadyExists, created by another
+operator, or found after a restart) must carry a proof that verifies, and is then checked once
+per uid and generation by a server-side dry-run create (``dryRun=All``) of the operator's own
 manifest for the committed intent, under ``generateName``: the API server defaults that spec
 exactly as it defaulted the Job found, so the two must be equal except for what the server
 derives from the name and uid (``spec.selector`` and the pod template's ``controller-uid`` and
-``job-name`` labels, current and legacy). The verdict is cached per uid.
+``job-name`` labels, current and legacy). The verdict is cached per uid. A Job without a valid
+proof is refused before any dry run.
 
-A Job that fails either check never stands for the attempt: the core fails the attempt with
-reason ``JobNameTaken`` and the check that failed; a Warning Event on the run says so once;
+A Job that fails a check never stands for the attempt: the core fails the attempt with
+reason ``JobNameTaken`` and the check that failed; a Warning Event on the run names the Job;
 and the Job is left alone, for it is its creator's: it never gets the outcome finalizer (the
 operator puts that only on Jobs it creates), it is never deleted, its pods are never read.
 Pods count only when their controller owner reference is the verified Job; a pod that only
@@ -43,7 +51,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, ObservedJob
 from agentrun.core.machine import committed_launch
-from agentrun.execution import jobs
+from agentrun.execution import jobs, proof
 from agentrun.observation.watches import ClusterView, controller_ref
 
 log = logging.getLogger("agentrun.adoption")
@@ -55,6 +63,8 @@ ReadJob = Callable[[str, str], Obj | None]
 """``read_job(namespace, name)``: the Job as stored now (a quorum read), None when absent."""
 ListPods = Callable[[str, str], list[Obj]]
 """``list_pods(namespace, run_uid)``: the run's pods as stored now."""
+Key = Callable[[], bytes]
+"""``key()``: the key of step Jobs' proofs (agentrun.loop.signing)."""
 Report = Callable[[m.AgentRun, str, str], None]
 """``report(run, reason, message)``: a Warning for the run's creator, called once per Job found
 holding an attempt's name that is not the attempt's (reason ``JobNameTaken``) and once per pod
@@ -90,7 +100,8 @@ VERIFIED = Verdict()
 
 
 def ownership_problem(job: Mapping[str, Any], run_uid: str) -> str | None:
-    """Check (i): why ``job`` is not controlled by run ``run_uid``; None when it is."""
+    """Why ``job`` is not controlled by run ``run_uid``; None when it is. Labels are not
+    looked at: anyone who may edit the Job may change them."""
     ref = controller_ref(job)
     if ref is None:
         return "it has no controller owner reference"
@@ -100,9 +111,6 @@ def ownership_problem(job: Mapping[str, Any], run_uid: str) -> str | None:
             f"its controller is {ref.get('kind')} {ref.get('name')} (uid {ref.get('uid')}), "
             "not this run"
         )
-    labels = (job.get("metadata") or {}).get("labels") or {}
-    if labels.get(s.LABEL_RUN_UID) != run_uid:
-        return f"its label {s.LABEL_RUN_UID} does not name this run"
     return None
 
 
@@ -210,8 +218,10 @@ class Adoption:
         read_job: ReadJob,
         list_pods: ListPods,
         report: Report,
+        key: Key,
     ) -> None:
         self.view = view
+        self.key = key
         self.dry_run = dry_run
         self.read_job = read_job
         self.list_pods = list_pods
@@ -272,22 +282,29 @@ class Adoption:
     def verdict(self, run: m.AgentRun, job: Obj, step: str | None) -> Verdict | None:
         """Whether ``job`` is the Job of ``step``'s last committed attempt; None when that
         cannot be told (no such step, or the step changed since: no intent to compare)."""
-        uid = run.metadata.uid
-        problem = ownership_problem(job, uid)
-        if problem is not None:
-            return Verdict(problem)
         job_uid, generation = _uid(job), _generation(job)
         with self._lock:
             if self._created.get(job_uid, -1) == generation:
+                # This process created it: its uid is the proof, whatever labels or owner
+                # references someone gave it since.
                 return VERIFIED
             cached: tuple[int, Verdict] | None = self._verdicts.get(job_uid)
         if cached is not None and cached[0] == generation:
             return cached[1]
         intent = committed_launch(run, step) if step is not None else None
         if intent is None or intent.job_name != _name(job):
-            return None
-        expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, intent))
-        found = Verdict(spec_problem(expected, job))
+            problem = ownership_problem(job, run.metadata.uid)
+            return Verdict(problem) if problem is not None else None
+        manifest = jobs.build_job(run, intent)
+        problem = proof.proof_problem(
+            self.key(), run.metadata.uid, intent.step.name, intent.attempt, manifest, job
+        )
+        if problem is not None:
+            # Say first what is plainly wrong (another controller), else that it is unsigned.
+            found = Verdict(ownership_problem(job, run.metadata.uid) or problem)
+        else:
+            expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, intent))
+            found = Verdict(spec_problem(expected, job))
         with self._lock:
             self._verdicts.remember(job_uid, (generation, found))
         if not found.ok:
@@ -295,12 +312,15 @@ class Adoption:
         return found
 
     def is_rejected(self, job: Mapping[str, Any], run_uid: str) -> bool:
-        """Whether ``job`` is known not to be run ``run_uid``'s (never to be deleted)."""
-        if ownership_problem(job, run_uid) is not None:
-            return True
+        """Whether ``job`` is not known to be run ``run_uid``'s (never to be deleted)."""
+        uid = _uid(job)
         with self._lock:
-            cached: tuple[int, Verdict] | None = self._verdicts.get(_uid(job))
-        return cached is not None and not cached[1].ok
+            if uid in self._created:
+                return False
+            cached: tuple[int, Verdict] | None = self._verdicts.get(uid)
+        if cached is not None:
+            return not cached[1].ok
+        return ownership_problem(job, run_uid) is not None
 
     def _name_taken(self, run: m.AgentRun, st: m.StepStatus, job: Obj, problem: str) -> ObservedJob:
         message = name_taken_message(st.job_name or "", st.attempt, problem)
