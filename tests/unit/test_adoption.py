@@ -6,6 +6,7 @@ a Job that holds an attempt's name but is not its Job, or whose pod the API refu
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -578,3 +579,26 @@ def test_after_a_restart_a_signed_job_counts_whatever_its_labels_and_owners() ->
     api.stored[job["metadata"]["name"]] = job
     (seen,) = adopter(view, api).observe(run)
     assert seen.name_taken is None and len(api.dry_runs) == 1
+
+
+def test_a_job_the_watch_lost_is_read_again_so_its_end_is_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = _running(launched(step("a")))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    clock = [1000.0]
+    monkeypatch.setattr(adoption, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    taker = adopter(view, api)
+    taker.created(job)
+    name = job["metadata"]["name"]
+    api.stored[name] = job  # relabelled: the watch no longer has it
+    clock[0] += adoption.FRESH_SECONDS + 1  # past what the create's answer stands for
+    (seen,) = taker.observe(run)
+    assert seen.state == JobState.ACTIVE and api.reads == [name]
+    done = finished(job)
+    api.stored[name] = done
+    view.apply(PODS, "ADDED", job_pod(done, '{"ok":true,"summary":"real"}'))
+    clock[0] += adoption.READ_FRESH_SECONDS + 0.1
+    (seen,) = taker.observe(run)
+    assert seen.state == JobState.SUCCEEDED and api.reads == [name, name]

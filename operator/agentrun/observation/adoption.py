@@ -80,6 +80,9 @@ DERIVED_LABELS = (
 
 CACHE_LIMIT = 20_000
 FRESH_SECONDS = 30.0
+READ_FRESH_SECONDS = 2.0
+"""How long a Job read directly stands in for the view. Short: a Job the watch no longer
+selects (someone changed its labels) is read again by the next pass, so its end is seen."""
 
 
 @dataclass(frozen=True)
@@ -234,9 +237,10 @@ class Adoption:
         changed since (a new generation) is checked again."""
         self._reported = _Lru()
         self._fresh = _Lru()
-        """namespace/name -> (when, a Job as read by this process: created, or read on a
-        conflict) not yet in the view, which lags the API server by a moment. Trusted for
-        :data:`FRESH_SECONDS` at most; then the view, or a new read, tells."""
+        """namespace/name -> (until when, a Job as read by this process: created, or read on
+        a conflict or because the view lacks it) not yet in the view, which lags the API
+        server by a moment. Trusted for :data:`FRESH_SECONDS` after a create and
+        :data:`READ_FRESH_SECONDS` after a read at most; then the view, or a new read, tells."""
 
     # -- what the shell tells it -------------------------------------------------------------
 
@@ -244,20 +248,20 @@ class Adoption:
         """The operator created ``job`` (the create's answer): it is the attempt's."""
         with self._lock:
             self._created.remember(_uid(job), _generation(job))
-            self._remember_fresh(job)
+            self._remember_fresh(job, FRESH_SECONDS)
 
     def read(self, namespace: str, name: str) -> Obj | None:
         """Read Job ``name`` now (a create met AlreadyExists, or the view misses it)."""
         job = self.read_job(namespace, name)
         if job is not None:
             with self._lock:
-                self._remember_fresh(job)
+                self._remember_fresh(job, READ_FRESH_SECONDS)
         return job
 
-    def _remember_fresh(self, job: Obj) -> None:
+    def _remember_fresh(self, job: Obj, seconds: float) -> None:
         meta = job.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
-        self._fresh.remember(key, (time.monotonic(), job))
+        self._fresh.remember(key, (time.monotonic() + seconds, job))
 
     def _current_object(self, namespace: str, name: str) -> Obj | None:
         """The Job of that name: the view's, else one this process read and the view has not
@@ -266,8 +270,8 @@ class Adoption:
         key = f"{namespace}/{name}"
         with self._lock:
             entry: tuple[float, Obj | None] = self._fresh.get(key, (0.0, None))
-            when, fresh = entry
-            stale = time.monotonic() - when > FRESH_SECONDS
+            until, fresh = entry
+            stale = time.monotonic() > until
             if fresh is not None and (stale or (seen is not None and _uid(seen) == _uid(fresh))):
                 del self._fresh[key]  # the view has it now, or should have
                 fresh = None
