@@ -146,10 +146,10 @@ def test_a_gated_steps_exact_job_made_before_its_approval_never_counts(
     ]
     assert warnings and warnings[0].type == "Warning"
     assert taken in warnings[0].message and ANNOTATION_PROOF in warnings[0].message
-    # Her Job is hers: left alone, never marked.
+    # Her Job is hers: left alone (it carries the outcome finalizer only because she copied it).
     left = kube.batch.read_namespaced_job(taken, namespace)
     assert left.metadata.uid == made.metadata.uid and left.metadata.deletion_timestamp is None
-    assert JOB_FINALIZER not in (left.metadata.finalizers or [])
+    assert left.metadata.finalizers == [JOB_FINALIZER], left.metadata.finalizers
     # The attempt that counts is signed by the operator.
     real = kube.batch.read_namespaced_job(result["jobName"], namespace)
     assert (real.metadata.annotations or {}).get(ANNOTATION_PROOF, "").startswith("v1:")
