@@ -34,7 +34,7 @@ from agentrun.execution import jobs
 from agentrun.settings import ANNOTATION_PROOF, JOB_FINALIZER, LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.support.cluster import Kubectl, mint_user, read_or_none, user_subject
+from tests.support.cluster import Kubectl, bind_role, mint_user, read_or_none, user_subject
 from tests.support.runs import (
     agentrun,
     create,
@@ -56,7 +56,10 @@ RETRY = {"limit": 1, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds":
 def eve(
     cluster: TestCluster, kube: KubeClients, namespace: str, tmp_path: Path
 ) -> Iterator[KubeClients]:
-    """A user with the built-in ``edit`` role in the namespace."""
+    """A user with the built-in ``edit`` role in the namespace, and reading runs (which
+    ``edit`` grants where the chart's agentrun-edit role is installed: it aggregates into it)."""
+    reads = [{"apiGroups": [m.GROUP], "resources": [m.PLURAL], "verbs": ["get", "list"]}]
+    bind_role(kube, namespace, "eve-reads-runs", reads, [user_subject(EVE)])
     kube.rbac.create_namespaced_role_binding(
         namespace,
         {
