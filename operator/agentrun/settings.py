@@ -31,6 +31,10 @@ LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_KIND = f"{GROUP}/object"  # "step-job", "result", "audit", "transcript" or "context"
 LABEL_TURN = f"{GROUP}/turn"
 """On an agent run's transcript records and contexts: the model turn."""
+ANNOTATION_PROOF = f"{GROUP}/proof"
+"""On step Jobs: the operator's proof that it created the Job (agentrun.execution.proof)."""
+SIGNING_SECRET = "agentrun-job-signing"
+"""The Secret in the operator's own namespace holding the key of step Jobs' proofs."""
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "agentrun-operator"
 FIELD_MANAGER = MANAGED_BY
@@ -78,6 +82,25 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not a whole number") from error
 
 
+SERVICEACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _operator_namespace() -> str:
+    """AGENTRUN_OPERATOR_NAMESPACE, else POD_NAMESPACE (the downward API in the chart and
+    manifests), else the namespace of the pod's ServiceAccount, else ``default`` (an operator
+    run outside a cluster)."""
+    for name in ("AGENTRUN_OPERATOR_NAMESPACE", "POD_NAMESPACE"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    try:
+        with open(SERVICEACCOUNT_NAMESPACE_FILE, encoding="utf-8") as file:
+            found = file.read().strip()
+    except OSError:
+        found = ""
+    return found or "default"
+
+
 def _tracing_configured(env: Mapping[str, str]) -> bool:
     """The OpenTelemetry variables ask for an OTLP trace export (the exporter reads them)."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
@@ -114,6 +137,9 @@ class Settings:
     instance: str = field(default_factory=lambda: os.environ.get("POD_NAME") or os.uname().nodename)
     """This operator process, as Events name it (reportingInstance): the pod's name (POD_NAME,
     from the downward API in the chart and manifests), else the host's name."""
+    operator_namespace: str = field(default_factory=_operator_namespace)
+    """The operator's own namespace: where the key of step Jobs' proofs is kept (the Secret
+    :data:`SIGNING_SECRET`, made by the operator the first time it is missing)."""
     resync_seconds: int = field(default_factory=lambda: _env_int("AGENTRUN_RESYNC_SECONDS", 30))
     """Every run is reconciled at least this often, events or not."""
     max_conflict_retries: int = field(

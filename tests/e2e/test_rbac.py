@@ -183,7 +183,8 @@ def exercise_operator(cluster: TestCluster, kube: KubeClients, namespace: str) -
 def operator_as(identity: Identity, tmp_path: Path, **kwargs: Any) -> OperatorProcess:
     return OperatorProcess(
         identity.kubeconfig,
-        env=OPERATOR_TEST_ENV,
+        # As the chart's Deployment sets it: the key of Jobs' proofs is kept in its namespace.
+        env={**OPERATOR_TEST_ENV, "POD_NAMESPACE": identity.namespace},
         log_path=tmp_path / f"operator-{identity.name}.log",
         **kwargs,
     )

@@ -103,6 +103,8 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "Role",  # the key of Jobs' proofs, in the operator's own namespace
+            "RoleBinding",
             "Deployment",
             "Service",
             "MutatingAdmissionPolicy",
@@ -135,6 +137,19 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
     assert env["AGENTRUN_METRICS_PORT"] == "8081"
     (pod_name,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    (pod_ns,) = [e for e in container["env"] if e["name"] == "POD_NAMESPACE"]
+    assert pod_ns["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    signing = one(installed, "Role")
+    assert signing["metadata"]["namespace"] == "agentrun-system"
+    assert signing["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["agentrun-job-signing"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
     assert env["AGENTRUN_RESYNC_SECONDS"] == "30"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 65532
@@ -158,8 +173,11 @@ def test_template_namespaced_mode_uses_roles(helm: Helm) -> None:
         },
     ]
     assert one(installed, "ClusterRoleBinding")["roleRef"]["name"] == "agentrun-operator-discovery"
-    roles = [d for d in installed if d["kind"] == "Role"]
-    bindings = [d for d in installed if d["kind"] == "RoleBinding"]
+    signing = "agentrun-operator-signing"  # the key of Jobs' proofs, in its own namespace
+    roles = [d for d in installed if d["kind"] == "Role" and d["metadata"]["name"] != signing]
+    bindings = [
+        d for d in installed if d["kind"] == "RoleBinding" and d["metadata"]["name"] != signing
+    ]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
@@ -220,6 +238,9 @@ def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
         d for d in yaml.safe_load_all((MANIFESTS / "rbac.yaml").read_text()) if isinstance(d, dict)
     ]
     assert one(manifest_docs, "ClusterRole")["rules"] == chart_role["rules"]
+    chart_signing = one(without_hooks(helm.template()), "Role")
+    assert one(manifest_docs, "Role")["rules"] == chart_signing["rules"]
+    assert one(manifest_docs, "Role")["metadata"]["namespace"] == "agentrun-system"
     chart_deployment = one(helm.template(), "Deployment")["spec"]
     manifest_deployment = yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())["spec"]
     for key in ("replicas", "strategy"):

@@ -6,6 +6,7 @@ a Job that holds an attempt's name but is not its Job, or whose pod the API refu
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, DeleteJob, JobState, Observed, ObservedJob, reconcile
 from agentrun.core.machine import committed_launch
-from agentrun.execution import jobs
+from agentrun.execution import jobs, proof
 from agentrun.observation import adoption
 from agentrun.observation.watches import JOBS, PODS, ClusterView
 from tests.support.sim import T0, UID, Sim, make_run, step
@@ -81,14 +82,30 @@ class FakeApi:
         self.reports.append(message)
 
 
+KEY = bytes(range(32))
+"""The operator's key of step Jobs' proofs."""
+
+
 def adopter(view: ClusterView, api: FakeApi) -> adoption.Adoption:
-    return adoption.Adoption(view, api.dry_run, api.read_job, api.list_pods, api.report)
+    return adoption.Adoption(
+        view, api.dry_run, api.read_job, api.list_pods, api.report, lambda: KEY
+    )
 
 
-def operators_job(run: m.AgentRun, uid: str = "job-uid") -> dict[str, Any]:
+def operators_job(run: m.AgentRun, uid: str = "job-uid", key: bytes = KEY) -> dict[str, Any]:
+    """The Job the operator creates for step a's committed attempt, signed with ``key``."""
     intent = committed_launch(run, "a")
     assert intent is not None
-    return stored(jobs.build_job(run, intent), intent.job_name, uid)
+    manifest = jobs.build_job(run, intent)
+    proof.sign(key, run.metadata.uid, "a", intent.attempt, manifest)
+    return stored(manifest, intent.job_name, uid)
+
+
+def unsigned(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` without the operator's proof: what anyone can build with jobs.build_job."""
+    copied = copy.deepcopy(job)
+    del copied["metadata"]["annotations"][s.ANNOTATION_PROOF]
+    return copied
 
 
 FINISHED_AT = "2026-11-22T09:00:05Z"
@@ -145,9 +162,8 @@ def test_a_job_controlled_by_the_run_and_labelled_as_its_passes_check_one() -> N
             lambda j: j["metadata"]["ownerReferences"][0].update(apiVersion="apps/v1"),
             "not this run",
         ),
-        (lambda j: j["metadata"]["labels"].pop(s.LABEL_RUN_UID), "does not name this run"),
     ],
-    ids=["no-owner", "not-controller", "other-uid", "other-kind", "other-group", "no-label"],
+    ids=["no-owner", "not-controller", "other-uid", "other-kind", "other-group"],
 )
 def test_check_one_fails_for_any_other_controller(change: Any, problem: str) -> None:
     run = launched(step("a"))
@@ -155,6 +171,14 @@ def test_check_one_fails_for_any_other_controller(change: Any, problem: str) -> 
     change(job)
     found = adoption.ownership_problem(job, UID)
     assert found is not None and problem in found
+
+
+def test_labels_decide_nothing_about_the_controller() -> None:
+    # Anyone who may edit the Job may change its labels.
+    run = launched(step("a"))
+    job = operators_job(run)
+    job["metadata"]["labels"] = {s.LABEL_RUN_UID: "another-run"}
+    assert adoption.ownership_problem(job, UID) is None
 
 
 # -- check (ii): the spec ---------------------------------------------------------------------
@@ -309,7 +333,7 @@ def test_a_job_with_a_forged_owner_and_its_own_command_holds_the_name_in_vain() 
 def test_a_job_under_the_name_without_the_run_as_controller_holds_it_in_vain() -> None:
     run = launched(step("a"))
     view, api = ClusterView(), FakeApi()
-    forged = finished(operators_job(run, uid="forged-uid"))
+    forged = unsigned(finished(operators_job(run, uid="forged-uid")))
     del forged["metadata"]["ownerReferences"]
     del forged["metadata"]["labels"][s.LABEL_RUN_UID]  # not even watched
     api.stored[forged["metadata"]["name"]] = forged
@@ -443,3 +467,138 @@ def test_the_committed_launch_is_what_the_core_issues_and_none_once_the_step_cha
     changed.spec.plan.steps[0].container.command = ["sh", "-c", "echo changed"]
     assert committed_launch(changed, "a") is None
     assert committed_launch(run, "missing") is None
+
+
+# -- proof of creation and labels ---------------------------------------------------------------
+
+
+def test_the_exact_manifest_built_by_someone_else_holds_the_name_in_vain() -> None:
+    # What an edit user makes with jobs.build_job before the operator's create (even before
+    # the step's approval): the operator's own spec, owner and labels, but no proof.
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    hers = finished(unsigned(operators_job(run, uid="hers")))
+    view.apply(JOBS, "ADDED", hers)
+    view.apply(PODS, "ADDED", job_pod(hers, '{"ok":true,"summary":"ran early"}'))
+    taker = adopter(view, api)
+    (seen,) = taker.observe(run)
+    assert seen.name_taken is not None and s.ANNOTATION_PROOF in seen.name_taken
+    assert "not created by the operator" in seen.name_taken
+    assert seen.termination_message is None and seen.state == JobState.ACTIVE
+    assert api.dry_runs == [] and len(api.reports) == 1
+    assert taker.deletable(run, hers["metadata"]["name"]) is None
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        pytest.param(lambda job: operators_job(job, uid="hers", key=b"x" * 32), id="other-key"),
+    ],
+)
+def test_a_proof_made_with_another_key_does_not_verify(forge: Any) -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    view.apply(JOBS, "ADDED", forge(run))
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.name_taken is not None and "does not verify" in seen.name_taken
+    assert api.dry_runs == []
+
+
+def test_a_proof_binds_the_run_step_attempt_name_and_spec() -> None:
+    run = launched(step("a"))
+    intent = committed_launch(run, "a")
+    assert intent is not None
+    manifest = jobs.build_job(run, intent)
+    proof.sign(KEY, UID, "a", intent.attempt, manifest)
+    name = intent.job_name
+
+    def problem(found: dict[str, Any], uid: str = UID, step_: str = "a", n: int = 1) -> Any:
+        expected = jobs.build_job(run, intent)
+        expected["metadata"]["name"] = found["metadata"]["name"]
+        return proof.proof_problem(KEY, uid, step_, n, expected, found)
+
+    assert problem(manifest) is None
+    assert problem(manifest, uid="another-run") is not None
+    assert problem(manifest, step_="b") is not None
+    assert problem(manifest, n=2) is not None
+    renamed = copy.deepcopy(manifest)
+    renamed["metadata"]["name"] = f"{name}-2"
+    assert problem(renamed) is not None
+    other_spec = jobs.build_job(run, intent)
+    other_spec["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh"]
+    signature = manifest["metadata"]["annotations"][s.ANNOTATION_PROOF]
+    other_spec["metadata"]["annotations"][s.ANNOTATION_PROOF] = signature
+    assert proof.proof_problem(KEY, UID, "a", 1, other_spec, manifest) is not None
+    with pytest.raises(ValueError, match="bytes"):
+        proof.proof(b"short", UID, "a", 1, manifest)
+
+
+def _running(run: m.AgentRun) -> m.AgentRun:
+    assert run.status is not None and run.status.steps
+    run.status.steps[0].phase = m.StepPhase.RUNNING
+    return run
+
+
+@pytest.mark.parametrize("label", ["changed", "removed"])
+def test_a_relabelled_job_the_operator_created_is_still_the_attempts(label: str) -> None:
+    run = _running(launched(step("a")))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    taker = adopter(view, api)
+    taker.created(job)
+    view.apply(JOBS, "ADDED", job)
+    relabelled = copy.deepcopy(job)
+    relabelled["metadata"]["resourceVersion"] = "2"
+    labels = relabelled["metadata"]["labels"] = dict(relabelled["metadata"]["labels"])
+    if label == "changed":
+        labels[s.LABEL_RUN_UID] = "another-run"
+        labels[s.LABEL_STEP] = "b"
+        view.apply(JOBS, "MODIFIED", relabelled)
+    else:
+        del labels[s.LABEL_RUN_UID]
+        view.apply(JOBS, "DELETED", relabelled)  # what the watch says: no longer selected
+        api.stored[job["metadata"]["name"]] = relabelled
+    (seen,) = taker.observe(run)
+    assert seen.name == job["metadata"]["name"] and seen.name_taken is None
+    assert seen.state == JobState.ACTIVE and api.dry_runs == [] and api.reports == []
+    assert taker.deletable(run, job["metadata"]["name"]) == job["metadata"]["uid"]
+    # The core keeps the attempt: nothing to launch, nothing failed.
+    decision = reconcile(run, Observed((seen,)), T0)
+    assert not [a for a in decision.after_commit if isinstance(a, CreateJob)]
+    (after,) = [x for x in decision.status.steps or [] if x.name == "a"]
+    assert after.attempt == 1 and after.phase == m.StepPhase.RUNNING
+
+
+def test_after_a_restart_a_signed_job_counts_whatever_its_labels_and_owners() -> None:
+    run = _running(launched(step("a")))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    labels = {k: v for k, v in job["metadata"]["labels"].items() if k != s.LABEL_RUN_UID}
+    job["metadata"]["labels"] = labels  # the Job's own labels, not its template's
+    del job["metadata"]["ownerReferences"]
+    api.stored[job["metadata"]["name"]] = job
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.name_taken is None and len(api.dry_runs) == 1
+
+
+def test_a_job_the_watch_lost_is_read_again_so_its_end_is_seen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = _running(launched(step("a")))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    clock = [1000.0]
+    monkeypatch.setattr(adoption, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    taker = adopter(view, api)
+    taker.created(job)
+    name = job["metadata"]["name"]
+    api.stored[name] = job  # relabelled: the watch no longer has it
+    clock[0] += adoption.FRESH_SECONDS + 1  # past what the create's answer stands for
+    (seen,) = taker.observe(run)
+    assert seen.state == JobState.ACTIVE and api.reads == [name]
+    done = finished(job)
+    api.stored[name] = done
+    view.apply(PODS, "ADDED", job_pod(done, '{"ok":true,"summary":"real"}'))
+    clock[0] += adoption.READ_FRESH_SECONDS + 0.1
+    (seen,) = taker.observe(run)
+    assert seen.state == JobState.SUCCEEDED and api.reads == [name, name]

@@ -239,6 +239,17 @@ def test_a_job_whose_run_is_gone_is_released() -> None:
     assert fake.jobs[("a", "not-ours-to-hold")]["metadata"]["finalizers"] == ["example.com/hold"]
 
 
+def test_a_running_job_relabelled_as_a_gone_runs_keeps_its_finalizer() -> None:
+    fake = FakeCluster()
+    live = fake.add_run("a", "running")
+    fake.add_job("a", "relabelled", "uid-of-a-run-long-gone")
+    meta = fake.jobs[("a", "relabelled")]["metadata"]
+    meta["ownerReferences"] = [{"kind": "AgentRun", "uid": live, "controller": True}]
+    done = make_janitor(fake).sweep()
+    assert done.jobs_released == []
+    assert meta["finalizers"] == [s.JOB_FINALIZER]
+
+
 def test_jobs_are_listed_before_runs_so_a_new_run_never_loses_its_job() -> None:
     fake = FakeCluster()
     # A run and its Job created right after a list: listing runs first, the Job would be in

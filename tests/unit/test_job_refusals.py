@@ -86,7 +86,10 @@ def _unreachable_reconciler() -> Reconciler:
     configuration.host = "http://127.0.0.1:1"
     batch = client.BatchV1Api(client.ApiClient(configuration))
     apis = Apis(core=mock.Mock(), batch=batch, custom=mock.Mock())
-    return Reconciler(apis, s.Settings(namespaces=("default",)), view=ClusterView())
+    reconciler = Reconciler(apis, s.Settings(namespaces=("default",)), view=ClusterView())
+    # The Job signing key, as if read from its Secret: the client, not the key, is on trial.
+    reconciler.observer.job_key = mock.Mock(**{"get.return_value": bytes(32)})
+    return reconciler
 
 
 def _first_create(run: m.AgentRun) -> CreateJob:

@@ -224,6 +224,7 @@ class FakeObserver:
 
     def __init__(self, found: dict[str, Any] | None) -> None:
         self.adoption = mock.Mock()
+        self.job_key = mock.Mock(**{"get.return_value": bytes(32)})  # signs the Jobs created
         self.found = found
         self.tampered: dict[str, str] = {}
 

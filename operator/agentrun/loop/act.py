@@ -29,7 +29,7 @@ from agentrun.core import (
     naming,
 )
 from agentrun.core.actions import StoreRecord
-from agentrun.execution import inputs, jobs, objects
+from agentrun.execution import inputs, jobs, objects, proof
 from agentrun.kubeapi import api_message, finalizer_removal, tolerate
 from agentrun.loop.common import Apis, Checkpoint, log, run_fields
 from agentrun.loop.observe import Observer
@@ -209,8 +209,11 @@ class Actor:
             self.observer.note_tampered(run.metadata.uid, action.job_name, bound)
             return
         action = bound
+        # The proof that the operator made it: a Job without one never counts (adoption).
+        key = self.observer.job_key.get()
         try:
             manifest = jobs.build_job(run, action)
+            proof.sign(key, run.metadata.uid, action.step.name, action.attempt, manifest)
             with tolerate(409, *JOB_REFUSALS) as exists:
                 created = self.apis.batch.create_namespaced_job(
                     run.metadata.namespace, manifest, _preload_content=False

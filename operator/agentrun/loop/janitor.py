@@ -59,6 +59,7 @@ from agentrun.core import EmitEvent
 from agentrun.kubeapi import JSON_PATCH, finalizer_removal, list_items, tolerate
 from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
+from agentrun.observation.watches import controller_uid
 
 log = logging.getLogger("agentrun.janitor")
 
@@ -194,7 +195,9 @@ class Janitor:
             if self._finish_run(run, patience, events, done):
                 cleaned.add(str(run["metadata"]["uid"]))
         for job in step_jobs:
-            uid = ((job.get("metadata") or {}).get("labels") or {}).get(s.LABEL_RUN_UID)
+            # Its run is its controller: a label anyone who may edit the Job may change.
+            labels = (job.get("metadata") or {}).get("labels") or {}
+            uid = controller_uid(job) or labels.get(s.LABEL_RUN_UID)
             if uid in live or uid in cleaned or s.JOB_FINALIZER not in _finalizers(job):
                 continue
             try:

@@ -29,6 +29,7 @@ from agentrun.execution import inputs, jobs, objects
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
 from agentrun.loop.ledger import Ledger
+from agentrun.loop.signing import JobKey
 from agentrun.observation import conversation as resume
 from agentrun.observation.adoption import Adoption
 from agentrun.observation.watches import ClusterView
@@ -55,10 +56,17 @@ class Observer:
         self.view = view
         """The watched step Jobs, pods and pod refusals (agentrun.observation.watches); a pass
         waits until it is synced. Only deletion cleanup works without one."""
+        self.job_key = JobKey(apis, settings.operator_namespace)
+        """The key that signs the step Jobs this operator creates and verifies those it finds."""
         self.adoption = Adoption(
-            view or ClusterView(), self._dry_run_job, self.read_job, self._list_pods, report,
+            view or ClusterView(),
+            self._dry_run_job,
+            self.read_job,
+            self._list_pods,
+            report,
+            self.job_key.get,
             bind=lambda run, intent: inputs.bind_inputs(run, intent, self.read_config_map),
-        )  # fmt: skip
+        )
         self._guard = guard
         self._authorizer: authz.Authorizer | None = None
         self._job_refusals: dict[str, dict[str, str]] = {}

@@ -1,23 +1,31 @@
 """Which Jobs count as a step attempt's: never adopt what the operator did not create.
 
 A step Job's name is a function of (run uid, step, attempt), so anyone who may create Jobs in
-the namespace can compute the next attempt's name and create a Job under it first. A Job found
-under the expected name therefore counts as the attempt's only if
+the namespace can compute the next attempt's name and build the operator's exact manifest
+(:func:`agentrun.execution.jobs.build_job`) under it first, even before the step's approval.
+Names, labels, owner references and specs can be copied; the operator's key cannot. A Job
+found under an attempt's name counts as the attempt's only if
 
-(i)  its controller owner reference is the run (and it carries the run's uid label, which is
-     how the watch finds it), and
+(i)  the operator created it: its uid is one this process's create returned (the fast path),
+     or its ``agentrun.dev/proof`` annotation verifies (:mod:`agentrun.execution.proof`: an
+     HMAC over the run uid, step, attempt, Job name and the digest of the spec the operator
+     creates for the committed intent, with a key only the operator holds), and
 (ii) its spec is the one the operator creates for the committed intent.
 
-The uids of Jobs this process created are known (the create returned them): those pass (ii).
-Any other Job (met as AlreadyExists, created by another operator, or found after a restart)
-is checked once per uid by a server-side dry-run create (``dryRun=All``) of the operator's own
+Labels decide nothing: a namespace user may change them at any time. A Job whose uid this
+process created stays the attempt's whatever its labels or owner references become, and is
+read directly when the watch (which finds Jobs by label) loses it, so no second attempt starts
+while the first one's Job exists. Any other Job (met as AlreadyExists, created by another
+operator, or found after a restart) must carry a proof that verifies, and is then checked once
+per uid and generation by a server-side dry-run create (``dryRun=All``) of the operator's own
 manifest for the committed intent, under ``generateName``: the API server defaults that spec
 exactly as it defaulted the Job found, so the two must be equal except for what the server
 derives from the name and uid (``spec.selector`` and the pod template's ``controller-uid`` and
-``job-name`` labels, current and legacy). The verdict is cached per uid.
+``job-name`` labels, current and legacy). The verdict is cached per uid. A Job without a valid
+proof is refused before any dry run.
 
-A Job that fails either check never stands for the attempt: the core fails the attempt with
-reason ``JobNameTaken`` and the check that failed; a Warning Event on the run says so once;
+A Job that fails a check never stands for the attempt: the core fails the attempt with
+reason ``JobNameTaken`` and the check that failed; a Warning Event on the run names the Job;
 and the Job is left alone, for it is its creator's: it never gets the outcome finalizer (the
 operator puts that only on Jobs it creates), it is never deleted, its pods are never read.
 Pods count only when their controller owner reference is the verified Job; a pod that only
@@ -43,7 +51,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, ObservedJob
 from agentrun.core.machine import committed_launch
-from agentrun.execution import jobs
+from agentrun.execution import jobs, proof
 from agentrun.observation.watches import ClusterView, controller_ref
 
 log = logging.getLogger("agentrun.adoption")
@@ -58,6 +66,8 @@ ListPods = Callable[[str, str], list[Obj]]
 Bind = Callable[[m.AgentRun, CreateJob], CreateJob | str]
 """``bind(run, intent)``: the intent with its inputs by reference bound to their verified
 values, as the operator creates the Job (agentrun.execution.inputs), or why they cannot be."""
+Key = Callable[[], bytes]
+"""``key()``: the key of step Jobs' proofs (agentrun.loop.signing)."""
 Report = Callable[[m.AgentRun, str, str], None]
 """``report(run, reason, message)``: a Warning for the run's creator, called once per Job found
 holding an attempt's name that is not the attempt's (reason ``JobNameTaken``) and once per pod
@@ -73,6 +83,9 @@ DERIVED_LABELS = (
 
 CACHE_LIMIT = 20_000
 FRESH_SECONDS = 30.0
+READ_FRESH_SECONDS = 2.0
+"""How long a Job read directly stands in for the view. Short: a Job the watch no longer
+selects (someone changed its labels) is read again by the next pass, so its end is seen."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +106,8 @@ VERIFIED = Verdict()
 
 
 def ownership_problem(job: Mapping[str, Any], run_uid: str) -> str | None:
-    """Check (i): why ``job`` is not controlled by run ``run_uid``; None when it is."""
+    """Why ``job`` is not controlled by run ``run_uid``; None when it is. Labels are not
+    looked at: anyone who may edit the Job may change them."""
     ref = controller_ref(job)
     if ref is None:
         return "it has no controller owner reference"
@@ -103,9 +117,6 @@ def ownership_problem(job: Mapping[str, Any], run_uid: str) -> str | None:
             f"its controller is {ref.get('kind')} {ref.get('name')} (uid {ref.get('uid')}), "
             "not this run"
         )
-    labels = (job.get("metadata") or {}).get("labels") or {}
-    if labels.get(s.LABEL_RUN_UID) != run_uid:
-        return f"its label {s.LABEL_RUN_UID} does not name this run"
     return None
 
 
@@ -213,9 +224,11 @@ class Adoption:
         read_job: ReadJob,
         list_pods: ListPods,
         report: Report,
+        key: Key,
         bind: Bind | None = None,
     ) -> None:
         self.view = view
+        self.key = key
         self.bind = bind
         self.dry_run = dry_run
         self.read_job = read_job
@@ -229,9 +242,10 @@ class Adoption:
         changed since (a new generation) is checked again."""
         self._reported = _Lru()
         self._fresh = _Lru()
-        """namespace/name -> (when, a Job as read by this process: created, or read on a
-        conflict) not yet in the view, which lags the API server by a moment. Trusted for
-        :data:`FRESH_SECONDS` at most; then the view, or a new read, tells."""
+        """namespace/name -> (until when, a Job as read by this process: created, or read on
+        a conflict or because the view lacks it) not yet in the view, which lags the API
+        server by a moment. Trusted for :data:`FRESH_SECONDS` after a create and
+        :data:`READ_FRESH_SECONDS` after a read at most; then the view, or a new read, tells."""
 
     # -- what the shell tells it -------------------------------------------------------------
 
@@ -239,20 +253,20 @@ class Adoption:
         """The operator created ``job`` (the create's answer): it is the attempt's."""
         with self._lock:
             self._created.remember(_uid(job), _generation(job))
-            self._remember_fresh(job)
+            self._remember_fresh(job, FRESH_SECONDS)
 
     def read(self, namespace: str, name: str) -> Obj | None:
         """Read Job ``name`` now (a create met AlreadyExists, or the view misses it)."""
         job = self.read_job(namespace, name)
         if job is not None:
             with self._lock:
-                self._remember_fresh(job)
+                self._remember_fresh(job, READ_FRESH_SECONDS)
         return job
 
-    def _remember_fresh(self, job: Obj) -> None:
+    def _remember_fresh(self, job: Obj, seconds: float) -> None:
         meta = job.get("metadata") or {}
         key = f"{meta.get('namespace')}/{meta.get('name')}"
-        self._fresh.remember(key, (time.monotonic(), job))
+        self._fresh.remember(key, (time.monotonic() + seconds, job))
 
     def _current_object(self, namespace: str, name: str) -> Obj | None:
         """The Job of that name: the view's, else one this process read and the view has not
@@ -261,8 +275,8 @@ class Adoption:
         key = f"{namespace}/{name}"
         with self._lock:
             entry: tuple[float, Obj | None] = self._fresh.get(key, (0.0, None))
-            when, fresh = entry
-            stale = time.monotonic() - when > FRESH_SECONDS
+            until, fresh = entry
+            stale = time.monotonic() > until
             if fresh is not None and (stale or (seen is not None and _uid(seen) == _uid(fresh))):
                 del self._fresh[key]  # the view has it now, or should have
                 fresh = None
@@ -277,26 +291,34 @@ class Adoption:
     def verdict(self, run: m.AgentRun, job: Obj, step: str | None) -> Verdict | None:
         """Whether ``job`` is the Job of ``step``'s last committed attempt; None when that
         cannot be told (no such step, or the step changed since: no intent to compare)."""
-        uid = run.metadata.uid
-        problem = ownership_problem(job, uid)
-        if problem is not None:
-            return Verdict(problem)
         job_uid, generation = _uid(job), _generation(job)
         with self._lock:
             if self._created.get(job_uid, -1) == generation:
+                # This process created it: its uid is the proof, whatever labels or owner
+                # references someone gave it since.
                 return VERIFIED
             cached: tuple[int, Verdict] | None = self._verdicts.get(job_uid)
         if cached is not None and cached[0] == generation:
             return cached[1]
         intent = committed_launch(run, step) if step is not None else None
         if intent is None or intent.job_name != _name(job):
-            return None
+            problem = ownership_problem(job, run.metadata.uid)
+            return Verdict(problem) if problem is not None else None
         bound = intent if self.bind is None else self.bind(run, intent)
         if isinstance(bound, str):  # its inputs are not the committed ones: nothing to match
             found = Verdict(f"its inputs cannot be verified: {bound}")
         else:
-            expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, bound))
-            found = Verdict(spec_problem(expected, job))
+            # Signed over the manifest the operator creates: the one with its inputs bound.
+            manifest = jobs.build_job(run, bound)
+            problem = proof.proof_problem(
+                self.key(), run.metadata.uid, bound.step.name, bound.attempt, manifest, job
+            )
+            if problem is not None:
+                # Say first what is plainly wrong (another controller), else that it is unsigned.
+                found = Verdict(ownership_problem(job, run.metadata.uid) or problem)
+            else:
+                expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, bound))
+                found = Verdict(spec_problem(expected, job))
         with self._lock:
             self._verdicts.remember(job_uid, (generation, found))
         if not found.ok:
@@ -304,12 +326,15 @@ class Adoption:
         return found
 
     def is_rejected(self, job: Mapping[str, Any], run_uid: str) -> bool:
-        """Whether ``job`` is known not to be run ``run_uid``'s (never to be deleted)."""
-        if ownership_problem(job, run_uid) is not None:
-            return True
+        """Whether ``job`` is not known to be run ``run_uid``'s (never to be deleted)."""
+        uid = _uid(job)
         with self._lock:
-            cached: tuple[int, Verdict] | None = self._verdicts.get(_uid(job))
-        return cached is not None and not cached[1].ok
+            if uid in self._created:
+                return False
+            cached: tuple[int, Verdict] | None = self._verdicts.get(uid)
+        if cached is not None:
+            return not cached[1].ok
+        return ownership_problem(job, run_uid) is not None
 
     def _name_taken(self, run: m.AgentRun, st: m.StepStatus, job: Obj, problem: str) -> ObservedJob:
         message = name_taken_message(st.job_name or "", st.attempt, problem)
