@@ -26,7 +26,7 @@ from agentrun.core import (
     StrayJob,
     reconcile,
 )
-from agentrun.execution import jobs
+from agentrun.execution import jobs, proof
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.watches import JOBS, PODS, ClusterView, Source
 from tests.support.sim import UID, Sim, make_run, step
@@ -182,6 +182,7 @@ def _job(run: m.AgentRun, step_name: str, attempt: int, **meta: Any) -> dict[str
     job["metadata"]["name"] = f"{create.job_name}-{attempt}"
     job["metadata"]["labels"][s.LABEL_ATTEMPT] = str(attempt)
     job["metadata"].update(uid=f"job-{step_name}-{attempt}", **meta)
+    proof.sign(bytes(32), run.metadata.uid, step_name, attempt, job)  # as the operator made it
     return job
 
 
@@ -210,8 +211,11 @@ def test_the_observer_finds_the_held_jobs_no_intent_accounts_for() -> None:
     stopped = _job(run, "b", 2)
     released = _job(run, "b", 3)
     released["metadata"]["finalizers"] = []
+    # Someone else's copy of an attempt's Job, unsigned: never the operator's to delete.
+    copied = _job(run, "b", 4)
+    del copied["metadata"]["annotations"][s.ANNOTATION_PROOF]
     view = ClusterView()
-    view.replace(Source(JOBS, None), [in_flight, deleting, stopped, released])
+    view.replace(Source(JOBS, None), [in_flight, deleting, stopped, released, copied])
     view.replace(Source(PODS, None), [_pod(deleting, "Running"), _pod(stopped, "Failed")])
     apis = Apis(core=mock.Mock(), batch=mock.Mock(), custom=mock.Mock())
     rec = Reconciler(apis, s.Settings(namespaces=("default",)), view=view)

@@ -326,7 +326,10 @@ class Adoption:
         return found
 
     def is_rejected(self, job: Mapping[str, Any], run_uid: str) -> bool:
-        """Whether ``job`` is not known to be run ``run_uid``'s (never to be deleted)."""
+        """Whether ``job`` is not known to be run ``run_uid``'s (never to be deleted). A Job
+        with no proof at all was never created by the operator, whatever it claims: it is
+        left alone (a Job that only copies the labels and owner of a run's attempts is not
+        the operator's to delete)."""
         uid = _uid(job)
         with self._lock:
             if uid in self._created:
@@ -334,6 +337,9 @@ class Adoption:
             cached: tuple[int, Verdict] | None = self._verdicts.get(uid)
         if cached is not None:
             return not cached[1].ok
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        if s.ANNOTATION_PROOF not in annotations:
+            return True
         return ownership_problem(job, run_uid) is not None
 
     def _name_taken(self, run: m.AgentRun, st: m.StepStatus, job: Obj, problem: str) -> ObservedJob:
