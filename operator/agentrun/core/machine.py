@@ -134,6 +134,31 @@ def reconcile(
         )
         return _finish(b)
 
+    _sync_plan(b)
+    for step in all_steps(b):
+        st = steps[step.name]
+        if st.phase in (SP.LAUNCHING, SP.RUNNING):
+            observe_attempt(b, step, st)
+
+    budget = run.spec.budget or m.Budget()
+    if _ended_by_cancel_or_deadline(b, budget):
+        return _finish(b)
+    _stop_for_budget_or_failure(b, budget)
+
+    if b.halt is None:
+        agent_loop.advance(b, config.agent)
+    if b.halt is None and not run.spec.suspend:
+        launch_ready_steps(b, budget)
+
+    settle(b)
+    return _finish(b)
+
+
+def _sync_plan(b: Builder) -> None:
+    """Steps of the plan the status does not know yet start Pending (or take the result carried
+    for them), a step added back after its removal starts again, gated steps are marked, and
+    steps removed from the plan are forgotten."""
+    run, steps = b.run, b.steps
     carried = {c.step: c for c in run.spec.carried_results or []}
     to_carry: list[m.Step] = []
     for step in run.spec.plan.steps:
@@ -150,12 +175,12 @@ def reconcile(
     carry_results(b, to_carry, carried)
     forget_removed_steps(b)
 
-    for step in all_steps(b):
-        st = steps[step.name]
-        if st.phase in (SP.LAUNCHING, SP.RUNNING):
-            observe_attempt(b, step, st)
 
-    budget = run.spec.budget or m.Budget()
+def _ended_by_cancel_or_deadline(b: Builder, budget: m.Budget) -> bool:
+    """End the run when it is cancelled or past its deadline (True); else set the timer of
+    the deadline, if any."""
+    run, status = b.run, b.status
+    assert status.started_at is not None  # set by reconcile before
     deadline = (
         status.started_at + timedelta(seconds=budget.max_wall_time_seconds)
         if budget.max_wall_time_seconds
@@ -169,17 +194,23 @@ def reconcile(
             "cancelled: spec.cancel is true",
             _modified_by(run),
         )
-        return _finish(b)
-    if deadline is not None and now >= deadline:
+        return True
+    if deadline is not None and b.now >= deadline:
         abort(
             b,
             m.RunPhase.FAILED,
             "DeadlineExceeded",
             f"run deadline of {budget.max_wall_time_seconds}s (budget.maxWallTimeSeconds) passed",
         )
-        return _finish(b)
+        return True
     b.timer(deadline)
+    return False
 
+
+def _stop_for_budget_or_failure(b: Builder, budget: m.Budget) -> None:
+    """Launch nothing more when the token budget is used up (unless the agent pauses instead)
+    or a plan step or model turn failed (a failed tool call is answered to the model)."""
+    run, status, steps = b.run, b.status, b.steps
     usage = status.usage or m.Usage()
     status.usage = usage
     tokens_pause = agent_loop.pauses_for_tokens(run, status)  # the agent pauses instead
@@ -188,7 +219,6 @@ def reconcile(
             "BudgetExceeded",
             f"token budget of {budget.max_tokens} (budget.maxTokens) used up: {usage.tokens}",
         )
-    # A failed tool call is answered to the model; a failed plan step or model turn fails.
     failed = [
         s
         for s in all_steps(b)
@@ -201,14 +231,6 @@ def reconcile(
             first.error.reason if first.error else "StepFailed",
             f"step {first.name} failed: {why or 'no message'}",
         )
-
-    if b.halt is None:
-        agent_loop.advance(b, config.agent)
-    if b.halt is None and not run.spec.suspend:
-        launch_ready_steps(b, budget)
-
-    settle(b)
-    return _finish(b)
 
 
 def _modified_by(run: m.AgentRun) -> str | None:
