@@ -198,8 +198,10 @@ class Observer:
         assert view is not None  # _observe_jobs, before, made sure
         strays = []
         for job in view.jobs_of_run(uid):
+            if (job.get("metadata") or {}).get("name", "") in skip:
+                continue  # accounted for: not parsed again on every pass
             seen = jobs.observe_job(job, None)
-            if seen is None or seen.name in skip or not seen.held:
+            if seen is None or not seen.held:
                 continue
             if self.adoption.is_rejected(job, uid):
                 continue  # someone else's: left alone
