@@ -18,6 +18,9 @@ RUN_FINALIZER = f"{GROUP}/cleanup"
 """On every AgentRun: released once the run's Jobs, pods and result objects are gone."""
 JOB_FINALIZER = f"{GROUP}/outcome"
 """On every step Job: keeps a deleted Job visible until its attempt's outcome is committed."""
+POD_GATE = f"{GROUP}/start"
+"""The scheduling gate of every step pod: the operator removes it from one pod per attempt,
+so a second pod the Job controller makes for the same attempt never starts."""
 ANNOTATION_PREFIX = GROUP
 """Prefix of kopf's own bookkeeping annotations (instead of kopf.zalando.org)."""
 

@@ -279,3 +279,86 @@ def test_a_success_no_pod_of_the_jobs_own_confirms_fails_the_attempt() -> None:
     # Pods not looked at: the conditions alone.
     guessed = jobs.observe_job(complete, None)
     assert guessed is not None and guessed.state == JobState.SUCCEEDED
+
+
+# -- one pod per attempt -----------------------------------------------------------------------
+
+
+def _waiting(name: str, created: str, **spec: Any) -> dict[str, Any]:
+    """A pod of :func:`_job` as the Job controller makes it: held by the operator's gate."""
+    pod = _pod(None, 0, name=name, **spec)
+    pod["metadata"]["creationTimestamp"] = created
+    pod["status"] = {"phase": "Pending"}
+    return pod
+
+
+def _let_go(pod: dict[str, Any], node: str = "node-1") -> dict[str, Any]:
+    started = copy.deepcopy(pod)
+    started["spec"].pop("schedulingGates", None)
+    started["spec"]["nodeName"] = node
+    return started
+
+
+def test_every_step_pod_is_created_held_by_the_operators_gate() -> None:
+    assert _TEMPLATE["spec"]["schedulingGates"] == [{"name": s.POD_GATE}]
+    assert jobs.is_gated(_waiting("p", "2026-11-22T09:00:00Z"))
+    assert not jobs.is_gated(_let_go(_waiting("p", "2026-11-22T09:00:00Z")))
+    # A node given to a pod starts it, whatever its gates say.
+    assert not jobs.is_gated(_waiting("p", "2026-11-22T09:00:00Z", nodeName="n"))
+
+
+def test_the_oldest_pod_of_an_attempt_is_the_one_let_start() -> None:
+    older = _waiting("p-older", "2026-11-22T09:00:00Z")
+    newer = _waiting("p-newer", "2026-11-22T09:00:01Z")
+    choice = jobs.choose_pod(_job([]), [newer, older])
+    assert choice.start is not None and choice.start.name == "p-older"
+    assert choice.start.uid == "uid-p-older"
+    assert choice.held == ("p-newer",)
+    observed = jobs.observe_job(_job([]), [newer, older])
+    assert observed is not None and observed.start_pod == choice.start
+    assert observed.held_pods == ("p-newer",)
+
+
+def test_no_second_pod_starts_once_one_has() -> None:
+    running = _let_go(_waiting("p-first", "2026-11-22T09:00:01Z"))
+    second = _waiting("p-second", "2026-11-22T09:00:00Z")  # older, but the other runs
+    choice = jobs.choose_pod(_job([]), [running, second])
+    assert choice.start is None and choice.held == ("p-second",)
+    # Let start by this process, not yet in the view: still none other.
+    first = _waiting("p-first", "2026-11-22T09:00:00Z")
+    again = jobs.choose_pod(_job([]), [first, second], started="uid-p-first")
+    assert again.start is None and again.held == ("p-second",)
+    # That pod being deleted: it may be running; no other starts.
+    going = _let_go(first)
+    going["metadata"]["deletionTimestamp"] = "2026-11-22T09:00:09Z"
+    assert jobs.choose_pod(_job([]), [going, second]).start is None
+    # Gone, and the Job counts it as ended: it may have run; no other starts.
+    job = _job([])
+    job["status"]["failed"] = 1
+    assert jobs.choose_pod(job, [second]).start is None
+    job["status"] = {"uncountedTerminatedPods": {"failed": ["uid-x"]}}
+    assert jobs.choose_pod(job, [second]).start is None
+    # Gone before it ever started (the Job controller removed it as a surplus pod, which it
+    # does not count): the attempt goes on with the next.
+    after = jobs.choose_pod(_job([]), [second], started="uid-p-first")
+    assert after.start is not None and after.start.name == "p-second"
+
+
+def test_only_a_pod_that_runs_the_template_is_let_start() -> None:
+    other = _waiting("p-other", "2026-11-22T09:00:00Z", hostPID=True)
+    own = _waiting("p-own", "2026-11-22T09:00:01Z")
+    choice = jobs.choose_pod(_job([]), [other, own])
+    assert choice.start is not None and choice.start.name == "p-own"
+    assert jobs.choose_pod(_job([]), [other]).start is None
+    deleting = _waiting("p-going", "2026-11-22T09:00:00Z")
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-22T09:00:02Z"
+    assert jobs.choose_pod(_job([]), [deleting]).start is None
+    finished = _job([{"type": "Complete", "status": "True"}])
+    assert jobs.choose_pod(finished, [own]) == jobs.PodChoice()
+
+
+def test_the_view_keeps_what_tells_whether_a_pod_was_let_start() -> None:
+    kept = jobs.pod_essentials(_let_go(_waiting("p", "2026-11-22T09:00:00Z")))
+    assert kept["nodeName"] == "node-1" and "schedulingGates" not in kept
+    held = jobs.pod_essentials(_waiting("p", "2026-11-22T09:00:00Z"))
+    assert held["schedulingGates"] == [{"name": s.POD_GATE}]

@@ -14,7 +14,9 @@ from agentrun.core import (
     CreateJob,
     DeleteJob,
     DeleteRun,
+    PodRef,
     ReleaseJob,
+    StartPod,
     StoreResult,
     naming,
     reconcile,
@@ -1108,3 +1110,34 @@ def test_a_launching_job_that_vanished_is_lost_and_one_never_seen_is_created_aga
     st = next(s for s in lost.status.steps or [] if s.name == "a")
     assert st.error is not None and st.error.reason == "JobLost"
     assert not [a for a in lost.after_commit if isinstance(a, CreateJob)]
+
+
+def _with_pod_to_start(sim: Sim, job_name: str) -> Observed:
+    observed = sim.observed()
+    jobs = tuple(
+        dataclasses.replace(j, start_pod=PodRef("p-1", "uid-p-1")) if j.name == job_name else j
+        for j in observed.jobs
+    )
+    return dataclasses.replace(observed, jobs=jobs)
+
+
+def test_the_one_pod_of_a_running_attempt_is_let_start() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    name = sim.step_status("a").job_name
+    assert name is not None
+    decision = reconcile(sim.run, _with_pod_to_start(sim, name), sim.now, sim.config)
+    assert StartPod(name, PodRef("p-1", "uid-p-1")) in decision.after_commit
+    # Nothing observed to start: nothing let go.
+    assert not any(isinstance(a, StartPod) for a in sim.decide()[0].after_commit)
+
+
+def test_no_pod_of_a_job_being_deleted_is_let_start() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    name = sim.step_status("a").job_name
+    assert name is not None
+    sim.spec_update(cancel=True)
+    decision = reconcile(sim.run, _with_pod_to_start(sim, name), sim.now, sim.config)
+    assert any(isinstance(a, DeleteJob) and a.job_name == name for a in decision.after_commit)
+    assert not any(isinstance(a, StartPod) for a in decision.after_commit)

@@ -233,6 +233,10 @@ def test_only_changes_that_can_move_a_run_wake_it() -> None:
     started = pod("p1", "pu1", job_uid="u1")
     ended = pod("p1", "pu1", job_uid="u1", terminated=True, version="2")
     assert not matters(PODS, None, started)
+    held = pod("p2", "pu2", job_uid="u1")
+    held["spec"]["schedulingGates"] = [{"name": s.POD_GATE}]
+    assert matters(PODS, None, held), "a pod waiting to be let start wakes its run"
+    assert matters(PODS, held, None), "so does one gone before it ended"
     assert matters(PODS, started, ended)
     assert not matters(PODS, ended, None)
     assert matters(EVENTS, None, refusal("e1", "u1", "no", "t"))

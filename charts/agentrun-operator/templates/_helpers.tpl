@@ -79,11 +79,12 @@ and allows no 403.
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete, patch]
-# Step pods are created by the Job controller, never by the operator: it only reads them
-# (watched: termination messages) and removes those of a deleted run.
+# Step pods are created by the Job controller, never by the operator: it reads them
+# (watched: termination messages), lets one pod per attempt start (a JSON patch removing its
+# agentrun.dev/start scheduling gate) and removes those of a deleted run.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, deletecollection]
+  verbs: [list, watch, patch, deletecollection]
 # Result objects, the audit record and agent runs' records: created, appended to (update),
 # read by label or by name (an agent run's context document), removed with their run.
 - apiGroups: [""]

@@ -12,6 +12,7 @@ from agentrun.core.actions import (
     DeleteRun,
     EmitEvent,
     ReleaseJob,
+    StartPod,
     StoreResult,
 )
 from agentrun.core.machine import CoreConfig, Decision, reconcile
@@ -20,6 +21,7 @@ from agentrun.core.observed import (
     JobState,
     Observed,
     ObservedJob,
+    PodRef,
     ResumeSource,
     StrayJob,
 )
@@ -36,8 +38,10 @@ __all__ = [
     "JobState",
     "Observed",
     "ObservedJob",
+    "PodRef",
     "ReleaseJob",
     "ResumeSource",
+    "StartPod",
     "StoreResult",
     "StrayJob",
     "reconcile",

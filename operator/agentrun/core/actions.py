@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agentrun.api.models import EnvVar, Step
+from agentrun.core.observed import PodRef
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,16 @@ class DeleteJob:
     release: bool = False
     """Also remove the operator's finalizer (the Job's outcome is recorded, and it has been
     deleting for the grace)."""
+
+
+@dataclass(frozen=True)
+class StartPod:
+    """Let the one pod of an attempt start: remove the operator's scheduling gate from it
+    (only if it is still that pod, by uid). No other pod of the attempt is ever let go, so a
+    second pod the Job controller made never runs the step's command."""
+
+    job_name: str
+    pod: PodRef
 
 
 @dataclass(frozen=True)
@@ -90,4 +101,13 @@ class DeleteRun:
     reason: str
 
 
-Action = CreateJob | DeleteJob | ReleaseJob | StoreResult | StoreRecord | EmitEvent | DeleteRun
+Action = (
+    CreateJob
+    | DeleteJob
+    | StartPod
+    | ReleaseJob
+    | StoreResult
+    | StoreRecord
+    | EmitEvent
+    | DeleteRun
+)

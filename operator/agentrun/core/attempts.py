@@ -17,7 +17,7 @@ from datetime import timedelta
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming
-from agentrun.core.actions import DeleteJob, EmitEvent, StoreResult
+from agentrun.core.actions import DeleteJob, EmitEvent, StartPod, StoreResult
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.builder import MESSAGE_LIMIT, REASON_LIMIT, Builder, floor_seconds, truncate
 from agentrun.core.envelope import MAX_TOKENS, Envelope, parse, result_object_data
@@ -76,6 +76,8 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
         )
         return
     if job.state == JobState.ACTIVE:
+        if job.start_pod is not None:  # the attempt's one pod: the only one that ever runs
+            b.after.append(StartPod(job.name, job.start_pod))
         if st.phase == SP.LAUNCHING:
             _note_running(b, st, job)
         _check_step_timeout(b, step, st, job)

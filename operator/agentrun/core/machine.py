@@ -49,7 +49,7 @@ from datetime import datetime, timedelta
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent_loop
-from agentrun.core.actions import Action, CreateJob, DeleteJob
+from agentrun.core.actions import Action, CreateJob, DeleteJob, StartPod
 from agentrun.core.arguments import needs_approval
 from agentrun.core.attempts import observe_attempt
 from agentrun.core.builder import Builder, CoreConfig, all_steps, floor_seconds, posts_event
@@ -254,10 +254,14 @@ def _trim_history(
 
 
 def _dedupe(actions: Sequence[Action]) -> tuple[Action, ...]:
-    """Each action once; a Job is deleted once, for the first reason found."""
+    """Each action once; a Job is deleted once, for the first reason found, and no pod of a
+    Job being deleted is let start."""
     seen: list[Action] = []
     deleted: set[str] = set()
+    going = {a.job_name for a in actions if isinstance(a, DeleteJob)}
     for action in actions:
+        if isinstance(action, StartPod) and action.job_name in going:
+            continue
         if isinstance(action, DeleteJob):
             if action.job_name in deleted:
                 continue

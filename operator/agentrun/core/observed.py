@@ -18,6 +18,14 @@ class JobState(StrEnum):
 
 
 @dataclass(frozen=True)
+class PodRef:
+    """A pod, by name and uid (an action on it holds only for that uid)."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class ObservedJob:
     """A step Job as found in the cluster: controlled by the run, and verified by the shell
     to be the Job the operator created for the attempt (see agentrun.observation.adoption)."""
@@ -47,6 +55,13 @@ class ObservedJob:
     """The API server refused the Job's pod (the Job controller's FailedCreate Event: Pod
     Security admission, a missing ServiceAccount, a quota), in its own words; the Job has no
     pod. The core fails the attempt (reason PodRefused) and deletes the Job."""
+    start_pod: PodRef | None = None
+    """The pod of the Job that may start now: every step pod is created held by a scheduling
+    gate, and only one pod per attempt is ever let go (agentrun.execution.jobs.choose_pod).
+    The core lets it start (:class:`agentrun.core.actions.StartPod`)."""
+    held_pods: tuple[str, ...] = ()
+    """Other pods of the Job that run its template and are held for good: duplicates of the
+    attempt, which never start."""
     name_taken: str | None = None
     """A Job the operator did not create holds the attempt's name: why it is not the
     attempt's. Nothing else of it is observed; the core fails the attempt (reason

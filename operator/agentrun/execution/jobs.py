@@ -7,12 +7,13 @@ cluster; the reconciler does the I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CreateJob, JobState, ObservedJob
+from agentrun.core import CreateJob, JobState, ObservedJob, PodRef
 from agentrun.execution.objects import RunRef, owner_reference, run_labels
 
 CONTAINER_NAME = "step"
@@ -83,6 +84,9 @@ def build_job(run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
     }
     if template.service_account_name:
         pod_spec["serviceAccountName"] = template.service_account_name
+    # Held until the operator lets one pod of the attempt start (choose_pod): a second pod the
+    # Job controller makes for the same attempt (a pod create it lost the answer to) never runs.
+    pod_spec["schedulingGates"] = [{"name": s.POD_GATE}]
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,  # retries are the operator's: each attempt is its own Job
         "template": {"metadata": {"labels": labels}, "spec": pod_spec},
@@ -158,6 +162,8 @@ def _terminated(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     return best[1] if best else None
 
 
+DUPLICATE_POD = "DuplicatePod"
+"""The reason of the Warning about a second pod of one attempt, held and never started."""
 UNTRUSTED_POD = "UntrustedPod"
 """The reason of an attempt whose Job finished by a pod that does not run its template."""
 
@@ -195,7 +201,13 @@ def _env_problem(wanted: list[Mapping[str, Any]], found: list[Mapping[str, Any]]
     return None
 
 
-_POD_FIELDS = ("serviceAccountName", "securityContext", *_HOST_NAMESPACES)
+_POD_FIELDS = (
+    "serviceAccountName",
+    "securityContext",
+    *_HOST_NAMESPACES,
+    "schedulingGates",
+    "nodeName",
+)
 _STEP_FIELDS = ("name", "image", "command", "args", "workingDir", "securityContext", "env")
 
 
@@ -249,6 +261,70 @@ def pod_problem(job: Mapping[str, Any], pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def is_gated(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod still waits for the operator to let it start (its ``schedulingGates``
+    hold :data:`agentrun.settings.POD_GATE` and no node was given to it)."""
+    spec = pod.get("spec") or {}
+    gates = spec.get("schedulingGates") or []
+    return not spec.get("nodeName") and any(g.get("name") == s.POD_GATE for g in gates)
+
+
+@dataclass(frozen=True)
+class PodChoice:
+    """Which pod of an attempt's Job may start, and which are held for good."""
+
+    start: PodRef | None = None
+    """The pod to let start; None when one has started already, or none may."""
+    held: tuple[str, ...] = ()
+    """Names of the Job's other pods that run its template and wait: duplicates of the
+    attempt (the Job controller made a second pod), never started."""
+
+
+def _ended_pods(job: Mapping[str, Any]) -> bool:
+    """Whether the Job controller counted a pod of the Job as ended (it may have run)."""
+    status = job.get("status") or {}
+    uncounted = status.get("uncountedTerminatedPods") or {}
+    return bool(status.get("succeeded") or status.get("failed") or any(uncounted.values()))
+
+
+def _created(pod: Mapping[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")
+
+
+def choose_pod(
+    job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], started: str | None = None
+) -> PodChoice:
+    """The one pod of an attempt that may run its command. Every step pod is created gated
+    (:data:`agentrun.settings.POD_GATE`); the operator lets the oldest waiting pod that runs
+    the Job's template start, and only while no pod of the Job has been let start and the
+    Job counts none as ended. A pod let start that is gone was counted by the Job controller
+    before it went (its tracking finalizer holds it until then): if it ended, nothing more
+    starts; one deleted before it ever started (the controller removes a surplus pod) leaves
+    the attempt to the next. ``started``: the uid of a pod this process let start, which the
+    view may not show so yet. Pure."""
+    if is_finished(job):
+        return PodChoice()
+    present = [p for p in pods if pod_problem(job, p) is None]
+    waiting = sorted(
+        (
+            p
+            for p in present
+            if is_gated(p)
+            and not (p.get("metadata") or {}).get("deletionTimestamp")
+            and (p.get("metadata") or {}).get("uid") != started
+        ),
+        key=_created,
+    )
+    begun = any(not is_gated(p) or (p.get("metadata") or {}).get("uid") == started for p in present)
+    held = tuple(_created(p)[1] for p in waiting)
+    if begun or _ended_pods(job) or not waiting:
+        return PodChoice(None, held)
+    first = waiting[0]
+    meta = first.get("metadata") or {}
+    return PodChoice(PodRef(str(meta.get("name") or ""), str(meta.get("uid") or "")), held[1:])
+
+
 POD_LOST = "PodLost"
 """The reason of an attempt whose Job reports success that none of its own pods confirms."""
 
@@ -293,12 +369,14 @@ def observe_job(
     pods: Iterable[Mapping[str, Any]] | None,
     *,
     pod_refused: str | None = None,
+    started: str | None = None,
 ) -> ObservedJob | None:
     """What the core needs to know of a step Job; None for a Job that is not a step Job.
     ``pods`` must be the Job's (controlled by it); only those that run its template tell the
     outcome (:func:`pod_problem`); None when they were not looked at (the Job's conditions
     alone, for a guess). ``pod_refused``: why the API server refused its pod, if it
-    did and the Job has none."""
+    did and the Job has none. ``started``: the uid of the pod this process let start, if any
+    (:func:`choose_pod`)."""
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     try:
@@ -306,7 +384,9 @@ def observe_job(
         attempt = int(labels[s.LABEL_ATTEMPT])
     except (KeyError, ValueError):
         return None
-    state, reason, message, terminated = _own_outcome(job, None if pods is None else list(pods))
+    listed = None if pods is None else list(pods)
+    state, reason, message, terminated = _own_outcome(job, listed)
+    choice = choose_pod(job, listed, started) if listed is not None else PodChoice()
     status = job.get("status") or {}
     return ObservedJob(
         name=meta.get("name", ""),
@@ -325,4 +405,6 @@ def observe_job(
         deleting=bool(meta.get("deletionTimestamp")),
         deleted_at=_time(meta.get("deletionTimestamp")),
         pod_refused=pod_refused if state == JobState.ACTIVE else None,
+        start_pod=choice.start if state == JobState.ACTIVE else None,
+        held_pods=choice.held,
     )

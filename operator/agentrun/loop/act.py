@@ -25,6 +25,7 @@ from agentrun.core import (
     DeleteRun,
     EmitEvent,
     ReleaseJob,
+    StartPod,
     StoreResult,
     naming,
 )
@@ -186,6 +187,8 @@ class Actor:
             # and run on for the whole deletion grace (or to their end).
             self.delete_job(ns, action.job_name, uid, release=action.release, foreground=True)
             log.info("deleted Job %s (%s)", action.job_name, action.reason, extra=run_fields(run))
+        elif isinstance(action, StartPod):
+            self._start_pod(run, action)
         elif isinstance(action, ReleaseJob):
             self.checkpoint("before-job-release")
             self._release_to_ttl(run, action)
@@ -246,6 +249,52 @@ class Actor:
         self.observer.note_launched(run.metadata.uid, action.job_name)
         log.info("created Job %s", action.job_name, extra=ctx)
         self.checkpoint("after-job-create")
+
+    def _start_pod(self, run: m.AgentRun, action: StartPod) -> None:
+        """Remove the operator's scheduling gate from the attempt's one pod: a JSON patch
+        guarded by ``test`` ops (the same pod, by uid; the gate where it was seen), so a pod
+        that is another, or changed since, is left as it is until the next pass."""
+        ns = run.metadata.namespace
+        found = self._pod_as_seen(ns, action)
+        if found is None:
+            return
+        gates = (found.get("spec") or {}).get("schedulingGates") or []
+        where = next((i for i, g in enumerate(gates) if g.get("name") == s.POD_GATE), None)
+        if where is None or (found.get("metadata") or {}).get("uid") != action.pod.uid:
+            return
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": action.pod.uid},
+            {"op": "test", "path": f"/spec/schedulingGates/{where}/name", "value": s.POD_GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{where}"},
+        ]
+        with tolerate(404, 409, 422) as refused:
+            patched = self.apis.core.patch_namespaced_pod(
+                action.pod.name, ns, patch, _preload_content=False
+            )
+        if refused:
+            return
+        self.adoption.started(json.loads(patched.data))
+        log.info("let pod %s of Job %s start", action.pod.name, action.job_name,
+                 extra=run_fields(run))  # fmt: skip
+        self.checkpoint("after-pod-start")
+
+    def _pod_as_seen(self, namespace: str, action: StartPod) -> dict[str, Any] | None:
+        """The pod as the view holds it (its gates are kept), else as read now."""
+        view = self.observer.view
+        job = view.job_named(namespace, action.job_name) if view is not None else None
+        if view is not None and job is not None:
+            job_uid = str((job.get("metadata") or {}).get("uid") or "")
+            for pod in view.pods_of_job(job_uid):
+                if (pod.get("metadata") or {}).get("uid") == action.pod.uid:
+                    return pod
+        with tolerate(404) as gone:
+            read = self.apis.core.read_namespaced_pod(
+                action.pod.name, namespace, _preload_content=False
+            )
+        if gone:
+            return None
+        answer: dict[str, Any] = json.loads(read.data)
+        return answer
 
     def delete_job(
         self,

@@ -52,7 +52,7 @@ from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, ObservedJob
 from agentrun.core.machine import committed_launch
 from agentrun.execution import jobs, proof
-from agentrun.observation.watches import ClusterView, controller_ref
+from agentrun.observation.watches import ClusterView, controller_ref, controller_uid
 
 log = logging.getLogger("agentrun.adoption")
 
@@ -241,6 +241,9 @@ class Adoption:
         """uid -> (generation, :class:`Verdict`) of a dry-run comparison. A Job whose spec
         changed since (a new generation) is checked again."""
         self._reported = _Lru()
+        self._started = _Lru()
+        """Job uid -> uid of the pod this process let start (its gate removed): no other pod
+        of that Job starts, even before the view shows that one started."""
         self._fresh = _Lru()
         """namespace/name -> (until when, a Job as read by this process: created, or read on
         a conflict or because the view lacks it) not yet in the view, which lags the API
@@ -254,6 +257,13 @@ class Adoption:
         with self._lock:
             self._created.remember(_uid(job), _generation(job))
             self._remember_fresh(job, FRESH_SECONDS)
+
+    def started(self, pod: Obj) -> None:
+        """The operator let ``pod`` start (the answer to removing its gate)."""
+        job_uid = controller_uid(pod)
+        if job_uid:
+            with self._lock:
+                self._started.remember(job_uid, _uid(pod))
 
     def read(self, namespace: str, name: str) -> Obj | None:
         """Read Job ``name`` now (a create met AlreadyExists, or the view misses it)."""
@@ -415,7 +425,28 @@ class Adoption:
             pods = [p for p in listed if _controlled_by(p, job_uid)]
         self._report_foreign_pods(run, job, pods)
         refused = None if pods else self.view.pod_refusal(job_uid)
-        return jobs.observe_job(job, pods, pod_refused=refused)
+        with self._lock:
+            started: str | None = self._started.get(job_uid)
+        observed = jobs.observe_job(job, pods, pod_refused=refused, started=started)
+        if observed is not None:
+            self._report_held_pods(run, job, observed.held_pods)
+        return observed
+
+    def _report_held_pods(self, run: m.AgentRun, job: Obj, held: Iterable[str]) -> None:
+        """Warn once per second pod of an attempt (the Job controller made two, e.g. when it
+        lost the answer to a pod create): it is held and never runs the step's command."""
+        for name in held:
+            key = f"{run.metadata.uid}/held/{_uid(job)}/{name}"
+            with self._lock:
+                new = key not in self._reported
+                self._reported.remember(key, True)
+            if new:
+                self.report(
+                    run,
+                    jobs.DUPLICATE_POD,
+                    f"pod {name} is a second pod of Job {_name(job)} for the same attempt; it "
+                    "is held by the operator's scheduling gate and never runs the step",
+                )
 
     def _report_foreign_pods(self, run: m.AgentRun, job: Obj, pods: Iterable[Obj]) -> None:
         """Warn once per pod that the Job counts but that does not run its template (made by

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun import settings as s
-from agentrun.execution.jobs import job_state, pod_essentials, step_terminated
+from agentrun.execution.jobs import is_gated, job_state, pod_essentials, step_terminated
 
 log = logging.getLogger("agentrun.observer")
 
@@ -274,11 +274,16 @@ class ClusterView:
 def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
     """Whether a change can make a pass decide differently, so is worth waking the run for:
     a Job appearing, vanishing, finishing, starting, being deleted or changing its spec or
-    owner; a pod's step container terminating (its outcome); any pod refusal. Other changes
+    owner; a pod appearing held by the operator's gate (it waits to be let start), or going
+    before it ended; a pod's step container terminating (its outcome); any pod refusal. Other changes
     (a pod being scheduled, a finalizer removed, counters) wake nobody."""
     if kind == EVENTS:
         return True
     if kind == PODS:
+        if before is None and after is not None and is_gated(after):
+            return True  # a new pod waiting for the operator to let it start
+        if after is None and before is not None and step_terminated(before) is None:
+            return True  # gone before it ended: another pod of its attempt may be let start
         return step_terminated(after) is not None and step_terminated(before) is None
     if before is None or after is None:
         return True
