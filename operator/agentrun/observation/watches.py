@@ -275,8 +275,8 @@ def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any
     """Whether a change can make a pass decide differently, so is worth waking the run for:
     a Job appearing, vanishing, finishing, starting, being deleted or changing its spec or
     owner; a pod appearing held by the operator's gate (it waits to be let start), or going
-    before it ended; a pod's step container terminating (its outcome); any pod refusal. Other changes
-    (a pod being scheduled, a finalizer removed, counters) wake nobody."""
+    before it ended; a pod's step container terminating (its outcome); any pod refusal.
+    Other changes (a pod being scheduled, a finalizer removed, counters) wake nobody."""
     if kind == EVENTS:
         return True
     if kind == PODS:
