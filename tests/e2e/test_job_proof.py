@@ -35,6 +35,7 @@ from agentrun.settings import ANNOTATION_PROOF, JOB_FINALIZER, LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.cluster import Kubectl, bind_role, mint_user, read_or_none, user_subject
+from tests.support.jobs import let_pods_start
 from tests.support.runs import (
     agentrun,
     create,
@@ -114,6 +115,8 @@ def test_a_gated_steps_exact_job_made_before_its_approval_never_counts(
     assert manifest["metadata"]["name"] == taken
     assert ANNOTATION_PROOF not in manifest["metadata"]["annotations"]
     made = eve.batch.create_namespaced_job(namespace, manifest)
+    # Its pod is held by the operator's gate, as the template says; she may let it go herself.
+    wait_for("eve's Job's pod", lambda: let_pods_start(eve, namespace, taken), timeout=60)
     wait_for(
         "eve's Job to run the step's command",
         lambda: eve.batch.read_namespaced_job(taken, namespace).status.succeeded,

@@ -1,9 +1,11 @@
-"""Plain batch/v1 Jobs, for tests of the local node and control plane (not of the operator)."""
+"""Plain batch/v1 Jobs, for tests of the local node and control plane, and what anyone may do
+to a step Job's pods."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from agentrun.settings import POD_GATE
 from agentrun_devcluster.testing import KubeClients, wait_for
 
 from .runs import IMAGE
@@ -83,3 +85,21 @@ def run_job(
     """Create ``job`` and wait for its container to terminate: (pod, terminated state)."""
     kube.batch.create_namespaced_job(namespace, job)
     return terminated_container(kube, namespace, job["metadata"]["name"], timeout)
+
+
+def let_pods_start(client: KubeClients, namespace: str, job: str) -> int:
+    """Remove the operator's scheduling gate from the pods of Job ``job``, as anyone who may
+    patch pods can (the built-in ``edit`` role); how many were let go."""
+    let_go = 0
+    for pod in job_pods(client, namespace, job):
+        gates = [g.name for g in pod.spec.scheduling_gates or []]
+        if POD_GATE not in gates:
+            continue
+        where = gates.index(POD_GATE)
+        patch = [
+            {"op": "test", "path": f"/spec/schedulingGates/{where}/name", "value": POD_GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{where}"},
+        ]
+        client.core.patch_namespaced_pod(pod.metadata.name, namespace, patch)
+        let_go += 1
+    return let_go
