@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.access import authz
 from agentrun.api import models as m
-from agentrun.core import Observed, ResumeSource
+from agentrun.core import Observed, ResumeSource, turns
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core.actions import StoreRecord
@@ -175,6 +175,20 @@ class AgentSim(Sim):
         doc = cx.Context.from_parts(parts)
         assert isinstance(doc, cx.Context), doc
         return doc
+
+    def request(self, turn: int | None = None) -> dict[str, Any]:
+        """The chat completion request the model turn of ``turn`` sends (the current one by
+        default), as ``agentrun step llm`` builds it from the context and the frozen model."""
+        agent = self.run.spec.agent
+        assert agent is not None
+        model = turns.model_of(agent, self.agent)
+        return cx.request_body(
+            self.context(turn),
+            model.name,
+            model.max_output_tokens,
+            model.temperature,
+            turns.tool_choice_of(agent, self.agent),
+        )
 
     # -- driving it ---------------------------------------------------------------------------
 

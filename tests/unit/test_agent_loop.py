@@ -15,6 +15,7 @@ from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core.envelope import MAX_TOKENS
 from agentrun.core.naming import sha256_text
+from agentrun_devcluster.modelserver import check_request
 from tests.support.agent_sim import (
     RESTART,
     SEARCH,
@@ -154,6 +155,35 @@ def test_an_invalid_call_is_never_run_and_the_model_reads_why_then_corrects_it()
     sim.answer("done")
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     assert sim.agent.invalid_tool_calls == 1
+
+
+@pytest.mark.parametrize(
+    "arguments", ['{"query": "why is check', "[1, 2]", '"x"', '{"query": "x"} trailing']
+)
+def test_a_call_cut_off_is_answered_and_the_next_request_is_one_any_server_takes(
+    arguments: str,
+) -> None:
+    """The model's output was cut off inside a call's arguments (or they are not an object):
+    the call never runs, the model reads that and why, and the assistant message sent back
+    carries arguments every server parses (llama.cpp's answers HTTP 500 to the request that
+    repeats arguments that are not JSON, and fails it again on every retry)."""
+    sim = AgentSim(agent_run())
+    sim.answer("", [call("search", arguments, "cut"), call("search", {"query": "x"}, "ok")])
+    sim.tools_return()
+    assert sim.agent.turn == 2 and sim.agent.stage == a.AgentStage.THINKING
+    request = sim.request()
+    assert check_request(request) is None
+    (asked,) = [msg for msg in request["messages"] if msg.get("tool_calls")]
+    sent = {c["id"]: c["function"]["arguments"] for c in asked["tool_calls"]}
+    assert sent == {"cut": "{}", "ok": '{"query": "x"}'}
+    said = _tool_messages(sim.context(), 1)["cut"]
+    assert said.startswith("error: the call was not run: the arguments ")
+    assert said.endswith("(your message above shows {} as its arguments)")
+    # The transcript keeps what the model wrote.
+    record = sim.transcript()[0]["toolCalls"][0]
+    assert (record["arguments"], record["outcome"]) == (arguments, "Invalid")
+    sim.answer("done")
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
 
 
 @pytest.mark.parametrize(

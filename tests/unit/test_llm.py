@@ -136,25 +136,55 @@ def test_an_endpoint_that_is_down_fails_the_turn_with_the_reason(tmp_path: Path)
         (Status(500, "overloaded"), "answered HTTP 500: overloaded"),
         (
             Raw(b"<html>bad gateway</html>", "text/html"),
-            "not a chat completion (ValueError: the body is not JSON: <html>bad gateway</html>)",
+            "not a chat completion: the body is not JSON: <html>bad gateway</html>",
         ),
-        (Raw(b'{"choices": []}'), "answered with something that is not a chat completion"),
-        (Raw(b'{"object": "nonsense"}'), "answered with something that is not a chat completion"),
+        (Raw(b'{"choices": []}'), "not a chat completion: it has no choices"),
+        (Raw(b'{"object": "nonsense"}'), "not a chat completion: it has no choices"),
         (
             Raw(b'{"choices": [{"index": 0, "message": {"content": 5}}]}'),
-            "not a chat completion",
+            "not a chat completion: the message's content is not text",
+        ),
+        (Raw(b""), "not a chat completion: the body is empty"),
+        (Raw(b"   \n"), "not a chat completion: the body is empty"),
+        (Raw(b'{"choices": [{"message": '), 'the body is not JSON: {"choices": [{"message":'),
+        (Raw(b"null"), "not a chat completion: the body is JSON null, not an object"),
+        (Raw(b"[1]"), "not a chat completion: the body is JSON an array, not an object"),
+        (
+            Raw(b'{"choices": [{"message": {"content": "caf\xe9"}}]}'),
+            "not a chat completion: the body is not UTF-8 text (byte 41 is 0xe9)",
+        ),
+        (Raw(b"\xff\xfe\x00\x00"), "the body is not UTF-8 text (byte 0 is 0xff)"),
+        (
+            Raw(b'{"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "a"}}'),
+            "not a chat completion: usage.prompt_tokens is not a number",
         ),
     ],
 )
-def test_garbage_from_the_endpoint_fails_the_turn_with_the_reason(
+def test_garbage_from_the_endpoint_fails_the_turn_with_one_line_saying_why(
     tmp_path: Path, model: ScriptedModel, answer: Any, said: str
 ) -> None:
+    """An empty 200 body, a body that is not JSON or not UTF-8, JSON that is not a chat
+    completion: the turn fails with one line saying so (never a traceback's)."""
     model.add(answer)
     env = _env(tmp_path, model.base_url)
     assert llm.run_turn(env, store_factory=_no_store) == 1
     message = _termination(env)
     assert message.startswith(f"the model endpoint {model.base_url} "), message
     assert said in message
+    assert "\n" not in message and "Traceback" not in message, message
+
+
+def test_whatever_fails_in_a_turn_it_ends_in_one_line(tmp_path: Path) -> None:
+    """Even what no endpoint answer explains (a client that raises anything at all)."""
+
+    def broken(base_url: str, api_key: str) -> Any:
+        raise RuntimeError("first line\n  second line of something deep")
+
+    env = _env(tmp_path, "http://127.0.0.1:9/v1")
+    assert llm.run_turn(env, client_factory=broken, store_factory=_no_store) == 1
+    assert _termination(env) == (
+        "the turn failed: RuntimeError: first line second line of something deep"
+    )
 
 
 def test_a_context_changed_after_it_was_committed_is_refused(
@@ -243,3 +273,46 @@ def test_the_scripted_model_records_every_request_whatever_its_method(
         ("PUT", "/v1/models", "Bearer k"),
     ]
     assert model.completions() == []
+
+
+@pytest.mark.parametrize(
+    ("choice", "sent"),
+    [
+        ("auto", "auto"),
+        ("none", "none"),
+        ("required", "required"),
+        ("search", {"type": "function", "function": {"name": "search"}}),
+    ],
+)
+def test_the_tool_choice_is_sent_as_chat_completions_defines_it(
+    tmp_path: Path, model: ScriptedModel, choice: str, sent: Any
+) -> None:
+    model.add(reply("done"))
+    env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_TOOL_CHOICE: choice}
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    (request,) = model.completions()
+    assert request.body["tool_choice"] == sent
+    assert model.refused == []
+
+
+def test_no_tool_choice_is_sent_unset_or_without_tools(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    model.add(reply("one"), reply("two"))
+    assert llm.run_turn(_env(tmp_path, model.base_url), store_factory=_no_store) == 0
+    bare = cx.Context(turn=1, messages=cx.first_messages(None, "hi"))
+    env = {**_env(tmp_path, model.base_url, bare), loop.ENV_MODEL_TOOL_CHOICE: "none"}
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    first, second = model.completions()
+    assert "tool_choice" not in first.body
+    assert "tools" not in second.body and "tool_choice" not in second.body
+
+
+def test_the_request_sent_is_the_one_the_core_counts(tmp_path: Path, model: ScriptedModel) -> None:
+    """What the server received is exactly cx.request_body of the context: the budget's
+    estimate (status.agent.context.bytes) counts that body."""
+    model.add(reply("done"))
+    env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_TOOL_CHOICE: "auto"}
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    (request,) = model.completions()
+    assert request.body == cx.request_body(_context(), "scripted", 300, None, "auto")

@@ -233,8 +233,42 @@ class ResumeFrom(ApiModel):
     )
 
 
+TOOL_CHOICE_MODES = ("auto", "none", "required")
+"""The values of toolChoice that are not a tool's name (a tool may not be named like them)."""
+
+
 class Agent(ApiModel):
     """A model that decides the next steps while the run runs, and the tools it may call."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": (
+                        "!has(self.toolChoice) || self.toolChoice in ['auto', 'none'] || "
+                        "(has(self.tools) && (self.toolChoice == 'required' || "
+                        "self.tools.exists(t, t.name == self.toolChoice)))"
+                    ),
+                    "message": (
+                        "toolChoice must be auto, none, required or the name of one of "
+                        "spec.agent.tools (required and a tool's name need tools)"
+                    ),
+                    "fieldPath": ".toolChoice",
+                },
+                {
+                    "rule": (
+                        "!has(self.tools) || "
+                        "!self.tools.exists(t, t.name in ['auto', 'none', 'required'])"
+                    ),
+                    "message": (
+                        "a tool may not be named auto, none or required: those are the "
+                        "modes of toolChoice"
+                    ),
+                    "fieldPath": ".tools",
+                },
+            ]
+        }
+    )
 
     model: ModelEndpoint = Field(
         description=(
@@ -258,6 +292,22 @@ class Agent(ApiModel):
         ),
         max_length=MAX_TOOLS,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    tool_choice: str | None = Field(
+        default=None,
+        description=(
+            "Whether the model must, may or may not call a tool in a turn, sent as the "
+            "tool_choice of every chat completion request: auto (it decides), none (it "
+            "answers without calling a tool), required (it calls at least one tool), or a "
+            "tool's name (it calls that tool). Unset: not sent, so the endpoint's default "
+            "(auto when tools are offered). With required or a tool's name the model cannot "
+            "answer, so the run ends when maxTurns is reached (MaxTurnsReached). Not every "
+            "server honours every value (docs/agent.md). Fixed at creation like model and "
+            "tools."
+        ),
+        min_length=1,
+        max_length=48,
+        pattern=TOOL_NAME_PATTERN,
     )
     max_turns: int = Field(
         default=20,
@@ -431,6 +481,11 @@ class FrozenAgent(ApiModel):
             "against it before a tool is offered or a call is run."
         ),
         max_length=64,
+    )
+    tool_choice: str | None = Field(
+        default=None,
+        description=("spec.agent.toolChoice as it was: every model turn sends it as tool_choice."),
+        max_length=48,
     )
     generation: int | None = Field(
         default=None, ge=0, description="metadata.generation of the spec it was taken from."

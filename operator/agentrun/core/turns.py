@@ -31,6 +31,7 @@ ENV_MODEL_NAME = "AGENTRUN_MODEL_NAME"
 ENV_MODEL_TEMPERATURE = "AGENTRUN_MODEL_TEMPERATURE"
 ENV_MODEL_MAX_OUTPUT_TOKENS = "AGENTRUN_MODEL_MAX_OUTPUT_TOKENS"
 ENV_MODEL_API_KEY = "AGENTRUN_MODEL_API_KEY"
+ENV_MODEL_TOOL_CHOICE = "AGENTRUN_MODEL_TOOL_CHOICE"
 ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
 ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
 ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
@@ -178,6 +179,13 @@ def model_of(agent: a.Agent, status: a.AgentStatus | None) -> a.ModelEndpoint:
     return agent.model
 
 
+def tool_choice_of(agent: a.Agent, status: a.AgentStatus | None) -> str | None:
+    """``spec.agent.toolChoice`` as frozen on the operator's first pass (as :func:`model_of`)."""
+    if status is not None and status.frozen is not None:
+        return status.frozen.tool_choice
+    return agent.tool_choice
+
+
 def model_turn_step(
     run: m.AgentRun, status: a.AgentStatus, ctx: a.ContextStatus, config: AgentConfig
 ) -> m.Step:
@@ -199,6 +207,9 @@ def model_turn_step(
     ]
     if model.temperature is not None:
         env.append(_env(ENV_MODEL_TEMPERATURE, repr(model.temperature)))
+    choice = tool_choice_of(agent, status)
+    if choice is not None:
+        env.append(_env(ENV_MODEL_TOOL_CHOICE, choice))
     if model.api_key_secret_ref is not None:
         ref = model.api_key_secret_ref
         env.append(
