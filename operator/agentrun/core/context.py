@@ -103,6 +103,9 @@ class Output:
     completion_tokens: int = 0
     model: str | None = None
     dropped_calls: int = 0
+    reported_tokens: int | None = None
+    """What the endpoint reported, when more than the turn could have used (then the token
+    counts are bounded)."""
 
 
 def output_result(output: Output) -> dict[str, Any]:

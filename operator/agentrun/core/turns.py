@@ -63,6 +63,18 @@ class AgentConfig:
     transcript record; the whole result stays where the step committed it."""
 
 
+TEMPLATE_TOKENS = 2048
+"""Tokens a server's chat template may add to a prompt besides the bytes sent (role markers,
+a preamble offering the tools), when bounding what a turn could have used."""
+TEMPLATE_TOKENS_PER_MESSAGE = 32
+
+
+def prompt_ceiling(ctx: a.ContextStatus) -> int:
+    """Most prompt tokens a turn could have used: a token covers at least one byte of what was
+    sent, plus what a chat template adds."""
+    return ctx.bytes + TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * ctx.messages
+
+
 class Host(Protocol):
     """What the state machine's working state offers the loop (builder.Builder)."""
 
@@ -116,6 +128,13 @@ def call_step(turn: int, index: int, tool: str) -> str:
     """The step of call ``index`` (0-based) of turn ``turn``: a DNS label."""
     label = _LABEL.sub("-", tool.lower()).strip("-") or "tool"
     return f"t{turn}-{index}-{label}"[: naming.MAX_NAME].rstrip("-")
+
+
+def is_model_turn(name: str) -> bool:
+    """Whether ``name`` is the step of a model turn (``t{N}-model``; no plan step of an agent
+    run may be named like that)."""
+    turn = turn_of_step(name)
+    return turn is not None and name == model_step(turn)
 
 
 def turn_of_step(name: str) -> int | None:

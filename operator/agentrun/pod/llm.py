@@ -35,6 +35,8 @@ from agentrun import settings as s
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core import naming
+from agentrun.core.envelope import MAX_INFLATED_RESULT as MAX_OUTPUT_BYTES
+from agentrun.core.envelope import RESULT_Z, compress_result
 from agentrun.pod import runner
 
 NO_KEY = "none"
@@ -258,6 +260,26 @@ def envelope(output: cx.Output) -> dict[str, Any]:
     }
 
 
+def _fail(termination: Path, message: str) -> int:
+    print(f"agentrun step llm: {message}", file=sys.stderr)
+    termination.write_text(_one_line(message, runner.TERMINATION_LIMIT // 4))
+    return 1
+
+
+def inline_text(body: Mapping[str, Any]) -> str:
+    """The envelope as the termination message carries it: as it is when it fits
+    :data:`agentrun.pod.runner.INLINE_LIMIT`, else with its result compressed
+    (``resultZ``, see :mod:`agentrun.core.envelope`); too long for the termination message
+    when longer than :data:`agentrun.pod.runner.TERMINATION_LIMIT`."""
+    text = json.dumps(body, separators=(",", ":"))
+    if len(text.encode()) <= runner.INLINE_LIMIT:
+        return text
+    full = naming.canonical_json(body["result"])
+    packed = {k: v for k, v in body.items() if k != "result"}
+    packed[RESULT_Z] = compress_result(full)
+    return json.dumps(packed, separators=(",", ":"))
+
+
 def run_turn(
     env: dict[str, str] | None = None,
     client_factory: Callable[[str, str], Any] = default_client,
@@ -271,7 +293,10 @@ def run_turn(
     identity = runner.StepIdentity(env)
     store = store_factory(identity, env) if identity.complete() else None
     if store is not None and identity.idempotency_key:
-        replay = store.previous()
+        try:
+            replay = store.previous()
+        except Exception:  # a ServiceAccount that may not list ConfigMaps: nothing to replay
+            replay = None
         if replay is not None:  # this attempt's output was stored before its pod was lost
             termination.write_text(json.dumps(replay))
             return 0
@@ -283,28 +308,42 @@ def run_turn(
             if isinstance(error, TurnFailed)
             else TurnFailed(f"the turn failed: {type(error).__name__}: {_one_line(error)}")
         )
-        print(f"agentrun step llm: {failure}", file=sys.stderr)
-        termination.write_text(_one_line(failure, runner.TERMINATION_LIMIT // 4))
-        return 1
+        return _fail(termination, str(failure))
     body = envelope(output)
-    text = json.dumps(body, separators=(",", ":"))
-    if len(text.encode()) > runner.INLINE_LIMIT:
-        full = naming.canonical_json(body["result"])
+    full = naming.canonical_json(body["result"])
+    size = len(full.encode())
+    if size > MAX_OUTPUT_BYTES:
+        return _fail(
+            termination,
+            f"the turn's output is {size} bytes, more than the {MAX_OUTPUT_BYTES} a turn may "
+            "return: lower spec.agent.model.maxOutputTokens",
+        )
+    text = inline_text(body)
+    if len(text.encode()) > runner.TERMINATION_LIMIT:
+        packed = len(text.encode())
         if store is None:
-            message = (
-                f"the turn's output is {len(full.encode())} bytes, more than the termination "
-                "message holds, and the pod has no API access to store it: give steps a "
-                "ServiceAccount (stepTemplate.serviceAccountName) allowed to create ConfigMaps"
+            return _fail(
+                termination,
+                f"the turn's output is {size} bytes ({packed} as the compressed envelope), more "
+                f"than the {runner.TERMINATION_LIMIT} bytes of the termination message, and the "
+                "pod has no API access to store it: lower spec.agent.model.maxOutputTokens, or "
+                "give steps a ServiceAccount (stepTemplate.serviceAccountName) allowed to create "
+                "ConfigMaps",
             )
-            print(f"agentrun step llm: {message}", file=sys.stderr)
-            termination.write_text(message)
-            return 1
         try:
-            ref = store.store(full, body["summary"])
+            ref = store.store(full, body["summary"], fields=False)
         except runner.ResultTampered as error:  # never reference what the turn did not write
-            print(f"agentrun step llm: {error}", file=sys.stderr)
-            termination.write_text(str(error)[: runner.TERMINATION_LIMIT])
-            return 1
+            return _fail(termination, str(error))
+        except Exception as error:  # e.g. HTTP 403: the ServiceAccount may not create it
+            return _fail(
+                termination,
+                f"the turn's output is {size} bytes ({packed} as the compressed envelope), more "
+                f"than the {runner.TERMINATION_LIMIT} bytes of the termination message, and "
+                f"storing it in a ConfigMap failed ({type(error).__name__}: "
+                f"{_one_line(getattr(error, 'reason', '') or error, 120)}): lower "
+                "spec.agent.model.maxOutputTokens, or give steps a ServiceAccount "
+                "(stepTemplate.serviceAccountName) allowed to create ConfigMaps",
+            )
         body = {
             "ok": True,
             "summary": body["summary"],
@@ -313,7 +352,7 @@ def run_turn(
             "usage": body["usage"],
         }
         text = json.dumps(body, separators=(",", ":"))
-    termination.write_text(text[: runner.TERMINATION_LIMIT])
+    termination.write_text(text)
     print(
         f"agentrun step llm: turn {env.get(loop.ENV_TURN, '?')}: {body['summary']} "
         f"({body['usage']['tokens']} tokens)"
