@@ -438,6 +438,14 @@ def test_the_context_stays_under_its_limit_old_results_by_summary_then_old_turns
     assert ctx.paged_results > 0 and ctx.omitted_turns > 0
     assert [msg["role"] for msg in ctx.messages[:3]] == ["system", "user", "user"]
     assert ctx.messages[2]["content"].startswith(f"[Earlier turns 1 to {ctx.omitted_turns} were")
+    # As sent, the note joins the goal: templates that want user and assistant to alternate
+    # (Gemma's, Mistral's) refuse two user messages in a row.
+    request = sim.request()
+    assert check_request(request) is None
+    assert [msg["role"] for msg in request["messages"][:3]] == ["system", "user", "assistant"]
+    assert request["messages"][1]["content"] == (
+        f"{ctx.messages[1]['content']}\n\n{ctx.messages[2]['content']}"
+    )
     # The newest turn's result is whole; older ones by their summary.
     assert _tool_messages(ctx, 29)["c29"] == "r" * 600
     paged = [msg for msg in ctx.messages if msg.get("x-paged")]

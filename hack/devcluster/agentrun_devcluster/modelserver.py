@@ -14,7 +14,8 @@ so that a test can check that a server got nothing at all), and each ``POST
   depends on what the model was sent).
 
 Before any of that, each chat completion request is checked as strictly as real servers check
-it (:func:`check_request`): the roles and their order, the content types, every assistant tool
+it (:func:`check_request`): the roles and their order (no two user or assistant messages in
+a row, as chat templates like Gemma's require), the content types, every assistant tool
 call's arguments (JSON text of an object), every tool call id answered by exactly one tool
 message before the next assistant or user message, tool messages answering only calls made,
 the tools and ``tool_choice``. A request that fails is answered like those servers answer it
@@ -288,7 +289,8 @@ def check_request(body: Any) -> Refusal | None:
     it would take it. As strict as OpenAI's API and llama.cpp's server are: roles and content
     types valid, tool call arguments JSON text of an object, every assistant tool call id
     answered by exactly one tool message before the next assistant or user message, and tool
-    messages answering only the calls made."""
+    messages answering only the calls made; and as chat templates that want user and
+    assistant turns to alternate are: no two user (or assistant) messages in a row."""
     if not isinstance(body, dict):
         return _bad("We could not parse the JSON body of your request.")
     if not isinstance(body.get("model"), str) or not body["model"]:
@@ -323,6 +325,14 @@ def check_request(body: Any) -> Refusal | None:
                 f"Invalid value: {json.dumps(role)}. Supported values are: 'system', "
                 "'assistant', 'user', 'tool', and 'developer'.",
                 f"{where}.role",
+            )
+        previous = messages[i - 1].get("role") if i and isinstance(messages[i - 1], dict) else None
+        if role in ("user", "assistant") and role == previous:
+            # Chat templates that want turns to alternate (Gemma's, Mistral's) raise this.
+            return Refusal(
+                500,
+                "Conversation roles must alternate user/assistant/user/assistant/... "
+                f"(messages[{i - 1}] and messages[{i}] are both {role})",
             )
         if role != "tool" and pending:
             return _bad(

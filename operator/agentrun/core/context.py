@@ -303,7 +303,7 @@ def request_body(
     the bookkeeping members, its tools, and the settings (``tool_choice`` only with tools)."""
     body: dict[str, Any] = {
         "model": model,
-        "messages": [sendable(m) for m in context.messages],
+        "messages": sent_messages(context.messages),
         "max_tokens": max_tokens,
     }
     if context.tools:
@@ -313,6 +313,27 @@ def request_body(
     if temperature is not None:
         body["temperature"] = temperature
     return body
+
+
+def sent_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as sent: without their bookkeeping members, and a user message that
+    follows another (the note of turns left out follows the goal) joined to it, since chat
+    templates that want user and assistant to alternate (Gemma's, Mistral's) refuse two in a
+    row."""
+    sent: list[dict[str, Any]] = []
+    for message in messages:
+        out = sendable(message)
+        last = sent[-1] if sent else None
+        if (
+            last is not None
+            and out.get("role") == "user" == last.get("role")
+            and isinstance(out.get("content"), str)
+            and isinstance(last.get("content"), str)
+        ):
+            sent[-1] = {**last, "content": f"{last['content']}\n\n{out['content']}"}
+            continue
+        sent.append(out)
+    return sent
 
 
 def request_bytes(body: Mapping[str, Any]) -> int:
