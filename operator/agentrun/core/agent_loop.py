@@ -9,9 +9,11 @@ An agent run (``spec.agent``) moves through stages (``status.agent.stage``):
 ``Ready`` / ``Paused``
     The context of turn N is stored (a ConfigMap, see :mod:`agentrun.core.context`). Before
     the turn starts, the tokens left (``budget.maxTokens`` minus what was used) are checked
-    against what the turn may use: ``maxOutputTokens`` plus the context's size at 4 bytes a
-    token. When they do not cover it the loop is ``Paused`` (run phase Suspended, reason
-    BudgetExhausted) until ``spec.budget.maxTokens`` is raised.
+    against what the turn may use: ``maxOutputTokens`` plus the size of the request it sends
+    (messages, tool definitions, settings) at 4 bytes a token. When they do not cover it the
+    loop is ``Paused`` (run phase Suspended, reason BudgetExhausted) until
+    ``spec.budget.maxTokens`` is raised. A turn is counted for what the endpoint reported, but
+    never more than it could have used (:func:`counted_tokens`).
 ``Thinking``
     Turn N's model step (``t{N}-model``) runs like any step: committed intent, a Job with a
     deterministic name, retries per ``agent.model.retry``. It runs ``agentrun step llm`` in
@@ -25,7 +27,10 @@ An agent run (``spec.agent``) moves through stages (``status.agent.stage``):
     approval of that step and argsHash, as a gated plan step does (a rejection is answered to
     the model; the run goes on). A call that fails after its retries is answered as an error.
 ``Answered``
-    The model answered without calling a tool: the answer is the run's result.
+    The model answered without calling a tool: the answer is the run's result, stored once in
+    the turn's transcript record (up to :data:`agentrun.api.agent.MAX_ANSWER_BYTES`; a larger
+    one fails the run, reason AnswerTooLarge). An answer cut off at ``maxOutputTokens``
+    (finish reason ``length``, no tool call) is not one: the run fails (reason AnswerCutOff).
 
 When every call of turn N has an outcome, the turn is closed: its transcript record (the
 assistant message, each call with its arguments, outcome, approval and result, usage) is
