@@ -116,6 +116,7 @@ def test_a_loop_of_turns_with_parallel_tool_calls_ends_with_the_answer(
     assert [r["turn"] for r in records] == [1, 2, 3]
     assert [c["id"] for c in records[0]["toolCalls"]] == ["c1", "c2"]
     assert records[2]["answer"] is True
+    assert model.refused == [], "the operator sent a request a real server refuses"
 
 
 def test_invalid_arguments_are_answered_with_the_error_and_the_model_corrects_them(
@@ -350,3 +351,142 @@ def test_the_api_key_is_used_only_with_the_rights_of_the_runs_creator(
     assert request.authorization == f"Bearer {key}"
     for name in ("borrowed-key", "own-key"):
         assert key not in json.dumps(get(kube, namespace, name)), "the key is in the run"
+
+
+def test_a_call_cut_off_at_the_output_limit_is_answered_and_the_loop_goes_on(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    """The model's output ends inside a call's arguments: the next request, which the
+    scripted model checks as strictly as llama.cpp's server, carries {} for them and an answer
+    saying why the call was not run; the loop goes on to the answer."""
+    model.add(
+        reply("", [tool_call("search", '{"query": "latency of chec', "cut")],
+              finish_reason="length"),
+        reply("", [tool_call("search", {"query": "latency"}, "whole")]),
+        reply("the cache"),
+    )  # fmt: skip
+    create(kube, namespace, agent_run("cut-call", model))
+    run = wait_phase(kube, namespace, "cut-call", "Succeeded")
+    assert model.refused == []
+    _, second, _ = model.completions()
+    (asked,) = [m for m in second.messages if m.get("tool_calls")]
+    assert asked["tool_calls"][0]["function"]["arguments"] == "{}"
+    said = second.tool_answers["cut"]
+    assert said.startswith("error: the call was not run: the arguments are not valid JSON")
+    assert said.endswith("(your message above shows {} as its arguments)")
+    assert "t1-0-search" not in _launches(run)
+
+
+def test_an_answer_cut_off_at_the_output_limit_fails_the_run_with_the_reason(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(reply("The cause is the cold ca", finish_reason="length"))
+    create(kube, namespace, agent_run("cut-answer", model, model_extra={"maxOutputTokens": 64}))
+    run = wait_phase(kube, namespace, "cut-answer", "Failed")
+    assert condition(run)["reason"] == "AnswerCutOff"
+    assert status_of(run)["message"].startswith(
+        "the model's answer in turn 1 was cut off at maxOutputTokens (64; finish reason length)"
+    )
+    assert "answer" not in status_of(run)["agent"]
+    wait_for(
+        "the AnswerCutOff Event",
+        lambda: "AnswerCutOff" in event_reasons(kube, namespace, "cut-answer"),
+        timeout=30,
+    )
+
+
+def test_a_long_answer_works_with_the_default_service_account(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    agent_operator: OperatorProcess,
+    model: ScriptedModel,
+) -> None:
+    """12 KB of prose: more than kubelet's 4 KiB termination message, and the steps run as
+    the namespace's default ServiceAccount, which may not create ConfigMaps."""
+    prose = "\n".join(f"{i}. the checkout cache was cold after the deploy" for i in range(300))
+    assert len(prose.encode()) > 12_000
+    model.add(reply(prose))
+    create(kube, namespace, agent_run("long-answer", model))
+    wait_phase(kube, namespace, "long-answer", "Succeeded")
+    result = kubectl_agentrun(cluster, "result", "long-answer", "-n", namespace)
+    assert (result.returncode, result.stdout) == (0, prose), result.stderr
+
+
+def test_an_output_too_large_for_the_termination_message_fails_saying_what_to_do(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    noise = "".join(
+        secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+        for _ in range(9000)
+    )
+    model.add(reply(noise))
+    create(kube, namespace, agent_run("too-long", model))
+    run = wait_phase(kube, namespace, "too-long", "Failed")
+    message = status_of(run)["message"]
+    assert "more than the 4096 bytes of the termination message" in message
+    assert "lower spec.agent.model.maxOutputTokens, or give steps a ServiceAccount" in message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_reported_usage_of_ten_to_the_thirty_does_not_exhaust_the_budget(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(
+        reply("", [tool_call("search", {"query": "x"}, "c1")], prompt_tokens=10**30,
+              completion_tokens=10**30),
+        reply("the answer", prompt_tokens=300, completion_tokens=20),
+    )  # fmt: skip
+    create(kube, namespace, agent_run("liar", model, budget={"maxTokens": 200_000}))
+    run = wait_phase(kube, namespace, "liar", "Succeeded")
+    status = status_of(run)
+    assert 320 < status["usage"]["tokens"] < 20_000
+    agent = status["agent"]
+    assert agent["overReportedTurns"] == 1
+    assert agent["recent"][0]["reportedTokens"] == 2**53 - 1
+    assert "ReportedUsageRefused" in [t["reason"] for t in _history(run)]
+    wait_for(
+        "the ReportedUsageRefused Event",
+        lambda: "ReportedUsageRefused" in event_reasons(kube, namespace, "liar"),
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"", "the body is empty"),
+        (b'{"choices": [', "the body is not JSON"),
+        (b'{"choices": [{"message": {"content": "caf\xe9"}}]}', "the body is not UTF-8 text"),
+    ],
+    ids=["empty", "not-json", "not-utf8"],
+)
+def test_a_broken_answer_fails_the_turn_with_one_line(
+    kube: KubeClients,
+    namespace: str,
+    agent_operator: OperatorProcess,
+    model: ScriptedModel,
+    body: bytes,
+    said: str,
+) -> None:
+    model.add(Raw(body))
+    create(kube, namespace, agent_run("broken", model))
+    run = wait_phase(kube, namespace, "broken", "Failed")
+    message = status_of(run)["message"]
+    assert message.startswith("step t1-model failed: ")
+    assert (
+        f"the model endpoint {model.base_url} answered with something that is not a chat "
+        f"completion: {said}" in message
+    )
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_the_tool_choice_is_sent_with_every_turn(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    model.add(reply("", [tool_call("search", {"query": "x"}, "c1")]), reply("answered"))
+    create(kube, namespace, agent_run("choice", model, agent={"toolChoice": "none"}))
+    run = wait_phase(kube, namespace, "choice", "Succeeded")
+    assert [r.body.get("tool_choice") for r in model.completions()] == ["none", "none"]
+    assert status_of(run)["agent"]["frozen"]["toolChoice"] == "none"
+    assert model.refused == []

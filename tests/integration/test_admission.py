@@ -707,7 +707,7 @@ def _tool(name: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _agent_run(name: str, **spec: Any) -> dict[str, Any]:
+def _agent_run(name: str, agent_extra: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
     body = _run(name, **spec)
     body["spec"]["agent"] = {
         "model": {
@@ -716,6 +716,7 @@ def _agent_run(name: str, **spec: Any) -> dict[str, Any]:
             "apiKeySecretRef": {"name": "llm", "key": "api-key"},
         },
         "tools": [_tool("search"), _tool("restart", risk="external", approval="required")],
+        **(agent_extra or {}),
     }
     return body
 
@@ -765,6 +766,18 @@ def test_the_agents_model_and_tools_cannot_change_after_creation(admission: Admi
     tools = admission.get("r")["spec"]["agent"]["tools"]
     swapped = _replace("/spec/agent/tools", list(reversed(tools)))
     assert _denial(admission.patch("carol", "r", [swapped])) == "spec.agent.tools" + changed
+    # The tool choice: set, changed or removed.
+    choice = {"op": "add", "path": "/spec/agent/toolChoice", "value": "required"}
+    assert _denial(admission.patch("carol", "r", [choice])) == "spec.agent.toolChoice" + changed
+    both = [choice, _replace("/spec/agent/model/name", "gpt-4o")]
+    assert _denial(admission.patch("carol", "r", both)) == (
+        "spec.agent.model.name, spec.agent.toolChoice" + changed
+    )
+    admission.created("alice", _agent_run("chosen", agent_extra={"toolChoice": "auto"}))
+    unset = {"op": "remove", "path": "/spec/agent/toolChoice"}
+    assert _denial(admission.patch("carol", "chosen", [unset])) == (
+        "spec.agent.toolChoice" + changed
+    )
     # Rule g speaks first for a tool an update would gate less.
     lowered = _replace("/spec/agent/tools/1/approval", "auto")
     assert "spec.agent.tools[restart]: cannot go from approval required" in _denial(

@@ -76,6 +76,14 @@ def _refused(kube: KubeClients, namespace: str, body: Run) -> str:
     return said
 
 
+@pytest.mark.parametrize("choice", ["auto", "none", "required", "search"])
+def test_a_tool_choice_of_a_mode_or_a_tool_is_accepted(
+    kube: KubeClients, namespace: str, choice: str
+) -> None:
+    created = create(kube, namespace, agent_run(f"choice-{choice}", toolChoice=choice))
+    assert created["spec"]["agent"]["toolChoice"] == choice
+
+
 def test_a_run_needs_a_plan_or_an_agent(kube: KubeClients, namespace: str) -> None:
     body = agent_run("neither")
     del body["spec"]["agent"]
@@ -103,6 +111,22 @@ INVALID = [
     ("too-many-calls", {"maxToolCallsPerTurn": 17}, "should be less than or equal to 16"),
     ("zero-turns", {"maxTurns": 0}, "should be greater than or equal to 1"),
     ("small-context", {"contextBytes": 100}, "should be greater than or equal to 4096"),
+    (
+        "tool-choice-unknown-tool",
+        {"toolChoice": "nope"},
+        "toolChoice must be auto, none, required or the name of one of spec.agent.tools",
+    ),
+    (
+        "tool-choice-required-without-tools",
+        {"tools": None, "toolChoice": "required"},
+        "toolChoice must be auto, none, required or the name of one of spec.agent.tools",
+    ),
+    ("tool-choice-not-a-name", {"toolChoice": "any tool"}, "should match"),
+    (
+        "tool-named-like-a-mode",
+        {"tools": [tool("auto")]},
+        "a tool may not be named auto, none or required",
+    ),
     (
         "bad-base-url",
         {"model": {"baseURL": "localhost:8000", "name": "m"}},
@@ -184,6 +208,9 @@ def test_explain_teaches_the_agent(kubectl: Kubectl) -> None:
     assert "approvals are never carried" in resume
     turn = kubectl("explain", "agentrun.spec.agent.resumeFrom.turn").stdout
     assert "ResumeRefused" in turn
+    choice = " ".join(kubectl("explain", "agentrun.spec.agent.toolChoice").stdout.split())
+    assert "auto (it decides), none (it answers without calling a tool)" in choice
+    assert "required (it calls at least one tool), or a tool's name" in choice
 
 
 def test_a_status_with_an_agent_loop_round_trips(kube: KubeClients, namespace: str) -> None:

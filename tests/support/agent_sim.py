@@ -16,10 +16,11 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.access import authz
 from agentrun.api import models as m
-from agentrun.core import Observed, ResumeSource
+from agentrun.core import Observed, ResumeSource, envelope, turns
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core.actions import StoreRecord
+from agentrun.core.naming import canonical_json
 from agentrun.observation import conversation as resume
 
 from . import agents
@@ -71,24 +72,28 @@ def turn_envelope(
     calls: Sequence[cx.ToolCall] = (),
     prompt: int = 100,
     completion: int = 20,
+    finish: str | None = None,
+    packed: bool = False,
 ) -> str:
-    """The termination message of a model turn, as ``agentrun step llm`` writes it."""
+    """The termination message of a model turn, as ``agentrun step llm`` writes it (with its
+    result compressed, ``resultZ``, when ``packed``)."""
     output = cx.Output(
         content=content,
         tool_calls=tuple(calls),
-        finish_reason="tool_calls" if calls else "stop",
+        finish_reason=finish or ("tool_calls" if calls else "stop"),
         prompt_tokens=prompt,
         completion_tokens=completion,
         model="scripted",
     )
-    return json.dumps(
-        {
-            "ok": True,
-            "summary": cx.output_summary(output),
-            "result": cx.output_result(output),
-            "usage": {"tokens": prompt + completion},
-        }
-    )
+    body: dict[str, Any] = {
+        "ok": True,
+        "summary": cx.output_summary(output),
+        "result": cx.output_result(output),
+        "usage": {"tokens": prompt + completion},
+    }
+    if packed:
+        body[envelope.RESULT_Z] = envelope.compress_result(canonical_json(body.pop("result")))
+    return json.dumps(body)
 
 
 def tool_envelope(result: str, summary: str | None = None) -> str:
@@ -176,6 +181,20 @@ class AgentSim(Sim):
         assert isinstance(doc, cx.Context), doc
         return doc
 
+    def request(self, turn: int | None = None) -> dict[str, Any]:
+        """The chat completion request the model turn of ``turn`` sends (the current one by
+        default), as ``agentrun step llm`` builds it from the context and the frozen model."""
+        agent = self.run.spec.agent
+        assert agent is not None
+        model = turns.model_of(agent, self.agent)
+        return cx.request_body(
+            self.context(turn),
+            model.name,
+            model.max_output_tokens,
+            model.temperature,
+            turns.tool_choice_of(agent, self.agent),
+        )
+
     # -- driving it ---------------------------------------------------------------------------
 
     def settle(self, limit: int = 20) -> None:
@@ -187,8 +206,9 @@ class AgentSim(Sim):
                 return
         raise AssertionError("the run did not settle")
 
-    def answer(self, content: str = "", calls: Sequence[cx.ToolCall] = (), **usage: int) -> None:
-        """The running model turn returns; then the run settles."""
+    def answer(self, content: str = "", calls: Sequence[cx.ToolCall] = (), **usage: Any) -> None:
+        """The running model turn returns (``usage``: the keywords of :func:`turn_envelope`);
+        then the run settles."""
         self.settle()
         job = self.model_job()
         assert job is not None, f"no model turn running: {self.status.message}"

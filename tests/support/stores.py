@@ -26,7 +26,12 @@ class FakeStore(runner.ResultStore):
                 }
         return None
 
-    def store(self, result: str, summary: str) -> dict[str, Any]:
+    def store(self, result: str, summary: str, *, fields: bool = True) -> dict[str, Any]:
         name = f"{self.identity.step}-{self.identity.attempt}"
-        self.objects[name] = {"result": result, "summary": summary, "key": self.identity.key_hash}
+        self.objects[name] = {
+            "result": result,
+            "summary": summary,
+            "key": self.identity.key_hash,
+            "fields": fields,
+        }
         return {"name": name, "key": "result"}

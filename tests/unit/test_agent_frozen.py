@@ -354,3 +354,31 @@ def test_a_run_whose_agent_changed_cannot_be_forked() -> None:
     fine.answer("", [call("search", {"query": "x"}, "c")])
     fine.tools_return()
     assert fork_plan.plan_turn(fine.run, 1, "f").from_turn == 1
+
+
+@pytest.mark.parametrize(
+    ("before", "after"), [(None, "none"), ("auto", "required"), ("search", None)]
+)
+def test_the_tool_choice_is_fixed(before: str | None, after: str | None) -> None:
+    sim = _keyed_sim(**({"toolChoice": before} if before else {}))
+    sim.settle()
+    assert sim.agent.frozen is not None and sim.agent.frozen.tool_choice == before
+    agent = sim.run.spec.agent
+    assert agent is not None
+    sim.spec_update(agent=agent.model_copy(update={"tool_choice": after}))
+    sim.settle()
+    _failed_closed(sim, "spec.agent.toolChoice")
+
+
+def test_turns_send_the_frozen_tool_choice() -> None:
+    sim = _keyed_sim(toolChoice="search")
+    sim.settle()
+    job = sim.model_job()
+    assert job is not None
+    run = sim.run.model_copy(deep=True)
+    statuses = {st.name: st for st in run.status.steps or []} if run.status else {}
+    (turn,) = loop.dynamic_steps(run, statuses, loop.AgentConfig())
+    env = {e.name: e.value for e in turn.container.env or []}
+    assert env[loop.ENV_MODEL_TOOL_CHOICE] == "search"
+    request = sim.request()
+    assert request["tool_choice"] == {"type": "function", "function": {"name": "search"}}

@@ -11,10 +11,13 @@ import pytest
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
+from agentrun.clients.plugin import transcript
 from agentrun.core import agent_loop as loop
+from agentrun.core import builder
 from agentrun.core import context as cx
 from agentrun.core.envelope import MAX_TOKENS
 from agentrun.core.naming import sha256_text
+from agentrun_devcluster.modelserver import check_request
 from tests.support.agent_sim import (
     RESTART,
     SEARCH,
@@ -154,6 +157,35 @@ def test_an_invalid_call_is_never_run_and_the_model_reads_why_then_corrects_it()
     sim.answer("done")
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     assert sim.agent.invalid_tool_calls == 1
+
+
+@pytest.mark.parametrize(
+    "arguments", ['{"query": "why is check', "[1, 2]", '"x"', '{"query": "x"} trailing']
+)
+def test_a_call_cut_off_is_answered_and_the_next_request_is_one_any_server_takes(
+    arguments: str,
+) -> None:
+    """The model's output was cut off inside a call's arguments (or they are not an object):
+    the call never runs, the model reads that and why, and the assistant message sent back
+    carries arguments every server parses (llama.cpp's answers HTTP 500 to the request that
+    repeats arguments that are not JSON, and fails it again on every retry)."""
+    sim = AgentSim(agent_run())
+    sim.answer("", [call("search", arguments, "cut"), call("search", {"query": "x"}, "ok")])
+    sim.tools_return()
+    assert sim.agent.turn == 2 and sim.agent.stage == a.AgentStage.THINKING
+    request = sim.request()
+    assert check_request(request) is None
+    (asked,) = [msg for msg in request["messages"] if msg.get("tool_calls")]
+    sent = {c["id"]: c["function"]["arguments"] for c in asked["tool_calls"]}
+    assert sent == {"cut": "{}", "ok": '{"query": "x"}'}
+    said = _tool_messages(sim.context(), 1)["cut"]
+    assert said.startswith("error: the call was not run: the arguments ")
+    assert said.endswith("(your message above shows {} as its arguments)")
+    # The transcript keeps what the model wrote.
+    record = sim.transcript()[0]["toolCalls"][0]
+    assert (record["arguments"], record["outcome"]) == (arguments, "Invalid")
+    sim.answer("done")
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
 
 
 @pytest.mark.parametrize(
@@ -406,6 +438,14 @@ def test_the_context_stays_under_its_limit_old_results_by_summary_then_old_turns
     assert ctx.paged_results > 0 and ctx.omitted_turns > 0
     assert [msg["role"] for msg in ctx.messages[:3]] == ["system", "user", "user"]
     assert ctx.messages[2]["content"].startswith(f"[Earlier turns 1 to {ctx.omitted_turns} were")
+    # As sent, the note joins the goal: templates that want user and assistant to alternate
+    # (Gemma's, Mistral's) refuse two user messages in a row.
+    request = sim.request()
+    assert check_request(request) is None
+    assert [msg["role"] for msg in request["messages"][:3]] == ["system", "user", "assistant"]
+    assert request["messages"][1]["content"] == (
+        f"{ctx.messages[1]['content']}\n\n{ctx.messages[2]['content']}"
+    )
     # The newest turn's result is whole; older ones by their summary.
     assert _tool_messages(ctx, 29)["c29"] == "r" * 600
     paged = [msg for msg in ctx.messages if msg.get("x-paged")]
@@ -448,6 +488,104 @@ def test_an_answer_too_long_for_status_is_kept_in_the_last_record() -> None:
     assert sim.records[ref.name][ref.key] == "a" * (a.MAX_ANSWER + 1)
 
 
+@pytest.mark.parametrize("turn", [1, 2])
+def test_an_answer_cut_off_at_the_output_limit_fails_the_run_saying_so(turn: int) -> None:
+    """finish_reason length without a tool call: the text is not a whole answer, so it is not
+    the run's result. The run fails (AnswerCutOff) saying how to go on; the transcript keeps
+    what the model said."""
+    sim = AgentSim(agent_run(model={"baseURL": "http://127.0.0.1:9/v1", "name": "m",
+                                    "maxOutputTokens": 64}))  # fmt: skip
+    if turn == 2:
+        sim.answer("", [call("search", {"query": "x"}, "c")])
+        sim.tools_return()
+    sim.answer("The cause is the ca", finish="length")
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert _reasons(sim)[-1] == "AnswerCutOff"
+    message = sim.status.message or ""
+    assert message.startswith(
+        f"the model's answer in turn {turn} was cut off at maxOutputTokens (64; finish reason "
+        "length), so it is not the run's result"
+    )
+    if turn == 2:
+        assert "raise spec.agent.model.maxOutputTokens in a fork from turn 1" in message
+        assert "kubectl agentrun fork agent --from 1 --dry-run" in message
+    else:
+        assert "create the run again with a larger spec.agent.model.maxOutputTokens" in message
+    assert sim.agent.stage == a.AgentStage.STOPPED
+    assert sim.agent.answer is None and sim.agent.answer_ref is None
+    record = sim.transcript()[-1]
+    assert (record["content"], record["cutOff"], record["answer"]) == (
+        "The cause is the ca",
+        True,
+        False,
+    )
+
+
+def test_a_cut_off_output_with_calls_goes_on_and_the_calls_are_validated() -> None:
+    """Cut off inside a call: the call is answered as invalid, the loop goes on."""
+    sim = AgentSim(agent_run())
+    sim.answer("", [call("search", '{"query": "x', "c")], finish="length")
+    assert sim.agent.turn == 2 and sim.status.phase == m.RunPhase.RUNNING
+    assert check_request(sim.request()) is None
+
+
+def test_the_estimate_before_a_turn_counts_the_whole_request_tool_definitions_too() -> None:
+    """The context's size in status is the request the turn sends, tool definitions and
+    settings included, so large tool definitions pause a run whose messages alone would fit."""
+    long = "Search the logs. " * 230
+    tools = [{**SEARCH, "description": long}, {**RESTART, "description": long}]
+    sim = AgentSim(agent_run(tools=tools, spec={"budget": {"maxTokens": 1024 + 1000}}))
+    sim.settle()
+    ctx = sim.agent.context
+    assert ctx is not None
+    assert ctx.bytes == cx.request_bytes(sim.request())
+    messages_only = cx.messages_bytes(sim.context().messages)
+    assert 1024 + messages_only // 4 < 1024 + 1000 < 1024 + ctx.bytes // 4
+    assert sim.agent.stage == a.AgentStage.PAUSED
+    assert sim.status.phase == m.RunPhase.SUSPENDED
+    assert f"it may use {1024 + -(-ctx.bytes // 4)} tokens" in (sim.status.message or "")
+
+
+def test_the_largest_answer_accepted_is_stored_once_within_a_config_map() -> None:
+    """An answer of MAX_ANSWER_BYTES (characters JSON escapes and multi-byte ones included),
+    arriving compressed as with the default ServiceAccount: the model turn's result object
+    holds its output once (no field entries), and the last transcript record holds the answer
+    once, under its key, the record naming that key; both stay under a ConfigMap's 1 MiB."""
+    answer = 'é"a' * (a.MAX_ANSWER_BYTES // 4)
+    assert len(answer.encode()) == a.MAX_ANSWER_BYTES
+    sim = AgentSim(agent_run())
+    sim.answer(answer, packed=True)
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    (result_object,) = sim.results.values()
+    assert list(result_object) == ["result"]
+    ref = sim.agent.answer_ref
+    assert ref is not None and ref.key == "answer"
+    data = sim.records[ref.name]
+    assert data["answer"] == answer
+    record = json.loads(data["turn"])
+    assert (record["content"], record["contentKey"]) == (None, "answer")
+    assert 'é"a' not in data["turn"]
+    limit = 1024 * 1024 - 16 * 1024  # the API server's 1 MiB, with room for the metadata
+    for stored in (data, result_object):
+        assert sum(len(k) + len(v.encode()) for k, v in stored.items()) < limit
+    shown = transcript.turn_lines(transcript.records_of(sim.run, sim.config_maps().values())[0])
+    assert shown[1].startswith('  answer: é"aé"a')
+
+
+def test_an_answer_over_the_largest_accepted_fails_the_run_saying_so() -> None:
+    sim = AgentSim(agent_run())
+    sim.answer("b" * (a.MAX_ANSWER_BYTES + 1), packed=True)
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert _reasons(sim)[-1] == "AnswerTooLarge"
+    assert (sim.status.message or "").startswith(
+        f"the model's answer in turn 1 is {a.MAX_ANSWER_BYTES + 1} bytes, more than the "
+        f"{a.MAX_ANSWER_BYTES} a run accepts as its result"
+    )
+    record = sim.transcript()[0]
+    assert (len(record["content"]), record["contentCut"]) == (1024, a.MAX_ANSWER_BYTES + 1)
+    assert sim.agent.answer is None and sim.agent.answer_ref is None
+
+
 def test_cancelling_stops_the_loop() -> None:
     sim = AgentSim(agent_run())
     sim.answer("", [call("search", {"query": "x"}, "c")])
@@ -457,15 +595,37 @@ def test_cancelling_stops_the_loop() -> None:
     assert sim.agent.stage == a.AgentStage.STOPPED
 
 
-def test_token_counts_are_clamped() -> None:
-    sim = AgentSim(agent_run())
+def test_reported_usage_counts_at_most_what_the_turn_could_have_used() -> None:
+    """An endpoint reporting 10^30 tokens for a turn does not exhaust a 200,000-token budget:
+    the turn is counted for at most its maxOutputTokens plus a prompt of one token per byte
+    sent plus what a chat template adds, and the report is recorded (status, history, a
+    Warning Event)."""
+    sim = AgentSim(agent_run(spec={"budget": {"maxTokens": 200_000}}))
     sim.settle()
-    job = sim.model_job()
-    assert job is not None
-    sim.finish(job.name, True, turn_envelope("done", prompt=MAX_TOKENS, completion=MAX_TOKENS))
-    sim.settle()
-    assert sim.agent.prompt_tokens == MAX_TOKENS
-    assert sim.status.usage is not None and sim.status.usage.tokens == MAX_TOKENS
+    ctx = sim.agent.context
+    assert ctx is not None
+    ceiling = 1024 + loop.prompt_ceiling(ctx)
+    assert ceiling < 10_000
+    sim.answer("", [call("search", {"query": "x"}, "c")], prompt=10**30, completion=10**30)
+    assert sim.status.usage is not None and sim.status.usage.tokens == ceiling
+    assert sim.agent.prompt_tokens == loop.prompt_ceiling(ctx)
+    assert sim.agent.completion_tokens == 1024
+    assert sim.agent.over_reported_turns == 1
+    (refused,) = [t for t in sim.status.history or [] if t.reason == "ReportedUsageRefused"]
+    assert refused.step == "t1-model"
+    assert refused.message is not None and f"; {ceiling} counted" in refused.message
+    assert "ReportedUsageRefused" in [reason for reason, _ in sim.events]
+    assert builder._warns("Counted", "ReportedUsageRefused"), "a Warning Event"
+    sim.tools_return()
+    assert sim.agent.stage == a.AgentStage.THINKING, "the budget was not exhausted"
+    (summary,) = sim.agent.recent or []
+    assert (summary.tokens, summary.reported_tokens) == (ceiling, MAX_TOKENS)
+    assert sim.transcript()[0]["reportedTokens"] == MAX_TOKENS
+    # A turn that reports what it could have used is counted as reported.
+    sim.answer("done", prompt=300, completion=20)
+    assert sim.status.usage.tokens == ceiling + 320
+    assert sim.agent.over_reported_turns == 1
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
 
 
 def test_a_new_step_of_the_loop_launches_only_once_committed() -> None:

@@ -5,9 +5,9 @@ action, stale writers and a stalled second operator.
 After every event: no Job is created twice, no tool call or model turn runs again once it
 succeeded, a gated tool's call never starts without an approval of its exact arguments, a
 transcript record or context is never rewritten, every call the model made is answered exactly
-once in the next context, and the status stays bounded and valid against the CRD's status
-schema. A third of ``AGENTRUN_HYPOTHESIS_EXAMPLES`` examples: each checks the schema after every
-event.
+once in the next context, the next turn's request is one a strict server takes (the scripted
+model's check), and the status stays bounded and valid against the CRD's status schema. A third
+of ``AGENTRUN_HYPOTHESIS_EXAMPLES`` examples: each checks the schema after every event.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import CreateJob
 from agentrun.core import context as cx
+from agentrun_devcluster.modelserver import check_request
 from tests.support.agent_sim import (
     RESTART,
     SEARCH,
@@ -75,6 +76,8 @@ def _calls(seed: int) -> list[cx.ToolCall]:
             found.append(call("search", {"limit": 0}, f"c{seed}-{i}"))
         elif kind == 2:
             found.append(call("restart", {"service": f"svc{seed % 3}"}, f"c{seed}-{i}"))
+        elif kind == 3 and seed % 2:  # cut off at the output limit
+            found.append(call("search", '{"query": "q', f"c{seed}-{i}"))
         else:
             found.append(call("search", {"query": f"q{seed % 7}"}, f"c{seed}-{i}"))
     return found
@@ -133,6 +136,8 @@ class Checker:
             called = [c["id"] for msg in ctx.messages for c in msg.get("tool_calls") or []]
             answered = [msg["tool_call_id"] for msg in ctx.messages if msg["role"] == "tool"]
             assert sorted(called) == sorted(answered), "a call is not answered exactly once"
+            refusal = check_request(sim.request())
+            assert refusal is None, f"a server would refuse the next turn: {refusal}"
 
 
 def _execute(sim: AgentSim, checker: Checker, actions: Any) -> None:

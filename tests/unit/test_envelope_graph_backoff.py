@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -131,3 +135,34 @@ def test_a_message_longer_than_any_kubelet_keeps_fails_the_envelope() -> None:
 def test_result_object_fields_are_valid_config_map_keys() -> None:
     data = dict(envelope.result_object_data(json.dumps({"ok-1": 1, "é": 2, "a/b": 3})))
     assert set(data) == {"result", "field.ok-1"}
+
+
+def test_a_compressed_result_is_read_back_whole() -> None:
+    text = "the cache was cold. " * 2000
+    packed = json.dumps({"ok": True, "summary": "s", "resultZ": envelope.compress_result(text)})
+    assert len(packed) < 1024
+    read = envelope.parse(packed)
+    assert (read.ok, read.problem, read.result) == (True, None, text)
+
+
+@pytest.mark.parametrize(
+    ("packed", "problem"),
+    [
+        (5, "resultZ is a int, not a string"),
+        ("not base64!", "resultZ is not base64 of zlib data"),
+        (base64.b64encode(b"not zlib").decode(), "resultZ is not base64 of zlib data"),
+        (base64.b64encode(zlib.compress(b"x" * 100)[:-6]).decode(), "resultZ is cut short"),
+        (base64.b64encode(zlib.compress(b"\xff\xfe")).decode(), "does not hold UTF-8 text"),
+        # A bomb: 4 KiB that would inflate to 4 MiB is refused after the limit.
+        (
+            base64.b64encode(zlib.compress(b"0" * (4 * 1024 * 1024), 9)).decode(),
+            f"resultZ holds more than the {envelope.MAX_INFLATED_RESULT} bytes",
+        ),
+    ],
+)
+def test_a_compressed_result_that_cannot_be_read_fails_the_attempt(
+    packed: Any, problem: str
+) -> None:
+    read = envelope.parse(json.dumps({"ok": True, "resultZ": packed}))
+    assert read.ok is False and read.problem is not None
+    assert problem in read.problem

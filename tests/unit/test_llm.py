@@ -4,6 +4,8 @@ HTTP (on 127.0.0.1), through the official ``openai`` client."""
 from __future__ import annotations
 
 import json
+import random
+import string
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -11,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from agentrun import settings as s
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
+from agentrun.core.envelope import MAX_INFLATED_RESULT
+from agentrun.core.envelope import parse as envelope_parse
 from agentrun.core.naming import sha256_text
 from agentrun.pod import llm, runner
 from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
@@ -136,25 +141,55 @@ def test_an_endpoint_that_is_down_fails_the_turn_with_the_reason(tmp_path: Path)
         (Status(500, "overloaded"), "answered HTTP 500: overloaded"),
         (
             Raw(b"<html>bad gateway</html>", "text/html"),
-            "not a chat completion (ValueError: the body is not JSON: <html>bad gateway</html>)",
+            "not a chat completion: the body is not JSON: <html>bad gateway</html>",
         ),
-        (Raw(b'{"choices": []}'), "answered with something that is not a chat completion"),
-        (Raw(b'{"object": "nonsense"}'), "answered with something that is not a chat completion"),
+        (Raw(b'{"choices": []}'), "not a chat completion: it has no choices"),
+        (Raw(b'{"object": "nonsense"}'), "not a chat completion: it has no choices"),
         (
             Raw(b'{"choices": [{"index": 0, "message": {"content": 5}}]}'),
-            "not a chat completion",
+            "not a chat completion: the message's content is not text",
+        ),
+        (Raw(b""), "not a chat completion: the body is empty"),
+        (Raw(b"   \n"), "not a chat completion: the body is empty"),
+        (Raw(b'{"choices": [{"message": '), 'the body is not JSON: {"choices": [{"message":'),
+        (Raw(b"null"), "not a chat completion: the body is JSON null, not an object"),
+        (Raw(b"[1]"), "not a chat completion: the body is JSON an array, not an object"),
+        (
+            Raw(b'{"choices": [{"message": {"content": "caf\xe9"}}]}'),
+            "not a chat completion: the body is not UTF-8 text (byte 41 is 0xe9)",
+        ),
+        (Raw(b"\xff\xfe\x00\x00"), "the body is not UTF-8 text (byte 0 is 0xff)"),
+        (
+            Raw(b'{"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "a"}}'),
+            "not a chat completion: usage.prompt_tokens is not a number",
         ),
     ],
 )
-def test_garbage_from_the_endpoint_fails_the_turn_with_the_reason(
+def test_garbage_from_the_endpoint_fails_the_turn_with_one_line_saying_why(
     tmp_path: Path, model: ScriptedModel, answer: Any, said: str
 ) -> None:
+    """An empty 200 body, a body that is not JSON or not UTF-8, JSON that is not a chat
+    completion: the turn fails with one line saying so (never a traceback's)."""
     model.add(answer)
     env = _env(tmp_path, model.base_url)
     assert llm.run_turn(env, store_factory=_no_store) == 1
     message = _termination(env)
     assert message.startswith(f"the model endpoint {model.base_url} "), message
     assert said in message
+    assert "\n" not in message and "Traceback" not in message, message
+
+
+def test_whatever_fails_in_a_turn_it_ends_in_one_line(tmp_path: Path) -> None:
+    """Even what no endpoint answer explains (a client that raises anything at all)."""
+
+    def broken(base_url: str, api_key: str) -> Any:
+        raise RuntimeError("first line\n  second line of something deep")
+
+    env = _env(tmp_path, "http://127.0.0.1:9/v1")
+    assert llm.run_turn(env, client_factory=broken, store_factory=_no_store) == 1
+    assert _termination(env) == (
+        "the turn failed: RuntimeError: first line second line of something deep"
+    )
 
 
 def test_a_context_changed_after_it_was_committed_is_refused(
@@ -173,8 +208,74 @@ def test_without_a_context_it_says_what_it_is_for(tmp_path: Path) -> None:
     assert "runs as a model turn of an agent run" in _termination(env)
 
 
-def test_a_large_output_goes_to_a_config_map(tmp_path: Path, model: ScriptedModel) -> None:
-    model.add(reply("w" * 5000))
+def _incompressible(n: int, seed: int = 7) -> str:
+    """``n`` characters that zlib hardly shrinks (letters and digits drawn at random)."""
+    rng = random.Random(seed)
+    return "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(n))
+
+
+def _packed_bytes(content: str) -> int:
+    """Bytes of the termination message a turn answering ``content`` writes."""
+    output = cx.Output(content, (), "stop", 50, 10, "scripted")
+    return len(llm.inline_text(llm.envelope(output)).encode())
+
+
+def test_an_output_over_the_inline_limit_goes_compressed_with_no_api_access(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """A long answer (12 KB of prose) needs no ServiceAccount: the envelope carries it
+    compressed in the termination message, and the operator reads it back whole."""
+    prose = " ".join(f"Line {i}: the checkout cache was cold after the deploy." for i in range(220))
+    assert len(prose) > 12_000
+    model.add(reply(prose))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    message = _termination(env)
+    assert len(message.encode()) <= runner.TERMINATION_LIMIT
+    assert "resultZ" in json.loads(message) and "result" not in json.loads(message)
+    read = envelope_parse(message)
+    assert read.ok and read.problem is None and read.result is not None
+    assert json.loads(read.result)["content"] == prose
+
+
+def test_the_largest_output_the_termination_message_holds_and_one_byte_more(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """At the limit (the compressed envelope exactly fills what fits in 4096 bytes) the turn
+    succeeds with the default ServiceAccount; one character more fails it, saying why and
+    what to do."""
+    text = _incompressible(8000)
+    fits, over = 0, len(text)
+    assert _packed_bytes(text[:fits]) <= runner.TERMINATION_LIMIT < _packed_bytes(text)
+    while over - fits > 1:  # the longest prefix that fits, next to one that does not
+        middle = (fits + over) // 2
+        if _packed_bytes(text[:middle]) <= runner.TERMINATION_LIMIT:
+            fits = middle
+        else:
+            over = middle
+    assert over == fits + 1 and fits > runner.INLINE_LIMIT
+    model.add(reply(text[:fits]), reply(text[:over]))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    message = _termination(env)
+    assert len(message.encode()) <= runner.TERMINATION_LIMIT
+    read = envelope_parse(message)
+    assert read.result is not None and json.loads(read.result)["content"] == text[:fits]
+
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    said = _termination(env)
+    assert said.startswith("the turn's output is ")
+    assert f"({_packed_bytes(text[:over])} as the compressed envelope)" in said
+    assert f"more than the {runner.TERMINATION_LIMIT} bytes of the termination message" in said
+    assert "lower spec.agent.model.maxOutputTokens, or give steps a ServiceAccount" in said
+
+
+def test_an_output_too_large_even_compressed_goes_to_a_config_map(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """With a ServiceAccount that may create ConfigMaps: stored once (no field entries)."""
+    text = _incompressible(9000)
+    model.add(reply(text))
     env = _env(tmp_path, model.base_url)
     stores: list[FakeStore] = []
 
@@ -185,13 +286,38 @@ def test_a_large_output_goes_to_a_config_map(tmp_path: Path, model: ScriptedMode
     assert llm.run_turn(env, store_factory=store) == 0
     envelope = json.loads(_termination(env))
     ref = envelope["resultRef"]
-    stored = stores[0].objects[ref["name"]]["result"]
-    assert envelope["resultDigest"] == sha256_text(stored)
-    assert json.loads(stored)["content"] == "w" * 5000
-    # Without API access it says what to do.
-    model.add(reply("w" * 5000))
-    assert llm.run_turn(env, store_factory=_no_store) == 1
-    assert "give steps a ServiceAccount" in _termination(env)
+    stored = stores[0].objects[ref["name"]]
+    assert envelope["resultDigest"] == sha256_text(stored["result"])
+    assert json.loads(stored["result"])["content"] == text
+    assert stored["fields"] is False
+
+
+def test_a_service_account_that_may_not_store_it_fails_the_turn_in_one_line(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    class Forbidden(FakeStore):
+        def previous(self) -> dict[str, Any] | None:
+            raise ApiException(status=403, reason="Forbidden")
+
+        def store(self, result: str, summary: str, *, fields: bool = True) -> dict[str, Any]:
+            raise ApiException(status=403, reason="Forbidden")
+
+    model.add(reply(_incompressible(9000)))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=lambda i, e: Forbidden(i)) == 1
+    said = _termination(env)
+    assert "storing it in a ConfigMap failed (ApiException: Forbidden)" in said
+    assert "\n" not in said
+
+
+def test_an_output_over_the_most_a_turn_may_return_fails_the_turn(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    model.add(reply("x" * MAX_INFLATED_RESULT))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=lambda i, e: FakeStore(i)) == 1
+    assert _termination(env).startswith("the turn's output is ")
+    assert f"more than the {MAX_INFLATED_RESULT} a turn may return" in _termination(env)
 
 
 def test_the_runner_hands_a_tool_its_arguments_as_a_file(tmp_path: Path) -> None:
@@ -243,3 +369,46 @@ def test_the_scripted_model_records_every_request_whatever_its_method(
         ("PUT", "/v1/models", "Bearer k"),
     ]
     assert model.completions() == []
+
+
+@pytest.mark.parametrize(
+    ("choice", "sent"),
+    [
+        ("auto", "auto"),
+        ("none", "none"),
+        ("required", "required"),
+        ("search", {"type": "function", "function": {"name": "search"}}),
+    ],
+)
+def test_the_tool_choice_is_sent_as_chat_completions_defines_it(
+    tmp_path: Path, model: ScriptedModel, choice: str, sent: Any
+) -> None:
+    model.add(reply("done"))
+    env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_TOOL_CHOICE: choice}
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    (request,) = model.completions()
+    assert request.body["tool_choice"] == sent
+    assert model.refused == []
+
+
+def test_no_tool_choice_is_sent_unset_or_without_tools(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    model.add(reply("one"), reply("two"))
+    assert llm.run_turn(_env(tmp_path, model.base_url), store_factory=_no_store) == 0
+    bare = cx.Context(turn=1, messages=cx.first_messages(None, "hi"))
+    env = {**_env(tmp_path, model.base_url, bare), loop.ENV_MODEL_TOOL_CHOICE: "none"}
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    first, second = model.completions()
+    assert "tool_choice" not in first.body
+    assert "tools" not in second.body and "tool_choice" not in second.body
+
+
+def test_the_request_sent_is_the_one_the_core_counts(tmp_path: Path, model: ScriptedModel) -> None:
+    """What the server received is exactly cx.request_body of the context: the budget's
+    estimate (status.agent.context.bytes) counts that body."""
+    model.add(reply("done"))
+    env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_TOOL_CHOICE: "auto"}
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    (request,) = model.completions()
+    assert request.body == cx.request_body(_context(), "scripted", 300, None, "auto")

@@ -13,6 +13,18 @@ so that a test can check that a server got nothing at all), and each ``POST
 * a callable is called with the request's body and returns one of the above (an answer that
   depends on what the model was sent).
 
+Before any of that, each chat completion request is checked as strictly as real servers check
+it (:func:`check_request`): the roles and their order (no two user or assistant messages in
+a row, as chat templates like Gemma's require), the content types, every assistant tool
+call's arguments (JSON text of an object), every tool call id answered by exactly one tool
+message before the next assistant or user message, tool messages answering only calls made,
+the tools and ``tool_choice``. A request that fails is answered like those servers answer it
+(HTTP 400 with an OpenAI-style error, or HTTP 500 for arguments that are not JSON, as
+llama.cpp's ``llama-server`` does) and does not use up a reply of the script, so a test whose
+operator sends something a real server refuses fails on the run, not in production.
+:attr:`ScriptedModel.refused` lists the refusals; ``strict=False`` turns the check off (a server
+that accepts anything).
+
 When the script is used up, the :attr:`ScriptedModel.responder` answers (a callable as above:
 a model whose answers depend on the conversation, for runs without a fixed length); without
 one every request gets HTTP 500 ("the script has no more replies"), so a test that expected
@@ -26,6 +38,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,9 +46,22 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Raw", "Recorded", "ScriptedModel", "Status", "reply", "tool_call"]
+__all__ = [
+    "Raw",
+    "Recorded",
+    "Refusal",
+    "ScriptedModel",
+    "Status",
+    "check_request",
+    "reply",
+    "tool_call",
+]
 
 MODEL = "scripted"
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_CHOICES = ("none", "auto", "required")
+_FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_PART_TYPES = ("text", "image_url", "input_audio", "file")
 
 
 @dataclass(frozen=True)
@@ -106,6 +132,257 @@ def reply(
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """Why a real server would refuse a request: the HTTP status and its error message."""
+
+    code: int
+    message: str
+    param: str | None = None
+
+
+def _bad(message: str, param: str | None = None) -> Refusal:
+    return Refusal(400, message, param)
+
+
+def _type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "an integer", float: "a number", type(None): "null"}  # fmt: skip
+    return names.get(type(value), type(value).__name__)
+
+
+def _content_problem(role: str, content: Any, where: str, *, optional: bool) -> Refusal | None:
+    if content is None:
+        if optional:
+            return None
+        return _bad(f"Invalid value for '{where}': expected a string, got null.", where)
+    if isinstance(content, str):
+        return None
+    if not isinstance(content, list):
+        return _bad(
+            f"Invalid type for '{where}': expected one of a string or array of objects, "
+            f"but got {_type(content)} instead.",
+            where,
+        )
+    allowed = _PART_TYPES if role == "user" else ("text",)
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in allowed:
+            shown = json.dumps(kind) if isinstance(kind, str) else _type(part)
+            return _bad(
+                f"Invalid value: {shown}. Supported values for '{where}[{i}].type' are: "
+                + ", ".join(f"'{t}'" for t in allowed)
+                + ".",
+                f"{where}[{i}].type",
+            )
+        if kind == "text" and not isinstance(part.get("text"), str):
+            return _bad(f"Invalid type for '{where}[{i}].text': expected a string.", where)
+    return None
+
+
+def _tool_calls_problem(calls: Any, where: str, pending: dict[str, str]) -> Refusal | None:
+    if not isinstance(calls, list) or not calls:
+        return _bad(f"Invalid type for '{where}': expected a non-empty array of tool calls.", where)
+    for i, call in enumerate(calls):
+        at = f"{where}[{i}]"
+        if not isinstance(call, dict):
+            return _bad(f"Invalid type for '{at}': expected an object.", at)
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            return _bad(f"Missing required parameter: '{at}.id'.", f"{at}.id")
+        if call_id in pending:
+            return _bad(f"Duplicate tool call id '{call_id}' in '{where}'.", f"{at}.id")
+        if call.get("type") != "function":
+            return _bad(f"Invalid value for '{at}.type': expected 'function'.", f"{at}.type")
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            return _bad(f"Missing required parameter: '{at}.function.name'.", f"{at}.function")
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            return _bad(
+                f"Invalid type for '{at}.function.arguments': expected a string, "
+                f"but got {_type(arguments)} instead.",
+                f"{at}.function.arguments",
+            )
+        try:
+            parsed = json.loads(arguments)
+        except ValueError as error:
+            # llama.cpp's server: an internal error, and the same request fails again.
+            return Refusal(500, f"Failed to parse tool call arguments as JSON: {error}")
+        if not isinstance(parsed, dict):
+            return Refusal(500, f"Tool call arguments must be a JSON object, got {_type(parsed)}")
+        pending[call_id] = function["name"]
+    return None
+
+
+def _tools_problem(body: dict[str, Any]) -> tuple[Refusal | None, set[str]]:
+    tools = body.get("tools")
+    names: set[str] = set()
+    if tools is None:
+        return None, names
+    if not isinstance(tools, list):
+        return _bad(
+            f"Invalid type for 'tools': expected an array, got {_type(tools)}.", "tools"
+        ), names
+    for i, tool in enumerate(tools):
+        at = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            return _bad(f"Invalid value for '{at}.type': expected 'function'.", at), names
+        function = tool.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
+            return _bad(
+                f"Invalid '{at}.function.name': string does not match pattern. Expected a "
+                "string that matches the pattern '^[a-zA-Z0-9_-]+$' (at most 64 characters).",
+                f"{at}.function.name",
+            ), names
+        if name in names:
+            return _bad(f"Duplicate tool name '{name}' in 'tools'.", at), names
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        if parameters is not None and not isinstance(parameters, dict):
+            return _bad(
+                f"Invalid type for '{at}.function.parameters': expected an object.", at
+            ), names
+        names.add(name)
+    return None, names
+
+
+def _tool_choice_problem(body: dict[str, Any], names: set[str]) -> Refusal | None:
+    if "tool_choice" not in body:
+        return None
+    choice = body["tool_choice"]
+    if not names:
+        return _bad(
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are "
+            "specified.",
+            "tool_choice",
+        )
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            return _bad(
+                f"Invalid value: '{choice}'. Supported values are: 'none', 'auto', and 'required'.",
+                "tool_choice",
+            )
+        return None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if (
+        not isinstance(choice, dict)
+        or choice.get("type") != "function"
+        or not isinstance(name, str)
+    ):
+        return _bad(
+            "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or "
+            '{"type": "function", "function": {"name": ...}}.',
+            "tool_choice",
+        )
+    if name not in names:
+        return _bad(
+            f"Invalid value for 'tool_choice': no function named '{name}' was specified in "
+            "the 'tools' parameter.",
+            "tool_choice",
+        )
+    return None
+
+
+def check_request(body: Any) -> Refusal | None:
+    """Why an OpenAI-compatible server would refuse this chat completion request; None when
+    it would take it. As strict as OpenAI's API and llama.cpp's server are: roles and content
+    types valid, tool call arguments JSON text of an object, every assistant tool call id
+    answered by exactly one tool message before the next assistant or user message, and tool
+    messages answering only the calls made; and as chat templates that want user and
+    assistant turns to alternate are: no two user (or assistant) messages in a row."""
+    if not isinstance(body, dict):
+        return _bad("We could not parse the JSON body of your request.")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return _bad("Missing required parameter: 'model'.", "model")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        return _bad(
+            f"Invalid 'max_tokens': expected an integer >= 1, got {json.dumps(max_tokens)}.",
+            "max_tokens",
+        )
+    problem, names = _tools_problem(body)
+    if problem is not None:
+        return problem
+    problem = _tool_choice_problem(body, names)
+    if problem is not None:
+        return problem
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return _bad("Invalid 'messages': expected a non-empty array.", "messages")
+    pending: dict[str, str] = {}
+    """Tool call ids of the last assistant message not answered yet."""
+    answered: set[str] = set()
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            return _bad(f"Invalid type for '{where}': expected an object.", where)
+        role = message.get("role")
+        if role not in ROLES:
+            return _bad(
+                f"Invalid value: {json.dumps(role)}. Supported values are: 'system', "
+                "'assistant', 'user', 'tool', and 'developer'.",
+                f"{where}.role",
+            )
+        previous = messages[i - 1].get("role") if i and isinstance(messages[i - 1], dict) else None
+        if role in ("user", "assistant") and role == previous:
+            # Chat templates that want turns to alternate (Gemma's, Mistral's) raise this.
+            return Refusal(
+                500,
+                "Conversation roles must alternate user/assistant/user/assistant/... "
+                f"(messages[{i - 1}] and messages[{i}] are both {role})",
+            )
+        if role != "tool" and pending:
+            return _bad(
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                "response messages: " + ", ".join(sorted(pending)),
+                f"{where}.role",
+            )
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                return _bad(f"Missing required parameter: '{where}.tool_call_id'.", where)
+            if call_id not in pending:
+                said = "was already answered" if call_id in answered else "is not a call made"
+                return _bad(
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    f"preceding message with 'tool_calls' ('{call_id}' {said}).",
+                    f"{where}.tool_call_id",
+                )
+            del pending[call_id]
+            answered.add(call_id)
+            problem = _content_problem("tool", message.get("content"), f"{where}.content",
+                                       optional=False)  # fmt: skip
+        elif role == "assistant":
+            answered = set()
+            calls = message.get("tool_calls")
+            if calls is not None:
+                problem = _tool_calls_problem(calls, f"{where}.tool_calls", pending)
+                if problem is not None:
+                    return problem
+            problem = _content_problem(
+                "assistant", message.get("content"), f"{where}.content", optional=bool(calls)
+            )
+        else:
+            answered = set()
+            problem = _content_problem(role, message.get("content"), f"{where}.content",
+                                       optional=False)  # fmt: skip
+        if problem is not None:
+            return problem
+    if pending:
+        return _bad(
+            "An assistant message with 'tool_calls' must be followed by tool messages "
+            "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+            "response messages: " + ", ".join(sorted(pending)),
+            "messages",
+        )
+    return None
+
+
+@dataclass(frozen=True)
 class Recorded:
     """One request the server received."""
 
@@ -139,6 +416,10 @@ class ScriptedModel:
     host: str = "127.0.0.1"
     port: int = 0
     requests: list[Recorded] = field(default_factory=list)
+    strict: bool = True
+    """Refuse what a real server refuses (:func:`check_request`) before answering."""
+    refused: list[Refusal] = field(default_factory=list)
+    """The requests refused by the check, in order."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -247,6 +528,15 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 model.requests.append(record)
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 self._send(404, b'{"error": {"message": "not found"}}')
+                return
+            refusal = check_request(body) if model.strict else None
+            if refusal is not None:
+                with model._lock:
+                    model.refused.append(refusal)
+                kind = "invalid_request_error" if refusal.code == 400 else "server_error"
+                error = {"error": {"message": refusal.message, "type": kind,
+                                   "param": refusal.param, "code": None}}  # fmt: skip
+                self._send(refusal.code, json.dumps(error).encode())
                 return
             answer = model._next(body)
             if isinstance(answer, Status):

@@ -44,6 +44,10 @@ DEFAULT_CONTEXT_BYTES = 64 * 1024
 MAX_RECENT_TURNS = 10
 MAX_ANSWER = 4096
 """Longest answer kept in status; a longer one is kept in the last turn's transcript record."""
+MAX_ANSWER_BYTES = 512 * 1024
+"""Largest answer (UTF-8 bytes) a run accepts as its result. It is stored once, in the last
+turn's transcript record (a ConfigMap, at most 1 MiB); a larger one fails the run (reason
+AnswerTooLarge)."""
 MAX_SUMMARY = 1024
 TOOL_NAME_PATTERN = r"^[a-zA-Z][a-zA-Z0-9_-]{0,47}$"
 """A function name as Chat Completions accepts it, at most 48 characters (so that the tool call's
@@ -233,8 +237,42 @@ class ResumeFrom(ApiModel):
     )
 
 
+TOOL_CHOICE_MODES = ("auto", "none", "required")
+"""The values of toolChoice that are not a tool's name (a tool may not be named like them)."""
+
+
 class Agent(ApiModel):
     """A model that decides the next steps while the run runs, and the tools it may call."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": (
+                        "!has(self.toolChoice) || self.toolChoice in ['auto', 'none'] || "
+                        "(has(self.tools) && (self.toolChoice == 'required' || "
+                        "self.tools.exists(t, t.name == self.toolChoice)))"
+                    ),
+                    "message": (
+                        "toolChoice must be auto, none, required or the name of one of "
+                        "spec.agent.tools (required and a tool's name need tools)"
+                    ),
+                    "fieldPath": ".toolChoice",
+                },
+                {
+                    "rule": (
+                        "!has(self.tools) || "
+                        "!self.tools.exists(t, t.name in ['auto', 'none', 'required'])"
+                    ),
+                    "message": (
+                        "a tool may not be named auto, none or required: those are the "
+                        "modes of toolChoice"
+                    ),
+                    "fieldPath": ".tools",
+                },
+            ]
+        }
+    )
 
     model: ModelEndpoint = Field(
         description=(
@@ -258,6 +296,22 @@ class Agent(ApiModel):
         ),
         max_length=MAX_TOOLS,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    tool_choice: str | None = Field(
+        default=None,
+        description=(
+            "Whether the model must, may or may not call a tool in a turn, sent as the "
+            "tool_choice of every chat completion request: auto (it decides), none (it "
+            "answers without calling a tool), required (it calls at least one tool), or a "
+            "tool's name (it calls that tool). Unset: not sent, so the endpoint's default "
+            "(auto when tools are offered). With required or a tool's name the model cannot "
+            "answer, so the run ends when maxTurns is reached (MaxTurnsReached). Not every "
+            "server honours every value (docs/agent.md). Fixed at creation like model and "
+            "tools."
+        ),
+        min_length=1,
+        max_length=48,
+        pattern=TOOL_NAME_PATTERN,
     )
     max_turns: int = Field(
         default=20,
@@ -366,7 +420,13 @@ class ContextStatus(ApiModel):
     name: str = Field(description="The ConfigMap holding it.", max_length=253)
     parts: int = Field(ge=1, description="Keys part-0 ... of that ConfigMap.")
     digest: str = Field(description="sha256 of the context (parts and tools).", max_length=64)
-    bytes: int = Field(ge=0, description="Size of the messages as sent to the model.")
+    bytes: int = Field(
+        ge=0,
+        description=(
+            "Size of the request the turn sends (messages, tools and settings, as JSON): what "
+            "the token estimate before the turn counts."
+        ),
+    )
     messages: int = Field(ge=0, description="Messages sent.")
     paged_results: int = Field(
         default=0, ge=0, description="Tool results replaced by their summaries to fit."
@@ -382,7 +442,23 @@ class TurnSummary(ApiModel):
     turn: int = Field(ge=1, description="The turn.")
     tool_calls: int = Field(default=0, ge=0, description="Calls the model made.")
     invalid_calls: int = Field(default=0, ge=0, description="Calls not run because invalid.")
-    tokens: int = Field(default=0, ge=0, description="Tokens the model reported.")
+    tokens: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Tokens counted for the turn: what the endpoint reported, at most what the turn "
+            "could have used (reportedTokens says when it reported more)."
+        ),
+    )
+    reported_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Set when the endpoint reported more tokens than the turn could have used "
+            "(maxOutputTokens plus a prompt of one token per byte sent plus what a chat "
+            "template adds): what it reported. tokens is what was counted."
+        ),
+    )
     finish_reason: str | None = Field(
         default=None, description="The model's finish reason.", max_length=64
     )
@@ -432,6 +508,11 @@ class FrozenAgent(ApiModel):
         ),
         max_length=64,
     )
+    tool_choice: str | None = Field(
+        default=None,
+        description=("spec.agent.toolChoice as it was: every model turn sends it as tool_choice."),
+        max_length=48,
+    )
     generation: int | None = Field(
         default=None, ge=0, description="metadata.generation of the spec it was taken from."
     )
@@ -445,9 +526,10 @@ class AgentStatus(ApiModel):
     frozen: FrozenAgent | None = Field(
         default=None,
         description=(
-            "spec.agent.model and a digest of spec.agent.tools, taken on the operator's first "
-            "pass of the run: fixed at creation. A run whose spec.agent no longer matches them "
-            "fails (reason AgentSpecChanged, naming the field) before any further turn."
+            "spec.agent.model, a digest of spec.agent.tools and spec.agent.toolChoice, taken "
+            "on the operator's first pass of the run: fixed at creation. A run whose "
+            "spec.agent no longer matches them fails (reason AgentSpecChanged, naming the "
+            "field) before any further turn."
         ),
     )
     turn: int = Field(
@@ -478,6 +560,14 @@ class AgentStatus(ApiModel):
     tool_calls: int = Field(default=0, ge=0, description="Tool calls proposed in all turns.")
     invalid_tool_calls: int = Field(
         default=0, ge=0, description="Tool calls not run because they were invalid."
+    )
+    over_reported_turns: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Turns whose endpoint reported more tokens than they could have used; what they "
+            "could have used was counted instead (an Event ReportedUsageRefused says so)."
+        ),
     )
     prompt_tokens: int = Field(default=0, ge=0, description="Prompt tokens of all turns.")
     completion_tokens: int = Field(default=0, ge=0, description="Completion tokens of all turns.")

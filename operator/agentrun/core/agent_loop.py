@@ -9,9 +9,11 @@ An agent run (``spec.agent``) moves through stages (``status.agent.stage``):
 ``Ready`` / ``Paused``
     The context of turn N is stored (a ConfigMap, see :mod:`agentrun.core.context`). Before
     the turn starts, the tokens left (``budget.maxTokens`` minus what was used) are checked
-    against what the turn may use: ``maxOutputTokens`` plus the context's size at 4 bytes a
-    token. When they do not cover it the loop is ``Paused`` (run phase Suspended, reason
-    BudgetExhausted) until ``spec.budget.maxTokens`` is raised.
+    against what the turn may use: ``maxOutputTokens`` plus the size of the request it sends
+    (messages, tool definitions, settings) at 4 bytes a token. When they do not cover it the
+    loop is ``Paused`` (run phase Suspended, reason BudgetExhausted) until
+    ``spec.budget.maxTokens`` is raised. A turn is counted for what the endpoint reported, but
+    never more than it could have used (:func:`counted_tokens`).
 ``Thinking``
     Turn N's model step (``t{N}-model``) runs like any step: committed intent, a Job with a
     deterministic name, retries per ``agent.model.retry``. It runs ``agentrun step llm`` in
@@ -25,7 +27,10 @@ An agent run (``spec.agent``) moves through stages (``status.agent.stage``):
     approval of that step and argsHash, as a gated plan step does (a rejection is answered to
     the model; the run goes on). A call that fails after its retries is answered as an error.
 ``Answered``
-    The model answered without calling a tool: the answer is the run's result.
+    The model answered without calling a tool: the answer is the run's result, stored once in
+    the turn's transcript record (up to :data:`agentrun.api.agent.MAX_ANSWER_BYTES`; a larger
+    one fails the run, reason AnswerTooLarge). An answer cut off at ``maxOutputTokens``
+    (finish reason ``length``, no tool call) is not one: the run fails (reason AnswerCutOff).
 
 When every call of turn N has an outcome, the turn is closed: its transcript record (the
 assistant message, each call with its arguments, outcome, approval and result, usage) is
@@ -56,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -80,6 +85,7 @@ from agentrun.core.turns import (
     ENV_MODEL_MAX_OUTPUT_TOKENS,
     ENV_MODEL_NAME,
     ENV_MODEL_TEMPERATURE,
+    ENV_MODEL_TOOL_CHOICE,
     ENV_TOOL_ARGS,
     ENV_TOOL_CALL_ID,
     ENV_TOOL_NAME,
@@ -99,11 +105,14 @@ from agentrun.core.turns import (
     idempotency_key,
     image_exempt,
     is_agent_run,
+    is_model_turn,
     is_tool_step,
     model_of,
     model_step,
     pauses_for_tokens,
+    prompt_ceiling,
     record_name,
+    tool_choice_of,
     transcript_prefix,
     turn_of_step,
 )
@@ -118,6 +127,7 @@ __all__ = [
     "ENV_MODEL_MAX_OUTPUT_TOKENS",
     "ENV_MODEL_NAME",
     "ENV_MODEL_TEMPERATURE",
+    "ENV_MODEL_TOOL_CHOICE",
     "ENV_TOOL_ARGS",
     "ENV_TOOL_CALL_ID",
     "ENV_TOOL_NAME",
@@ -133,6 +143,7 @@ __all__ = [
     "compacted",
     "context_inputs",
     "context_name",
+    "counted_tokens",
     "current_steps",
     "dynamic_names",
     "dynamic_steps",
@@ -140,14 +151,18 @@ __all__ = [
     "idempotency_key",
     "image_exempt",
     "is_agent_run",
+    "is_model_turn",
     "is_tool_step",
     "model_of",
     "model_step",
     "paused_message",
     "pauses_for_tokens",
     "pin",
+    "prompt_ceiling",
     "record_name",
+    "sent_bytes",
     "settled",
+    "tool_choice_of",
     "transcript_prefix",
     "turn_needs",
     "turn_of_step",
@@ -157,6 +172,13 @@ __all__ = [
 
 WAIT_SECONDS = 1
 """A stage waiting for a record the shell has not read yet looks again this soon."""
+ANSWER_KEY = "answer"
+"""The key of the last transcript record that holds the answer (its ``turn`` entry names it as
+``contentKey`` rather than holding the answer again)."""
+CUT_OFF = "length"
+"""The finish reason of an output cut off at max_tokens."""
+CUT_OFF_REASON = "AnswerCutOff"
+"""The reason of a run whose model answered, but was cut off at maxOutputTokens."""
 SPEC_CHANGED = freezing.REASON
 """The reason of a run whose spec.agent changed after it started (:func:`pin`)."""
 
@@ -261,18 +283,30 @@ def _wait(b: Host) -> None:
     b.timer(b.now + timedelta(seconds=WAIT_SECONDS))
 
 
+def sent_bytes(agent: a.Agent, ag: a.AgentStatus, ctx: cx.Context) -> int:
+    """Bytes of the request a turn sends for ``ctx``: its messages, its tools, and the settings
+    (:func:`agentrun.core.context.request_body`, as ``agentrun step llm`` sends it)."""
+    model = model_of(agent, ag)
+    body = cx.request_body(
+        ctx, model.name, model.max_output_tokens, model.temperature, tool_choice_of(agent, ag)
+    )
+    return cx.request_bytes(body)
+
+
 def _store_context(b: Host, ag: a.AgentStatus, ctx: cx.Context) -> None:
     parts = ctx.parts()
     digest = ctx.digest()
     name = context_name(b.run, ctx.turn, digest)
     data = tuple((f"part-{i}", part) for i, part in enumerate(parts))
     b.before.append(StoreRecord(name, KIND_CONTEXT, ctx.turn, data))
+    agent = b.run.spec.agent
+    sent = sent_bytes(agent, ag, ctx) if agent is not None else ctx.bytes + ctx.tools_bytes
     ag.context = a.ContextStatus(
         turn=ctx.turn,
         name=name,
         parts=len(parts),
         digest=digest,
-        bytes=ctx.bytes + ctx.tools_bytes,
+        bytes=sent,
         messages=len(ctx.messages),
         paged_results=ctx.paged_results,
         omitted_turns=ctx.omitted_turns,
@@ -352,8 +386,38 @@ def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> N
 
 
 def turn_needs(model: a.ModelEndpoint, ctx: a.ContextStatus, config: AgentConfig) -> int:
-    """Tokens a turn may use: its output limit and its prompt, estimated from its size."""
+    """Tokens a turn may use: its output limit and its prompt, estimated from the size of the
+    whole request it sends (messages, tool definitions and settings)."""
     return model.max_output_tokens + math.ceil(ctx.bytes / config.bytes_per_token)
+
+
+def counted_tokens(b: Host, step: str, reported: int) -> int:
+    """The tokens a model turn's step is counted for: what the endpoint reported, but never
+    more than the turn could have used (its maxOutputTokens and :func:`prompt_ceiling`). A
+    report over that is recorded (a transition ReportedUsageRefused, a Warning Event, and
+    ``status.agent.overReportedTurns``)."""
+    agent = b.run.spec.agent
+    ag = b.status.agent
+    ctx = ag.context if ag is not None else None
+    if agent is None or ag is None or ctx is None or step != model_step(ag.turn):
+        return reported
+    if ctx.turn != ag.turn:  # pragma: no cover - a turn runs with its own context
+        return reported
+    model = model_of(agent, ag)
+    ceiling = model.max_output_tokens + prompt_ceiling(ctx)
+    if reported <= ceiling:
+        return reported
+    ag.over_reported_turns += 1
+    b.record(
+        step,
+        None,
+        "Counted",
+        "ReportedUsageRefused",
+        f"turn {ag.turn}: the endpoint reported {reported} tokens, more than the turn could "
+        f"have used (maxOutputTokens {model.max_output_tokens} + a prompt of at most "
+        f"{prompt_ceiling(ctx)}); {ceiling} counted",
+    )
+    return ceiling
 
 
 def _begin_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
@@ -437,9 +501,13 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
         b.move(st, SP.FAILED, "InvalidModelOutput", text)
         b.stop("InvalidModelOutput", text)
         return
+    output = _bounded(agent, ag, output)
     ag.prompt_tokens = min(ag.prompt_tokens + output.prompt_tokens, m.MAX_TOKENS)
     ag.completion_tokens = min(ag.completion_tokens + output.completion_tokens, m.MAX_TOKENS)
     ag.finish_reason = output.finish_reason
+    if not output.tool_calls and output.finish_reason == CUT_OFF:
+        _cut_off(b, agent, ag, st, output)
+        return
     if not output.tool_calls:
         _answer(b, ag, st, output)
         return
@@ -471,24 +539,104 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
 
 
 def _answer(b: Host, ag: a.AgentStatus, st: m.StepStatus, output: cx.Output) -> None:
+    """The model answered: the run's result. The answer is stored once, under the key
+    ``answer`` of the turn's transcript record (whose ``turn`` entry names that key instead of
+    holding it again), so the largest accepted answer (:data:`a.MAX_ANSWER_BYTES`) keeps the
+    record within a ConfigMap's limit. A larger one fails the run."""
     answer = output.content
+    size = len(answer.encode("utf-8", "surrogatepass"))
+    if size > a.MAX_ANSWER_BYTES:
+        record = _record(b, ag, st, output, [])
+        record["content"] = answer[:1024]
+        record["contentCut"] = size
+        b.before.append(
+            StoreRecord(
+                record_name(b.run, ag.turn),
+                KIND_TRANSCRIPT,
+                ag.turn,
+                (("turn", naming.canonical_json(record)),),
+            )
+        )
+        _remember(ag, output, 0)
+        ag.stage = a.AgentStage.STOPPED
+        b.stop(
+            "AnswerTooLarge",
+            f"the model's answer in turn {ag.turn} is {size} bytes, more than the "
+            f"{a.MAX_ANSWER_BYTES} a run accepts as its result (its first 1024 characters are "
+            "in the transcript); ask for a shorter answer in spec.agent.instructions or lower "
+            "spec.agent.model.maxOutputTokens",
+        )
+        return
     record = _record(b, ag, st, output, [], answer=True)
+    record["content"] = None
+    record["contentKey"] = ANSWER_KEY
     name = record_name(b.run, ag.turn)
     b.before.append(
         StoreRecord(
             name,
             KIND_TRANSCRIPT,
             ag.turn,
-            (("turn", naming.canonical_json(record)), ("answer", answer)),
+            (("turn", naming.canonical_json(record)), (ANSWER_KEY, answer)),
         )
     )
     if len(answer) <= a.MAX_ANSWER:
         ag.answer = answer
     else:
-        ag.answer_ref = m.ResultRef(name=name, key="answer")
+        ag.answer_ref = m.ResultRef(name=name, key=ANSWER_KEY)
     ag.answer_digest = naming.sha256_text(answer)
     _remember(ag, output, 0)
     ag.stage = a.AgentStage.ANSWERED
+
+
+def _bounded(agent: a.Agent, ag: a.AgentStatus, output: cx.Output) -> cx.Output:
+    """``output`` with its usage at most what the turn could have used (the reported numbers
+    kept in ``reported_tokens``)."""
+    ctx = ag.context
+    if ctx is None:  # pragma: no cover - every turn has its context
+        return output
+    prompt = min(output.prompt_tokens, prompt_ceiling(ctx))
+    completion = min(output.completion_tokens, model_of(agent, ag).max_output_tokens)
+    if (prompt, completion) == (output.prompt_tokens, output.completion_tokens):
+        return output
+    reported = min(output.prompt_tokens + output.completion_tokens, m.MAX_TOKENS)
+    return replace(
+        output, prompt_tokens=prompt, completion_tokens=completion, reported_tokens=reported
+    )
+
+
+def _cut_off(
+    b: Host, agent: a.Agent, ag: a.AgentStatus, st: m.StepStatus, output: cx.Output
+) -> None:
+    """The model stopped at its output limit without calling a tool: what it said is cut
+    off, so it is not taken as the run's answer. The run fails (reason AnswerCutOff), with the
+    text kept in the turn's transcript record; the message says how to go on."""
+    record = _record(b, ag, st, output, [])
+    record["cutOff"] = True
+    b.before.append(
+        StoreRecord(
+            record_name(b.run, ag.turn),
+            KIND_TRANSCRIPT,
+            ag.turn,
+            (("turn", naming.canonical_json(record)),),
+        )
+    )
+    _remember(ag, output, 0)
+    limit = model_of(agent, ag).max_output_tokens
+    if ag.turn > 1:
+        how = (
+            f"raise spec.agent.model.maxOutputTokens in a fork from turn {ag.turn - 1} "
+            f"(kubectl agentrun fork {b.run.metadata.name} --from {ag.turn - 1} --dry-run, "
+            "edit, create)"
+        )
+    else:
+        how = "create the run again with a larger spec.agent.model.maxOutputTokens"
+    ag.stage = a.AgentStage.STOPPED
+    b.stop(
+        CUT_OFF_REASON,
+        f"the model's answer in turn {ag.turn} was cut off at maxOutputTokens ({limit}; "
+        f"finish reason {CUT_OFF}), so it is not the run's result (kubectl agentrun "
+        f"transcript shows it); {how}",
+    )
 
 
 def _remember(ag: a.AgentStatus, output: cx.Output, invalid: int) -> None:
@@ -502,6 +650,7 @@ def _summary(turn: int, output: cx.Output, invalid: int) -> a.TurnSummary:
         tool_calls=len(output.tool_calls),
         invalid_calls=invalid,
         tokens=min(output.prompt_tokens + output.completion_tokens, m.MAX_TOKENS),
+        reported_tokens=output.reported_tokens,
         finish_reason=output.finish_reason,
         summary=cx.output_summary(output),
     )
@@ -530,6 +679,7 @@ def _record(
             "promptTokens": output.prompt_tokens,
             "completionTokens": output.completion_tokens,
         },
+        **({"reportedTokens": output.reported_tokens} if output.reported_tokens else {}),
         "toolCalls": calls,
         "answer": answer,
     }
@@ -556,6 +706,7 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
     if output is None or isinstance(output, str):  # read in the pass that took it
         _wait(b)
         return
+    output = _bounded(agent, ag, output)
     outcomes: list[dict[str, Any]] = []
     for call in calls:
         outcome = call_outcome(b, call)

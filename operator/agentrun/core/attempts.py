@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import naming
+from agentrun.core import agent_loop, naming
 from agentrun.core.actions import DeleteJob, EmitEvent, StartPod, StoreResult
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.builder import MESSAGE_LIMIT, REASON_LIMIT, Builder, floor_seconds, truncate
@@ -217,16 +217,18 @@ def _attempt_succeeded(
             name = naming.result_object_name(
                 b.run.metadata.name, b.run.metadata.uid, step.name, st.attempt
             )
-            b.before.append(
-                StoreResult(name, step.name, st.attempt, result_object_data(env.result))
-            )
+            data = result_object_data(env.result, fields=not agent_loop.is_model_turn(step.name))
+            b.before.append(StoreResult(name, step.name, st.attempt, data))
             st.result_ref = m.ResultRef(name=name, key="result")
-    if env.tokens:
+    tokens = env.tokens
+    if tokens and agent_loop.is_model_turn(step.name):
+        tokens = agent_loop.counted_tokens(b, step.name, tokens)  # never more than it could use
+    if tokens:
         # Clamped: a sum past int64 would make every later status write fail validation.
-        step_tokens = (st.usage.tokens if st.usage else 0) + env.tokens
+        step_tokens = (st.usage.tokens if st.usage else 0) + tokens
         st.usage = m.StepUsage(tokens=min(step_tokens, MAX_TOKENS))
         usage = b.status.usage or m.Usage()
-        usage.tokens = min(usage.tokens + env.tokens, MAX_TOKENS)
+        usage.tokens = min(usage.tokens + tokens, MAX_TOKENS)
         b.status.usage = usage
     st.error = None
     # Never later than now: a finish time from the future would only postpone retention.

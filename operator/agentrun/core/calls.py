@@ -147,11 +147,10 @@ def _problem(
 def call_outcome(b: Host, call: a.ToolCallStatus) -> dict[str, Any] | None:
     """The call's outcome for the record and the model; None while a result is unread."""
     if call.problem is not None or call.step is None:
-        return {
-            "outcome": "Invalid",
-            "problem": call.problem,
-            "answer": f"error: the call was not run: {call.problem}",
-        }
+        answer = f"error: the call was not run: {call.problem}"
+        if cx.sendable_arguments(call.arguments) != call.arguments:
+            answer += f" (your message above shows {cx.SENT_FOR_INVALID} as its arguments)"
+        return {"outcome": "Invalid", "problem": call.problem, "answer": answer}
     st = b.steps.get(call.step)
     if st is None:  # pragma: no cover - a current call's step stays in status
         return {"outcome": "Lost", "answer": "error: the call's step was lost"}

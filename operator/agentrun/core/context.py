@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrun.api.agent import TOOL_CHOICE_MODES
 from agentrun.core.envelope import clean, summary_line
 from agentrun.core.naming import canonical_json, sha256_text
 
@@ -51,6 +52,8 @@ MAX_CALLS_KEPT = 64
 """Tool calls of one turn beyond this many are dropped from the output (never run, never
 shown to the model again)."""
 NOTE = "x-note"
+MAX_REPORTED_TOKENS = 2**53 - 1
+"""Token counts read from an endpoint are clamped to this (exact in any JSON reader)."""
 
 Message = dict[str, Any]
 
@@ -100,6 +103,9 @@ class Output:
     completion_tokens: int = 0
     model: str | None = None
     dropped_calls: int = 0
+    reported_tokens: int | None = None
+    """What the endpoint reported, when more than the turn could have used (then the token
+    counts are bounded)."""
 
 
 def output_result(output: Output) -> dict[str, Any]:
@@ -153,8 +159,8 @@ def parse_output(text: str, turn: int) -> Output | str:
         name, arguments, call_id = raw.get("name"), raw.get("arguments"), raw.get("id")
         if not isinstance(name, str):
             return f"toolCalls[{index}].name is not a string"
-        if arguments is None:
-            arguments = ""
+        if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+            arguments = "{}"  # no arguments at all: an empty object, as servers read it
         if not isinstance(arguments, str):
             arguments = canonical_json(arguments)
         if not isinstance(call_id, str) or not call_id or len(call_id) > 128 or call_id in seen:
@@ -278,6 +284,63 @@ def tool_definitions(tools: Iterable[tuple[str, str, Mapping[str, Any]]]) -> lis
     ]
 
 
+def tool_choice_param(choice: str) -> str | dict[str, Any]:
+    """``spec.agent.toolChoice`` as Chat Completions' ``tool_choice``: a mode as it is, a
+    tool's name as ``{"type": "function", "function": {"name": ...}}``."""
+    if choice in TOOL_CHOICE_MODES:
+        return choice
+    return {"type": "function", "function": {"name": choice}}
+
+
+def request_body(
+    context: Context,
+    model: str,
+    max_tokens: int,
+    temperature: float | None = None,
+    tool_choice: str | None = None,
+) -> dict[str, Any]:
+    """The chat completion request a model turn sends for ``context``: its messages without
+    the bookkeeping members, its tools, and the settings (``tool_choice`` only with tools)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": sent_messages(context.messages),
+        "max_tokens": max_tokens,
+    }
+    if context.tools:
+        body["tools"] = context.tools
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice_param(tool_choice)
+    if temperature is not None:
+        body["temperature"] = temperature
+    return body
+
+
+def sent_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` as sent: without their bookkeeping members, and a user message that
+    follows another (the note of turns left out follows the goal) joined to it, since chat
+    templates that want user and assistant to alternate (Gemma's, Mistral's) refuse two in a
+    row."""
+    sent: list[dict[str, Any]] = []
+    for message in messages:
+        out = sendable(message)
+        last = sent[-1] if sent else None
+        if (
+            last is not None
+            and out.get("role") == "user" == last.get("role")
+            and isinstance(out.get("content"), str)
+            and isinstance(last.get("content"), str)
+        ):
+            sent[-1] = {**last, "content": f"{last['content']}\n\n{out['content']}"}
+            continue
+        sent.append(out)
+    return sent
+
+
+def request_bytes(body: Mapping[str, Any]) -> int:
+    """Bytes of a request body as JSON: what the token estimate of a turn counts."""
+    return len(_json(body).encode())
+
+
 def first_messages(instructions: str | None, first_user_message: str) -> list[Message]:
     """The messages every context starts with."""
     messages: list[Message] = []
@@ -287,14 +350,39 @@ def first_messages(instructions: str | None, first_user_message: str) -> list[Me
     return messages
 
 
+SENT_FOR_INVALID = "{}"
+"""The arguments an assistant message carries for a call whose own are not JSON text of an
+object (cut off at the output limit, say)."""
+
+
+def sendable_arguments(arguments: str) -> str:
+    """A call's arguments as an assistant message may carry them back to the model: as they
+    are when they are JSON text of an object, else :data:`SENT_FOR_INVALID`. Servers parse the
+    arguments of every call in the conversation (llama.cpp's server fails the whole request
+    with HTTP 500 on ones that are not JSON; chat templates read them as a mapping), so a
+    call the model cut off must not go back verbatim. Such a call was never run, and its tool
+    message says so and why."""
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return SENT_FOR_INVALID
+    return arguments if isinstance(parsed, dict) else SENT_FOR_INVALID
+
+
 def assistant_message(turn: int, output: Output) -> Message:
-    message: Message = {"role": "assistant", "content": output.content or None, "x-turn": turn}
+    """A turn's assistant message as the next turns send it: any OpenAI-compatible server
+    accepts it (content text or null with calls; each call's arguments JSON text of an
+    object, see :func:`sendable_arguments`)."""
+    content = output.content or None
+    if content is None and not output.tool_calls:
+        content = ""  # an assistant message without calls needs content
+    message: Message = {"role": "assistant", "content": content, "x-turn": turn}
     if output.tool_calls:
         message["tool_calls"] = [
             {
                 "id": c.id,
                 "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
+                "function": {"name": c.name, "arguments": sendable_arguments(c.arguments)},
             }
             for c in output.tool_calls
         ]

@@ -3,13 +3,18 @@
 A step writes JSON ``{"ok": true, "summary": "...", "result": ..., "usage": {"tokens": N}}``
 (or, for results it stored itself, ``"resultRef": {"name": ..., "key": ...}``) to its
 termination log. Anything that is not such an object is taken as a plain-text result.
-Kubelet keeps at most 4 KiB of it.
+Kubelet keeps at most 4 KiB of it, so a result may come compressed instead:
+``"resultZ": "<base64 of the zlib-compressed UTF-8 text>"`` (:func:`compress_result`), read back
+up to :data:`MAX_INFLATED_RESULT` bytes.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +28,10 @@ a step's report, and reading it whole would only carry its size further."""
 MAX_TOKENS = 2**53 - 1
 """Token counts are clamped to this: it fits the API server's int64 and is exact in any JSON
 reader (a larger number would make every status write fail validation)."""
+MAX_INFLATED_RESULT = 960 * 1024
+"""Most bytes a compressed result (``resultZ``) may hold once inflated: a result object (a
+ConfigMap, at most 1 MiB with its metadata) takes it whole."""
+RESULT_Z = "resultZ"
 NAME_LIMIT = 253
 DIGEST_LIMIT = 64
 
@@ -109,7 +118,12 @@ def _envelope(data: dict[str, Any]) -> Envelope:
     if summary is not None and not isinstance(summary, str):
         return _invalid(f"summary is a {_type_name(summary)}, not a string")
     raw_result = data.get("result")
-    if raw_result is None:
+    if raw_result is None and RESULT_Z in data:
+        inflated = inflate_result(data[RESULT_Z])
+        if not isinstance(inflated, tuple):
+            return _invalid(inflated)
+        result = clean(inflated[0])
+    elif raw_result is None:
         result = None
     elif isinstance(raw_result, str):
         result = clean(raw_result)
@@ -152,21 +166,51 @@ def _envelope(data: dict[str, Any]) -> Envelope:
     )
 
 
+def compress_result(text: str) -> str:
+    """``text`` as ``resultZ`` carries it."""
+    return base64.b64encode(zlib.compress(text.encode("utf-8", "surrogatepass"), 9)).decode()
+
+
+def inflate_result(packed: Any) -> tuple[str] | str:
+    """The text of a ``resultZ`` (in a 1-tuple), or why it cannot be read; never more than
+    :data:`MAX_INFLATED_RESULT` bytes are inflated."""
+    if not isinstance(packed, str):
+        return f"resultZ is a {_type_name(packed)}, not a string"
+    try:
+        compressed = base64.b64decode(packed, validate=True)
+        inflater = zlib.decompressobj()
+        data = inflater.decompress(compressed, MAX_INFLATED_RESULT + 1)
+    except (binascii.Error, ValueError, zlib.error) as e:
+        return f"resultZ is not base64 of zlib data: {str(e)[:120]}"
+    if len(data) > MAX_INFLATED_RESULT or inflater.unconsumed_tail:
+        return f"resultZ holds more than the {MAX_INFLATED_RESULT} bytes a result may have"
+    if not inflater.eof:
+        return "resultZ is cut short"
+    try:
+        return (data.decode("utf-8"),)
+    except UnicodeDecodeError:
+        return "resultZ does not hold UTF-8 text"
+
+
 def _config_map_key_ok(key: str) -> bool:
     return len(key) <= MAX_FIELD_KEY and _CONFIG_MAP_KEY.fullmatch(key) is not None
 
 
-def result_object_data(result: str) -> tuple[tuple[str, str], ...]:
-    """Entries of a result ConfigMap: the whole result as ``result``, and each top-level field
-    of a JSON object as ``field.<name>``, so a later step can take one field as an input."""
-    fields: list[tuple[str, str]] = []
+def result_object_data(result: str, *, fields: bool = True) -> tuple[tuple[str, str], ...]:
+    """Entries of a result ConfigMap: the whole result as ``result``, and (with ``fields``)
+    each top-level field of a JSON object as ``field.<name>``, so a later step can take one
+    field as an input. A model turn's output has no fields: nothing takes them, and they
+    would hold its answer a second time."""
+    if not fields:
+        return (("result", result),)
+    found: list[tuple[str, str]] = []
     try:
         parsed = json.loads(result)
         if isinstance(parsed, dict):
             for key, value in sorted(parsed.items()):
                 if _config_map_key_ok(key):
                     text = value if isinstance(value, str) else canonical_json(value)
-                    fields.append((f"field.{key}", clean(text)))
+                    found.append((f"field.{key}", clean(text)))
     except (ValueError, RecursionError):  # not JSON, or JSON too deep to read: no fields
-        fields = []
-    return (("result", result), *fields)
+        found = []
+    return (("result", result), *found)

@@ -7,13 +7,15 @@ to edit the run (``agentrun-edit``, who need not be allowed to read the Secret) 
 next turn at a server of theirs and receive the key; the operator's check of the creator's
 rights would not notice, since the Secret stays the creator's. So:
 
-* on its first pass of an agent run the operator takes ``spec.agent.model`` whole and a digest
-  of ``spec.agent.tools`` (:func:`freeze`) into ``status.agent.frozen``, which only it writes
+* on its first pass of an agent run the operator takes ``spec.agent.model`` whole, a digest
+  of ``spec.agent.tools`` and ``spec.agent.toolChoice``
+  (:func:`freeze`) into ``status.agent.frozen``, which only it writes
   (the status subresource);
 * every model turn's Job is built from that copy (:func:`agentrun.core.turns.model_turn_step`),
   never from the spec as it reads later;
 * every later pass compares the spec with it first (:func:`changes`): a run whose
-  ``spec.agent.model`` or ``spec.agent.tools`` changed, or that gained or lost ``spec.agent``,
+  ``spec.agent.model``, ``spec.agent.tools`` or ``spec.agent.toolChoice``
+  changed, or that gained or lost ``spec.agent``,
   fails at once with reason :data:`REASON` and a message naming the fields
   (:func:`refusal`), its running steps stopped, before any turn, call or retry is launched.
 
@@ -55,6 +57,7 @@ def freeze(run: m.AgentRun) -> a.FrozenAgent | None:
     return a.FrozenAgent(
         model=agent.model.model_copy(deep=True),
         tools_digest=tools_digest(agent.tools),
+        tool_choice=agent.tool_choice,
         generation=run.metadata.generation,
     )
 
@@ -73,6 +76,8 @@ def changes(agent: a.Agent | None, frozen: a.FrozenAgent) -> list[str]:
         found.append("spec.agent.model")
     if tools_digest(agent.tools) != frozen.tools_digest:
         found.append("spec.agent.tools")
+    if agent.tool_choice != frozen.tool_choice:
+        found.append("spec.agent.toolChoice")
     return found
 
 

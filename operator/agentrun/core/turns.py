@@ -31,6 +31,7 @@ ENV_MODEL_NAME = "AGENTRUN_MODEL_NAME"
 ENV_MODEL_TEMPERATURE = "AGENTRUN_MODEL_TEMPERATURE"
 ENV_MODEL_MAX_OUTPUT_TOKENS = "AGENTRUN_MODEL_MAX_OUTPUT_TOKENS"
 ENV_MODEL_API_KEY = "AGENTRUN_MODEL_API_KEY"
+ENV_MODEL_TOOL_CHOICE = "AGENTRUN_MODEL_TOOL_CHOICE"
 ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
 ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
 ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
@@ -60,6 +61,18 @@ class AgentConfig:
     tool_result_bytes: int = 16 * 1024
     """Most bytes of one tool result (or plan step result) put into the context and the
     transcript record; the whole result stays where the step committed it."""
+
+
+TEMPLATE_TOKENS = 2048
+"""Tokens a server's chat template may add to a prompt besides the bytes sent (role markers,
+a preamble offering the tools), when bounding what a turn could have used."""
+TEMPLATE_TOKENS_PER_MESSAGE = 32
+
+
+def prompt_ceiling(ctx: a.ContextStatus) -> int:
+    """Most prompt tokens a turn could have used: a token covers at least one byte of what was
+    sent, plus what a chat template adds."""
+    return ctx.bytes + TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * ctx.messages
 
 
 class Host(Protocol):
@@ -115,6 +128,13 @@ def call_step(turn: int, index: int, tool: str) -> str:
     """The step of call ``index`` (0-based) of turn ``turn``: a DNS label."""
     label = _LABEL.sub("-", tool.lower()).strip("-") or "tool"
     return f"t{turn}-{index}-{label}"[: naming.MAX_NAME].rstrip("-")
+
+
+def is_model_turn(name: str) -> bool:
+    """Whether ``name`` is the step of a model turn (``t{N}-model``; no plan step of an agent
+    run may be named like that)."""
+    turn = turn_of_step(name)
+    return turn is not None and name == model_step(turn)
 
 
 def turn_of_step(name: str) -> int | None:
@@ -178,6 +198,13 @@ def model_of(agent: a.Agent, status: a.AgentStatus | None) -> a.ModelEndpoint:
     return agent.model
 
 
+def tool_choice_of(agent: a.Agent, status: a.AgentStatus | None) -> str | None:
+    """``spec.agent.toolChoice`` as frozen on the operator's first pass (as :func:`model_of`)."""
+    if status is not None and status.frozen is not None:
+        return status.frozen.tool_choice
+    return agent.tool_choice
+
+
 def model_turn_step(
     run: m.AgentRun, status: a.AgentStatus, ctx: a.ContextStatus, config: AgentConfig
 ) -> m.Step:
@@ -199,6 +226,9 @@ def model_turn_step(
     ]
     if model.temperature is not None:
         env.append(_env(ENV_MODEL_TEMPERATURE, repr(model.temperature)))
+    choice = tool_choice_of(agent, status)
+    if choice is not None:
+        env.append(_env(ENV_MODEL_TOOL_CHOICE, choice))
     if model.api_key_secret_ref is not None:
         ref = model.api_key_secret_ref
         env.append(

@@ -35,6 +35,8 @@ from agentrun import settings as s
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core import naming
+from agentrun.core.envelope import MAX_INFLATED_RESULT as MAX_OUTPUT_BYTES
+from agentrun.core.envelope import RESULT_Z, compress_result
 from agentrun.pod import runner
 
 NO_KEY = "none"
@@ -75,7 +77,7 @@ def read_context(env: Mapping[str, str]) -> cx.Context:
     return doc
 
 
-def _settings(env: Mapping[str, str]) -> tuple[str, str, int, float | None]:
+def _settings(env: Mapping[str, str]) -> tuple[str, str, int, float | None, str | None]:
     base_url = env.get(loop.ENV_MODEL_BASE_URL, "")
     model = env.get(loop.ENV_MODEL_NAME, "")
     if not base_url or not model:
@@ -86,7 +88,8 @@ def _settings(env: Mapping[str, str]) -> tuple[str, str, int, float | None]:
         temperature = float(raw_temperature) if raw_temperature else None
     except ValueError as error:
         raise TurnFailed(f"a model setting is not a number: {error}") from None
-    return base_url, model, max_tokens, temperature
+    tool_choice = env.get(loop.ENV_MODEL_TOOL_CHOICE) or None
+    return base_url, model, max_tokens, temperature, tool_choice
 
 
 def default_client(base_url: str, api_key: str) -> Any:
@@ -102,27 +105,30 @@ def default_client(base_url: str, api_key: str) -> Any:
     )
 
 
+def request_for(env: Mapping[str, str], context: cx.Context) -> dict[str, Any]:
+    """The chat completion request of this turn (:func:`agentrun.core.context.request_body`)."""
+    _, model, max_tokens, temperature, tool_choice = _settings(env)
+    return cx.request_body(context, model, max_tokens, temperature, tool_choice)
+
+
 def call_model(
     env: Mapping[str, str],
     context: cx.Context,
     client_factory: Callable[[str, str], Any] = default_client,
 ) -> cx.Output:
-    """One chat completion for ``context``; its output, or :class:`TurnFailed`."""
+    """One chat completion for ``context``; its output, or :class:`TurnFailed` with a
+    one-line reason, whatever the endpoint answered."""
     import openai
 
-    base_url, model, max_tokens, temperature = _settings(env)
+    base_url = _settings(env)[0]
+    request = request_for(env, context)
     client = client_factory(base_url, env.get(loop.ENV_MODEL_API_KEY) or NO_KEY)
-    request: dict[str, Any] = {
-        "model": model,
-        "messages": [cx.sendable(m) for m in context.messages],
-        "max_tokens": max_tokens,
-    }
-    if context.tools:
-        request["tools"] = context.tools
-    if temperature is not None:
-        request["temperature"] = temperature
     try:
-        response = client.chat.completions.create(**request)
+        # The raw response: its body is read here, strictly, not by the client's parser
+        # (which raises whatever its JSON decoder raises on an empty body or bytes that are
+        # not UTF-8).
+        raw = client.chat.completions.with_raw_response.create(**request)
+        body = raw.http_response.content
     except openai.APITimeoutError:
         raise TurnFailed(f"the model endpoint {base_url} did not answer in time") from None
     except openai.APIConnectionError as error:
@@ -135,17 +141,50 @@ def call_model(
             f"the model endpoint {base_url} answered HTTP {error.status_code}: "
             f"{_one_line(_error_message(error))}"
         ) from None
-    except openai.APIError as error:  # e.g. a body that is not JSON
+    except openai.APIError as error:
         raise TurnFailed(
             f"the model endpoint {base_url} gave no chat completion: {_one_line(error)}"
         ) from None
+    except Exception as error:  # anything else the client raises: still one line
+        raise TurnFailed(
+            f"the model endpoint {base_url} gave no chat completion "
+            f"({type(error).__name__}: {_one_line(error)})"
+        ) from None
     try:
-        return _output(response)
+        return _output(_completion(body))
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as error:
         raise TurnFailed(
             f"the model endpoint {base_url} answered with something that is not a chat "
-            f"completion ({type(error).__name__}: {_one_line(error)})"
+            f"completion: {_one_line(error)}"
         ) from None
+
+
+def _completion(body: Any) -> dict[str, Any]:
+    """The body of a 200 answer as a JSON object (strictly: anything else raises)."""
+    if not isinstance(body, bytes):
+        raise TypeError(f"the body is a {type(body).__name__}, not bytes")
+    if not body.strip():
+        raise ValueError("the body is empty")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"the body is not UTF-8 text (byte {error.start} is 0x{body[error.start]:02x})"
+        ) from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError(f"the body is not JSON: {_one_line(text, 80)}") from None
+    if not isinstance(data, dict):
+        raise TypeError(f"the body is JSON {_json_type(data)}, not an object")
+    return data
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    names = {list: "an array", str: "a string", bool: "a boolean", int: "a number"}
+    return names.get(type(value), "a number")
 
 
 def _error_message(error: Any) -> str:
@@ -162,38 +201,53 @@ def _one_line(value: object, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _output(response: Any) -> cx.Output:
-    """The turn's output from a ChatCompletion (strictly: anything else raises)."""
-    if isinstance(response, str | bytes):  # the client hands over a body it could not parse
-        raise ValueError(f"the body is not JSON: {_one_line(response, 80)}")
-    choices = response.choices
+def _tokens(usage: Mapping[str, Any], key: str) -> int:
+    value = usage.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise TypeError(f"usage.{key} is not a number")
+    return max(int(min(value, cx.MAX_REPORTED_TOKENS)), 0)
+
+
+def _output(data: Mapping[str, Any]) -> cx.Output:
+    """The turn's output from a chat completion (strictly: anything else raises)."""
+    choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
         raise ValueError("it has no choices")
     choice = choices[0]
-    message = choice.message
-    content = message.content
+    if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+        raise TypeError("its first choice has no message")
+    message = choice["message"]
+    content = message.get("content")
     if content is not None and not isinstance(content, str):
         raise TypeError("the message's content is not text")
     calls: list[cx.ToolCall] = []
-    for index, tool_call in enumerate(message.tool_calls or []):
-        function = tool_call.function
-        if not isinstance(function.name, str):
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise TypeError("the message's tool_calls is not a list")
+    for index, tool_call in enumerate(raw_calls):
+        function = tool_call.get("function") if isinstance(tool_call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise TypeError(f"tool call {index} has no function name")
-        arguments = function.arguments
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = ""
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments)
-        calls.append(cx.ToolCall(str(tool_call.id or ""), function.name, arguments))
-    usage = response.usage
-    prompt = int(getattr(usage, "prompt_tokens", 0) or 0) if usage is not None else 0
-    completion = int(getattr(usage, "completion_tokens", 0) or 0) if usage is not None else 0
-    finish = choice.finish_reason
+        call_id = tool_call.get("id")
+        calls.append(cx.ToolCall(str(call_id or ""), function["name"], arguments))
+    raw_usage = data.get("usage")
+    usage: Mapping[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    finish = choice.get("finish_reason")
+    model = data.get("model")
     return cx.Output(
         content=content or "",
         tool_calls=tuple(calls),
         finish_reason=str(finish) if finish is not None else None,
-        prompt_tokens=max(prompt, 0),
-        completion_tokens=max(completion, 0),
-        model=str(response.model) if getattr(response, "model", None) else None,
+        prompt_tokens=_tokens(usage, "prompt_tokens"),
+        completion_tokens=_tokens(usage, "completion_tokens"),
+        model=str(model) if isinstance(model, str) and model else None,
     )
 
 
@@ -204,6 +258,26 @@ def envelope(output: cx.Output) -> dict[str, Any]:
         "result": cx.output_result(output),
         "usage": {"tokens": output.prompt_tokens + output.completion_tokens},
     }
+
+
+def _fail(termination: Path, message: str) -> int:
+    print(f"agentrun step llm: {message}", file=sys.stderr)
+    termination.write_text(_one_line(message, runner.TERMINATION_LIMIT // 4))
+    return 1
+
+
+def inline_text(body: Mapping[str, Any]) -> str:
+    """The envelope as the termination message carries it: as it is when it fits
+    :data:`agentrun.pod.runner.INLINE_LIMIT`, else with its result compressed
+    (``resultZ``, see :mod:`agentrun.core.envelope`); too long for the termination message
+    when longer than :data:`agentrun.pod.runner.TERMINATION_LIMIT`."""
+    text = json.dumps(body, separators=(",", ":"))
+    if len(text.encode()) <= runner.INLINE_LIMIT:
+        return text
+    full = naming.canonical_json(body["result"])
+    packed = {k: v for k, v in body.items() if k != "result"}
+    packed[RESULT_Z] = compress_result(full)
+    return json.dumps(packed, separators=(",", ":"))
 
 
 def run_turn(
@@ -219,35 +293,57 @@ def run_turn(
     identity = runner.StepIdentity(env)
     store = store_factory(identity, env) if identity.complete() else None
     if store is not None and identity.idempotency_key:
-        replay = store.previous()
+        try:
+            replay = store.previous()
+        except Exception:  # a ServiceAccount that may not list ConfigMaps: nothing to replay
+            replay = None
         if replay is not None:  # this attempt's output was stored before its pod was lost
             termination.write_text(json.dumps(replay))
             return 0
     try:
         output = call_model(env, read_context(env), client_factory)
-    except TurnFailed as failure:
-        print(f"agentrun step llm: {failure}", file=sys.stderr)
-        termination.write_text(str(failure)[: runner.TERMINATION_LIMIT])
-        return 1
+    except Exception as error:  # a one-line reason, never a traceback, whatever went wrong
+        failure = (
+            error
+            if isinstance(error, TurnFailed)
+            else TurnFailed(f"the turn failed: {type(error).__name__}: {_one_line(error)}")
+        )
+        return _fail(termination, str(failure))
     body = envelope(output)
-    text = json.dumps(body, separators=(",", ":"))
-    if len(text.encode()) > runner.INLINE_LIMIT:
-        full = naming.canonical_json(body["result"])
+    full = naming.canonical_json(body["result"])
+    size = len(full.encode())
+    if size > MAX_OUTPUT_BYTES:
+        return _fail(
+            termination,
+            f"the turn's output is {size} bytes, more than the {MAX_OUTPUT_BYTES} a turn may "
+            "return: lower spec.agent.model.maxOutputTokens",
+        )
+    text = inline_text(body)
+    if len(text.encode()) > runner.TERMINATION_LIMIT:
+        packed = len(text.encode())
         if store is None:
-            message = (
-                f"the turn's output is {len(full.encode())} bytes, more than the termination "
-                "message holds, and the pod has no API access to store it: give steps a "
-                "ServiceAccount (stepTemplate.serviceAccountName) allowed to create ConfigMaps"
+            return _fail(
+                termination,
+                f"the turn's output is {size} bytes ({packed} as the compressed envelope), more "
+                f"than the {runner.TERMINATION_LIMIT} bytes of the termination message, and the "
+                "pod has no API access to store it: lower spec.agent.model.maxOutputTokens, or "
+                "give steps a ServiceAccount (stepTemplate.serviceAccountName) allowed to create "
+                "ConfigMaps",
             )
-            print(f"agentrun step llm: {message}", file=sys.stderr)
-            termination.write_text(message)
-            return 1
         try:
-            ref = store.store(full, body["summary"])
+            ref = store.store(full, body["summary"], fields=False)
         except runner.ResultTampered as error:  # never reference what the turn did not write
-            print(f"agentrun step llm: {error}", file=sys.stderr)
-            termination.write_text(str(error)[: runner.TERMINATION_LIMIT])
-            return 1
+            return _fail(termination, str(error))
+        except Exception as error:  # e.g. HTTP 403: the ServiceAccount may not create it
+            return _fail(
+                termination,
+                f"the turn's output is {size} bytes ({packed} as the compressed envelope), more "
+                f"than the {runner.TERMINATION_LIMIT} bytes of the termination message, and "
+                f"storing it in a ConfigMap failed ({type(error).__name__}: "
+                f"{_one_line(getattr(error, 'reason', '') or error, 120)}): lower "
+                "spec.agent.model.maxOutputTokens, or give steps a ServiceAccount "
+                "(stepTemplate.serviceAccountName) allowed to create ConfigMaps",
+            )
         body = {
             "ok": True,
             "summary": body["summary"],
@@ -256,7 +352,7 @@ def run_turn(
             "usage": body["usage"],
         }
         text = json.dumps(body, separators=(",", ":"))
-    termination.write_text(text[: runner.TERMINATION_LIMIT])
+    termination.write_text(text)
     print(
         f"agentrun step llm: turn {env.get(loop.ENV_TURN, '?')}: {body['summary']} "
         f"({body['usage']['tokens']} tokens)"

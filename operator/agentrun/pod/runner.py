@@ -145,7 +145,9 @@ class ResultStore:
                 }
         return None
 
-    def store(self, result: str, summary: str) -> dict[str, Any]:
+    def store(self, result: str, summary: str, *, fields: bool = True) -> dict[str, Any]:
+        """Store ``result`` as this attempt's result object (with a ``field.<name>`` entry per
+        top-level field of a JSON object when ``fields``); its reference."""
         ident = self.identity
         name = naming.result_object_name(ident.run, ident.run_uid, ident.step, ident.attempt)
         body = objects.result_config_map(
@@ -153,7 +155,7 @@ class ResultStore:
             name,
             ident.step,
             ident.attempt,
-            result_object_data(result),
+            result_object_data(result, fields=fields),
             labels={LABEL_KEY_HASH: ident.key_hash},
             annotations={ANNOTATION_COMPLETE: "true", ANNOTATION_SUMMARY: summary},
             block=False,  # the pod may not block the run's deletion (see owner_reference)

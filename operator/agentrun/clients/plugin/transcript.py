@@ -31,11 +31,15 @@ def records_of(run: m.AgentRun, config_maps: Iterable[Mapping[str, Any]]) -> lis
         owners = meta.get("ownerReferences") or []
         if not any(o.get("uid") == run.metadata.uid and o.get("controller") for o in owners):
             continue
+        data = cm.get("data") or {}
         try:
-            record = json.loads((cm.get("data") or {}).get("turn") or "")
+            record = json.loads(data.get("turn") or "")
         except ValueError:
             continue
         if isinstance(record, dict) and isinstance(record.get("turn"), int):
+            key = record.get("contentKey")
+            if isinstance(key, str) and record.get("content") is None:
+                record["content"] = data.get(key)  # the answer, stored once under its key
             found[record["turn"]] = record
     return [found[t] for t in sorted(found)]
 
@@ -90,6 +94,8 @@ def turn_lines(record: Mapping[str, Any]) -> list[str]:
     ]
     content = str(record.get("content") or "")
     label = "answer" if record.get("answer") else "model"
+    if record.get("cutOff"):
+        label = "model (cut off at maxOutputTokens)"
     if content:
         lines.append(f"  {label}: {one_line(content, RESULT_LIMIT)}")
     for call in record.get("toolCalls") or []:
