@@ -163,7 +163,6 @@ class LlamaServer(StartStop):
             "--threads", str(self.threads),
             "--jinja",
             "--chat-template-file", str(self.template),
-            "--metrics",
             *self.extra_args,
         ]  # fmt: skip
 
