@@ -29,6 +29,11 @@ lint: sync ## ruff and mypy --strict
 controlplane: ## build (or reuse) etcd, kube-apiserver, kube-controller-manager, kubectl
 	hack/build-controlplane.sh >/dev/null
 
+.PHONY: llama
+llama: ## build (or reuse) llama-server and fetch (or reuse) the Gemma 3 270M model, for the real-model test
+	hack/build-llama-server.sh >/dev/null
+	hack/fetch-model.sh >/dev/null
+
 .PHONY: unit
 unit: sync ## unit and property tests only (no cluster), about 30 s
 	$(RUN) pytest tests/unit
@@ -38,14 +43,14 @@ integration: sync controlplane ## CRD, admission, node and packaging tests on th
 	$(RUN) pytest tests/integration
 
 .PHONY: e2e
-e2e: sync controlplane ## the operator as a process on the local control plane: runs, crashes, RBAC
+e2e: sync controlplane llama ## the operator as a process on the local control plane: runs, crashes, RBAC
 	$(RUN) pytest tests/e2e
 
 # Test files spread over this many pytest-xdist workers, each with a cluster of its own.
 PYTEST_WORKERS ?= 2
 
 .PHONY: test
-test: lint controlplane ## what CI runs: lint, types, unit, property, integration, e2e and container tests (not kind)
+test: lint controlplane llama ## what CI runs: lint, types, unit, property, integration, e2e and container tests (not kind)
 	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: containers
@@ -72,6 +77,10 @@ demo: sync controlplane ## control plane, node, operator and an example run carr
 .PHONY: demo-agent
 demo-agent: sync controlplane ## an agent run on a scripted model, offline: tool calls, an approval, the transcript
 	$(RUN) python -m agentrun_devcluster.agent_demo
+
+.PHONY: demo-llm
+demo-llm: sync controlplane llama ## an agent run on a real model (llama-server, Gemma 3 270M on the CPU), offline
+	$(RUN) python -m agentrun_devcluster.llm_demo
 
 .PHONY: walkthrough
 walkthrough: sync controlplane ## docs/approvals.md's walkthrough, end to end on a cluster of its own
