@@ -275,7 +275,8 @@ class Exchange:
 @dataclass
 class RecordingProxy(ScriptedModel):
     """A :class:`ScriptedModel` that forwards every chat completion to ``upstream`` (a root
-    URL, ``http://127.0.0.1:PORT``) and keeps each exchange."""
+    URL, ``http://127.0.0.1:PORT``) and keeps each exchange. It checks nothing itself
+    (``strict`` off): what the server behind it refuses is what is under test."""
 
     upstream: str = ""
     timeout: float = 900.0
@@ -284,6 +285,7 @@ class RecordingProxy(ScriptedModel):
 
     def __post_init__(self) -> None:
         self.responder = self._forward
+        self.strict = False
 
     def __enter__(self) -> RecordingProxy:
         self.start()
