@@ -14,7 +14,7 @@ import pytest
 
 from agentrun_devcluster import llamaserver
 from agentrun_devcluster.llamaserver import Exchange, LlamaUnavailable, RecordingProxy
-from agentrun_devcluster.modelserver import ScriptedModel, Status, reply, tool_call
+from agentrun_devcluster.modelserver import Entry, ScriptedModel, Status, reply, tool_call
 from agentrun_devcluster.ports import lease_ports
 
 
@@ -35,7 +35,7 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 def test_the_proxy_forwards_each_request_and_keeps_the_status_and_the_answer() -> None:
     first = reply("", [tool_call("search", {"query": "x"}, "c1")], prompt_tokens=40)
     # The proxy, not the protocol, is under test: the upstream answers whatever it is sent.
-    script = [first, Status(500, "Failed to parse tool call arguments")]
+    script: list[Entry] = [first, Status(500, "Failed to parse tool call arguments")]
     with ScriptedModel(script=script, strict=False) as up:
         root = up.base_url.removesuffix("/v1")
         with RecordingProxy(upstream=root) as proxy:
