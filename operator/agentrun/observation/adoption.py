@@ -354,12 +354,7 @@ class Adoption:
 
     def _name_taken(self, run: m.AgentRun, st: m.StepStatus, job: Obj, problem: str) -> ObservedJob:
         message = name_taken_message(st.job_name or "", st.attempt, problem)
-        key = f"{run.metadata.uid}/{_uid(job)}"
-        with self._lock:
-            new = key not in self._reported
-            self._reported.remember(key, True)
-        if new:
-            self.report(run, "JobNameTaken", message)
+        self._report_once(run, f"{run.metadata.uid}/{_uid(job)}", "JobNameTaken", message)
         return ObservedJob(
             name=st.job_name or "",
             step=st.name,
@@ -436,17 +431,13 @@ class Adoption:
         """Warn once per second pod of an attempt (the Job controller made two, e.g. when it
         lost the answer to a pod create): it is held and never runs the step's command."""
         for name in held:
-            key = f"{run.metadata.uid}/held/{_uid(job)}/{name}"
-            with self._lock:
-                new = key not in self._reported
-                self._reported.remember(key, True)
-            if new:
-                self.report(
-                    run,
-                    jobs.DUPLICATE_POD,
-                    f"pod {name} is a second pod of Job {_name(job)} for the same attempt; it "
-                    "is held by the operator's scheduling gate and never runs the step",
-                )
+            self._report_once(
+                run,
+                f"{run.metadata.uid}/held/{_uid(job)}/{name}",
+                jobs.DUPLICATE_POD,
+                f"pod {name} is a second pod of Job {_name(job)} for the same attempt; it "
+                "is held by the operator's scheduling gate and never runs the step",
+            )
 
     def _report_foreign_pods(self, run: m.AgentRun, job: Obj, pods: Iterable[Obj]) -> None:
         """Warn once per pod that the Job counts but that does not run its template (made by
@@ -455,17 +446,21 @@ class Adoption:
             problem = jobs.pod_problem(job, pod)
             if problem is None:
                 continue
-            key = f"{run.metadata.uid}/pod/{_uid(pod)}"
-            with self._lock:
-                new = key not in self._reported
-                self._reported.remember(key, True)
-            if new:
-                self.report(
-                    run,
-                    jobs.UNTRUSTED_POD,
-                    f"pod {_name(pod)} of Job {_name(job)} does not run the step's template "
-                    f"({problem}): someone else made it, and its outcome is ignored",
-                )
+            self._report_once(
+                run,
+                f"{run.metadata.uid}/pod/{_uid(pod)}",
+                jobs.UNTRUSTED_POD,
+                f"pod {_name(pod)} of Job {_name(job)} does not run the step's template "
+                f"({problem}): someone else made it, and its outcome is ignored",
+            )
+
+    def _report_once(self, run: m.AgentRun, key: str, reason: str, message: str) -> None:
+        """``report`` the first time ``key`` is met (of the last :data:`CACHE_LIMIT`)."""
+        with self._lock:
+            new = key not in self._reported
+            self._reported.remember(key, True)
+        if new:
+            self.report(run, reason, message)
 
     def deletable(self, run: m.AgentRun, name: str) -> str | None:
         """The uid to delete Job ``name`` by (a precondition), or None when it must not be
