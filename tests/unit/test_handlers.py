@@ -13,7 +13,7 @@ import pytest
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.loop import scheduler
-from agentrun.loop.reconciler import Apis, Reconciler
+from agentrun.loop.reconciler import Apis, Reconciler, RunBodies
 from agentrun.loop.scheduler import Scheduler
 from agentrun.observation.watches import ClusterView, Informer
 from agentrun.telemetry.endpoints import Readiness
@@ -149,3 +149,59 @@ def test_at_startup_only_finished_runs_with_something_due_get_a_timer(listed_fir
     sched = asyncio.run(main())
     assert list(sched.timers) == [("default", "timed")]
     assert not sched.unchecked
+
+
+def new_run_body(finalized: bool, version: str) -> dict[str, Any]:
+    body = make_run([step("a")]).to_wire()
+    meta = body["metadata"]
+    meta["namespace"], meta["name"], meta["resourceVersion"] = "default", "demo", version
+    meta["finalizers"] = [s.RUN_FINALIZER] if finalized else []
+    return body
+
+
+def test_a_new_runs_first_pass_waits_for_kopf_to_have_added_its_finalizer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Else it would write status from the body before kopf's finalizer patch: a 409."""
+    monkeypatch.setattr(scheduler, "FINALIZER_WAIT_SECONDS", 3600.0)
+
+    async def main() -> list[str]:
+        rec = reconciler(0)
+        bodies = rec.bodies = RunBodies()
+        bodies.offer(new_run_body(False, "1"))
+        sched, _ = make_scheduler(ClusterView(), rec)
+        wake = sched.wakeup("default", "demo")
+        stopped = mock.Mock(__bool__=lambda self: False)
+        seen: list[str] = []
+
+        def event(finalized: bool, version: str) -> None:  # an event: offered, then a wake
+            bodies.offer(new_run_body(finalized, version))
+            seen.append(version)
+            sched.wake("default", "demo")
+
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, event, False, "2")  # another change, still without it
+        loop.call_later(0.1, event, True, "3")  # kopf's patch
+        await asyncio.wait_for(sched._until_finalized("default", "demo", wake, stopped), 60)
+        body = bodies.get("default", "demo")
+        assert body is not None and body["metadata"]["finalizers"] == [s.RUN_FINALIZER]
+        return seen
+
+    assert asyncio.run(main()) == ["2", "3"], "it went on before the patched run came"
+
+
+def test_a_run_kopf_does_not_patch_is_passed_all_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(scheduler, "FINALIZER_WAIT_SECONDS", 0.2)
+
+    async def main() -> None:
+        rec = reconciler(0)
+        rec.bodies = RunBodies()
+        rec.bodies.offer(new_run_body(False, "1"))
+        sched, _ = make_scheduler(ClusterView(), rec)
+        wake = sched.wakeup("default", "demo")
+        stopped = mock.Mock(__bool__=lambda self: False)
+        await asyncio.wait_for(sched._until_finalized("default", "demo", wake, stopped), 60)
+
+    asyncio.run(main())

@@ -36,6 +36,8 @@ log = logging.getLogger("agentrun.handlers")
 
 FINISHED = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
 SETTLE_SECONDS = 1.0
+FINALIZER_WAIT_SECONDS = 2.0
+"""How long a new run's first pass waits for kopf to have added the run's finalizer."""
 
 
 class Scheduler:
@@ -72,6 +74,7 @@ class Scheduler:
         try:
             if self.synced is not None:
                 await self.synced.wait()
+            await self._until_finalized(namespace, name, wake, stopped)
             while not stopped:
                 wake.clear()
                 try:
@@ -86,6 +89,26 @@ class Scheduler:
                 await _sleep(wake, stopped, delay)
         finally:
             self.wakeups.pop((namespace, name), None)
+
+    async def _until_finalized(
+        self, namespace: str, name: str, wake: asyncio.Event, stopped: kopf.DaemonStopped
+    ) -> None:
+        """A new run's daemon starts while kopf adds the run's finalizer: a first pass then
+        would write status from the body before that patch, and fail (409) and pass again.
+        So it waits for the run as patched (its event wakes the daemon), at most
+        :data:`FINALIZER_WAIT_SECONDS`."""
+        bodies = self.reconciler.bodies
+        loop = asyncio.get_running_loop()
+        until = loop.time() + FINALIZER_WAIT_SECONDS
+        while bodies is not None and not stopped and loop.time() < until:
+            wake.clear()  # before the body is read: an event offers its body, then wakes
+            body = bodies.get(namespace, name)
+            meta = (body or {}).get("metadata") or {}
+            if body is None or meta.get("deletionTimestamp"):
+                return
+            if s.RUN_FINALIZER in (meta.get("finalizers") or []):
+                return
+            await _sleep(wake, stopped, until - loop.time())
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
