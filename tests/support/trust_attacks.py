@@ -24,7 +24,7 @@ from agentrun.api.trust import Actor, Case, Outcome, Phase
 from agentrun.core.naming import job_name, result_object_name
 from agentrun.core.turns import record_name
 from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID
-from agentrun_devcluster.testing import KubeClients, wait_for
+from agentrun_devcluster.testing import KubeClients
 
 from .runs import IMAGE, Run, envelope, get, status_of, step_status
 
@@ -37,6 +37,8 @@ FORGED = "FORGED"
 ATTACK = "ATTACK"
 """What an attacker's command writes into the ledger: it must never be there."""
 FORGED_KEY = "sk-forged"
+SECRET_VALUE = "sk-genuine"
+"""The value of the Secrets the runs reference: never in a run's status."""
 
 
 @dataclass
@@ -81,7 +83,12 @@ Mutation = Callable[[Target, KubeClients], None]
 
 
 def _custom(c: KubeClients, t: Target, body: Any) -> None:
-    c.custom.patch_namespaced_custom_object(m.GROUP, m.VERSION, t.namespace, m.PLURAL, t.name, body)
+    """A merge patch of the run, or a JSON patch (a list of operations)."""
+    kind = "json-patch" if isinstance(body, list) else "merge-patch"
+    c.custom.patch_namespaced_custom_object(
+        m.GROUP, m.VERSION, t.namespace, m.PLURAL, t.name, body,
+        _content_type=f"application/{kind}+json",
+    )  # fmt: skip
 
 
 def _merge(spec: dict[str, Any]) -> Mutation:
@@ -99,6 +106,22 @@ def _json_patch(ops: Callable[[Target], list[dict[str, Any]]]) -> Mutation:
 
 def _attack_command(t: Target) -> list[str]:
     return ["sh", "-c", f"echo {ATTACK}:{t.name} >> {t.ledger}; " + envelope("forged")]
+
+
+def _leak(t: Target) -> dict[str, Any]:
+    """A new step, needing no approval, that prints a Secret the creator may read."""
+    script = f"echo {ATTACK}:{t.name} >> {t.ledger}; " + (
+        'printf \'{"ok": true, "summary": "%s"}\' "$S" > /dev/termination-log'
+    )
+    return {
+        "name": "leak",
+        "container": {
+            "image": IMAGE,
+            "command": ["sh", "-c", script],
+            "env": [{"name": "S", "valueFrom": {"secretKeyRef": {"name": REFERENCED,
+                                                                 "key": "value"}}}],
+        },
+    }  # fmt: skip
 
 
 def _approval(t: Target, c: KubeClients) -> None:
@@ -170,7 +193,8 @@ def _pods(t: Target, c: KubeClients) -> list[Any]:
 
 
 def _pod_create(t: Target, c: KubeClients) -> None:
-    uid = t.admin.batch.read_namespaced_job(t.job(), t.namespace).metadata.uid
+    uid = _read_job_uid(t)
+    assert uid, f"{t.name}: no Job to imitate a pod of"
     c.core.create_namespaced_pod(
         t.namespace,
         {
@@ -203,7 +227,20 @@ def _pod_status(t: Target, c: KubeClients) -> None:
     )
 
 
+def _read_job_uid(t: Target) -> str | None:
+    """The uid of the gated step's Job, None while it does not exist."""
+    try:
+        job = job_name(t.name, t.uid, GATED, 1)
+        return str(t.admin.batch.read_namespaced_job(job, t.namespace).metadata.uid)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise AssertionError(f"reading the Job: {error.status}") from None
+
+
 def _event(t: Target, c: KubeClients) -> None:
+    """A FailedCreate Event about the step's Job, as the Job controller posts one."""
+    uid = _read_job_uid(t)
     c.core.create_namespaced_event(
         t.namespace,
         {
@@ -213,6 +250,7 @@ def _event(t: Target, c: KubeClients) -> None:
                 "kind": "Job",
                 "name": job_name(t.name, t.uid, GATED, 1),
                 "namespace": t.namespace,
+                **({"uid": uid} if uid else {}),
             },
             "reason": "FailedCreate",
             "message": "forged: pods is forbidden",
@@ -285,7 +323,22 @@ def _transcript(t: Target, c: KubeClients) -> None:
 
 
 def _audit(t: Target, c: KubeClients) -> None:
-    chunks = wait_for(f"{t.name}: its audit record", lambda: _records(t, "audit"), timeout=60)
+    """The first chunk of the run's audit record rewritten; before there is one, an imitation
+    of one made."""
+    chunks = _records(t, "audit")
+    if not chunks:
+        c.core.create_namespaced_config_map(
+            t.namespace,
+            {
+                "metadata": {
+                    "name": f"{t.name}-audit-forged",
+                    "labels": {LABEL_RUN_UID: t.uid, LABEL_KIND: "audit"},
+                    "ownerReferences": [_owner(t)],
+                },
+                "data": {"0000": json.dumps({"seq": 1, "reason": "Forged"})},
+            },
+        )
+        return
     data = dict(chunks[0].data or {})
     key = sorted(data)[0]
     data[key] = data[key].replace("Pending", "Succeeded", 1)
@@ -358,6 +411,9 @@ ATTACKS: dict[str, Mutation] = {
                 "value": _attack_command(t),
             }
         ]
+    ),
+    "step-references": _json_patch(
+        lambda t: [{"op": "add", "path": "/spec/plan/steps/-", "value": _leak(t)}]
     ),
     "step-gate": _json_patch(
         lambda t: [
@@ -449,6 +505,22 @@ def bundle_of(case: Case) -> str:
     return f"{case.entry.id}-{case.actor}"
 
 
+LAST = ("step-shape", "pod-spec", "job-finalizer")
+"""Changes that remove the step from the plan, or delete its pods or its Job: made after the
+others on a shared run."""
+
+
+def in_order(cases: Iterable[Case]) -> list[Case]:
+    """A bundle's cases in the order they are made: those of :data:`LAST` at the end."""
+    refused = (Outcome.REFUSED_RBAC, Outcome.REFUSED_API)
+
+    def order(c: Case) -> tuple[int, bool]:
+        last = LAST.index(c.entry.id) if c.entry.id in LAST else -1
+        return last, c.expect.outcome not in refused  # an entry's refused changes first
+
+    return sorted(cases, key=order)
+
+
 def kind_of(entry: trust.Entry) -> str:
     return "agent" if entry.agent else "plan"
 
@@ -469,7 +541,7 @@ def planned(table: Iterable[trust.Entry] = trust.TABLE) -> dict[tuple[Phase, str
             continue
         key = (case.phase, kind_of(case.entry), bundle_of(case))
         found.setdefault(key, []).append(case)
-    return found
+    return {key: in_order(cases) for key, cases in found.items()}
 
 
 def phase_label(phase: Phase) -> str:

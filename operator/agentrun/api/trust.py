@@ -72,6 +72,7 @@ class Check(StrEnum):
     """How the operator verifies an input where it uses it."""
 
     ADMISSION = "frozen by admission"
+    CRD_RULE = "frozen by the CRD's validation rule"
     FROZEN_STATUS = "frozen in status.agent.frozen"
     ARGS_HASH = "bound into argsHash"
     DIGEST = "digest checked"
@@ -99,6 +100,9 @@ class Outcome(StrEnum):
     """The step waits for an approval of its new argsHash; nothing runs before it."""
     FAILED_CLOSED = "failed closed"
     """The step, or the run, ends with the reason named; the change is not used."""
+    KNOWN_GAP = "known gap"
+    """What the entry's gap (docs/design.md, "Not enforced yet") says happens; never an
+    unapproved command, a forged input or a wrong result."""
     REFUSED_RBAC = "refused by RBAC"
     REFUSED_API = "refused by the API server"
     """Refused by the API server: the admission policies, immutability, validation, or a name
@@ -175,7 +179,7 @@ NAMESPACES = ("", "namespaces")
 
 WRITES: Mapping[Actor, frozenset[tuple[str, str]]] = {
     # The built-in edit ClusterRole bound in the namespace, agentrun-edit aggregated into it.
-    Actor.EDIT: frozenset({RUNS, JOBS, PODS, CONFIGMAPS, SECRETS}),
+    Actor.EDIT: frozenset({RUNS, JOBS, PODS, CONFIGMAPS, SECRETS, EVENTS}),
     # manifests/user-roles.yaml: AgentRuns, not their status.
     Actor.AGENTRUN_EDIT: frozenset({RUNS}),
     # create, get, list and watch of AgentRuns: no change of anything that exists.
@@ -192,6 +196,7 @@ GAP_RIGHTS = "Rights are checked at launch"
 GAP_REPLAY = "A replay by the step runner"
 GAP_REFERENCED = "The content of a ConfigMap or Secret a step's `env` references"
 GAP_TRANSCRIPT = "An agent run's transcript records"
+GAP_PARALLELISM = "A step Job's `parallelism` raised while it runs"
 
 
 def _every(expect: Expect) -> dict[Phase, Expect]:
@@ -211,6 +216,13 @@ STATUS = Expect(Outcome.REFUSED_RBAC, "only the operator writes agentruns/status
 TAKEN = Expect(Outcome.REFUSED_API, "AlreadyExists: the operator's Job holds the name")
 REGATED = Expect(Outcome.REGATED, "argsHash changed: the approval of the old one does not count")
 UNAFFECTED = Expect(Outcome.UNAFFECTED)
+STARTED = Expect(
+    Outcome.UNAFFECTED,
+    "the attempt launched is the approved one: it runs to its end and is committed, and the "
+    "change never runs (a finished step never runs again; an operator restarted meanwhile, "
+    "which did not create the Job, stops it instead and the step waits for a new approval)",
+    alternative=Outcome.REGATED,
+)
 APPLIES = Expect(Outcome.APPLIES)
 FIXED = "cannot change after creation"
 
@@ -226,7 +238,7 @@ TABLE: tuple[Entry, ...] = (
         frozen=Frozen.CREATION,
         checks=(Check.NOT_USED,),
         outcomes=_every(
-            Expect(Outcome.REFUSED_API, "an object's apiVersion and kind are its type")
+            Expect(Outcome.UNAFFECTED, "the API server keeps an object's apiVersion and kind")
         ),
         fields=("apiVersion", "kind"),
     ),
@@ -300,16 +312,8 @@ TABLE: tuple[Entry, ...] = (
         gap=GAP_RIGHTS,
         outcomes=_phases(
             REGATED,
-            launching=Expect(
-                Outcome.REGATED,
-                "the attempt's Job no longer matches its step: it is stopped, and the step "
-                "waits for an approval of its new argsHash",
-            ),
-            running=Expect(
-                Outcome.REGATED,
-                "the attempt's Job no longer matches its step: it is stopped, and the step "
-                "waits for an approval of its new argsHash",
-            ),
+            launching=STARTED,
+            running=STARTED,
             finished=Expect(Outcome.UNAFFECTED, "a finished step never runs again"),
         ),
         fields=(
@@ -319,6 +323,28 @@ TABLE: tuple[Entry, ...] = (
             "spec.plan.steps[].container.**",
             "spec.plan.steps[].inputs.**",
         ),
+    ),
+    Entry(
+        id="step-references",
+        object="AgentRun",
+        path=(
+            "spec.plan.steps[] added or changed, using a Secret or ConfigMap "
+            "(container.env[].valueFrom) or the run's ServiceAccount"
+        ),
+        decides="with whose rights a step reads a Secret or ConfigMap, or acts as the account",
+        resource=RUNS,
+        writers=(Writer.CREATOR,),
+        frozen=Frozen.CREATION,
+        checks=(Check.ADMISSION, Check.CREATOR_RIGHTS),
+        outcomes=_every(
+            Expect(
+                Outcome.REFUSED_API,
+                "only the run's creator may add or change a step that uses a Secret, a "
+                "ConfigMap or the run's ServiceAccount",
+            )
+        ),
+        fields=("spec.plan.steps[].container.env[].valueFrom.**",),
+        gap=GAP_RIGHTS,
     ),
     Entry(
         id="step-gate",
@@ -514,15 +540,15 @@ TABLE: tuple[Entry, ...] = (
         path="spec.agent.resumeFrom",
         decides="which conversation a fork continues",
         resource=RUNS,
-        writers=(Writer.CREATOR, Writer.EDITOR),
-        frozen=Frozen.FIRST_PASS,
-        checks=(Check.OWNER_UID, Check.DIGEST, Check.CREATOR_RIGHTS),
-        outcomes=_phases(
-            Expect(Outcome.UNAFFECTED, "read until the first turn took it, never after"),
-            pending=Expect(
-                Outcome.FAILED_CLOSED,
-                "ResumeRefused: a conversation the run cannot verify is not continued",
-            ),
+        writers=(Writer.CREATOR,),
+        frozen=Frozen.CREATION,
+        checks=(Check.CRD_RULE, Check.OWNER_UID, Check.DIGEST, Check.CREATOR_RIGHTS),
+        outcomes=_every(
+            Expect(
+                Outcome.REFUSED_API,
+                "spec.agent.resumeFrom can only be set when the run is created (else the "
+                "conversation it names is verified, or the run fails ResumeRefused)",
+            )
         ),
         fields=("spec.agent.resumeFrom.**",),
         agent=True,
@@ -646,15 +672,17 @@ TABLE: tuple[Entry, ...] = (
         frozen=Frozen.CREATE,
         checks=(Check.JOB_UID, Check.DRY_RUN, Check.POD_TEMPLATE),
         outcomes=_phases(
-            Expect(
-                Outcome.UNAFFECTED,
-                "the step's pod runs the approved template; its first end is the outcome",
+            Expect(Outcome.UNAFFECTED, "a finished Job starts no pod"),
+            running=Expect(
+                Outcome.KNOWN_GAP,
+                "parallelism raised: the Job's second pod runs the approved command again, with "
+                "the same idempotency key; nothing unapproved runs, one result is committed",
             ),
             pending=NO_JOB,
             waiting=NO_JOB,
             launching=NO_JOB,
         ),
-        gap=GAP_PROOF,
+        gap=GAP_PARALLELISM,
     ),
     Entry(
         id="job-finalizer",
@@ -710,8 +738,8 @@ TABLE: tuple[Entry, ...] = (
         outcomes=_phases(
             Expect(
                 Outcome.FAILED_CLOSED,
-                "UntrustedPod or PodLost: a pod that no longer runs its Job's template never "
-                "counts; the step's retry policy applies",
+                "RetryScheduled: the attempt whose pod is gone fails, the step's retry policy "
+                "applies (a pod that does not run its Job's template never counts)",
             ),
             pending=NO_POD,
             waiting=NO_POD,
@@ -742,13 +770,20 @@ TABLE: tuple[Entry, ...] = (
         path="the Job controller's FailedCreate Events about a step Job",
         decides="whether an attempt failed because its pod was refused",
         resource=EVENTS,
-        writers=(Writer.JOB_CONTROLLER,),
+        writers=(Writer.JOB_CONTROLLER, Writer.EDITOR),
         frozen=Frozen.NEVER,
-        checks=(Check.RBAC,),
+        checks=(Check.JOB_UID,),
         outcomes=_phases(
-            Expect(Outcome.REFUSED_RBAC, "namespace users may not create Events"),
+            Expect(Outcome.UNAFFECTED, "a refusal counts only while the Job has no pod"),
             pending=NO_JOB,
             waiting=NO_JOB,
+            launching=Expect(
+                Outcome.FAILED_CLOSED,
+                "PodRefused: an Event about the Job's uid while it has no pod fails the attempt "
+                "and deletes its Job (as a deletion would); the step's retry policy applies",
+                alternative=Outcome.UNAFFECTED,
+            ),
+            finished=Expect(Outcome.UNAFFECTED, "the outcome is committed"),
         ),
     ),
     # -- ConfigMaps and Secrets -------------------------------------------------------------------
