@@ -687,13 +687,14 @@ def test_only_the_creator_adds_or_changes_a_step_that_uses_the_creators_rights(
     """Rule l: steps read Secrets and ConfigMaps, and act as the run's ServiceAccount, with the
     creator's rights; nobody else may make a step do so."""
     ref = {"name": "S", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}
-    uses = {"name": "uses", "container": {"image": "busybox:1.36", "env": [ref]}}
+    container: dict[str, Any] = {"image": "busybox:1.36", "env": [ref]}
+    uses = {"name": "uses", "container": container}
     admission.created("carol", _run("r", plan=_plan(_step("read"), uses)))
     why = (
         ": only the run's creator (carol) may add or change a step that uses a Secret, a "
         "ConfigMap or the run's ServiceAccount, which steps use with the creator's rights"
     )
-    leak = {**uses, "name": "leak", "container": {**uses["container"], "args": ["env"]}}
+    leak = {"name": "leak", "container": {**container, "args": ["env"]}}
     add = {"op": "add", "path": "/spec/plan/steps/-", "value": leak}
     for user in ("alice", "bob", "admin"):
         assert _denial(admission.patch(user, "r", [add])) == "spec.plan.steps[leak]" + why
