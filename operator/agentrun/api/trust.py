@@ -214,7 +214,11 @@ NO_JOB = Expect(Outcome.NOT_APPLICABLE, "no Job of the attempt exists before its
 NO_POD = Expect(Outcome.NOT_APPLICABLE, "no pod of the attempt exists before its launch")
 STATUS = Expect(Outcome.REFUSED_RBAC, "only the operator writes agentruns/status")
 TAKEN = Expect(Outcome.REFUSED_API, "AlreadyExists: the operator's Job holds the name")
-REGATED = Expect(Outcome.REGATED, "argsHash changed: the approval of the old one does not count")
+REGATED = Expect(
+    Outcome.REGATED,
+    "argsHash changed: the approval of the old one does not count (a step needing no approval "
+    "runs what an editor writes, with none of the creator's rights: see step-references)",
+)
 UNAFFECTED = Expect(Outcome.UNAFFECTED)
 STARTED = Expect(
     Outcome.UNAFFECTED,
@@ -297,7 +301,14 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.FIRST_PASS,
         checks=(Check.DIGEST,),
-        outcomes=_every(UNAFFECTED),
+        outcomes=_phases(
+            Expect(Outcome.UNAFFECTED, "taken into the first context, chained by digest"),
+            pending=Expect(
+                Outcome.APPLIES,
+                "an agent run's first context is assembled after the plan's steps, from the "
+                "spec then; plan steps never receive it",
+            ),
+        ),
         fields=("spec", "spec.goal", "spec.actor"),
     ),
     Entry(
