@@ -73,6 +73,7 @@ class Check(StrEnum):
 
     ADMISSION = "frozen by admission"
     CRD_RULE = "frozen by the CRD's validation rule"
+    FROZEN_STEPS = "frozen in status.steps[].frozen"
     FROZEN_STATUS = "frozen in status.agent.frozen"
     ARGS_HASH = "bound into argsHash"
     DIGEST = "digest checked"
@@ -345,13 +346,14 @@ TABLE: tuple[Entry, ...] = (
         decides="with whose rights a step reads a Secret or ConfigMap, or acts as the account",
         resource=RUNS,
         writers=(Writer.CREATOR,),
-        frozen=Frozen.CREATION,
-        checks=(Check.ADMISSION, Check.CREATOR_RIGHTS),
+        frozen=Frozen.FIRST_PASS,
+        checks=(Check.ADMISSION, Check.FROZEN_STEPS, Check.CREATOR_RIGHTS),
         outcomes=_every(
             Expect(
                 Outcome.REFUSED_API,
                 "only the run's creator may add or change a step that uses a Secret, a "
-                "ConfigMap or the run's ServiceAccount",
+                "ConfigMap or the run's ServiceAccount (without the policy: the step fails, "
+                "Forbidden)",
             )
         ),
         fields=("spec.plan.steps[].container.env[].valueFrom.**",),
