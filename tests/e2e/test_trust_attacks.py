@@ -23,7 +23,11 @@ not apply are not applicable by the table's data; the summary counts them too.
 
 Changes that should change nothing are made one after the other on one run per (phase, kind of
 run, actor) (:func:`tests.support.trust_attacks.bundle_of`); the others get a run each. All runs
-go at once, on one operator.
+go at once, on one operator. Steps are held in their phase by files the test creates (the local
+node runs them as processes on this machine).
+
+One more test makes the step-references attack with only the identity policy bound: what the
+operator holds on its own (an added step that would print a Secret fails, Forbidden).
 """
 
 from __future__ import annotations
@@ -45,11 +49,12 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.api import models as m
 from agentrun.api import trust
 from agentrun.api.trust import Actor, Case, Outcome, Phase
+from agentrun.core.naming import job_name
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.support.admission import APPROVERS, creator_recorded, policies_bound_to
+from tests.support.admission import APPROVERS, creator_recorded, mutating_only, policies_bound_to
 from tests.support.agents import agent_run, tool
-from tests.support.cluster import StartOperator, bind_role, mint_user, user_subject
+from tests.support.cluster import StartOperator, bind_role, mint_user, read_or_none, user_subject
 from tests.support.paths import MANIFESTS
 from tests.support.plugin import LLM_COMMAND
 from tests.support.runs import TERMINAL, Run, agentrun, envelope, get, status_of, step, step_status
@@ -121,6 +126,31 @@ def world(
     namespace: str,
     start_operator: StartOperator,
     tmp_path: Path,
+) -> Iterator[World]:
+    """The namespace with the shipped admission policies bound to it."""
+    yield from _world(cluster, kube, namespace, start_operator, tmp_path, None)
+
+
+@pytest.fixture
+def world_without_validation(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    start_operator: StartOperator,
+    tmp_path: Path,
+) -> Iterator[World]:
+    """The same, with only the policy that records who created and changed a run: what the
+    operator holds on its own."""
+    yield from _world(cluster, kube, namespace, start_operator, tmp_path, mutating_only)
+
+
+def _world(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    start_operator: StartOperator,
+    tmp_path: Path,
+    keep: Callable[[dict[str, Any]], bool] | None,
 ) -> Iterator[World]:
     if cluster.external:
         pytest.skip("users are minted with the local control plane's CA; turns run this checkout")
@@ -200,7 +230,7 @@ def world(
     try:
         with (
             ScriptedModel(responder=_respond) as model,
-            policies_bound_to(cluster, namespace, recorded),
+            policies_bound_to(cluster, namespace, recorded, keep),
         ):
             holds = tmp_path / "holds"
             holds.mkdir()
@@ -639,3 +669,30 @@ def test_every_case_of_the_trust_table_ends_as_it_declares(
     print(f"\ntrust attacks: {text}")
     assert len(rows) == len(trust.TABLE) * len(Phase) * len(Actor)
     assert not wrong, "\n".join(summary["mismatches"])  # type: ignore[arg-type]
+
+
+def test_without_the_validating_policy_an_editors_step_never_uses_the_creators_rights(
+    world_without_validation: World,
+) -> None:
+    """The step-references entry as the operator holds it alone: mallory (agentrun-edit, may
+    not read Secrets) adds a step that prints a Secret the creator may read. The API admits it;
+    the operator fails the step before any Job of it exists, and the Secret goes nowhere."""
+    w = world_without_validation
+    driver = Driver(w, Phase.PENDING, "plan", "alone", 0, [])
+    driver.create()
+    driver.reach()
+    mallory = w.actors[Actor.AGENTRUN_EDIT]
+    ATTACKS["step-references"](driver.t, mallory)
+    driver.release("first")
+    driver.release("gated")
+    run = driver.wait("the added step refused", lambda r: step_status(r, "leak").get("phase")
+                      in ("Failed", "Succeeded"))  # fmt: skip
+    leak = step_status(run, "leak")
+    assert leak["phase"] == "Failed" and leak["error"]["reason"] == "Forbidden", leak
+    assert leak["error"]["message"].startswith(
+        "step leak uses secrets/team-config with the rights of the run's creator and was added "
+        "to the plan after the run started (spec last changed by mallory)"
+    ), leak["error"]["message"]
+    never = job_name(driver.t.name, driver.t.uid, "leak", 1)
+    assert read_or_none(w.kube.batch.read_namespaced_job, never, w.namespace) is None
+    assert not driver.violations(unaffected=False), driver.violations(unaffected=False)
