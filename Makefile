@@ -19,6 +19,10 @@ crds: sync ## regenerate crds/ from the API models (and its copies for kustomize
 	$(RUN) agentrun crd -o crds/agentrun.dev_agentruns.yaml
 	hack/helm/sync-crds.sh
 
+.PHONY: trust-table
+trust-table: sync ## regenerate docs/design.md's trust table from agentrun.api.trust
+	$(RUN) python -m agentrun.api.trust --update docs/design.md
+
 .PHONY: lint
 lint: sync ## ruff and mypy --strict
 	$(RUN) ruff check operator tests hack

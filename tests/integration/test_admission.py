@@ -681,6 +681,38 @@ def test_step_template_cannot_change_after_creation(admission: Admission) -> Non
     assert run["spec"]["stepTemplate"] == {"serviceAccountName": "step-runner"}
 
 
+def test_only_the_creator_adds_or_changes_a_step_that_uses_the_creators_rights(
+    admission: Admission,
+) -> None:
+    """Rule l: steps read Secrets and ConfigMaps, and act as the run's ServiceAccount, with the
+    creator's rights; nobody else may make a step do so."""
+    ref = {"name": "S", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}
+    container: dict[str, Any] = {"image": "busybox:1.36", "env": [ref]}
+    uses = {"name": "uses", "container": container}
+    admission.created("carol", _run("r", plan=_plan(_step("read"), uses)))
+    why = (
+        ": only the run's creator (carol) may add or change a step that uses a Secret, a "
+        "ConfigMap or the run's ServiceAccount, which steps use with the creator's rights"
+    )
+    leak = {"name": "leak", "container": {**container, "args": ["env"]}}
+    add = {"op": "add", "path": "/spec/plan/steps/-", "value": leak}
+    for user in ("alice", "bob", "admin"):
+        assert _denial(admission.patch(user, "r", [add])) == "spec.plan.steps[leak]" + why
+    changed = _replace("/spec/plan/steps/1/container/args", ["env"])
+    assert _denial(admission.patch("bob", "r", [changed])) == "spec.plan.steps[uses]" + why
+    # A step that uses nothing of the creator's may change; the creator may change any.
+    run = admission.patched("bob", "r", [_replace("/spec/plan/steps/0/container/args", ["x"])])
+    assert run["spec"]["plan"]["steps"][0]["container"]["args"] == ["x"]
+    run = admission.patched("carol", "r", [add, changed])
+    assert [s["name"] for s in run["spec"]["plan"]["steps"]] == ["read", "uses", "leak"]
+
+    # With a ServiceAccount, every step acts as it.
+    admission.created("carol", _run("sa", stepTemplate={"serviceAccountName": "step-runner"}))
+    added = {"op": "add", "path": "/spec/plan/steps/-", "value": _step("mine")}
+    assert _denial(admission.patch("bob", "sa", [added])) == "spec.plan.steps[mine]" + why
+    admission.patched("carol", "sa", [added])
+
+
 def test_carried_results_cannot_be_added_after_creation(admission: Admission) -> None:
     """Carried results mark steps Succeeded without running them: they come only with the
     run's creation (kubectl agentrun fork). The CRD's own rule answers first (schema validation

@@ -769,7 +769,7 @@ def test_a_step_template_change_changes_the_args_hash_of_every_step() -> None:
     sim = Sim(make_run([step("a", approval="required")]))
     sim.tick()
     before = sim.step_status("a").args_hash
-    sim.spec_update(step_template=m.StepTemplate(service_account_name="deployer"))
+    sim.spec_update(step_template=m.StepTemplate(security_context={"runAsUser": 1000}))
     sim.tick()
     after = sim.step_status("a").args_hash
     assert before and after and before != after
@@ -785,7 +785,7 @@ def approve(sim: Sim, name: str, by: str = "alice") -> str:
     return h
 
 
-def test_a_retry_as_another_service_account_needs_a_new_approval() -> None:
+def test_a_retry_as_another_user_needs_a_new_approval() -> None:
     sim = Sim(make_run([step("deploy", approval="required", retry={"limit": 2})]))
     sim.tick()
     first = approve(sim, "deploy")
@@ -794,7 +794,7 @@ def test_a_retry_as_another_service_account_needs_a_new_approval() -> None:
     sim.finish(sim.job_of("deploy").name, ok=False)
     sim.tick()
     assert sim.step_status("deploy").phase == SP.BACKING_OFF
-    sim.spec_update(step_template=m.StepTemplate(service_account_name="cluster-admin"))
+    sim.spec_update(step_template=m.StepTemplate(security_context={"runAsUser": 0}))
     sim.advance(3600)
     sim.tick()
     st = sim.step_status("deploy")
@@ -806,6 +806,27 @@ def test_a_retry_as_another_service_account_needs_a_new_approval() -> None:
     assert st.phase == SP.LAUNCHING and st.attempt == 2 and st.args_hash == second
     assert st.idempotency_key != key and second in (st.idempotency_key or "")
     assert sim.created_specs[st.job_name or ""].args_hash == second
+
+
+def test_a_retry_as_a_service_account_the_run_was_not_created_with_fails() -> None:
+    """A step acting as a ServiceAccount acts with its creator's rights: only the steps the run
+    was created with may (agentrun.core.frozen), whoever approves."""
+    sim = Sim(make_run([step("deploy", approval="required", retry={"limit": 2})]))
+    sim.tick()
+    approve(sim, "deploy")
+    sim.tick()
+    sim.finish(sim.job_of("deploy").name, ok=False)
+    sim.tick()
+    sim.spec_update(step_template=m.StepTemplate(service_account_name="cluster-admin"))
+    sim.advance(3600)
+    sim.tick()
+    st = sim.step_status("deploy")
+    assert st.phase == SP.FAILED and st.error is not None and st.error.reason == "Forbidden"
+    assert st.error.message.startswith(
+        "step deploy uses serviceaccounts/cluster-admin with the rights of the run's creator "
+        "and was changed after the run started"
+    ), st.error.message
+    assert len(sim.creations) == 1 and sim.status.phase == m.RunPhase.FAILED
 
 
 def test_a_retry_in_another_working_directory_needs_a_new_approval() -> None:
@@ -831,7 +852,7 @@ def test_an_intent_whose_step_changed_before_its_job_was_created_is_dropped() ->
     decision, version = sim.decide()
     assert sim.commit(decision, version)  # crash: the Job of the intent is never created
     old_job = sim.step_status("deploy").job_name
-    sim.spec_update(step_template=m.StepTemplate(service_account_name="cluster-admin"))
+    sim.spec_update(step_template=m.StepTemplate(security_context={"runAsUser": 0}))
     decision = sim.tick()
     assert not sim.creations, "the Job must not be created from a spec nobody approved"
     st = sim.step_status("deploy")

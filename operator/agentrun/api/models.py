@@ -752,6 +752,16 @@ class StepStatus(ApiModel):
             "risk or approval: approval requirements only get stricter."
         ),
     )
+    frozen: str | None = Field(
+        default=None,
+        description=(
+            "What the step may use with its creator's rights: a digest of its container and "
+            "the run's ServiceAccount as the plan held them on the operator's first pass, or "
+            "'added' for a step added later. A step that uses a Secret, a ConfigMap or the "
+            "ServiceAccount launches only while it still has that digest."
+        ),
+        max_length=64,
+    )
     usage: StepUsage | None = Field(default=None, description="What the step consumed.")
     message: str | None = Field(
         default=None, description="Human readable state.", max_length=MAX_MESSAGE

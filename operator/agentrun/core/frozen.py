@@ -1,5 +1,6 @@
-"""What of an agent run is fixed at its creation: the model its turns call and the tools the
-model is offered.
+"""What of a run is fixed at its creation: the model an agent run's turns call and the tools
+the model is offered; and which plan steps may use the creator's rights (at the end, from
+:func:`step_digest`).
 
 Every model turn sends the API key (``spec.agent.model.apiKeySecretRef``) to
 ``spec.agent.model.baseURL``. Were the endpoint read from the spec on every turn, anyone allowed
@@ -112,6 +113,57 @@ def refusal(agent: a.Agent | None, frozen: a.FrozenAgent, changed: Sequence[str]
     return (
         f"{head}: the model endpoint, its API key and the tools are fixed at creation, so no "
         "further model turn or tool call runs; create a new run to use others"
+    )
+
+
+# -- plan steps that use the creator's rights ---------------------------------------------------
+
+ADDED = "added"
+"""``StepStatus.frozen`` of a plan step added after the operator's first pass of the run."""
+
+
+def step_digest(run: m.AgentRun, step: m.Step) -> str:
+    """What :func:`step_refusal` compares: the step's container and the run's ServiceAccount."""
+    template = run.spec.step_template
+    wire = {
+        "container": step.container.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "serviceAccountName": template.service_account_name if template else None,
+    }
+    return naming.sha256_text(naming.canonical_json(wire))[:32]
+
+
+def lends(run: m.AgentRun, step: m.Step) -> list[str]:
+    """What ``step`` would use with the rights of the run's creator: the Secrets and ConfigMaps
+    its env references and the run's ServiceAccount (``secrets/NAME``, ...)."""
+    found: list[str] = []
+    for env in step.container.env or []:
+        source = env.value_from
+        if source is not None and source.secret_key_ref is not None:
+            found.append(f"secrets/{source.secret_key_ref.name}")
+        if source is not None and source.config_map_key_ref is not None:
+            found.append(f"configmaps/{source.config_map_key_ref.name}")
+    template = run.spec.step_template
+    if template is not None and template.service_account_name:
+        found.append(f"serviceaccounts/{template.service_account_name}")
+    return sorted(set(found))
+
+
+def step_refusal(run: m.AgentRun, step: m.Step, frozen: str | None) -> str | None:
+    """Why a plan step may not be launched on its creator's behalf: it uses the creator's
+    rights and is not as the plan held it on the operator's first pass (``frozen``, from
+    :func:`step_digest`, or :data:`ADDED`). The operator checks what a step uses against the
+    rights of the run's creator, so a step an editor added or changed would otherwise read a
+    Secret the creator may read and the editor may not. None when it may (``frozen`` None: a
+    run an operator from before this check started, not checked)."""
+    used = lends(run, step)
+    if not used or frozen is None or frozen == step_digest(run, step):
+        return None
+    when = "added to the plan" if frozen == ADDED else "changed"
+    by = (run.metadata.annotations or {}).get(m.ANNOTATION_MODIFIED_BY)
+    return (
+        f"step {step.name} uses {', '.join(used)} with the rights of the run's creator and was "
+        f"{when} after the run started" + (f" (spec last changed by {by})" if by else "") + ": "
+        "only the steps the run was created with may use its creator's rights; create a new run"
     )
 
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent_loop, naming
+from agentrun.core import frozen as freezing
 from agentrun.core.actions import CreateJob
 from agentrun.core.arguments import (
     UNHASHABLE,
@@ -60,6 +61,12 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
             image = step.container.image
             message = f"image {image} is not allowed by policy.allowedImages"
             _fail_before_launch(b, step, st, "ImageNotAllowed", message)
+            return
+        lent = freezing.step_refusal(b.run, step, st.frozen)
+        if lent is not None:  # an editor's step would use the creator's rights
+            st.next_attempt_at = None
+            st.approval_requested_at = None
+            _fail_before_launch(b, step, st, "Forbidden", lent)
             return
         refusal = b.observed.refusals.get(step.name)
         if refusal is not None:  # the creator may not have it run: fail before any Job

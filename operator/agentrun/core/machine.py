@@ -49,6 +49,7 @@ from datetime import datetime, timedelta
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent_loop
+from agentrun.core import frozen as freezing
 from agentrun.core.actions import Action, CreateJob, DeleteJob, StartPod
 from agentrun.core.arguments import needs_approval
 from agentrun.core.attempts import observe_attempt
@@ -161,9 +162,15 @@ def _sync_plan(b: Builder) -> None:
     run, steps = b.run, b.steps
     carried = {c.step: c for c in run.spec.carried_results or []}
     to_carry: list[m.Step] = []
+    first_pass = not steps
     for step in run.spec.plan.steps:
         if step.name not in steps:
-            steps[step.name] = m.StepStatus(name=step.name, phase=SP.PENDING)
+            steps[step.name] = m.StepStatus(
+                name=step.name,
+                phase=SP.PENDING,
+                # What the step may use with its creator's rights (agentrun.core.frozen).
+                frozen=freezing.step_digest(run, step) if first_pass else freezing.ADDED,
+            )
             if step.name in carried:
                 to_carry.append(step)
         elif steps[step.name].phase == SP.CANCELLED:

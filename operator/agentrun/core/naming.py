@@ -84,8 +84,9 @@ def args_hash(
 
     The last five are members only when set, so a step that uses none of them keeps the hash
     it had before they were covered. Approvals bind to this hash: changing any of these
-    (say, the ServiceAccount between two retries) needs a new approval, and gives a new
-    idempotency key.
+    (say, the security context between two retries) needs a new approval, and gives a new
+    idempotency key. (A step using the creator's rights, a ServiceAccount among them, that
+    changed since the run started does not run at all: :mod:`agentrun.core.frozen`.)
     """
     payload: dict[str, Any] = {
         "image": image,
