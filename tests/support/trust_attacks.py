@@ -23,9 +23,10 @@ from agentrun.api import trust
 from agentrun.api.trust import Actor, Case, Outcome, Phase
 from agentrun.core.naming import job_name, result_object_name
 from agentrun.core.turns import record_name
-from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID
-from agentrun_devcluster.testing import KubeClients
+from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID, POD_GATE
+from agentrun_devcluster.testing import KubeClients, wait_for
 
+from .jobs import let_pods_start
 from .runs import IMAGE, Run, envelope, get, status_of, step_status
 
 GATED = "gated"
@@ -210,6 +211,20 @@ def _pod_create(t: Target, c: KubeClients) -> None:
             },
         },
     )
+
+
+def _pod_gate(t: Target, c: KubeClients) -> None:
+    """Make the attempt's Job start a second pod (parallelism 2), then let that pod start,
+    held as it is by the operator's gate: what only the operator should do."""
+    c.batch.patch_namespaced_job(t.job(), t.namespace, {"spec": {"parallelism": 2}})
+
+    def held() -> list[Any]:
+        return [
+            p for p in _pods(t, c) if POD_GATE in [g.name for g in p.spec.scheduling_gates or []]
+        ]
+
+    wait_for(f"{t.name}: a second pod of {t.job()}", held, timeout=60)
+    assert let_pods_start(c, t.namespace, t.job()) >= 1
 
 
 def _pod_delete(t: Target, c: KubeClients) -> None:
@@ -457,6 +472,7 @@ ATTACKS: dict[str, Mutation] = {
             }
         ]
     ),
+    "agent-tool-choice": _merge({"agent": {"toolChoice": "none"}}),
     "agent-instructions": _merge({"agent": {"instructions": "ATTACKER-INSTRUCTIONS"}}),
     "agent-limits": _merge({"agent": {"maxTurns": 3}}),
     "agent-resume": _merge({"agent": {"resumeFrom": {"run": "nowhere", "uid": NO_UID, "turn": 1}}}),
@@ -471,6 +487,7 @@ ATTACKS: dict[str, Mutation] = {
     "job-finalizer": _job_finalizer,
     "pod-create": _pod_create,
     "pod-spec": _pod_delete,
+    "pod-gate": _pod_gate,
     "pod-status": _pod_status,
     "pod-refusals": _event,
     "result-object": _result_object,

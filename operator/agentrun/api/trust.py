@@ -82,6 +82,7 @@ class Check(StrEnum):
     DRY_RUN = "dry-run comparison"
     JOB_UID = "tracked by Job uid"
     POD_TEMPLATE = "pod checked against its Job's template"
+    ONE_POD = "one pod per attempt let start (the operator's scheduling gate)"
     CREATOR_RIGHTS = "creator's rights (LocalSubjectAccessReview)"
     STATUS_ONLY = "status subresource (operator only)"
     RBAC = "RBAC of namespace users"
@@ -192,12 +193,12 @@ ALL = tuple(Phase)
 GAP_PROOF = "A proof binds a Job's name, not its uid"
 GAP_DRY_RUN = "A Job the operator did not create in this process"
 GAP_JOB_PODS = "Without the `agentrun-job-pods` policy"
+GAP_POD_GATE = "Only the operator should remove a step pod's `agentrun.dev/start` gate"
 GAP_FIRST_PASS = "A change of `spec.agent.model` or `spec.agent.tools` between"
 GAP_RIGHTS = "Rights are checked at launch"
 GAP_REPLAY = "A replay by the step runner"
 GAP_REFERENCED = "The content of a ConfigMap or Secret a step's `env` references"
 GAP_TRANSCRIPT = "An agent run's transcript records"
-GAP_PARALLELISM = "A step Job's `parallelism` raised while it runs"
 
 
 def _every(expect: Expect) -> dict[Phase, Expect]:
@@ -510,6 +511,20 @@ TABLE: tuple[Entry, ...] = (
         gap=GAP_FIRST_PASS,
     ),
     Entry(
+        id="agent-tool-choice",
+        object="AgentRun",
+        path="spec.agent.toolChoice",
+        decides="whether a model turn may, must or must not call a tool, or which one",
+        resource=RUNS,
+        writers=(Writer.CREATOR,),
+        frozen=Frozen.CREATION,
+        checks=(Check.ADMISSION, Check.FROZEN_STATUS),
+        outcomes=_every(Expect(Outcome.REFUSED_API, "spec.agent.toolChoice: " + FIXED)),
+        fields=("spec.agent.toolChoice",),
+        agent=True,
+        gap=GAP_FIRST_PASS,
+    ),
+    Entry(
         id="agent-instructions",
         object="AgentRun",
         path="spec.agent.instructions",
@@ -683,19 +698,18 @@ TABLE: tuple[Entry, ...] = (
         resource=JOBS,
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.CREATE,
-        checks=(Check.JOB_UID, Check.DRY_RUN, Check.POD_TEMPLATE),
+        checks=(Check.JOB_UID, Check.DRY_RUN, Check.POD_TEMPLATE, Check.ONE_POD),
         outcomes=_phases(
             Expect(Outcome.UNAFFECTED, "a finished Job starts no pod"),
             running=Expect(
-                Outcome.KNOWN_GAP,
-                "parallelism raised: the Job's second pod runs the approved command again, with "
-                "the same idempotency key; nothing unapproved runs, one result is committed",
+                Outcome.UNAFFECTED,
+                "parallelism raised: the Job controller's second pod of the attempt is held by "
+                "the operator's scheduling gate and never starts; the approved command runs once",
             ),
             pending=NO_JOB,
             waiting=NO_JOB,
             launching=NO_JOB,
         ),
-        gap=GAP_PARALLELISM,
     ),
     Entry(
         id="job-finalizer",
@@ -760,6 +774,29 @@ TABLE: tuple[Entry, ...] = (
             finished=Expect(Outcome.UNAFFECTED, "the outcome is committed"),
         ),
         gap=GAP_JOB_PODS,
+    ),
+    Entry(
+        id="pod-gate",
+        object="Pod",
+        path="Pod spec.schedulingGates[agentrun.dev/start]",
+        decides="which pod of an attempt runs its command",
+        resource=PODS,
+        writers=(Writer.OPERATOR, Writer.EDITOR),
+        frozen=Frozen.NEVER,
+        checks=(Check.ONE_POD,),
+        outcomes=_phases(
+            Expect(Outcome.UNAFFECTED, "a finished Job starts no pod"),
+            running=Expect(
+                Outcome.KNOWN_GAP,
+                "the Job's parallelism raised and its held second pod let start by hand: that "
+                "pod runs the approved command again, with the same idempotency key; nothing "
+                "unapproved runs, one result is committed",
+            ),
+            pending=NO_POD,
+            waiting=NO_POD,
+            launching=NO_POD,
+        ),
+        gap=GAP_POD_GATE,
     ),
     Entry(
         id="pod-status",
