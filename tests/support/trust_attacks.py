@@ -23,8 +23,8 @@ from agentrun.api import trust
 from agentrun.api.trust import Actor, Case, Outcome, Phase
 from agentrun.core.naming import job_name, result_object_name
 from agentrun.core.turns import record_name
-from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID, POD_GATE
-from agentrun_devcluster.testing import KubeClients, wait_for
+from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID
+from agentrun_devcluster.testing import KubeClients
 
 from .jobs import let_pods_start
 from .runs import IMAGE, Run, envelope, get, status_of, step_status
@@ -214,17 +214,11 @@ def _pod_create(t: Target, c: KubeClients) -> None:
 
 
 def _pod_gate(t: Target, c: KubeClients) -> None:
-    """Make the attempt's Job start a second pod (parallelism 2), then let that pod start,
-    held as it is by the operator's gate: what only the operator should do."""
-    c.batch.patch_namespaced_job(t.job(), t.namespace, {"spec": {"parallelism": 2}})
-
-    def held() -> list[Any]:
-        return [
-            p for p in _pods(t, c) if POD_GATE in [g.name for g in p.spec.scheduling_gates or []]
-        ]
-
-    wait_for(f"{t.name}: a second pod of {t.job()}", held, timeout=60)
-    assert let_pods_start(c, t.namespace, t.job()) >= 1
+    """Remove the operator's gate from every pod of the attempt's Job that still has one,
+    which only the operator should do. (An editor cannot make the Job start a second pod: its
+    completions are 1, and the job-pods policy refuses pods with its selector label.)"""
+    _pods(t, c)  # the attempt's pod exists
+    let_pods_start(c, t.namespace, t.job())
 
 
 def _pod_delete(t: Target, c: KubeClients) -> None:
@@ -502,9 +496,12 @@ ATTACKS: dict[str, Mutation] = {
 }
 """The change an attacker makes to each entry of the trust table."""
 
-ISOLATED = frozenset({"job-spec"})
+ISOLATED = frozenset({"job-spec", "result-object"})
 """Entries whose unaffected cases get a run of their own rather than the shared one: a second
-pod of the step's Job would confound the others' check that the step ran once."""
+pod of the step's Job would confound the others' check that the step ran once, and a changed
+input that the running attempt no longer reads fails the retry that the shared run's deleted
+pod (``pod-spec``) brings, closed (ResultTampered), which the others' check would take for
+their own outcome."""
 
 
 def bundle_of(case: Case) -> str:

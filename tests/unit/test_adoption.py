@@ -221,7 +221,7 @@ _DELETE = object()
         (_forged("template.spec.containers.0.image", "evil:1"), "containers[0].image"),
         (_forged("template.spec.serviceAccountName", "admin"), "serviceAccountName"),
         (_forged("suspend", True), "spec.suspend"),
-        (_forged("parallelism", 3), "spec.parallelism"),
+        (_forged("activeDeadlineSeconds", 99999), "spec.activeDeadlineSeconds"),
         (_forged("backoffLimit", _DELETE), "spec.backoffLimit (missing)"),
         (_forged("template.metadata.labels.extra", "x"), "labels.extra (unexpected)"),
         (
@@ -234,7 +234,7 @@ _DELETE = object()
         "image",
         "service-account",
         "suspended",
-        "parallelism",
+        "deadline",
         "missing",
         "extra-label",
         "extra-container",
@@ -305,11 +305,28 @@ def test_a_new_generation_of_a_verified_job_is_checked_again() -> None:
     taker.observe(run)
     edited = copy.deepcopy(job)
     edited["metadata"]["generation"] = 2
+    edited["spec"]["activeDeadlineSeconds"] = 99999
+    view.apply(JOBS, "MODIFIED", edited)
+    (seen,) = taker.observe(run)
+    assert seen.name_taken is not None and "spec.activeDeadlineSeconds" in seen.name_taken
+    assert len(api.dry_runs) == 1
+
+
+def test_a_raised_parallelism_leaves_the_job_the_attempts() -> None:
+    """Its second pod is held by the operator's gate (one pod per attempt), so the Job still
+    runs the attempt as created."""
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    taker = adopter(view, api)
+    taker.created(job)
+    view.apply(JOBS, "ADDED", job)
+    edited = copy.deepcopy(job)
+    edited["metadata"]["generation"] = 2
     edited["spec"]["parallelism"] = 5
     view.apply(JOBS, "MODIFIED", edited)
     (seen,) = taker.observe(run)
-    assert seen.name_taken is not None and "spec.parallelism" in seen.name_taken
-    assert len(api.dry_runs) == 1
+    assert seen.name_taken is None
 
 
 def test_a_job_with_a_forged_owner_and_its_own_command_holds_the_name_in_vain() -> None:

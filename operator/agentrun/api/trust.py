@@ -785,16 +785,17 @@ TABLE: tuple[Entry, ...] = (
         frozen=Frozen.NEVER,
         checks=(Check.ONE_POD,),
         outcomes=_phases(
-            Expect(Outcome.UNAFFECTED, "a finished Job starts no pod"),
+            Expect(Outcome.NOT_APPLICABLE, "a finished Job makes no second pod"),
             running=Expect(
-                Outcome.KNOWN_GAP,
-                "the Job's parallelism raised and its held second pod let start by hand: that "
-                "pod runs the approved command again, with the same idempotency key; nothing "
-                "unapproved runs, one result is committed",
+                Outcome.UNAFFECTED,
+                "the attempt's one pod was let start already, and an editor cannot make the Job "
+                "start another (completions 1; the job-pods policy refuses pods with its label): "
+                "a held second pod exists only when the Job controller made one",
             ),
             pending=NO_POD,
             waiting=NO_POD,
             launching=NO_POD,
+            finished=Expect(Outcome.NOT_APPLICABLE, "a finished Job makes no second pod"),
         ),
         gap=GAP_POD_GATE,
     ),

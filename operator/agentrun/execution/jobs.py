@@ -298,11 +298,9 @@ def choose_pod(
     """The one pod of an attempt that may run its command. Every step pod is created gated
     (:data:`agentrun.settings.POD_GATE`); the operator lets the oldest waiting pod that runs
     the Job's template start, and only while no pod of the Job has been let start and the
-    Job counts none as ended. A pod let start that is gone was counted by the Job controller
-    before it went (its tracking finalizer holds it until then): if it ended, nothing more
-    starts; one deleted before it ever started (the controller removes a surplus pod) leaves
-    the attempt to the next. ``started``: the uid of a pod this process let start, which the
-    view may not show so yet. Pure."""
+    Job counts none as ended. ``started``: the uid of a pod this process let start (the view
+    may not show so yet, or show it gone before the Job's count of it, which a watch of Jobs
+    brings apart from the pods'): then no other pod starts, even if that one is gone. Pure."""
     if is_finished(job):
         return PodChoice()
     present = [p for p in pods if pod_problem(job, p) is None]
@@ -316,7 +314,7 @@ def choose_pod(
         ),
         key=_created,
     )
-    begun = any(not is_gated(p) or (p.get("metadata") or {}).get("uid") == started for p in present)
+    begun = started is not None or any(not is_gated(p) for p in present)
     held = tuple(_created(p)[1] for p in waiting)
     if begun or _ended_pods(job) or not waiting:
         return PodChoice(None, held)

@@ -127,6 +127,9 @@ def comparable_spec(job: Mapping[str, Any]) -> Any:
     # Set by the operator when it releases a finished Job (agentrun.core.actions.ReleaseJob);
     # it decides when the Job goes, never what it runs.
     spec.pop("ttlSecondsAfterFinished", None)
+    # How many pods the Job keeps active decides nothing: the operator lets one pod of an
+    # attempt start (agentrun.execution.jobs.choose_pod), and any other stays held.
+    spec.pop("parallelism", None)
     meta = job.get("metadata") or {}
     derived = {meta.get("uid"), meta.get("name")} - {None, ""}
     labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels")
