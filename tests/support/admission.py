@@ -77,11 +77,53 @@ def policies_bound_to(
         wait_for(f"the admission policies to act on {namespace}", enforced, timeout=60)
         yield docs
     finally:
-        for doc in reversed(docs):
-            cluster.kubectl(
-                "delete", f"{doc['kind'].lower()}.admissionregistration.k8s.io",
-                doc["metadata"]["name"], "--ignore-not-found", "--wait=false", check=False,
-            )  # fmt: skip
+        # The validating policies go first, and the mutating one only once they no longer
+        # act: the API server drops deleted policies a moment later each, and a validating
+        # policy still acting without the mutating one refuses every change of a run's spec
+        # (its rule j wants the last-modified-by the mutating policy writes).
+        validating = [d for d in docs if d["kind"].startswith("Validating")]
+        _delete(cluster, validating)
+        # Bounded, and never raised from here: a teardown must not hide the test's own error
+        # (a namespace already going refuses the probe for good).
+        with contextlib.suppress(TimeoutError):
+            if validating:
+                wait_for(
+                    f"the validating policies to stop acting on {namespace}",
+                    _hand_set_identity_admitted(cluster, namespace),
+                    timeout=30,
+                )
+        _delete(cluster, [d for d in docs if d not in validating])
+
+
+def _delete(cluster: TestCluster, docs: Docs) -> None:
+    for doc in reversed(docs):
+        cluster.kubectl(
+            "delete", f"{doc['kind'].lower()}.admissionregistration.k8s.io",
+            doc["metadata"]["name"], "--ignore-not-found", "--wait=false", check=False,
+        )  # fmt: skip
+
+
+def _hand_set_identity_admitted(cluster: TestCluster, namespace: str) -> Callable[[], bool]:
+    """Whether a dry-run create of a run carrying a last-modified-by set by hand is admitted:
+    the agentrun-approvals policy refuses it while it acts (rule j)."""
+    probe = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "probe", "annotations": {"agentrun.dev/last-modified-by": "x"}},
+        "spec": {
+            "goal": "probe the admission policies",
+            "plan": {"steps": [{"name": "probe", "container": {"image": "busybox:1.36"}}]},
+        },
+    }
+
+    def admitted() -> bool:
+        proc = cluster.kubectl(
+            "-n", namespace, "create", "--dry-run=server", "-o", "json", "-f", "-",
+            input=json.dumps(probe), check=False,
+        )  # fmt: skip
+        return proc.returncode == 0
+
+    return admitted
 
 
 def creator_recorded(
