@@ -90,6 +90,10 @@ def test_a_call_is_checked_against_the_pinned_definition() -> None:
     changed = {**ADD, "inputSchema": {**ADD["inputSchema"], "required": []}}  # type: ignore[dict-item]
     said = core.check(pinned, [changed])
     assert said is not None and "changed the tool add since it was discovered" in said
+    assert core.check(pinned, [ADD], {"a": 1, "b": 2}) is None
+    bad = core.check(pinned, [ADD], {"a": "one"})
+    assert bad is not None and bad.startswith("the arguments do not match the tool's parameters")
+    assert bad.endswith(": the call was not sent")
     gone = core.check(pinned, [])
     assert gone is not None and "no longer lists the tool add" in gone
 
@@ -379,3 +383,18 @@ def test_a_server_that_cannot_be_reached_fails_the_step_in_one_line(tmp_path: Pa
     said = _termination(tmp_path)
     assert said.startswith("the MCP discover failed: ")
     assert "\n" not in said and "Traceback" not in said
+
+
+def test_arguments_that_do_not_match_the_pinned_schema_are_not_sent(tmp_path: Path) -> None:
+    calc = Calc()
+    server = _server("add")
+    add = _pinned(tmp_path, calc, server)
+    env = _env(
+        tmp_path,
+        server,
+        **{pod.ENV_PINNED: add.model_dump_json(), pod.ENV_TOOL_ARGS: '{"a": 1}'},
+    )
+    assert pod.run("call", env, _connect(calc), _no_store) == 1
+    said = _termination(tmp_path)
+    assert "'b' is a required property" in said and said.endswith("the call was not sent")
+    assert calc.calls == []

@@ -17,6 +17,7 @@ from typing import Any
 
 from agentrun.api import mcp as api
 from agentrun.core import naming
+from agentrun.core.calls import schema_problem
 from agentrun.core.envelope import clean, summary_line
 
 META_IDEMPOTENCY_KEY = "agentrun.dev/idempotencyKey"
@@ -103,15 +104,21 @@ def pin(server: api.McpServer, listed: Sequence[Mapping[str, Any]]) -> Discovery
     return found
 
 
-def check(pinned: api.PinnedTool, listed: Iterable[Mapping[str, Any]]) -> str | None:
+def check(
+    pinned: api.PinnedTool, listed: Iterable[Mapping[str, Any]], arguments: Any = None
+) -> str | None:
     """Why a call to ``pinned`` may not be sent, given what the server lists now: the tool is
-    gone, or its definition is not the one pinned at discovery. None when it may."""
+    gone, its definition is not the one pinned at discovery, or (when given) the ``arguments``
+    do not match the pinned inputSchema. None when it may."""
     for tool in listed:
         if tool.get("name") != pinned.name:
             continue
         digest = tool_digest(tool)
         if digest == pinned.digest:
-            return None
+            if arguments is None:
+                return None
+            problem = arguments_problem(tool, arguments)
+            return f"{problem}: the call was not sent" if problem else None
         return (
             f"the server {pinned.server} changed the tool {pinned.name} since it was "
             f"discovered (definition {digest[:12]}, pinned {pinned.digest[:12]}): the call was "
@@ -120,6 +127,17 @@ def check(pinned: api.PinnedTool, listed: Iterable[Mapping[str, Any]]) -> str | 
     return (
         f"the server {pinned.server} no longer lists the tool {pinned.name}: the call was not sent"
     )
+
+
+def arguments_problem(tool: Mapping[str, Any], arguments: Any) -> str | None:
+    """Why ``arguments`` may not be sent to ``tool`` (its listed definition): they are not an
+    object, or do not match its inputSchema. None when they may."""
+    if not isinstance(arguments, dict):
+        return f"the arguments must be a JSON object, not {type(arguments).__name__}"
+    schema = tool.get("inputSchema")
+    if not isinstance(schema, Mapping):
+        return f"the tool {clean(str(tool.get('name')))[:48]} has no inputSchema"
+    return schema_problem(dict(schema), arguments)
 
 
 def offered(discoveries: Iterable[Discovery]) -> list[tuple[str, str, Mapping[str, Any]]]:

@@ -13,7 +13,8 @@ spec.agent.mcpServers as JSON, header values excluded) over streamable HTTP with
   offered, or the server cannot be reached.
 * ``call`` calls the pinned tool ``AGENTRUN_MCP_PINNED`` (server, name, digest) with the
   arguments in ``AGENTRUN_TOOL_ARGS``. It lists the server's tools first and refuses the call,
-  unsent, when the tool's definition is not the one pinned (:func:`agentrun.core.mcp.check`);
+  unsent, when the tool's definition is not the one pinned or the arguments do not match its
+  inputSchema (:func:`agentrun.core.mcp.check`);
   it sends the attempt's idempotency key in the request's ``_meta``
   (:data:`agentrun.core.mcp.META_IDEMPOTENCY_KEY`) and records the result's content,
   structuredContent and isError. A result the server marks isError is a result (the step
@@ -131,7 +132,7 @@ async def call(
     client: Any, pinned: api.PinnedTool, arguments: dict[str, Any], idempotency_key: str
 ) -> dict[str, Any]:
     """The recorded result of one call, after checking the tool is still as pinned."""
-    refusal = core.check(pinned, await list_tools(client))
+    refusal = core.check(pinned, await list_tools(client), arguments)
     if refusal is not None:
         raise McpFailed(refusal)
     result = await client.call_tool(
