@@ -14,6 +14,7 @@ import pytest
 from mcp import Client
 from mcp.server.mcpserver import Context, MCPServer
 
+from agentrun import cli
 from agentrun import settings as s
 from agentrun.api import mcp as api
 from agentrun.core import mcp as core
@@ -375,6 +376,16 @@ def test_a_large_result_is_stored_by_reference(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv", [[], ["list"], ["call", "x"]])
 def test_the_command_takes_one_action(argv: list[str]) -> None:
     assert pod.main(argv) == 2
+    assert cli.main(["step", "mcp", *argv]) == 2
+
+
+def test_agentrun_step_mcp_runs_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a server entry: the step fails in one line, before any connection."""
+    termination = tmp_path / "termination"
+    monkeypatch.setenv(s.ENV_TERMINATION_MESSAGE_PATH, str(termination))
+    monkeypatch.delenv(pod.ENV_SERVER, raising=False)
+    assert cli.main(["step", "mcp", "discover"]) == 1
+    assert termination.read_text().startswith("AGENTRUN_MCP_SERVER is not set")
 
 
 def test_a_server_that_cannot_be_reached_fails_the_step_in_one_line(tmp_path: Path) -> None:
