@@ -89,6 +89,10 @@ def _step(args: argparse.Namespace) -> int:
         from agentrun.pod import llm
 
         return llm.main(args.command[1:])
+    if args.command[:1] == ["mcp"]:
+        from agentrun.pod import mcp
+
+        return mcp.main(args.command[1:])
     from agentrun.pod import runner
 
     return runner.main(args.command)
@@ -194,10 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
             "$AGENTRUN_RESULT_FILE, else its stdout) becomes the step's result envelope. "
             "`agentrun step llm` is a model turn of an agent run instead: it calls the "
             "model with the context the operator assembled and reports the model's message "
-            "and proposed tool calls (it runs no tool)."
+            "and proposed tool calls (it runs no tool). `agentrun step mcp discover|call` "
+            "lists or calls the tools of an MCP server of an agent run."
         ),
     )
-    step_parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ... | llm")
+    step_parser.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ... | llm | mcp ACTION"
+    )
     step_parser.set_defaults(func=_step)
     _register_extensions(sub)
     return parser

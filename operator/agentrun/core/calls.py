@@ -48,7 +48,7 @@ def _allowed(run: m.AgentRun, image: str) -> bool:
     return allowed is None or any(image.startswith(p) for p in allowed)
 
 
-def _schema_problem(schema: dict[str, Any], arguments: Any) -> str | None:
+def schema_problem(schema: dict[str, Any], arguments: Any) -> str | None:
     try:
         validator_class = jsonschema.validators.validator_for(schema)
         validator_class.check_schema(schema)
@@ -133,9 +133,9 @@ def _problem(
         return f"the arguments are not valid JSON: {str(e)[:200]}"
     if not isinstance(arguments, dict):
         return f"the arguments must be a JSON object, not {type(arguments).__name__}"
-    schema_problem = _schema_problem(tool.parameters, arguments)
-    if schema_problem is not None:
-        return schema_problem
+    mismatch = schema_problem(tool.parameters, arguments)
+    if mismatch is not None:
+        return mismatch
     if not _allowed(b.run, tool.container.image):
         return (
             f"the tool's image {tool.container.image} is not allowed by policy.allowedImages; "

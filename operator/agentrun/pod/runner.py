@@ -228,7 +228,19 @@ def run_step(
         written = result_file.read_text() if result_file.is_file() else ""
     result = (written or proc.stdout).strip()
     ok = proc.returncode == 0
-    original = build_envelope(ok, result)
+    return report(build_envelope(ok, result), result, proc.returncode, store, termination)
+
+
+def report(
+    original: dict[str, Any],
+    result: str,
+    returncode: int,
+    store: ResultStore | None,
+    termination: Path,
+) -> int:
+    """Write the attempt's envelope as its termination message, its result by reference in a
+    ConfigMap of the run when the message would not hold it; the attempt's exit code."""
+    ok = returncode == 0
     envelope = original
     text = json.dumps(envelope, separators=(",", ":"))
     if len(text.encode()) > INLINE_LIMIT:
@@ -255,7 +267,7 @@ def run_step(
     termination.write_text(text[:TERMINATION_LIMIT])
     if ok and envelope.get("ok") is False:
         return 1
-    return proc.returncode
+    return returncode
 
 
 def main(argv: Sequence[str]) -> int:

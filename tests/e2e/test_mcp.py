@@ -1,0 +1,275 @@
+"""``agentrun step mcp discover|call`` as steps of a run, end to end: the operator as its own
+process launches them as step Jobs in the run's namespace; on the local node their pods reach
+a real MCP server (tests/support/mcp_server.py, made with the official SDK) over streamable
+HTTP on a leased port of 127.0.0.1.
+
+The agent loop does not start these steps yet; here they are plan steps, which is how the
+loop will run them: the server entry and the pinned tool in the environment, a header's value
+from a Secret, the step's own idempotency key.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun.core.mcp import tool_digest
+from agentrun.core.naming import sha256_text
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.ports import PortLease, lease_ports
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support import mcp_server
+from tests.support.admission import creator_recorded, policies_bound_to
+from tests.support.cluster import bind_role, service_account_subject
+from tests.support.plugin import LLM_COMMAND
+from tests.support.runs import Run, agentrun, create, get, step, step_status
+from tests.support.waiting import wait_phase
+
+REPO = Path(__file__).resolve().parents[2]
+STEP_MCP = [*LLM_COMMAND[:-1], "mcp"]
+"""``agentrun step mcp`` as the local node's processes can run it."""
+TOKEN = "Bearer e2e-s3cret"
+
+
+@pytest.fixture(autouse=True)
+def _local_node_only(cluster: TestCluster) -> None:
+    if cluster.external:
+        pytest.skip("the steps run `agentrun step mcp` from this checkout (no step image)")
+
+
+class Server:
+    """The test MCP server as a process on a leased port; restarted to change its tools."""
+
+    def __init__(self, lease: PortLease, log: Path) -> None:
+        self.port = lease.port
+        self.log = log
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, wide: bool = False) -> None:
+        command = [sys.executable, "-m", "tests.support.mcp_server"]
+        command += ["--port", str(self.port), "--log", str(self.log)]
+        self.proc = subprocess.Popen([*command, *(["--wide"] if wide else [])], cwd=REPO)
+        wait_for(f"the MCP server on port {self.port}", self._listening, timeout=60)
+
+    def _listening(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the MCP server exited with {self.proc.returncode}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    def calls(self) -> list[dict[str, Any]]:
+        return mcp_server.calls(self.log)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with lease_ports(1) as lease:
+        found = Server(lease, tmp_path / "calls.jsonl")
+        found.start()
+        try:
+            yield found
+        finally:
+            found.stop()
+
+
+@pytest.fixture
+def auth_secret(kube: KubeClients, namespace: str, cluster: TestCluster) -> Iterator[str]:
+    """The Secret of the Authorization header; and the admission policies, which record a
+    run's creator: the operator lets a step read a Secret only on behalf of a creator who may
+    (the admin here)."""
+    kube.core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "mcp-auth"}, "stringData": {"token": TOKEN}}
+    )
+    with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
+        yield "mcp-auth"
+
+
+def _entry(server: Server, *tools: str) -> dict[str, Any]:
+    return {
+        "name": "tools",
+        "url": server.url,
+        "headers": [
+            {"name": "Authorization", "secretKeyRef": {"name": "mcp-auth", "key": "token"}}
+        ],
+        "tools": [{"name": t} for t in tools],
+    }
+
+
+def _mcp_step(name: str, action: str, entry: dict[str, Any], **env: str) -> dict[str, Any]:
+    variables: list[dict[str, Any]] = [
+        {"name": "AGENTRUN_MCP_SERVER", "value": json.dumps(entry)},
+        {
+            "name": "AGENTRUN_MCP_HEADER_0",
+            "valueFrom": {"secretKeyRef": {"name": "mcp-auth", "key": "token"}},
+        },
+        *({"name": k, "value": v} for k, v in env.items()),
+    ]
+    found = step(name, command=[*STEP_MCP, action])
+    found["container"]["env"] = variables
+    return found
+
+
+def _call(name: str, entry: dict[str, Any], pinned: dict[str, Any], args: Any) -> dict[str, Any]:
+    return _mcp_step(
+        name,
+        "call",
+        entry,
+        AGENTRUN_MCP_PINNED=json.dumps(pinned),
+        AGENTRUN_TOOL_ARGS=json.dumps(args),
+    )
+
+
+def _result(kube: KubeClients, namespace: str, st: dict[str, Any]) -> Any:
+    ref = st.get("resultRef")
+    if ref is None:
+        return json.loads(st["result"])
+    data = kube.core.read_namespaced_config_map(ref["name"], namespace).data
+    return json.loads(data[ref["key"]])
+
+
+def _discover(
+    kube: KubeClients, namespace: str, entry: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Run a discovery step; the pinned tools by name."""
+    create(kube, namespace, agentrun("discover", [_mcp_step("discover", "discover", entry)]))
+    run = wait_phase(kube, namespace, "discover", "Succeeded")
+    found = _result(kube, namespace, step_status(run, "discover"))
+    assert found["problems"] == []
+    return {
+        t["name"]: {"server": "tools", "name": t["name"], "digest": t["digest"]}
+        for t in found["tools"]
+    }
+
+
+def _failure(run: Run, name: str) -> str:
+    return json.dumps(step_status(run, name))
+
+
+def test_discovery_pins_only_the_allowed_tools_and_calls_record_their_results(
+    kube: KubeClients, namespace: str, operator: OperatorProcess, server: Server, auth_secret: str
+) -> None:
+    entry = _entry(server, "add", "fail")
+    pinned = _discover(kube, namespace, entry)
+    assert sorted(pinned) == ["add", "fail"]  # rm is listed by the server, never pinned
+    create(kube, namespace, agentrun("discover-again", [_mcp_step("d", "discover", entry)]))
+    again = wait_phase(kube, namespace, "discover-again", "Succeeded")
+    tools = _result(kube, namespace, step_status(again, "d"))["tools"]
+    for tool in tools:
+        assert tool["digest"] == tool_digest(tool) == pinned[tool["name"]]["digest"]
+
+    steps = [
+        _call("add", entry, pinned["add"], {"a": 2, "b": 3}),
+        _call("fail", entry, pinned["fail"], {"path": "/nowhere"}),
+    ]
+    create(kube, namespace, agentrun("calls", steps))
+    run = wait_phase(kube, namespace, "calls", "Succeeded")
+    add, fail = step_status(run, "add"), step_status(run, "fail")
+    assert _result(kube, namespace, add) == {
+        "isError": False,
+        "content": [{"type": "text", "text": "5"}],
+        "structuredContent": {"result": 5},
+    }
+    failed = _result(kube, namespace, fail)
+    assert failed["isError"] is True
+    assert fail["summary"].startswith("error: ")
+    # Each call reached the server once, with its step's idempotency key in _meta and the
+    # header's value from the Secret.
+    reached = sorted(server.calls(), key=lambda c: str(c["tool"]))
+    assert reached == [
+        {"tool": "add", "key": add["idempotencyKey"], "authorization": TOKEN},
+        {"tool": "fail", "key": fail["idempotencyKey"], "authorization": TOKEN},
+    ]
+    assert TOKEN not in json.dumps(run)
+
+
+def test_a_tool_the_entry_does_not_allow_is_refused_unsent(
+    kube: KubeClients, namespace: str, operator: OperatorProcess, server: Server, auth_secret: str
+) -> None:
+    entry = _entry(server, "add")
+    rm = {"server": "tools", "name": "rm", "digest": "0" * 64}
+    create(kube, namespace, agentrun("unlisted", [_call("rm", entry, rm, {"path": "/"})]))
+    run = wait_phase(kube, namespace, "unlisted", "Failed")
+    assert "the tool rm is not allowed by the server entry tools" in _failure(run, "rm")
+    assert [c for c in server.calls() if c["tool"] == "rm"] == []
+
+
+def test_a_tool_whose_schema_changed_mid_run_is_refused_unsent(
+    kube: KubeClients, namespace: str, operator: OperatorProcess, server: Server, auth_secret: str
+) -> None:
+    entry = _entry(server, "add")
+    pinned = _discover(kube, namespace, entry)
+    server.stop()
+    server.start(wide=True)  # the same tool, another input schema
+    create(
+        kube, namespace, agentrun("changed", [_call("add", entry, pinned["add"], {"a": 1, "b": 2})])
+    )
+    run = wait_phase(kube, namespace, "changed", "Failed")
+    assert "changed the tool add since it was discovered" in _failure(run, "add")
+    assert [c for c in server.calls() if c["tool"] == "add"] == []
+
+
+def test_a_call_to_a_server_that_is_down_is_retried_with_the_same_key(
+    kube: KubeClients, namespace: str, operator: OperatorProcess, server: Server, auth_secret: str
+) -> None:
+    entry = _entry(server, "add")
+    pinned = _discover(kube, namespace, entry)
+    server.stop()
+    call = _call("add", entry, pinned["add"], {"a": 20, "b": 22})
+    call["retry"] = {"limit": 3, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 1}}
+    create(kube, namespace, agentrun("down", [call]))
+    failed = wait_for(
+        "the first attempt of the call to fail",
+        lambda: step_status(get(kube, namespace, "down"), "add").get("error"),
+        timeout=120,
+    )
+    assert "the MCP call failed: ConnectError" in json.dumps(failed)
+    server.start()
+    run = wait_phase(kube, namespace, "down", "Succeeded")
+    add = step_status(run, "add")
+    assert add["attempt"] >= 2
+    assert _result(kube, namespace, add)["structuredContent"] == {"result": 42}
+    assert [c["key"] for c in server.calls() if c["tool"] == "add"] == [add["idempotencyKey"]]
+
+
+def test_a_large_result_goes_to_a_config_map_of_the_run(
+    kube: KubeClients,
+    namespace: str,
+    cluster: TestCluster,
+    operator: OperatorProcess,
+    server: Server,
+    auth_secret: str,
+) -> None:
+    """With a ServiceAccount that may create ConfigMaps, as for `agentrun step --`."""
+    account = "mcp-steps"
+    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "list"]}]
+    bind_role(kube, namespace, account, rules, [service_account_subject(account, namespace)])
+    entry = _entry(server, "echo")
+    pinned = _discover(kube, namespace, entry)
+    text = "0123456789 " * 1100  # 12,100 bytes
+    call = _call("echo", entry, pinned["echo"], {"text": "0123456789 ", "times": 1100})
+    # Steps run as a ServiceAccount only on behalf of a creator who may impersonate it (the
+    # admin, recorded by the admission policies).
+    create(kube, namespace, agentrun("large", [call], stepTemplate={"serviceAccountName": account}))
+    run = wait_phase(kube, namespace, "large", "Succeeded")
+    echo = step_status(run, "echo")
+    assert "result" not in echo, "a 12 KB result was kept inline"
+    ref = echo["resultRef"]
+    stored = kube.core.read_namespaced_config_map(ref["name"], namespace).data[ref["key"]]
+    assert echo["resultDigest"] == sha256_text(stored)
+    assert json.loads(stored)["structuredContent"] == {"result": text}
