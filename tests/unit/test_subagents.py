@@ -1,0 +1,202 @@
+"""Sub-agents in the pure core: a child's name, limits, carved budget, manifest, adoption,
+outcome, switches and family (agentrun.core.subagents; not wired into a pass yet)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrun.api import agent as a
+from agentrun.api import models as m
+from agentrun.core import subagents as sa
+from tests.support.agent_sim import agent_run
+from tests.support.sim import UID
+
+OTHER_UID = "00000000-0000-4000-8000-00000000beef"
+CHILD_UID = "00000000-0000-4000-8000-00000000c001"
+
+TOOL = sa.SubAgentTool(
+    agent=a.Agent.model_validate(
+        {
+            "model": {"baseURL": "http://127.0.0.1:9/v1", "name": "scripted"},
+            "instructions": "You look things up.",
+        }
+    ),
+    preamble="Answer in one line.",
+    max_tokens=5000,
+)
+KEY = f"{UID}:1:call-a:0123abcd"
+
+
+def _parent(**spec: Any) -> m.AgentRun:
+    return agent_run(spec=spec or None)
+
+
+def _child(**kw: Any) -> sa.ObservedChild:
+    values: dict[str, Any] = {
+        "name": "agent-sub-x",
+        "uid": CHILD_UID,
+        "controller_uid": UID,
+        "spec_digest": "d",
+    }
+    values.update(kw)
+    return sa.ObservedChild(**values)
+
+
+def test_a_child_is_named_from_the_call_key_alone_as_a_dns_label() -> None:
+    name = sa.child_name("agent", KEY)
+    assert name == sa.child_name("agent", KEY)
+    assert name != sa.child_name("agent", KEY.replace("call-a", "call-b"))
+    assert name.startswith("agent-sub-")
+    long = sa.child_name("x" * 200, KEY)
+    assert len(long) <= 63 and long.endswith(name.rsplit("-", 1)[1])
+
+
+@pytest.mark.parametrize(
+    ("depth", "this_turn", "started", "refused"),
+    [
+        (0, 0, 0, None),
+        (1, 3, 15, None),
+        (2, 0, 0, "depth 3"),
+        (0, 4, 4, "in one turn"),
+        (0, 0, 16, "already started 16"),
+    ],
+)
+def test_depth_and_fan_out_are_limited_by_the_defaults(
+    depth: int, this_turn: int, started: int, refused: str | None
+) -> None:
+    problem = sa.limit_problem(depth, this_turn, started, sa.Limits())
+    if refused is None:
+        assert problem is None
+    else:
+        assert problem is not None and refused in problem
+
+
+def test_the_depth_is_the_operators_annotation_and_a_users_run_is_at_depth_zero() -> None:
+    parent = _parent()
+    assert sa.depth_of(parent) == 0
+    child = sa.child_manifest(parent, KEY, TOOL, "g", None)
+    assert child["metadata"]["annotations"][sa.ANNOTATION_DEPTH] == "1"
+    grandparent_made = m.AgentRun.model_validate(
+        {"metadata": {**child["metadata"], "uid": CHILD_UID}, "spec": child["spec"]}
+    )
+    assert sa.depth_of(grandparent_made) == 1
+    grandchild = sa.child_manifest(grandparent_made, KEY, TOOL, "g", None)
+    assert grandchild["metadata"]["annotations"][sa.ANNOTATION_DEPTH] == "2"
+    assert sa.limit_problem(sa.depth_of(grandparent_made) + 1, 0, 0, sa.Limits()) is not None
+
+
+def test_the_budget_is_carved_from_what_the_parent_has_left() -> None:
+    # 10000 - 3000 used - 1500 still open to running children - 500 for the parent's next turn
+    assert sa.carve(10_000, 3000, 1500, 500, None, 100) == sa.Carve(5000)
+    assert sa.carve(10_000, 3000, 1500, 500, 2000, 100) == sa.Carve(2000)
+    refused = sa.carve(10_000, 9000, 900, 50, 2000, 100)
+    assert refused.tokens is None and refused.problem is not None and "50 tokens" in refused.problem
+    assert sa.carve(None, 3000, 0, 500, 2000, 100) == sa.Carve(2000)
+    assert sa.carve(None, 3000, 0, 500, None, 100) == sa.Carve(None)
+
+
+def test_children_count_against_the_parent_by_uid_and_at_most_their_carve() -> None:
+    carved = {CHILD_UID: 1000, OTHER_UID: 500}
+    children = [
+        _child(tokens=400, phase=m.RunPhase.RUNNING),
+        _child(uid=OTHER_UID, tokens=10**9, phase=m.RunPhase.SUCCEEDED),  # a raised budget
+        _child(uid="00000000-0000-4000-8000-0000000000ff", tokens=777),  # not a committed child
+    ]
+    assert sa.counted_tokens(carved, children) == 400 + 500
+    # A running child may still use the rest of its carve; a finished one nothing more.
+    assert sa.outstanding(carved, children) == 600
+    assert sa.outstanding(carved, []) == 1500
+
+
+def test_the_child_is_owned_by_the_parent_with_the_declared_agent_and_the_parents_policy() -> None:
+    parent = _parent(policy={"approvalRequiredFor": ["write"]}, stepTemplate={})
+    goal = sa.goal_of(TOOL, {"goal": "find the slow query"})
+    assert goal == "Answer in one line.\n\nfind the slow query"
+    assert sa.goal_of(TOOL, {"goal": "  "}) is None
+    assert sa.goal_of(TOOL, {"query": "x"}) is None
+    child = sa.child_manifest(parent, KEY, TOOL, goal, 4000)
+    assert child["metadata"]["name"] == sa.child_name("agent", KEY)
+    assert child["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": m.API_VERSION,
+            "kind": m.KIND,
+            "name": "agent",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    spec = child["spec"]
+    assert spec["budget"] == {"maxTokens": 4000}
+    assert spec["policy"] == {"approvalRequiredFor": ["write"]}
+    assert spec["agent"]["instructions"] == "You look things up."
+    assert "approvals" not in spec  # a child's approvals are its own
+    # It is a valid AgentRun.
+    m.AgentRun.model_validate({"metadata": child["metadata"], "spec": spec})
+
+
+def test_a_child_is_adopted_only_when_it_is_the_parents_by_uid_and_by_spec() -> None:
+    spec = sa.child_spec(_parent(), TOOL, "g", 4000)
+    digest = sa.spec_digest(spec)
+    assert sa.adopt(_child(spec_digest=digest), UID, digest) == sa.Adopted(CHILD_UID)
+    stranger = sa.adopt(_child(spec_digest=digest, controller_uid=OTHER_UID), UID, digest)
+    assert isinstance(stranger, sa.Refused) and "not controlled" in stranger.message
+    unowned = sa.adopt(_child(spec_digest=digest, controller_uid=None), UID, digest)
+    assert isinstance(unowned, sa.Refused)
+    other = sa.child_spec(_parent(), TOOL, "another goal", 4000)
+    changed = sa.adopt(_child(spec_digest=sa.spec_digest(other)), UID, digest)
+    assert isinstance(changed, sa.Refused) and changed.reason == sa.CHILD_NAME_TAKEN
+
+
+def test_the_result_is_read_from_the_child_by_uid_never_by_name() -> None:
+    same_name = _child(uid=OTHER_UID, phase=m.RunPhase.SUCCEEDED, answer="not it")
+    assert sa.child_outcome(CHILD_UID, [same_name]).error is not None
+    running = _child(phase=m.RunPhase.RUNNING)
+    assert sa.child_outcome(CHILD_UID, [same_name, running]) == sa.Outcome(False)
+    unread = _child(phase=m.RunPhase.SUCCEEDED)
+    assert sa.child_outcome(CHILD_UID, [unread]) == sa.Outcome(False)
+    answered = _child(phase=m.RunPhase.SUCCEEDED, answer="it was the index")
+    assert sa.child_outcome(CHILD_UID, [same_name, answered]) == sa.Outcome(
+        True, answer="it was the index"
+    )
+    failed = _child(phase=m.RunPhase.FAILED, message="MaxTurnsReached")
+    outcome = sa.child_outcome(CHILD_UID, [failed])
+    assert outcome.done and outcome.error is not None and "MaxTurnsReached" in outcome.error
+
+
+def test_cancel_and_suspend_of_the_parent_reach_running_children() -> None:
+    running = _child(phase=m.RunPhase.RUNNING)
+    done = _child(uid=OTHER_UID, phase=m.RunPhase.SUCCEEDED)
+    assert sa.child_switches(False, False, [running, done]) == []
+    assert sa.child_switches(True, False, [running, done]) == [
+        sa.Switch(running.name, CHILD_UID, True, False)
+    ]
+    assert sa.child_switches(False, True, [running]) == [
+        sa.Switch(running.name, CHILD_UID, False, True)
+    ]
+    suspended = _child(phase=m.RunPhase.SUSPENDED, suspend=True)
+    assert sa.child_switches(False, False, [suspended]) == [
+        sa.Switch(running.name, CHILD_UID, False, False)
+    ]
+    # A cancelled child stays cancelled when the parent is resumed.
+    cancelled = _child(phase=m.RunPhase.RUNNING, cancel=True)
+    assert sa.child_switches(False, False, [cancelled]) == []
+
+
+def test_the_family_is_found_by_controller_uid_with_phases_and_tokens() -> None:
+    root = _child(name="agent", uid=UID, controller_uid=None, tokens=100)
+    kid = _child(name="agent-sub-1", tokens=40, phase=m.RunPhase.SUCCEEDED)
+    grandkid = _child(name="agent-sub-1-sub-1", uid=OTHER_UID, controller_uid=CHILD_UID, tokens=5)
+    labelled_only = _child(name="imposter", uid="u-x", controller_uid=None, tokens=9)
+    # A cycle of owner references never loops.
+    loop = _child(name="agent", uid=UID, controller_uid=OTHER_UID, tokens=100)
+    tree = sa.family(root, [kid, grandkid, labelled_only, loop])
+    assert [c.name for c in tree.children] == ["agent-sub-1"]
+    assert tree.children[0].children[0].depth == 2
+    assert sa.tree_lines(tree) == [
+        "agent  Pending  100 tokens (145 with its sub-agents)",
+        "└─ agent-sub-1  Succeeded  40 tokens (45 with its sub-agents)",
+        "   └─ agent-sub-1-sub-1  Pending  5 tokens",
+    ]
