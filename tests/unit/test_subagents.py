@@ -9,6 +9,7 @@ import pytest
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
+from agentrun.clients.plugin import commands
 from agentrun.core import subagents as sa
 from tests.support.agent_sim import agent_run
 from tests.support.sim import UID
@@ -199,4 +200,91 @@ def test_the_family_is_found_by_controller_uid_with_phases_and_tokens() -> None:
         "agent  Pending  100 tokens (145 with its sub-agents)",
         "└─ agent-sub-1  Succeeded  40 tokens (45 with its sub-agents)",
         "   └─ agent-sub-1-sub-1  Pending  5 tokens",
+    ]
+
+
+def _body(name: str, uid: str, owner: dict[str, Any] | None, **status: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "default", "uid": uid}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {
+        "apiVersion": m.API_VERSION,
+        "kind": m.KIND,
+        "metadata": meta,
+        "spec": {"goal": f"goal of {name}"},
+        "status": status,
+    }
+
+
+def _owner(uid: str, **over: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": m.API_VERSION,
+        "kind": m.KIND,
+        "name": "agent",
+        "uid": uid,
+        "controller": True,
+        **over,
+    }
+
+
+def test_a_run_read_from_the_api_counts_only_its_agentrun_controller() -> None:
+    kid = sa.observed_run(
+        _body("k", CHILD_UID, _owner(UID), phase="Running", usage={"tokens": 42}, message="m")
+    )
+    assert (kid.controller_uid, kid.phase, kid.tokens, kid.message) == (
+        UID,
+        m.RunPhase.RUNNING,
+        42,
+        "m",
+    )
+    for owner in (
+        _owner(UID, controller=False),
+        _owner(UID, kind="Job"),
+        _owner(UID, apiVersion="example.com/v1alpha1"),
+    ):
+        assert sa.observed_run(_body("k", CHILD_UID, owner)).controller_uid is None
+    odd = sa.observed_run(_body("k", CHILD_UID, None, phase="Sleeping", usage={"tokens": -5}))
+    assert (odd.phase, odd.tokens) == (None, 0)
+
+
+def test_the_spec_digest_ignores_the_defaults_the_api_server_fills_in() -> None:
+    spec = sa.child_spec(_parent(), TOOL, "g", 4000)
+    stored = m.AgentRunSpec.model_validate(spec).model_dump(mode="json", by_alias=True)
+    assert stored != spec  # the defaults written out, as read back
+    assert sa.spec_digest(stored) == sa.spec_digest(spec) is not None
+    assert sa.spec_digest({"goal": "g", "unknown": 1}) is None
+    unparsable = sa.observed_run({**_body("k", CHILD_UID, _owner(UID)), "spec": {"x": 1}})
+    assert isinstance(sa.adopt(unparsable, UID, sa.spec_digest(spec)), sa.Refused)
+
+
+class _Runs:
+    namespace = "default"
+
+    def __init__(self, bodies: list[dict[str, Any]]) -> None:
+        self.bodies = bodies
+
+    def get_run_body(self, name: str) -> dict[str, Any]:
+        return next(b for b in self.bodies if b["metadata"]["name"] == name)
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        return self.bodies
+
+
+def test_kubectl_agentrun_tree_prints_the_family_by_controller_uid(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    session = _Runs(
+        [
+            _body("agent", UID, None, phase="Running", usage={"tokens": 300}),
+            _body("agent-sub-b", OTHER_UID, _owner(UID), phase="Running", usage={"tokens": 20}),
+            _body("agent-sub-a", CHILD_UID, _owner(UID), phase="Succeeded", usage={"tokens": 80}),
+            _body("labelled", "u-1", _owner(UID, controller=False), usage={"tokens": 5}),
+        ]
+    )
+    args = commands.build_parser().parse_args(["tree", "agentrun/agent"])
+    assert commands.cmd_tree(session, args) == 0  # type: ignore[arg-type]
+    assert capsys.readouterr().out.splitlines() == [
+        "agent  Running  300 tokens (400 with its sub-agents)",
+        "├─ agent-sub-a  Succeeded  80 tokens",
+        "└─ agent-sub-b  Running  20 tokens",
     ]

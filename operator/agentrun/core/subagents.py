@@ -112,7 +112,7 @@ class ObservedChild:
     uid: str
     controller_uid: str | None
     """The uid of its controller ownerReference (kind AgentRun), if any."""
-    spec_digest: str
+    spec_digest: str | None
     phase: m.RunPhase | None = None
     tokens: int = 0
     answer: str | None = None
@@ -267,9 +267,16 @@ def child_spec(
     return spec
 
 
-def spec_digest(spec: Mapping[str, Any]) -> str:
-    """What adoption compares: sha256 of the spec's canonical JSON."""
-    return naming.sha256_text(naming.canonical_json(dict(spec)))
+def spec_digest(spec: Mapping[str, Any]) -> str | None:
+    """What adoption compares: sha256 of the spec as the API model reads it, fields at their
+    defaults left out (so that the defaults the API server fills in do not count); None for
+    a spec the model refuses (never adopted)."""
+    try:
+        parsed = m.AgentRunSpec.model_validate(dict(spec))
+    except ValueError:
+        return None
+    wire = parsed.model_dump(mode="json", by_alias=True, exclude_defaults=True, exclude_none=True)
+    return naming.sha256_text(naming.canonical_json(wire))
 
 
 def child_manifest(
@@ -308,7 +315,44 @@ def child_manifest(
     }
 
 
-def adopt(found: ObservedChild, parent_uid: str, expected_digest: str) -> Adopted | Refused:
+def observed_run(body: Mapping[str, Any]) -> ObservedChild:
+    """An AgentRun as read from the API (a plain body), for adoption and the family: its
+    controller is an ownerReference of kind AgentRun in this API group with controller true."""
+    meta = body.get("metadata") or {}
+    owners = meta.get("ownerReferences") or []
+    controller = next(
+        (
+            o.get("uid")
+            for o in owners
+            if isinstance(o, Mapping)
+            and o.get("controller") is True
+            and o.get("kind") == m.KIND
+            and str(o.get("apiVersion", "")).split("/")[0] == m.GROUP
+        ),
+        None,
+    )
+    status = body.get("status") or {}
+    usage = status.get("usage") or {}
+    agent = status.get("agent") or {}
+    spec = body.get("spec") or {}
+    phase_text = status.get("phase")
+    phase = m.RunPhase(phase_text) if phase_text in set(m.RunPhase) else None
+    tokens = usage.get("tokens")
+    return ObservedChild(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        controller_uid=str(controller) if controller else None,
+        spec_digest=spec_digest(spec) if isinstance(spec, Mapping) else None,
+        phase=phase,
+        tokens=tokens if type(tokens) is int and tokens >= 0 else 0,
+        answer=agent.get("answer") if isinstance(agent.get("answer"), str) else None,
+        message=status.get("message") if isinstance(status.get("message"), str) else None,
+        cancel=spec.get("cancel") is True,
+        suspend=spec.get("suspend") is True,
+    )
+
+
+def adopt(found: ObservedChild, parent_uid: str, expected_digest: str | None) -> Adopted | Refused:
     """Whether the AgentRun found under a child's name is the call's child."""
     if found.controller_uid != parent_uid:
         return Refused(
@@ -316,7 +360,7 @@ def adopt(found: ObservedChild, parent_uid: str, expected_digest: str) -> Adopte
             f"the AgentRun {found.name} is not controlled by this run; it was left alone and "
             "the call was not run",
         )
-    if found.spec_digest != expected_digest:
+    if found.spec_digest is None or found.spec_digest != expected_digest:
         return Refused(
             CHILD_NAME_TAKEN,
             f"the AgentRun {found.name} is controlled by this run but its spec is not the one "
