@@ -11,6 +11,7 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.clients.plugin import commands
 from agentrun.core import subagents as sa
+from agentrun.core.naming import sha256_text
 from tests.support.agent_sim import agent_run
 from tests.support.sim import UID
 
@@ -288,3 +289,66 @@ def test_kubectl_agentrun_tree_prints_the_family_by_controller_uid(
         "├─ agent-sub-a  Succeeded  80 tokens",
         "└─ agent-sub-b  Running  20 tokens",
     ]
+
+
+OPERATOR = "system:serviceaccount:agentrun-system:agentrun-operator"
+
+
+def _made(parent: dict[str, Any], call: str, by: str = OPERATOR) -> dict[str, Any]:
+    """The child the operator makes for ``call`` of ``parent``, as stored after admission."""
+    run = m.AgentRun.model_validate(parent)
+    body = sa.child_manifest(run, f"{parent['metadata']['uid']}:1:{call}:ab", TOOL, "g", None)
+    body["metadata"]["uid"] = f"00000000-0000-4000-8000-{sha256_text(call)[:12]}"
+    body["metadata"]["annotations"][m.ANNOTATION_CREATED_BY] = by
+    return body
+
+
+def test_a_child_acts_for_its_parents_creator_only_when_it_is_that_parents_child() -> None:
+    user = _body("agent", UID, None)
+    user["metadata"]["annotations"] = {
+        m.ANNOTATION_CREATED_BY: "alice",
+        m.ANNOTATION_CREATED_BY_GROUPS: '["devs"]',
+    }
+    assert sa.acting_creator([user], OPERATOR, sa.Limits()) == sa.ActingFor(
+        "alice", '["devs"]', ("agent",)
+    )
+    child = _made(user, "c1")
+    grandchild = _made(child, "c2")
+    found = sa.acting_creator([grandchild, child, user], OPERATOR, sa.Limits())
+    assert isinstance(found, sa.ActingFor) and found.user == "alice"
+    assert found.via == (grandchild["metadata"]["name"], child["metadata"]["name"], "agent")
+    # One level deeper than allowed: no user is reached within max_depth.
+    great = _made(grandchild, "c3")
+    deep = sa.acting_creator([great, grandchild, child, user], OPERATOR, sa.Limits())
+    assert isinstance(deep, sa.Refused) and "deeper" in deep.message
+    # A run made by someone else is theirs, whatever it claims.
+    by_bob = _made(user, "c1", by="bob")
+    assert sa.acting_creator([by_bob, user], OPERATOR, sa.Limits()) == sa.ActingFor(
+        "bob", None, (by_bob["metadata"]["name"],)
+    )
+
+
+def test_a_child_pointed_at_another_parent_or_orphaned_acts_for_nobody() -> None:
+    user = _body("agent", UID, None)
+    user["metadata"]["annotations"] = {m.ANNOTATION_CREATED_BY: "alice"}
+    admin = _body("admin-run", OTHER_UID, None)
+    admin["metadata"]["annotations"] = {m.ANNOTATION_CREATED_BY: "root"}
+    child = _made(user, "c1")
+    assert sa.acting_creator([child], OPERATOR, sa.Limits()).__class__ is sa.Refused
+    moved = {**child, "metadata": {**child["metadata"], "ownerReferences": [_owner(OTHER_UID)]}}
+    assert isinstance(sa.acting_creator([moved, admin], OPERATOR, sa.Limits()), sa.Refused)
+    # Its call key re-pointed as well: the name still binds it to its own parent.
+    rekeyed = {
+        **moved,
+        "metadata": {
+            **moved["metadata"],
+            "annotations": {
+                **moved["metadata"]["annotations"],
+                sa.ANNOTATION_CALL: f"{OTHER_UID}:1:c1:ab",
+            },
+        },
+    }
+    assert isinstance(sa.acting_creator([rekeyed, admin], OPERATOR, sa.Limits()), sa.Refused)
+    unrecorded = _body("x", CHILD_UID, None)
+    assert isinstance(sa.acting_creator([unrecorded], OPERATOR, sa.Limits()), sa.Refused)
+    assert isinstance(sa.acting_creator([], OPERATOR, sa.Limits()), sa.Refused)

@@ -36,6 +36,12 @@ Adoption (:func:`adopt`)
     controller ownerReference is the parent by uid and its spec digest is the one the
     operator would create (:func:`spec_digest`); anything else fails the call (reason
     ChildNameTaken) and is left alone.
+Rights (:func:`acting_creator`)
+    The operator creates the child, so the admission records the operator as its creator;
+    the child's steps use the rights of the parent's creator instead, found through the
+    child's controller (by uid), its call key and its name, which bind it to one call of one
+    parent. The child takes it on its first pass (as a run freezes its agent), so a later
+    edit of its ownerReferences changes nothing.
 Result (:func:`child_outcome`)
     The call's result is the child's answer, read from the child whose uid the parent
     committed when it adopted it (a child deleted and made again under the same name is not
@@ -50,9 +56,10 @@ The family (:func:`family`)
 
 Still to do before a sub-agent tool can be declared: the API field (``spec.agent.tools[].agent``
 beside ``container``, CRD, trust table entries and attacks), the step kind in the loop (intent
-committed, then a ``CreateChild`` action instead of a Job), the shell's create and adoption,
-a watch of AgentRuns indexed by controller uid, the switches and usage in a pass, the plugin
-command, the operator's RBAC (create, patch on agentruns), docs and e2e and crash tests.
+committed, then a ``CreateChild`` action instead of a Job), the shell's create and adoption, a
+watch of AgentRuns indexed by controller uid, the switches and usage in a pass, the acting
+creator in the rights checks (:mod:`agentrun.access.authz`) and the admission policy, the
+operator's RBAC (create, patch on agentruns), docs, and e2e and crash tests.
 """
 
 from __future__ import annotations
@@ -367,6 +374,77 @@ def adopt(found: ObservedChild, parent_uid: str, expected_digest: str | None) ->
             "the call would make; it was left alone and the call was not run",
         )
     return Adopted(found.uid)
+
+
+# -- whose rights a child uses -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActingFor:
+    """The user (and groups, as recorded: JSON text) whose rights a run's steps use, and the
+    runs it was found through (the run itself first)."""
+
+    user: str
+    groups: str | None
+    via: tuple[str, ...]
+
+
+def _controller(body: Mapping[str, Any]) -> str | None:
+    return observed_run(body).controller_uid
+
+
+def acting_creator(
+    chain: Sequence[Mapping[str, Any]], operator_user: str, limits: Limits
+) -> ActingFor | Refused:
+    """Whose rights the steps of ``chain[0]`` use. ``chain`` is the run as read, then the
+    run found by the uid of its controller ownerReference, then that one's, as far as the
+    shell followed them (at most ``max_depth`` above the run).
+
+    A run the admission recorded as created by someone else than the operator acts for that
+    creator. A run created by the operator (a sub-agent) acts for its parent's creator, but
+    only when it is the child the parent would make: its controller is the next run of the
+    chain by uid, the call key it carries begins with that run's uid, and its name is
+    :func:`child_name` of that run's name and that key (names cannot change, so an editor who
+    points a child's ownerReference at another run does not get that run's creator). Anything
+    else is refused: the operator never lends its own rights."""
+    if not chain:
+        return Refused("Forbidden", "no run to act for")
+    via: list[str] = []
+    for index, body in enumerate(chain):
+        meta = body.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        name = str(meta.get("name", ""))
+        via.append(name)
+        user = annotations.get(m.ANNOTATION_CREATED_BY)
+        if not isinstance(user, str) or not user:
+            return Refused("Forbidden", f"the run {name} has no recorded creator")
+        if user != operator_user:
+            groups = annotations.get(m.ANNOTATION_CREATED_BY_GROUPS)
+            return ActingFor(user, groups if isinstance(groups, str) else None, tuple(via))
+        if index >= limits.max_depth:
+            break
+        owner = chain[index + 1] if index + 1 < len(chain) else None
+        owner_meta = (owner or {}).get("metadata") or {}
+        owner_uid = str(owner_meta.get("uid", ""))
+        key = annotations.get(ANNOTATION_CALL)
+        if (
+            owner is None
+            or not owner_uid
+            or _controller(body) != owner_uid
+            or not isinstance(key, str)
+            or not key.startswith(f"{owner_uid}:")
+            or name != child_name(str(owner_meta.get("name", "")), key)
+        ):
+            return Refused(
+                "Forbidden",
+                f"the run {name} was created by the operator but is not the sub-agent of a run "
+                "it controls by uid and call; the operator never lends its own rights",
+            )
+    return Refused(
+        "Forbidden",
+        f"the runs {' -> '.join(via)} were all created by the operator, deeper than the "
+        f"{limits.max_depth} levels of sub-agents allowed; none acts for a user",
+    )
 
 
 # -- while the child runs ------------------------------------------------------------------------
