@@ -171,20 +171,31 @@ def test_the_result_is_read_from_the_child_by_uid_never_by_name() -> None:
 def test_cancel_and_suspend_of_the_parent_reach_running_children() -> None:
     running = _child(phase=m.RunPhase.RUNNING)
     done = _child(uid=OTHER_UID, phase=m.RunPhase.SUCCEEDED)
-    assert sa.child_switches(False, False, [running, done]) == []
-    assert sa.child_switches(True, False, [running, done]) == [
+    assert sa.child_switches(False, False, [running, done], {}) == []
+    assert sa.child_switches(True, False, [running, done], {}) == [
         sa.Switch(running.name, CHILD_UID, True, False)
     ]
-    assert sa.child_switches(False, True, [running]) == [
+    assert sa.child_switches(False, True, [running], {}) == [
         sa.Switch(running.name, CHILD_UID, False, True)
     ]
     suspended = _child(phase=m.RunPhase.SUSPENDED, suspend=True)
-    assert sa.child_switches(False, False, [suspended]) == [
+    assert sa.child_switches(False, False, [suspended], {}) == [
         sa.Switch(running.name, CHILD_UID, False, False)
     ]
     # A cancelled child stays cancelled when the parent is resumed.
     cancelled = _child(phase=m.RunPhase.RUNNING, cancel=True)
-    assert sa.child_switches(False, False, [cancelled]) == []
+    assert sa.child_switches(False, False, [cancelled], {}) == []
+
+
+def test_a_child_over_its_carved_budget_is_cancelled() -> None:
+    at = _child(phase=m.RunPhase.RUNNING, tokens=1000)
+    assert sa.child_switches(False, False, [at], {CHILD_UID: 1000}) == []
+    over = _child(phase=m.RunPhase.RUNNING, tokens=1001)
+    assert sa.child_switches(False, False, [over], {CHILD_UID: 1000}) == [
+        sa.Switch(over.name, CHILD_UID, True, False)
+    ]
+    finished = _child(phase=m.RunPhase.SUCCEEDED, tokens=5000)
+    assert sa.child_switches(False, False, [finished], {CHILD_UID: 1000}) == []
 
 
 def test_the_family_is_found_by_controller_uid_with_phases_and_tokens() -> None:

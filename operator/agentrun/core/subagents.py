@@ -48,8 +48,9 @@ Result (:func:`child_outcome`)
     it): Succeeded gives the answer; Failed and Cancelled give an error the model reads.
 Reaching the children (:func:`child_switches`)
     A cancelled, suspended (or resumed) parent sets ``spec.cancel`` and ``spec.suspend`` of
-    each running child; deleting the parent deletes them by the ownerReference (the garbage
-    collector, foreground or background alike).
+    each running child, and a child over its carved budget is cancelled; deleting the parent
+    deletes them by the ownerReference (the garbage collector, foreground or background
+    alike).
 The family (:func:`family`)
     What ``kubectl agentrun tree RUN`` will print: the runs controlled (by uid) by the run and
     by its children, with phases and tokens.
@@ -487,17 +488,24 @@ class Switch:
 
 
 def child_switches(
-    parent_cancelled: bool, parent_suspended: bool, children: Iterable[ObservedChild]
+    parent_cancelled: bool,
+    parent_suspended: bool,
+    children: Iterable[ObservedChild],
+    carved: Mapping[str, int],
 ) -> list[Switch]:
-    """The children whose switches differ from the parent's: a cancelled parent cancels every
-    child not finished; a suspended one suspends them, and resuming it resumes them. A
-    child's own suspend set by a user while the parent runs is cleared only when the parent's
-    changes (``parent_suspended`` is what the parent's spec says now)."""
+    """The children whose switches must change: a cancelled parent cancels every child not
+    finished; a child's ``suspend`` follows its parent's (suspend the parent to hold the
+    family: set on a child alone it is undone, since the parent waits for that child); and a
+    child that counted more tokens than the budget carved for it (its own budget raised by
+    an editor of the child) is cancelled, so a family never spends more than the parent's
+    budget by more than one turn of a child."""
     out: list[Switch] = []
     for child in children:
         if child.phase in m.TERMINAL_RUN_PHASES:
             continue
-        cancel = child.cancel or parent_cancelled
+        limit = carved.get(child.uid)
+        over = limit is not None and child.tokens > limit
+        cancel = child.cancel or parent_cancelled or over
         suspend = parent_suspended
         if (cancel, suspend) != (child.cancel, child.suspend):
             out.append(Switch(child.name, child.uid, cancel, suspend))
