@@ -75,20 +75,6 @@ def test_depth_and_fan_out_are_limited_by_the_defaults(
         assert problem is not None and refused in problem
 
 
-def test_the_depth_is_the_operators_annotation_and_a_users_run_is_at_depth_zero() -> None:
-    parent = _parent()
-    assert sa.depth_of(parent) == 0
-    child = sa.child_manifest(parent, KEY, TOOL, "g", None)
-    assert child["metadata"]["annotations"][sa.ANNOTATION_DEPTH] == "1"
-    grandparent_made = m.AgentRun.model_validate(
-        {"metadata": {**child["metadata"], "uid": CHILD_UID}, "spec": child["spec"]}
-    )
-    assert sa.depth_of(grandparent_made) == 1
-    grandchild = sa.child_manifest(grandparent_made, KEY, TOOL, "g", None)
-    assert grandchild["metadata"]["annotations"][sa.ANNOTATION_DEPTH] == "2"
-    assert sa.limit_problem(sa.depth_of(grandparent_made) + 1, 0, 0, sa.Limits()) is not None
-
-
 def test_the_budget_is_carved_from_what_the_parent_has_left() -> None:
     # 10000 - 3000 used - 1500 still open to running children - 500 for the parent's next turn
     assert sa.carve(10_000, 3000, 1500, 500, None, 100) == sa.Carve(5000)
@@ -118,7 +104,7 @@ def test_the_child_is_owned_by_the_parent_with_the_declared_agent_and_the_parent
     assert goal == "Answer in one line.\n\nfind the slow query"
     assert sa.goal_of(TOOL, {"goal": "  "}) is None
     assert sa.goal_of(TOOL, {"query": "x"}) is None
-    child = sa.child_manifest(parent, KEY, TOOL, goal, 4000)
+    child = sa.child_manifest(parent, 0, KEY, TOOL, goal, 4000)
     assert child["metadata"]["name"] == sa.child_name("agent", KEY)
     assert child["metadata"]["ownerReferences"] == [
         {
@@ -308,7 +294,9 @@ OPERATOR = "system:serviceaccount:agentrun-system:agentrun-operator"
 def _made(parent: dict[str, Any], call: str, by: str = OPERATOR) -> dict[str, Any]:
     """The child the operator makes for ``call`` of ``parent``, as stored after admission."""
     run = m.AgentRun.model_validate(parent)
-    body = sa.child_manifest(run, f"{parent['metadata']['uid']}:1:{call}:ab", TOOL, "g", None)
+    depth = int(parent["metadata"].get("annotations", {}).get(sa.ANNOTATION_DEPTH, "0"))
+    key = f"{parent['metadata']['uid']}:1:{call}:ab"
+    body = sa.child_manifest(run, depth, key, TOOL, "g", None)
     body["metadata"]["uid"] = f"00000000-0000-4000-8000-{sha256_text(call)[:12]}"
     body["metadata"]["annotations"][m.ANNOTATION_CREATED_BY] = by
     return body
@@ -326,7 +314,13 @@ def test_a_child_acts_for_its_parents_creator_only_when_it_is_that_parents_child
     child = _made(user, "c1")
     grandchild = _made(child, "c2")
     found = sa.acting_creator([grandchild, child, user], OPERATOR, sa.Limits())
-    assert isinstance(found, sa.ActingFor) and found.user == "alice"
+    assert isinstance(found, sa.ActingFor) and found.user == "alice" and found.depth == 2
+    assert grandchild["metadata"]["annotations"][sa.ANNOTATION_DEPTH] == "2"
+    # The depth decides from the chain: an annotation edited back to 0 changes nothing.
+    grandchild["metadata"]["annotations"][sa.ANNOTATION_DEPTH] = "0"
+    again = sa.acting_creator([grandchild, child, user], OPERATOR, sa.Limits())
+    assert isinstance(again, sa.ActingFor) and again.depth == 2
+    assert sa.limit_problem(again.depth, 0, 0, sa.Limits()) is not None
     assert found.via == (grandchild["metadata"]["name"], child["metadata"]["name"], "agent")
     # One level deeper than allowed: no user is reached within max_depth.
     great = _made(grandchild, "c3")

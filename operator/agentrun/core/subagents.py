@@ -13,8 +13,9 @@ Limits (:func:`limit_problem`)
     model as invalid, never run) when the child would be deeper than ``max_depth``
     (default :data:`DEFAULT_MAX_DEPTH`), when the turn already starts ``max_children_per_turn``
     children (default :data:`DEFAULT_MAX_CHILDREN_PER_TURN`), or when the run already started
-    ``max_children`` in all (default :data:`DEFAULT_MAX_CHILDREN`). The depth is the parent's
-    depth as the operator recorded it when it made the parent (a user's run: 0), never a label.
+    ``max_children`` in all (default :data:`DEFAULT_MAX_CHILDREN`). The depth is the length
+    of the parent's verified chain of controllers up to a user's run (:func:`acting_creator`),
+    never a label or an annotation.
 Budget (:func:`carve`)
     The child's ``budget.maxTokens`` is carved out of what the parent has left: its
     ``maxTokens`` minus the tokens counted so far (its own turns and its children's), minus
@@ -40,8 +41,8 @@ Rights (:func:`acting_creator`)
     The operator creates the child, so the admission records the operator as its creator;
     the child's steps use the rights of the parent's creator instead, found through the
     child's controller (by uid), its call key and its name, which bind it to one call of one
-    parent. The child takes it on its first pass (as a run freezes its agent), so a later
-    edit of its ownerReferences changes nothing.
+    parent. The child is to take it on its first pass (as a run freezes its agent), so
+    that a later edit of its ownerReferences changes nothing.
 Result (:func:`child_outcome`)
     The call's result is the child's answer, read from the child whose uid the parent
     committed when it adopted it (a child deleted and made again under the same name is not
@@ -57,7 +58,9 @@ The family (:func:`family`)
 
 Still to do before a sub-agent tool can be declared: the API field (``spec.agent.tools[].agent``
 beside ``container``, CRD, trust table entries and attacks), the step kind in the loop (intent
-committed, then a ``CreateChild`` action instead of a Job), the shell's create and adoption, a
+committed, then a ``CreateChild`` action instead of a Job), status fields for each call's child
+(name, uid, carved tokens: what :func:`child_outcome` and :func:`counted_tokens` are given),
+the shell's create and adoption, a
 watch of AgentRuns indexed by controller uid, the switches and usage in a pass, the acting
 creator in the rights checks (:mod:`agentrun.access.authz`) and the admission policy, the
 operator's RBAC (create, patch on agentruns), docs, and e2e and crash tests.
@@ -89,7 +92,8 @@ ownerReference decides)."""
 ANNOTATION_CALL = f"{m.GROUP}/call"
 """Annotation of a child: the idempotency key of the call that made it."""
 ANNOTATION_DEPTH = f"{m.GROUP}/depth"
-"""Annotation of a child: its depth, as the operator computed it when it made the child."""
+"""Annotation of a child: its depth, as the operator found it when it made the child (for
+people; decisions use the verified chain, :attr:`ActingFor.depth`)."""
 CHILD_NAME_TAKEN = "ChildNameTaken"
 
 
@@ -149,15 +153,6 @@ def child_name(parent_name: str, call_key: str) -> str:
     """The child's name: readable, a DNS label, and a function of the call's idempotency key
     alone, so that every create of it after a crash names the same object."""
     return naming.dns_label(f"{parent_name}-sub", naming.sha256_text(call_key)[:12])
-
-
-def depth_of(run: m.AgentRun) -> int:
-    """The run's depth: 0 for a run a user made; a child's as the operator recorded it. A run
-    whose annotation was edited away counts as a user's run: its controller ownerReference
-    (checked by the parent) still ties it to its family, and it cannot make its own family
-    deeper than a user could start anew."""
-    text = (run.metadata.annotations or {}).get(ANNOTATION_DEPTH, "0")
-    return int(text) if text.isdigit() else 0
 
 
 def limit_problem(depth: int, this_turn: int, started: int, limits: Limits) -> str | None:
@@ -289,12 +284,14 @@ def spec_digest(spec: Mapping[str, Any]) -> str | None:
 
 def child_manifest(
     parent: m.AgentRun,
+    depth: int,
     call_key: str,
     tool: SubAgentTool,
     goal: str,
     tokens: int | None,
 ) -> dict[str, Any]:
-    """The AgentRun the operator creates for a call, owned by ``parent``."""
+    """The AgentRun the operator creates for a call, owned by ``parent`` (at ``depth``, from
+    :attr:`ActingFor.depth`)."""
     meta = parent.metadata
     assert meta.uid is not None and meta.name is not None
     return {
@@ -306,7 +303,7 @@ def child_manifest(
             "labels": {LABEL_PARENT_UID: meta.uid},
             "annotations": {
                 ANNOTATION_CALL: call_key,
-                ANNOTATION_DEPTH: str(depth_of(parent) + 1),
+                ANNOTATION_DEPTH: str(depth + 1),
             },
             "ownerReferences": [
                 {
@@ -388,6 +385,11 @@ class ActingFor:
     user: str
     groups: str | None
     via: tuple[str, ...]
+
+    @property
+    def depth(self) -> int:
+        """The run's depth: 0 for a user's run, 1 for its child, and so on."""
+        return len(self.via) - 1
 
 
 def _controller(body: Mapping[str, Any]) -> str | None:
