@@ -11,6 +11,7 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.clients.plugin import commands
 from agentrun.core import subagents as sa
+from agentrun.core.agent_loop import AgentConfig
 from agentrun.core.naming import sha256_text
 from tests.support.agent_sim import agent_run
 from tests.support.sim import UID
@@ -357,3 +358,15 @@ def test_a_child_pointed_at_another_parent_or_orphaned_acts_for_nobody() -> None
     unrecorded = _body("x", CHILD_UID, None)
     assert isinstance(sa.acting_creator([unrecorded], OPERATOR, sa.Limits()), sa.Refused)
     assert isinstance(sa.acting_creator([], OPERATOR, sa.Limits()), sa.Refused)
+
+
+def test_the_parent_keeps_room_for_the_turn_that_reads_the_answers() -> None:
+    model = a.ModelEndpoint.model_validate(
+        {"baseURL": "http://127.0.0.1:9/v1", "name": "m", "maxOutputTokens": 500}
+    )
+    ctx = a.ContextStatus(turn=1, name="c", parts=1, digest="d", bytes=4000, messages=2)
+    config = AgentConfig(tool_result_bytes=8000, bytes_per_token=4)
+    # This turn: 500 + 1000 of prompt; the next: that prompt, this turn's 500, two results
+    # of at most 2000 tokens each, and 500 more of output.
+    assert sa.parent_keeps(model, ctx, 2, config) == 500 + 1000 + 500 + 4000
+    assert sa.parent_keeps(model, ctx, 1, config) < sa.parent_keeps(model, ctx, 2, config)

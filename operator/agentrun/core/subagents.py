@@ -20,7 +20,7 @@ Budget (:func:`carve`)
     The child's ``budget.maxTokens`` is carved out of what the parent has left: its
     ``maxTokens`` minus the tokens counted so far (its own turns and its children's), minus
     what running children may still use, minus the room the parent keeps for the turn that
-    reads the child's answer. A call the budget cannot cover is refused. A parent without
+    reads the child's answer (:func:`parent_keeps`). A call the budget cannot cover is refused. A parent without
     ``maxTokens`` gives the tool's declared ``max_tokens`` (or none).
 Counting (:func:`counted_tokens`)
     A child's tokens count against the parent: the tokens in the child's status (which only
@@ -68,6 +68,7 @@ operator's RBAC (create, patch on agentruns), docs, and e2e and crash tests.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,7 @@ from typing import Any
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import naming
+from agentrun.core.agent_loop import AgentConfig, turn_needs
 
 DEFAULT_MAX_DEPTH = 2
 """A user's run (depth 0) may have children (1) and grandchildren (2), no deeper."""
@@ -220,6 +222,20 @@ def carve(
             f"{minimum} one turn of its model may use; answer with what you have",
         )
     return Carve(tokens)
+
+
+def parent_keeps(
+    model: a.ModelEndpoint, ctx: a.ContextStatus, calls: int, config: AgentConfig
+) -> int:
+    """The ``keep`` of :func:`carve`: most tokens the parent's next turn may use, the turn
+    that reads its children's answers. Its prompt is the current turn's request plus this
+    turn's output (at most ``maxOutputTokens``) and one result per call (each cut to
+    ``tool_result_bytes``), and it may write ``maxOutputTokens`` again; bytes count as in
+    :func:`agentrun.core.agent_loop.turn_needs`."""
+    grows = model.max_output_tokens + math.ceil(
+        calls * config.tool_result_bytes / config.bytes_per_token
+    )
+    return turn_needs(model, ctx, config) + grows
 
 
 def outstanding(carved: Mapping[str, int], children: Iterable[ObservedChild]) -> int:
