@@ -20,8 +20,9 @@ Budget (:func:`carve`)
     The child's ``budget.maxTokens`` is carved out of what the parent has left: its
     ``maxTokens`` minus the tokens counted so far (its own turns and its children's), minus
     what running children may still use, minus the room the parent keeps for the turn that
-    reads the child's answer (:func:`parent_keeps`). A call the budget cannot cover is refused. A parent without
-    ``maxTokens`` gives the tool's declared ``max_tokens`` (or none).
+    reads the child's answer (:func:`parent_keeps`). A call the budget cannot cover is
+    refused. A parent without ``maxTokens`` gives the tool's declared ``max_tokens`` (or
+    none).
 Counting (:func:`counted_tokens`)
     A child's tokens count against the parent: the tokens in the child's status (which only
     the operator writes), at most the budget carved for it, found by the child's uid.
