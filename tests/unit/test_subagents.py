@@ -93,7 +93,12 @@ def test_children_count_against_the_parent_by_uid_and_at_most_their_carve() -> N
         _child(uid=OTHER_UID, tokens=10**9, phase=m.RunPhase.SUCCEEDED),  # a raised budget
         _child(uid="00000000-0000-4000-8000-0000000000ff", tokens=777),  # not a committed child
     ]
-    assert sa.counted_tokens(carved, children) == 400 + 500
+    assert sa.counted_tokens(carved, {}, children) == {CHILD_UID: 400, OTHER_UID: 500}
+    # A child gone keeps what was counted; a count never goes down.
+    assert sa.counted_tokens(carved, {CHILD_UID: 400, OTHER_UID: 500}, children[1:]) == {
+        CHILD_UID: 400,
+        OTHER_UID: 500,
+    }
     # A running child may still use the rest of its carve; a finished one nothing more.
     assert sa.outstanding(carved, children) == 600
     assert sa.outstanding(carved, []) == 1500

@@ -25,7 +25,8 @@ Budget (:func:`carve`)
     none).
 Counting (:func:`counted_tokens`)
     A child's tokens count against the parent: the tokens in the child's status (which only
-    the operator writes), at most the budget carved for it, found by the child's uid.
+    the operator writes, and which hold the child's own children's), at most the budget carved
+    for it, found by the child's uid, and never less than the parent counted before.
 The child (:func:`child_manifest`)
     The AgentRun object the operator creates: the deterministic name, a controller
     ownerReference to the parent (uid, blockOwnerDeletion), the goal from the call's
@@ -179,16 +180,22 @@ def limit_problem(depth: int, this_turn: int, started: int, limits: Limits) -> s
 # -- budget ------------------------------------------------------------------------------------
 
 
-def counted_tokens(carved: Mapping[str, int], children: Iterable[ObservedChild]) -> int:
-    """Tokens the children count against the parent: each child's (by uid, among those the
-    parent committed with their carved budgets), at most its carved budget."""
+def counted_tokens(
+    carved: Mapping[str, int], counted: Mapping[str, int], children: Iterable[ObservedChild]
+) -> dict[str, int]:
+    """Tokens each child counts against the parent, by uid, for the children the parent
+    committed (``carved``: their budgets; ``counted``: what it committed as counted before).
+    A child's count is the tokens in its status (which only the operator writes, and which
+    hold its own children's), at most its carved budget, and never less than counted before:
+    a child deleted or gone does not give its tokens back to the parent's budget."""
     seen = {c.uid: c for c in children}
-    total = 0
+    out: dict[str, int] = {}
     for uid, limit in carved.items():
+        before = counted.get(uid, 0)
         child = seen.get(uid)
-        if child is not None:
-            total += min(max(child.tokens, 0), limit)
-    return total
+        now = min(max(child.tokens, 0), limit) if child is not None else 0
+        out[uid] = max(before, now)
+    return out
 
 
 @dataclass(frozen=True)
@@ -240,8 +247,9 @@ def parent_keeps(
 
 
 def outstanding(carved: Mapping[str, int], children: Iterable[ObservedChild]) -> int:
-    """What running children may still use of their carved budgets (a child not seen yet
-    may use all of it; a finished one nothing more)."""
+    """What running children may still use of their carved budgets: ``carved`` holds the
+    calls whose child has not ended as far as the parent's status says (a child not seen
+    yet may use all of its budget; one seen finished nothing more)."""
     seen = {c.uid: c for c in children}
     total = 0
     for uid, limit in carved.items():
