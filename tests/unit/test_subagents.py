@@ -375,3 +375,23 @@ def test_the_parent_keeps_room_for_the_turn_that_reads_the_answers() -> None:
     # of at most 2000 tokens each, and 500 more of output.
     assert sa.parent_keeps(model, ctx, 2, config) == 500 + 1000 + 500 + 4000
     assert sa.parent_keeps(model, ctx, 1, config) < sa.parent_keeps(model, ctx, 2, config)
+
+
+def test_a_repeated_create_is_the_same_child_only_from_the_committed_carve() -> None:
+    h = sa.call_args_hash(TOOL, {"goal": "find the slow query"})
+    assert h == sa.call_args_hash(TOOL, {"goal": "find the slow query"})
+    assert h != sa.call_args_hash(TOOL, {"goal": "find the slow disk"})
+    other_tool = sa.SubAgentTool(agent=TOOL.agent, preamble="Be brief.", max_tokens=5000)
+    assert h != sa.call_args_hash(other_tool, {"goal": "find the slow query"})
+    key = f"{UID}:1:call-a:{h}"
+    parent = _parent()
+    first = sa.child_manifest(parent, 0, key, TOOL, "g", 4000)
+    again = sa.child_manifest(parent, 0, key, TOOL, "g", 4000)
+    assert first == again
+    stored = sa.observed_run({**first, "metadata": {**first["metadata"], "uid": CHILD_UID}})
+    assert sa.adopt(stored, UID, sa.spec_digest(again["spec"])) == sa.Adopted(CHILD_UID)
+    # Carved again from usage that moved on, the spec differs: the carve must be the
+    # committed one, or the run's own child would be refused.
+    recarved = sa.child_manifest(parent, 0, key, TOOL, "g", 3900)
+    assert recarved["metadata"]["name"] == first["metadata"]["name"]
+    assert isinstance(sa.adopt(stored, UID, sa.spec_digest(recarved["spec"])), sa.Refused)

@@ -4,10 +4,14 @@ Work in progress. Nothing here is called by :func:`agentrun.core.machine.reconci
 shell yet, and the API has no field that declares a sub-agent tool: these are the decisions
 the loop will make, with their tests, so that the wiring only moves data. What is decided:
 
-Naming (:func:`child_name`)
+Naming (:func:`child_name`, :func:`call_args_hash`)
     A call's child is named from the parent's name and a digest of the call's idempotency key
-    (``{run uid}:{turn}:{call id}:{argsHash}``), so the create repeated after a crash meets
-    AlreadyExists, never makes a second child.
+    (``{run uid}:{turn}:{call id}:{argsHash}``, the argsHash over the tool's declaration and
+    the call's arguments, which an approval of the call is bound to), so the create repeated
+    after a crash meets AlreadyExists, never makes a second child. Everything the child's spec
+    is made of is committed with the call's intent before the create (the carved budget
+    above all, which moves with the parent's usage), and a repeated create is built from
+    what was committed, so it is the same spec and the child is adopted.
 Limits (:func:`limit_problem`)
     A run made by a user is at depth 0; its children at 1. A call is refused (answered to the
     model as invalid, never run) when the child would be deeper than ``max_depth``
@@ -157,6 +161,20 @@ def child_name(parent_name: str, call_key: str) -> str:
     """The child's name: readable, a DNS label, and a function of the call's idempotency key
     alone, so that every create of it after a crash names the same object."""
     return naming.dns_label(f"{parent_name}-sub", naming.sha256_text(call_key)[:12])
+
+
+def call_args_hash(tool: SubAgentTool, arguments: Mapping[str, Any]) -> str:
+    """The argsHash of a sub-agent call: sha256 of the tool's declaration (agent, preamble,
+    most tokens) and the call's arguments, as canonical JSON."""
+    wire = {
+        "agent": tool.agent.model_dump(
+            mode="json", by_alias=True, exclude_defaults=True, exclude_none=True
+        ),
+        "preamble": tool.preamble,
+        "maxTokens": tool.max_tokens,
+        "arguments": dict(arguments),
+    }
+    return naming.sha256_text(naming.canonical_json(wire))
 
 
 def limit_problem(depth: int, this_turn: int, started: int, limits: Limits) -> str | None:
