@@ -59,8 +59,8 @@ Reaching the children (:func:`child_switches`)
     deletes them by the ownerReference (the garbage collector, foreground or background
     alike).
 The family (:func:`family`)
-    What ``kubectl agentrun tree RUN`` will print: the runs controlled (by uid) by the run and
-    by its children, with phases and tokens.
+    What ``kubectl agentrun tree RUN`` prints (already a command of the plugin): the runs
+    controlled (by uid) by the run and by its children, with phases and tokens.
 
 Still to do before a sub-agent tool can be declared: the API field (``spec.agent.tools[].agent``
 beside ``container``, CRD, trust table entries and attacks), the step kind in the loop (intent
@@ -595,23 +595,18 @@ def family(root: ObservedChild, runs: Sequence[ObservedChild], limit: int = 256)
     return member(root, 0)
 
 
-def tree_lines(root: Member) -> list[str]:
-    """The family as indented lines: name, phase, tokens (with the family's total)."""
-    lines: list[str] = []
+def tree_rows(root: Member) -> list[list[str]]:
+    """The family as rows, parents before their children: the name indented two spaces a
+    level, the phase, the run's own tokens, and the tokens of the run with everything below
+    it."""
+    rows: list[list[str]] = []
 
-    def walk(node: Member, prefix: str, last: bool, top: bool) -> int:
-        branch = "" if top else ("└─ " if last else "├─ ")
-        total = node.tokens
-        index = len(lines)
-        lines.append("")
-        below = prefix + ("" if top else ("   " if last else "│  "))
-        for i, kid in enumerate(node.children):
-            total += walk(kid, below, i == len(node.children) - 1, False)
-        shown = f"{node.tokens} tokens"
-        if node.children:
-            shown += f" ({total} with its sub-agents)"
-        lines[index] = f"{prefix}{branch}{node.name}  {node.phase}  {shown}"
+    def walk(node: Member) -> int:
+        row = ["  " * node.depth + node.name, node.phase, str(node.tokens), ""]
+        rows.append(row)
+        total = node.tokens + sum(walk(kid) for kid in node.children)
+        row[3] = str(total)
         return total
 
-    walk(root, "", True, True)
-    return lines
+    walk(root)
+    return rows

@@ -173,7 +173,8 @@ def cmd_status(session: Session, args: argparse.Namespace) -> int:
 def cmd_tree(session: Session, args: argparse.Namespace) -> int:
     root = subagents.observed_run(session.get_run_body(strip_kind(args.run)))
     runs = [subagents.observed_run(body) for body in session.list_runs()]
-    _out(*subagents.tree_lines(subagents.family(root, runs)))
+    rows = subagents.tree_rows(subagents.family(root, runs))
+    _out(*render.table(["RUN", "PHASE", "TOKENS", "FAMILY TOKENS"], rows))
     return 0
 
 
@@ -427,8 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_tree,
         "Show the run and the runs it controls, and theirs, with phases and tokens.",
         "A run's children are the AgentRuns whose controller ownerReference is the run (by "
-        "uid), as sub-agents will be; each line shows a run's own tokens (status.usage) and, "
-        "when it has children, its family's.",
+        "uid), as sub-agents will be, indented under it; TOKENS is a run's own "
+        "(status.usage.tokens), FAMILY TOKENS with everything below it.",
     )
     p = command("history", cmd_history, "Show the run's timeline from its audit record.")
     p.add_argument(
