@@ -249,6 +249,8 @@ def test_a_run_read_from_the_api_counts_only_its_agentrun_controller() -> None:
         assert sa.observed_run(_body("k", CHILD_UID, owner)).controller_uid is None
     odd = sa.observed_run(_body("k", CHILD_UID, None, phase="Sleeping", usage={"tokens": -5}))
     assert (odd.phase, odd.tokens) == (None, 0)
+    odder = sa.observed_run(_body("k", CHILD_UID, None, phase={"a": 1}, usage={"tokens": True}))
+    assert (odder.phase, odder.tokens) == (None, 0)
 
 
 def test_the_spec_digest_ignores_the_defaults_the_api_server_fills_in() -> None:

@@ -365,7 +365,9 @@ def child_manifest(
 
 def observed_run(body: Mapping[str, Any]) -> ObservedChild:
     """An AgentRun as read from the API (a plain body), for adoption and the family: its
-    controller is an ownerReference of kind AgentRun in this API group with controller true."""
+    controller is an ownerReference of kind AgentRun in this API group with controller true.
+    The answer is taken only when inline (``status.agent.answer``); one kept by reference is
+    for the shell to read and check against ``answerDigest``."""
     meta = body.get("metadata") or {}
     owners = meta.get("ownerReferences") or []
     controller = next(
@@ -384,7 +386,11 @@ def observed_run(body: Mapping[str, Any]) -> ObservedChild:
     agent = status.get("agent") or {}
     spec = body.get("spec") or {}
     phase_text = status.get("phase")
-    phase = m.RunPhase(phase_text) if phase_text in set(m.RunPhase) else None
+    phase = (
+        m.RunPhase(phase_text)
+        if isinstance(phase_text, str) and phase_text in set(m.RunPhase)
+        else None
+    )
     tokens = usage.get("tokens")
     return ObservedChild(
         name=str(meta.get("name", "")),
