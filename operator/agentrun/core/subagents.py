@@ -295,10 +295,13 @@ def child_spec(
     parent: m.AgentRun, tool: SubAgentTool, goal: str, tokens: int | None
 ) -> dict[str, Any]:
     """The child's spec (wire form): the goal, the declared agent, the carved budget, and
-    the parent's policy and step template."""
+    the parent's policy and step template. Fields at their defaults are left out: the API
+    server fills them in (:func:`spec_digest` compares without them)."""
     spec: dict[str, Any] = {
         "goal": goal,
-        "agent": tool.agent.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "agent": tool.agent.model_dump(
+            mode="json", by_alias=True, exclude_defaults=True, exclude_none=True
+        ),
     }
     if tokens is not None:
         spec["budget"] = {"maxTokens": tokens}
