@@ -6,11 +6,15 @@ these tests hold what those decisions rely on against a real control plane, with
 made here as the operator will make them (:func:`agentrun.core.subagents.child_manifest`):
 the spec read back after the API server's defaulting still has the digest adoption compares,
 a second create of the same call's child meets AlreadyExists, ``tree`` shows the family by
-controller uid, and deleting the parent deletes the family.
+controller uid, deleting the parent deletes the family, and under the shipped admission
+policies a child made by the operator's identity records it as creator and acts for the
+parent's creator.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +24,8 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import subagents as sa
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support.admission import creator_recorded, policies_bound_to
+from tests.support.cluster import bind_role, mint_user, user_subject
 from tests.support.plugin import kubectl_agentrun, ok
 from tests.support.runs import Run, create, get, gone
 
@@ -115,3 +121,48 @@ def test_tree_shows_the_family_and_deleting_the_parent_deletes_it(
         timeout=120,
     )
     assert not gone(kube, namespace, "stranger")
+
+
+def test_a_child_made_by_the_operators_identity_acts_for_the_parents_creator(
+    cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    """Under the shipped admission policies: alice creates the parent; a user with the rights
+    the operator has on runs creates the child as the operator will. The admission records
+    that user as the child's creator (and lets the ownerReference, the call and depth
+    annotations and the copied policy through); the child acts for alice."""
+    operator_user = "agentrun-operator-like"
+    users: dict[str, Path] = {}
+    rules = {
+        "alice": [
+            {"apiGroups": [m.GROUP], "resources": [m.PLURAL], "verbs": ["create", "get"]},
+        ],
+        operator_user: [
+            {"apiGroups": [m.GROUP], "resources": [m.PLURAL], "verbs": ["create", "get"]},
+            {"apiGroups": [m.GROUP], "resources": [f"{m.PLURAL}/finalizers"], "verbs": ["update"]},
+        ],
+    }
+    for user, granted in rules.items():
+        to = cluster.kubeconfig.with_name(f"{namespace}-{user}.kubeconfig")
+        users[user] = mint_user(cluster, user, [], to)
+        bind_role(kube, namespace, f"{user}-runs", granted, [user_subject(user)])
+
+    def create_as(user: str, body: dict[str, Any]) -> Run:
+        proc = cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(body),
+                               kubeconfig=users[user], check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return get(kube, namespace, body["metadata"]["name"])
+
+    with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
+        parent = create_as("alice", _parent("alices"))
+        assert parent["metadata"]["annotations"][m.ANNOTATION_CREATED_BY] == "alice"
+        child = create_as(operator_user, _child_of(parent, "c1", "find the slow query", 4000))
+    annotations = child["metadata"]["annotations"]
+    assert annotations[m.ANNOTATION_CREATED_BY] == operator_user
+    assert annotations[sa.ANNOTATION_DEPTH] == "1"
+    acting = sa.acting_creator([child, parent], operator_user, sa.Limits())
+    assert isinstance(acting, sa.ActingFor), acting
+    assert (acting.user, acting.depth) == ("alice", 1)
+    # Read by another operator identity, the same child is a user's run of its own.
+    other = sa.acting_creator([child, parent], "someone-else", sa.Limits())
+    assert other == sa.ActingFor(operator_user, annotations.get(m.ANNOTATION_CREATED_BY_GROUPS),
+                                 (child["metadata"]["name"],))  # fmt: skip
