@@ -26,6 +26,7 @@ from agentrun.clients import forks, reading
 from agentrun.clients.plugin import render
 from agentrun.clients.plugin import transcript as transcripts
 from agentrun.clients.plugin.kube import PluginError, Session, strip_kind
+from agentrun.core import subagents
 from agentrun.execution import objects
 from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, Unreachable, api_message
 
@@ -166,6 +167,14 @@ def cmd_status(session: Session, args: argparse.Namespace) -> int:
     _, run = session.get_run(strip_kind(args.run))
     _out(*render.status_lines(run, _now()))
     _out(*transcripts.agent_status_lines(run))
+    return 0
+
+
+def cmd_tree(session: Session, args: argparse.Namespace) -> int:
+    root = subagents.observed_run(session.get_run_body(strip_kind(args.run)))
+    runs = [subagents.observed_run(body) for body in session.list_runs()]
+    rows = subagents.tree_rows(subagents.family(root, runs))
+    _out(*render.table(["RUN", "PHASE", "TOKENS", "FAMILY TOKENS"], rows))
     return 0
 
 
@@ -414,6 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
     command("resume", cmd_resume, "Let a suspended run go on.")
     command("cancel", cmd_cancel, "Stop running steps and end the run as Cancelled (no undo).")
     command("status", cmd_status, "Show the run and its steps as a tree.")
+    command(
+        "tree",
+        cmd_tree,
+        "Show the run and the runs it controls, and theirs, with phases and tokens.",
+        "A run's children are the AgentRuns whose controller ownerReference is the run (by "
+        "uid), as sub-agents will be, indented under it; TOKENS is a run's own "
+        "(status.usage.tokens), FAMILY TOKENS with everything below it.",
+    )
     p = command("history", cmd_history, "Show the run's timeline from its audit record.")
     p.add_argument(
         "--verify",

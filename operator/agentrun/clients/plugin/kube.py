@@ -165,6 +165,17 @@ class Session:
         )  # fmt: skip
         return result
 
+    def list_runs(self) -> list[dict[str, Any]]:
+        """Every AgentRun of the namespace, as stored."""
+        found: dict[str, Any] = self.call(
+            "list agentruns",
+            lambda: self.custom.list_namespaced_custom_object(
+                m.GROUP, m.VERSION, self.namespace, m.PLURAL
+            ),
+        )
+        items = found.get("items") or []
+        return [i for i in items if isinstance(i, dict)]
+
     def delete_run(self, name: str) -> None:
         self.call(
             f"delete agentrun '{name}'",
