@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrun import settings as s
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core import naming
@@ -289,17 +288,10 @@ def run_turn(
 ) -> int:
     """One model turn; its exit code."""
     env = dict(os.environ if env is None else env)
-    termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
-    identity = runner.StepIdentity(env)
-    store = store_factory(identity, env) if identity.complete() else None
-    if store is not None and identity.idempotency_key:
-        try:
-            replay = store.previous()
-        except Exception:  # a ServiceAccount that may not list ConfigMaps: nothing to replay
-            replay = None
-        if replay is not None:  # this attempt's output was stored before its pod was lost
-            termination.write_text(json.dumps(replay))
-            return 0
+    attempt = runner.begin(env, store_factory)
+    if attempt.replayed:
+        return 0
+    termination, store = attempt.termination, attempt.store
     try:
         output = call_model(env, read_context(env), client_factory)
     except Exception as error:  # a one-line reason, never a traceback, whatever went wrong

@@ -32,7 +32,6 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -192,17 +191,10 @@ def run(
 ) -> int:
     """One discovery or call attempt; its exit code."""
     env = dict(os.environ if env is None else env)
-    termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
-    identity = runner.StepIdentity(env)
-    store = store_factory(identity, env) if identity.complete() else None
-    if store is not None and identity.idempotency_key:
-        try:
-            replay = store.previous()
-        except Exception:  # a ServiceAccount that may not list ConfigMaps: nothing to replay
-            replay = None
-        if replay is not None:  # this attempt's result was stored before its pod was lost
-            termination.write_text(json.dumps(replay))
-            return 0
+    attempt = runner.begin(env, store_factory)
+    if attempt.replayed:
+        return 0
+    termination, store = attempt.termination, attempt.store
     try:
         body = anyio.run(_work, action, env, connect)
     except Exception as raised:  # a one-line reason, never a traceback, whatever went wrong

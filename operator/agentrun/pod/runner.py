@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,40 @@ def run_step(
     result = (written or proc.stdout).strip()
     ok = proc.returncode == 0
     return report(build_envelope(ok, result), result, proc.returncode, store, termination)
+
+
+StoreFactory = Callable[[StepIdentity, dict[str, str]], "ResultStore | None"]
+"""``store_factory(identity, env)``: where a step program keeps results too large to report,
+None when its pod has no API access."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What a step program (a model turn, an MCP call) starts from: where it reports, and
+    where a large result goes."""
+
+    termination: Path
+    store: ResultStore | None
+    replayed: bool
+    """The attempt's result was stored before its pod was lost, and is reported again (the
+    program must not do its work a second time)."""
+
+
+def begin(env: dict[str, str], store_factory: StoreFactory) -> Attempt:
+    """Start a step program's attempt: a result stored by an earlier pod of the same attempt
+    (the same idempotency key) is written to the termination message again instead."""
+    termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
+    identity = StepIdentity(env)
+    store = store_factory(identity, env) if identity.complete() else None
+    if store is not None and identity.idempotency_key:
+        try:
+            replay = store.previous()
+        except Exception:  # a ServiceAccount that may not list ConfigMaps: nothing to replay
+            replay = None
+        if replay is not None:
+            termination.write_text(json.dumps(replay))
+            return Attempt(termination, store, True)
+    return Attempt(termination, store, False)
 
 
 def report(
