@@ -759,9 +759,9 @@ def test_the_agents_model_and_tools_cannot_change_after_creation(admission: Admi
     Secret, pointing the next model turn at a server of theirs."""
     admission.created("alice", _agent_run("r"))
     why = (
-        " after creation: the model endpoint, its API key Secret and the tools decide where the "
-        "run's API key is sent and what the model may call, so they are fixed when the run is "
-        "created"
+        " after creation: the model endpoint, its API key Secret, the tools and the MCP servers "
+        "decide where the run's Secrets are sent and what the model may call, so they are fixed "
+        "when the run is created"
     )
     changed = ": cannot change" + why
     attacker = _replace("/spec/agent/model/baseURL", "http://attacker.example/v1")
@@ -804,6 +804,19 @@ def test_the_agents_model_and_tools_cannot_change_after_creation(admission: Admi
     both = [choice, _replace("/spec/agent/model/name", "gpt-4o")]
     assert _denial(admission.patch("carol", "r", both)) == (
         "spec.agent.model.name, spec.agent.toolChoice" + changed
+    )
+    # The MCP servers: added, changed (where header Secrets go) or removed.
+    server = {"name": "tools", "url": "http://tools.team.svc:8000/mcp", "tools": [{"name": "s"}]}
+    added = {"op": "add", "path": "/spec/agent/mcpServers", "value": [server]}
+    assert _denial(admission.patch("carol", "r", [added])) == "spec.agent.mcpServers" + changed
+    admission.created("alice", _agent_run("served", agent_extra={"mcpServers": [server]}))
+    moved = _replace("/spec/agent/mcpServers/0/url", "http://attacker.example/mcp")
+    assert _denial(admission.patch("carol", "served", [moved])) == (
+        "spec.agent.mcpServers" + changed
+    )
+    dropped = {"op": "remove", "path": "/spec/agent/mcpServers"}
+    assert _denial(admission.patch("carol", "served", [dropped])) == (
+        "spec.agent.mcpServers" + changed
     )
     admission.created("alice", _agent_run("chosen", agent_extra={"toolChoice": "auto"}))
     unset = {"op": "remove", "path": "/spec/agent/toolChoice"}

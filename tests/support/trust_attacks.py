@@ -467,6 +467,15 @@ ATTACKS: dict[str, Mutation] = {
         ]
     ),
     "agent-tool-choice": _merge({"agent": {"toolChoice": "none"}}),
+    "agent-mcp-servers": _merge(
+        {
+            "agent": {
+                "mcpServers": [
+                    {"name": "elsewhere", "url": "http://127.0.0.1:9/mcp", "tools": [{"name": "x"}]}
+                ]
+            }
+        }
+    ),
     "agent-instructions": _merge({"agent": {"instructions": "ATTACKER-INSTRUCTIONS"}}),
     "agent-limits": _merge({"agent": {"maxTurns": 3}}),
     "agent-resume": _merge({"agent": {"resumeFrom": {"run": "nowhere", "uid": NO_UID, "turn": 1}}}),

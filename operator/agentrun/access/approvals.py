@@ -71,7 +71,7 @@ def decidable(
     :class:`DecisionRefused` saying why not. ``force`` accepts a step that is not waiting for
     approval (or a finished run), as long as it has an argsHash; ``force_hint`` is how the
     caller's user asks for that (a flag, an argument)."""
-    current = agent_loop.dynamic_names(run.status.agent if run.status else None)
+    current = agent_loop.dynamic_names(run.status.agent if run.status else None, run.spec.agent)
     if run.step(step) is None and step not in current:
         names = ", ".join([*(s.name for s in run.spec.plan.steps), *sorted(current)])
         raise DecisionRefused(

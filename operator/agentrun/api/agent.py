@@ -28,6 +28,7 @@ from agentrun.api.base import (
     Risk,
     SecretKeySelector,
 )
+from agentrun.api.mcp import MAX_SERVER_TOOLS, MAX_SERVERS, McpServer, PinnedTool
 
 MAX_TOOLS = 32
 MAX_TURNS = 1000
@@ -251,11 +252,14 @@ class Agent(ApiModel):
                     "rule": (
                         "!has(self.toolChoice) || self.toolChoice in ['auto', 'none'] || "
                         "(has(self.tools) && (self.toolChoice == 'required' || "
-                        "self.tools.exists(t, t.name == self.toolChoice)))"
+                        "self.tools.exists(t, t.name == self.toolChoice))) || "
+                        "(has(self.mcpServers) && (self.toolChoice == 'required' || "
+                        "self.mcpServers.exists(s, s.tools.exists(t, t.name == self.toolChoice))))"
                     ),
                     "message": (
-                        "toolChoice must be auto, none, required or the name of one of "
-                        "spec.agent.tools (required and a tool's name need tools)"
+                        "toolChoice must be auto, none, required or the name of one of the "
+                        "tools of spec.agent.tools or spec.agent.mcpServers (required and a "
+                        "tool's name need tools)"
                     ),
                     "fieldPath": ".toolChoice",
                 },
@@ -295,6 +299,22 @@ class Agent(ApiModel):
             "like model: a run whose tools change fails (reason AgentSpecChanged)."
         ),
         max_length=MAX_TOOLS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    mcp_servers: list[McpServer] | None = Field(
+        default=None,
+        description=(
+            "MCP servers (streamable HTTP) whose tools the model may call besides "
+            "spec.agent.tools: only the tools each entry lists. Before the first turn, one step "
+            "per server (t0-mcp-SERVER, in the operator's image, in the run's namespace and "
+            "with its identity: never from the operator's pod) lists the server's tools; their "
+            "definitions are offered to the model and pinned by digest in "
+            "status.agent.mcpTools. Every call is a step of its own (t{turn}-{index}-{tool}) "
+            "that lists the tools again and is refused, unsent, when the tool's definition "
+            "changed; it sends the call's idempotency key in _meta. A tool name must be unique "
+            "among spec.agent.tools and all servers. Fixed at creation like model and tools."
+        ),
+        max_length=MAX_SERVERS,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     tool_choice: str | None = Field(
@@ -513,6 +533,14 @@ class FrozenAgent(ApiModel):
         description=("spec.agent.toolChoice as it was: every model turn sends it as tool_choice."),
         max_length=48,
     )
+    mcp_servers_digest: str | None = Field(
+        default=None,
+        description=(
+            "sha256 of spec.agent.mcpServers as it was (canonical JSON); unset when it had "
+            "none. Every pass checks the spec against it before a server is listed or called."
+        ),
+        max_length=64,
+    )
     generation: int | None = Field(
         default=None, ge=0, description="metadata.generation of the spec it was taken from."
     )
@@ -526,7 +554,8 @@ class AgentStatus(ApiModel):
     frozen: FrozenAgent | None = Field(
         default=None,
         description=(
-            "spec.agent.model, a digest of spec.agent.tools and spec.agent.toolChoice, taken "
+            "spec.agent.model, digests of spec.agent.tools and spec.agent.mcpServers, and "
+            "spec.agent.toolChoice, taken "
             "on the operator's first pass of the run: fixed at creation. A run whose "
             "spec.agent no longer matches them fails (reason AgentSpecChanged, naming the "
             "field) before any further turn."
@@ -534,6 +563,15 @@ class AgentStatus(ApiModel):
     )
     turn: int = Field(
         default=0, ge=0, description="The current (or last) model turn; 0 before the first."
+    )
+    mcp_tools: list[PinnedTool] | None = Field(
+        default=None,
+        description=(
+            "The tools of spec.agent.mcpServers as discovered before the first turn, each "
+            "pinned by the digest of its definition: the model is offered these, and a call "
+            "is sent only while the server still lists the tool with this digest."
+        ),
+        max_length=MAX_SERVERS * MAX_SERVER_TOOLS,
     )
     context: ContextStatus | None = Field(
         default=None, description="The context of the current or next turn."

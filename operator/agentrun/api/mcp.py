@@ -9,13 +9,13 @@ each listed tool's definition (name, description, input and output schema) is pi
 when it is discovered (:mod:`agentrun.core.mcp`), and a call to a tool whose definition the
 server has changed since is refused before it is sent.
 
-Work in progress: these models are not yet part of ``spec.agent`` (nor of the CRD); the agent
-loop does not run discovery or calls yet.
+``spec.agent.mcpServers`` holds :class:`McpServer` entries and ``status.agent.mcpTools`` the
+:class:`PinnedTool` entries (:mod:`agentrun.api.agent`).
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from agentrun.api.base import ApiModel, ApprovalMode, RetryPolicy, Risk, SecretKeySelector
 
@@ -52,6 +52,19 @@ class McpHeader(ApiModel):
 
 class McpTool(ApiModel):
     """A tool of the server the model may call (the allow-list), and how its calls are run."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(self.name in ['auto', 'none', 'required'])",
+                    "message": "a tool may not be named auto, none or required: those are the "
+                    "modes of toolChoice",
+                    "fieldPath": ".name",
+                }
+            ]
+        }
+    )
 
     name: str = Field(
         description=(

@@ -525,6 +525,21 @@ TABLE: tuple[Entry, ...] = (
         gap=GAP_FIRST_PASS,
     ),
     Entry(
+        id="agent-mcp-servers",
+        object="AgentRun",
+        path="spec.agent.mcpServers[] (url, header Secrets, allowed tools, risk, approval)",
+        decides="where discovery and calls connect, which header Secrets they send, which tools "
+        "a model turn is offered and which calls wait for approval",
+        resource=RUNS,
+        writers=(Writer.CREATOR,),
+        frozen=Frozen.CREATION,
+        checks=(Check.ADMISSION, Check.FROZEN_STATUS, Check.ARGS_HASH, Check.CREATOR_RIGHTS),
+        outcomes=_every(Expect(Outcome.REFUSED_API, "spec.agent.mcpServers: " + FIXED)),
+        fields=("spec.agent.mcpServers.**",),
+        agent=True,
+        gap=GAP_FIRST_PASS,
+    ),
+    Entry(
         id="agent-instructions",
         object="AgentRun",
         path="spec.agent.instructions",
@@ -597,7 +612,8 @@ TABLE: tuple[Entry, ...] = (
     Entry(
         id="status-agent",
         object="AgentRun",
-        path="status.agent (frozen model and tools digest, context digest, turn image, calls)",
+        path="status.agent (frozen model, tools and MCP servers digests, pinned MCP tools, "
+        "context digest, turn image, calls)",
         decides="what a model turn calls and reads, and which calls run",
         resource=RUN_STATUS,
         writers=(Writer.OPERATOR,),
@@ -933,7 +949,8 @@ TABLE: tuple[Entry, ...] = (
     Entry(
         id="referenced-secret",
         object="Secret (referenced)",
-        path="a Secret a step's env or spec.agent.model.apiKeySecretRef references",
+        path="a Secret a step's env, spec.agent.model.apiKeySecretRef or an MCP server's "
+        "header references",
         decides="what the step's program receives, which key a model turn sends",
         resource=SECRETS,
         writers=(Writer.CREATOR, Writer.EDITOR),

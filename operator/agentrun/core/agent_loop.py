@@ -59,17 +59,20 @@ next pass.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from agentrun.api import agent as a
+from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import context as cx
 from agentrun.core import frozen as freezing
+from agentrun.core import mcp as mcp_core
 from agentrun.core import naming
 from agentrun.core import resume as resuming
 from agentrun.core.actions import StoreRecord
@@ -100,6 +103,7 @@ from agentrun.core.turns import (
     context_inputs,
     context_name,
     current_steps,
+    discovery_step,
     dynamic_names,
     dynamic_steps,
     idempotency_key,
@@ -107,6 +111,7 @@ from agentrun.core.turns import (
     is_agent_run,
     is_model_turn,
     is_tool_step,
+    mcp_tools_of,
     model_of,
     model_step,
     pauses_for_tokens,
@@ -212,8 +217,13 @@ def wanted_documents(run: m.AgentRun) -> list[DocumentKey]:
         if all(st is not None and st.phase in (SP.SUCCEEDED, SP.SKIPPED) for st in sts):
             for st in sts:
                 wanted += _ref_of(st)
+            for server in agent.mcp_servers or []:
+                wanted += _ref_of(steps.get(discovery_step(server.name)))
     elif ag.stage == a.AgentStage.THINKING:
         wanted += _ref_of(steps.get(model_step(ag.turn)))
+        if agent.mcp_servers and ag.context is not None:
+            # The definitions of the MCP tools offered, which calls are checked against.
+            wanted += [(ag.context.name, f"part-{i}") for i in range(ag.context.parts)]
     elif ag.stage == a.AgentStage.ACTING:
         calls = [steps.get(c.step) for c in ag.calls or [] if c.step]
         if all(st is not None and st.phase in m.TERMINAL_STEP_PHASES for st in calls):
@@ -317,9 +327,22 @@ def _tools(agent: a.Agent) -> list[dict[str, Any]]:
     return cx.tool_definitions((t.name, t.description, t.parameters) for t in agent.tools or [])
 
 
+def _mcp_definitions(
+    agent: a.Agent, ag: a.AgentStatus, tools: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The definitions among ``tools`` (a context's) of the MCP tools pinned for the run."""
+    pinned = mcp_tools_of(agent, ag)
+    return [
+        dict(t)
+        for t in tools
+        if isinstance(t.get("function"), Mapping) and t["function"].get("name") in pinned
+    ]
+
+
 def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
-    """Once the plan is done: the first turn's context. A run that continues another's
-    conversation checks that first, so that it fails before its plan runs when it cannot."""
+    """Once the plan is done (and the MCP servers' tools are discovered): the first turn's
+    context. A run that continues another's conversation checks that first, so that it fails
+    before its plan runs when it cannot."""
     taken: tuple[cx.Context, a.ResumedFrom] | None = None
     if agent.resume_from is not None:
         found = resuming.take(b.run, agent.resume_from, b.observed.resume, _tools(agent))
@@ -334,8 +357,18 @@ def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> N
     sts = [b.steps[s.name] for s in plan if s.name in b.steps]
     if len(sts) != len(plan) or any(st.phase not in (SP.SUCCEEDED, SP.SKIPPED) for st in sts):
         return
+    tools = _tools(agent)
+    offered = 0
+    if agent.mcp_servers:
+        discovered = _discover(b, agent, ag, config)
+        if discovered is None:
+            return
+        offered = len(discovered)
+        tools += cx.tool_definitions(discovered)
+    from_servers = f" ({offered} of them from MCP servers)" if agent.mcp_servers else ""
     if taken is not None:
         first, ag.resumed_from = taken
+        first = replace(first, tools=tools)
         _store_context(b, ag, cx.page(first, agent.context_bytes))
         ag.turn = 1
         ag.stage = a.AgentStage.READY
@@ -345,7 +378,8 @@ def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> N
             phase,
             str(b.status.phase or m.RunPhase.RUNNING),
             "AgentStarted",
-            resuming.started_message(ag.resumed_from, len(first.messages)),
+            resuming.started_message(ag.resumed_from, len(first.messages))
+            + (f"; {len(tools)} tools{from_servers}" if agent.mcp_servers else ""),
         )
         return
     sections: list[str] = []
@@ -368,9 +402,7 @@ def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> N
         user += "\n\n# Results of the plan's steps, which ran before you\n\n" + "\n\n".join(
             sections
         )
-    first = cx.Context(
-        turn=1, messages=cx.first_messages(agent.instructions, user), tools=_tools(agent)
-    )
+    first = cx.Context(turn=1, messages=cx.first_messages(agent.instructions, user), tools=tools)
     _store_context(b, ag, cx.page(first, agent.context_bytes))
     ag.turn = 1
     ag.stage = a.AgentStage.READY
@@ -381,8 +413,82 @@ def _start(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> N
         str(b.status.phase or m.RunPhase.RUNNING),
         "AgentStarted",
         f"the agent starts: model {model.name} at {model.base_url}, "
-        f"{len(agent.tools or [])} tools, up to {agent.max_turns} turns",
+        f"{len(tools)} tools{from_servers}, up to {agent.max_turns} turns",
     )
+
+
+DISCOVERY_FAILED = "McpDiscoveryFailed"
+"""The reason of a run whose MCP servers' tools could not be discovered and pinned."""
+
+
+def _discover(
+    b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
+) -> list[tuple[str, str, Mapping[str, Any]]] | None:
+    """The MCP servers' tools, as the model is offered them, once every server's discovery
+    step succeeded: the operator pins the allowed tools itself from the definitions each step
+    reported (:func:`agentrun.core.mcp.pin`) into ``status.agent.mcpTools``, and the discovery
+    steps leave ``status.steps`` (the pins and the transitions keep their outcome). None while
+    the steps run (they are added on the first call, with the image of the operator as
+    configured now), or when the run stops because a server's tools cannot be offered."""
+    servers = agent.mcp_servers or []
+    missing = [s for s in servers if discovery_step(s.name) not in b.steps]
+    if missing:
+        if ag.turn_image is None:
+            ag.turn_image = config.llm_image
+            ag.turn_command = list(config.llm_command)
+        for server in missing:
+            name = discovery_step(server.name)
+            b.steps[name] = m.StepStatus(name=name, phase=SP.PENDING)
+            b.record(
+                name,
+                None,
+                SP.PENDING,
+                "McpDiscoveryStarted",
+                f"list the tools of MCP server {server.name} at {server.url}",
+            )
+        return None
+    sts = [b.steps[discovery_step(s.name)] for s in servers]
+    if any(st.phase not in m.TERMINAL_STEP_PHASES for st in sts):
+        return None
+    discoveries: list[mcp_core.Discovery] = []
+    for server, st in zip(servers, sts, strict=True):
+        if st.phase != SP.SUCCEEDED:
+            why = st.message or (st.error.message if st.error else None) or str(st.phase)
+            ag.stage = a.AgentStage.STOPPED
+            b.stop(
+                DISCOVERY_FAILED, f"the tools of MCP server {server.name} were not listed: {why}"
+            )
+            return None
+        text = content_of(b, st)
+        if text is None:
+            _wait(b)
+            return None
+        found = _pin_reported(server, text)
+        if isinstance(found, str):
+            ag.stage = a.AgentStage.STOPPED
+            b.stop(DISCOVERY_FAILED, f"MCP server {server.name}: {found}")
+            return None
+        discoveries.append(found)
+    ag.mcp_tools = [p for found in discoveries for p in found.pinned]
+    for server in servers:
+        b.steps.pop(discovery_step(server.name), None)
+    return mcp_core.offered(discoveries)
+
+
+def _pin_reported(server: mcp_api.McpServer, text: str) -> mcp_core.Discovery | str:
+    """The tools ``server`` allows, pinned from the definitions its discovery step reported;
+    or what is wrong with them."""
+    try:
+        reported = json.loads(text)
+    except (ValueError, RecursionError):
+        return "the discovery step's result is not JSON"
+    listed = reported.get("tools") if isinstance(reported, dict) else None
+    if not isinstance(listed, list) or not all(isinstance(t, dict) for t in listed):
+        return "the discovery step's result has no list of tools"
+    found = mcp_core.pin(server, listed)
+    if found.problems:
+        return "; ".join(found.problems)
+    return found
 
 
 def turn_needs(model: a.ModelEndpoint, ctx: a.ContextStatus, config: AgentConfig) -> int:
@@ -495,6 +601,14 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
     if output is None:
         _wait(b)
         return
+    mcp_schemas: dict[str, Mapping[str, Any]] = {}
+    if agent.mcp_servers and not isinstance(output, str) and output.tool_calls:
+        current = _previous_context(b, ag)  # this turn's: what the model was offered
+        if current is None:
+            _wait(b)
+            return
+        for tool in _mcp_definitions(agent, ag, current.tools):
+            mcp_schemas[tool["function"]["name"]] = tool["function"].get("parameters") or {}
     if isinstance(output, str):
         text = f"turn {ag.turn}: the model step's result is not a turn's output: {output}"
         st.error = m.StepError(reason="InvalidModelOutput", message=text, at=b.now)
@@ -511,7 +625,7 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
     if not output.tool_calls:
         _answer(b, ag, st, output)
         return
-    calls = validate_calls(b, agent, ag.turn, output.tool_calls)
+    calls = validate_calls(b, agent, ag.turn, output.tool_calls, mcp_schemas)
     ag.calls = calls
     invalid = [c for c in calls if c.problem]
     ag.tool_calls += len(calls)
@@ -748,7 +862,7 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
     nxt = cx.Context(
         turn=ag.turn + 1,
         messages=[*previous.messages, *messages],
-        tools=_tools(agent),
+        tools=[*_tools(agent), *_mcp_definitions(agent, ag, previous.tools)],
         omitted_turns=previous.omitted_turns,
         paged_results=previous.paged_results,
         previous=ag.context.digest if ag.context is not None else None,

@@ -69,16 +69,22 @@ def schema_problem(schema: dict[str, Any], arguments: Any) -> str | None:
 
 
 def validate_calls(
-    b: Host, agent: a.Agent, turn: int, calls: Sequence[cx.ToolCall]
+    b: Host,
+    agent: a.Agent,
+    turn: int,
+    calls: Sequence[cx.ToolCall],
+    mcp_schemas: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[a.ToolCallStatus]:
-    """Every call, valid (with its step) or not (with the problem)."""
+    """Every call, valid (with its step) or not (with the problem). ``mcp_schemas``: the
+    inputSchema of each MCP server's tool offered in this turn, by name."""
     tools = {t.name: t for t in agent.tools or []}
+    mcp = dict(mcp_schemas or {})
     budget = b.run.spec.budget or m.Budget()
     started = (b.status.usage or m.Usage()).steps
     accepted = 0
     out: list[a.ToolCallStatus] = []
     for index, call in enumerate(calls):
-        problem = _problem(b, agent, tools, call)
+        problem = _problem(b, tools, mcp, call)
         if problem is None and accepted >= agent.max_tool_calls_per_turn:
             problem = (
                 f"the model may make at most {agent.max_tool_calls_per_turn} tool calls a turn "
@@ -118,11 +124,14 @@ def validate_calls(
 
 
 def _problem(
-    b: Host, agent: a.Agent, tools: Mapping[str, a.AgentTool], call: cx.ToolCall
+    b: Host,
+    tools: Mapping[str, a.AgentTool],
+    mcp: Mapping[str, Mapping[str, Any]],
+    call: cx.ToolCall,
 ) -> str | None:
     tool = tools.get(call.name)
-    if tool is None:
-        names = ", ".join(sorted(tools)) or "none"
+    if tool is None and call.name not in mcp:
+        names = ", ".join(sorted([*tools, *mcp])) or "none"
         return f"there is no tool '{clean(call.name)[:64]}' (the tools: {names})"
     size = len(call.arguments.encode("utf-8", "surrogatepass"))
     if size > a.MAX_TOOL_ARGUMENTS:
@@ -133,6 +142,8 @@ def _problem(
         return f"the arguments are not valid JSON: {str(e)[:200]}"
     if not isinstance(arguments, dict):
         return f"the arguments must be a JSON object, not {type(arguments).__name__}"
+    if tool is None:  # a tool of an MCP server: its pinned definition's inputSchema
+        return schema_problem(dict(mcp[call.name]), arguments)
     mismatch = schema_problem(tool.parameters, arguments)
     if mismatch is not None:
         return mismatch

@@ -8,14 +8,16 @@ to edit the run (``agentrun-edit``, who need not be allowed to read the Secret) 
 next turn at a server of theirs and receive the key; the operator's check of the creator's
 rights would not notice, since the Secret stays the creator's. So:
 
-* on its first pass of an agent run the operator takes ``spec.agent.model`` whole, a digest
-  of ``spec.agent.tools`` and ``spec.agent.toolChoice``
+* on its first pass of an agent run the operator takes ``spec.agent.model`` whole, digests
+  of ``spec.agent.tools`` and ``spec.agent.mcpServers`` (which decides where header Secrets
+  go) and ``spec.agent.toolChoice``
   (:func:`freeze`) into ``status.agent.frozen``, which only it writes
   (the status subresource);
 * every model turn's Job is built from that copy (:func:`agentrun.core.turns.model_turn_step`),
   never from the spec as it reads later;
 * every later pass compares the spec with it first (:func:`changes`): a run whose
-  ``spec.agent.model``, ``spec.agent.tools`` or ``spec.agent.toolChoice``
+  ``spec.agent.model``, ``spec.agent.tools``, ``spec.agent.mcpServers`` or
+  ``spec.agent.toolChoice``
   changed, or that gained or lost ``spec.agent``,
   fails at once with reason :data:`REASON` and a message naming the fields
   (:func:`refusal`), its running steps stopped, before any turn, call or retry is launched.
@@ -32,7 +34,8 @@ from collections.abc import Sequence
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
-from agentrun.api.base import SecretKeySelector
+from agentrun.api.base import ApiModel, SecretKeySelector
+from agentrun.api.mcp import McpServer
 from agentrun.core import naming
 
 REASON = "AgentSpecChanged"
@@ -40,14 +43,25 @@ _SHOWN = 96
 """Characters of a changed value a message shows (a baseURL may be 2048)."""
 
 
-def tools_digest(tools: Sequence[a.AgentTool] | None) -> str:
-    """sha256 of the tools as canonical JSON. Fields at their defaults are left out, so that a
+def _digest(entries: Sequence[ApiModel] | None) -> str:
+    """sha256 of ``entries`` as canonical JSON. Fields at their defaults are left out, so that a
     field a later version adds (with a default) does not change the digest of a stored spec."""
     wire = [
-        t.model_dump(mode="json", by_alias=True, exclude_defaults=True, exclude_none=True)
-        for t in tools or []
+        e.model_dump(mode="json", by_alias=True, exclude_defaults=True, exclude_none=True)
+        for e in entries or []
     ]
     return naming.sha256_text(naming.canonical_json(wire))
+
+
+def tools_digest(tools: Sequence[a.AgentTool] | None) -> str:
+    """sha256 of ``spec.agent.tools`` (:func:`_digest`)."""
+    return _digest(tools)
+
+
+def servers_digest(servers: Sequence[McpServer] | None) -> str | None:
+    """sha256 of ``spec.agent.mcpServers`` (:func:`_digest`); None without any, as frozen by
+    an operator from before MCP servers."""
+    return _digest(servers) if servers else None
 
 
 def freeze(run: m.AgentRun) -> a.FrozenAgent | None:
@@ -59,6 +73,7 @@ def freeze(run: m.AgentRun) -> a.FrozenAgent | None:
         model=agent.model.model_copy(deep=True),
         tools_digest=tools_digest(agent.tools),
         tool_choice=agent.tool_choice,
+        mcp_servers_digest=servers_digest(agent.mcp_servers),
         generation=run.metadata.generation,
     )
 
@@ -77,6 +92,8 @@ def changes(agent: a.Agent | None, frozen: a.FrozenAgent) -> list[str]:
         found.append("spec.agent.model")
     if tools_digest(agent.tools) != frozen.tools_digest:
         found.append("spec.agent.tools")
+    if servers_digest(agent.mcp_servers) != frozen.mcp_servers_digest:
+        found.append("spec.agent.mcpServers")
     if agent.tool_choice != frozen.tool_choice:
         found.append("spec.agent.toolChoice")
     return found
@@ -111,8 +128,8 @@ def refusal(agent: a.Agent | None, frozen: a.FrozenAgent, changed: Sequence[str]
         if shown:
             head += " (" + "; ".join(shown) + ")"
     return (
-        f"{head}: the model endpoint, its API key and the tools are fixed at creation, so no "
-        "further model turn or tool call runs; create a new run to use others"
+        f"{head}: the model endpoint, its API key, the tools and the MCP servers are fixed at "
+        "creation, so no further model turn or tool call runs; create a new run to use others"
     )
 
 

@@ -48,7 +48,7 @@ from datetime import datetime, timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop
+from agentrun.core import agent_loop, mcp
 from agentrun.core import frozen as freezing
 from agentrun.core.actions import Action, CreateJob, DeleteJob, StartPod
 from agentrun.core.arguments import needs_approval
@@ -120,6 +120,17 @@ def reconcile(
     if problems:
         end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
         return _finish(b)
+    agent = run.spec.agent
+    if agent is not None and agent.mcp_servers:
+        problems = mcp.name_conflicts([t.name for t in agent.tools or []], agent.mcp_servers)
+        if problems:
+            end_run(
+                b,
+                m.RunPhase.FAILED,
+                "InvalidAgent",
+                "; ".join(problems) + ": the model calls tools by name, so each must be unique",
+            )
+            return _finish(b)
 
     # Before any step of the loop is built: its model turns are built from what this froze,
     # and a run whose spec.agent changed since stops here, launching nothing.

@@ -38,7 +38,9 @@ TTL_LIMIT = 100 * 365 * 86400
 
 def forget_removed_steps(b: Builder) -> None:
     """Steps removed from the plan keep their record; running ones are stopped."""
-    names = {s.name for s in b.run.spec.plan.steps} | agent_loop.dynamic_names(b.status.agent)
+    names = {s.name for s in b.run.spec.plan.steps} | agent_loop.dynamic_names(
+        b.status.agent, b.run.spec.agent
+    )
     for name, st in b.steps.items():
         if name in names or st.phase in m.TERMINAL_STEP_PHASES:
             continue

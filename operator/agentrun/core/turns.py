@@ -1,7 +1,9 @@
 """The agent loop's steps as the state machine runs them: their names, the steps synthesized
 for the current turn (a model turn in the operator's image, a tool call in its tool's
-container with the call's arguments), their idempotency keys, and the small questions the
-machine asks about them (is this a tool call, may it launch yet, is its turn closed).
+container with the call's arguments, the discovery of an MCP server before the first turn and
+a call of one of its tools, both in the operator's image), their idempotency keys, and the
+small questions the machine asks about them (is this a tool call, may it launch yet, is its
+turn closed).
 
 See :mod:`agentrun.core.agent_loop` for the loop itself.
 """
@@ -9,12 +11,13 @@ See :mod:`agentrun.core.agent_loop` for the loop itself.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from agentrun.api import agent as a
+from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming
@@ -38,6 +41,10 @@ ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
 """``AGENTRUN_CONTEXT_PART_0`` ... : the parts of the context document."""
 CONTEXT_INPUT = "AGENTRUN_CONTEXT"
 """The name the context's digest has among a model turn's inputs (in its args hash)."""
+ENV_MCP_SERVER = "AGENTRUN_MCP_SERVER"
+ENV_MCP_HEADER = "AGENTRUN_MCP_HEADER_"
+ENV_MCP_PINNED = "AGENTRUN_MCP_PINNED"
+"""The environment of ``agentrun step mcp discover|call`` (see :mod:`agentrun.pod.mcp`)."""
 RESERVED_ENV = frozenset(
     {ENV_TOOL_ARGS, ENV_TOOL_NAME, ENV_TOOL_CALL_ID, ENV_TURN}
 )  # a tool's own env may not set these
@@ -45,6 +52,10 @@ RESERVED_ENV = frozenset(
 KIND_TRANSCRIPT = "transcript"
 KIND_CONTEXT = "context"
 MODEL = "model"
+DISCOVERY = "t0-mcp-"
+"""The step listing the tools of MCP server ``s`` before the first turn is ``t0-mcp-{s}``."""
+DISCOVERY_RETRY = m.RetryPolicy(limit=3)
+"""Retries of a discovery step (a server not up yet, a dropped connection)."""
 _DYNAMIC = re.compile(r"^t([0-9]+)-")
 _LABEL = re.compile(r"[^a-z0-9-]+")
 
@@ -130,6 +141,21 @@ def call_step(turn: int, index: int, tool: str) -> str:
     return f"t{turn}-{index}-{label}"[: naming.MAX_NAME].rstrip("-")
 
 
+def discovery_step(server: str) -> str:
+    """The step listing the tools of MCP server ``server`` (a DNS label of at most 20)."""
+    return f"{DISCOVERY}{server}"
+
+
+def program_command(command: Sequence[str], *program: str) -> list[str]:
+    """The command of another step program of the operator's image (``agentrun step mcp
+    call``), from the model turns' command (``agentrun step llm``, or what
+    ``AGENTRUN_LLM_COMMAND`` says): the same executable, ``program`` in place of ``llm``."""
+    base = list(command)
+    if base and base[-1] == "llm":
+        base.pop()
+    return [*base, *program]
+
+
 def is_model_turn(name: str) -> bool:
     """Whether ``name`` is the step of a model turn (``t{N}-model``; no plan step of an agent
     run may be named like that)."""
@@ -172,10 +198,15 @@ def is_agent_run(run: m.AgentRun) -> bool:
     return run.spec.agent is not None
 
 
-def dynamic_names(status: a.AgentStatus | None) -> set[str]:
-    """The steps of the current turn (whether they exist yet or not)."""
-    if status is None or status.turn == 0:
+def dynamic_names(status: a.AgentStatus | None, agent: a.Agent | None = None) -> set[str]:
+    """The steps of the current turn (whether they exist yet or not); before the first turn,
+    the discovery steps of ``agent``'s MCP servers."""
+    if status is None:
         return set()
+    if status.turn == 0:
+        if agent is None or status.stage != a.AgentStage.WAITING:
+            return set()
+        return {discovery_step(server.name) for server in agent.mcp_servers or []}
     names = {model_step(status.turn)}
     names |= {c.step for c in status.calls or [] if c.step}
     return names
@@ -308,6 +339,100 @@ def dynamic_steps(
     return _dynamic(agent, status, steps, run, config)
 
 
+def _operator_image(status: a.AgentStatus, config: AgentConfig) -> tuple[str, list[str]]:
+    """The image and command committed for the current turn (or the discovery before it)."""
+    return (status.turn_image or config.llm_image, list(status.turn_command or config.llm_command))
+
+
+def _server_env(server: mcp_api.McpServer) -> list[m.EnvVar]:
+    """The server's entry (its headers by Secret reference only) and each header's value from
+    its Secret: the environment of ``agentrun step mcp``."""
+    env = [_env(ENV_MCP_SERVER, server.model_dump_json(by_alias=True, exclude_none=True))]
+    for i, header in enumerate(server.headers or []):
+        ref = header.secret_key_ref
+        env.append(
+            m.EnvVar(
+                name=f"{ENV_MCP_HEADER}{i}",
+                value_from=m.EnvVarSource(
+                    secret_key_ref=m.SecretKeySelector(name=ref.name, key=ref.key)
+                ),
+            )
+        )
+    return env
+
+
+def discovery_step_of(
+    server: mcp_api.McpServer, status: a.AgentStatus, config: AgentConfig
+) -> m.Step:
+    """The step listing ``server``'s tools (``agentrun step mcp discover``)."""
+    image, command = _operator_image(status, config)
+    container = m.ContainerAction.model_construct(
+        image=image, command=program_command(command, "mcp", "discover"), env=_server_env(server)
+    )
+    return m.Step.model_construct(
+        name=discovery_step(server.name),
+        description=f"list the tools of MCP server {server.name}",
+        container=container,
+        risk=m.Risk.READ,
+        approval=m.ApprovalMode.AUTO,
+        on_rejection=m.OnRejection.FAIL_RUN,
+        retry=DISCOVERY_RETRY,
+        timeout_seconds=server.timeout_seconds,
+    )
+
+
+def mcp_call_step(
+    turn: int,
+    call: a.ToolCallStatus,
+    server: mcp_api.McpServer,
+    tool: mcp_api.McpTool,
+    pinned: mcp_api.PinnedTool,
+    status: a.AgentStatus,
+    config: AgentConfig,
+) -> m.Step:
+    """The step of a valid call of an MCP server's tool (``agentrun step mcp call``): the
+    pinned definition's digest is part of its environment, so of its args hash, so an
+    approval names the arguments and the definition they were checked against."""
+    assert call.step is not None
+    image, command = _operator_image(status, config)
+    env = [
+        *_server_env(server),
+        _env(ENV_MCP_PINNED, pinned.model_dump_json(by_alias=True, exclude_none=True)),
+        _env(ENV_TOOL_NAME, tool.name),
+        _env(ENV_TOOL_CALL_ID, call.id),
+        _env(ENV_TURN, str(turn)),
+        _env(ENV_TOOL_ARGS, call.arguments),
+    ]
+    container = m.ContainerAction.model_construct(
+        image=image, command=program_command(command, "mcp", "call"), env=env
+    )
+    return m.Step.model_construct(
+        name=call.step,
+        description=f"turn {turn}: call {call.id} of {tool.name} (MCP server {server.name})",
+        container=container,
+        risk=tool.risk,
+        approval=tool.approval,
+        on_rejection=m.OnRejection.SKIP_STEP,
+        retry=tool.retry,
+        timeout_seconds=tool.timeout_seconds,
+    )
+
+
+def mcp_tools_of(
+    agent: a.Agent, status: a.AgentStatus | None
+) -> dict[str, tuple[mcp_api.McpServer, mcp_api.McpTool, mcp_api.PinnedTool]]:
+    """The MCP tools the model may call, by name: each pinned tool with its server's entry
+    and the entry's settings of it."""
+    out: dict[str, tuple[mcp_api.McpServer, mcp_api.McpTool, mcp_api.PinnedTool]] = {}
+    servers = {s.name: s for s in agent.mcp_servers or []}
+    for pinned in (status.mcp_tools if status is not None else None) or []:
+        server = servers.get(pinned.server)
+        tool = next((t for t in server.tools if t.name == pinned.name), None) if server else None
+        if server is not None and tool is not None:
+            out[pinned.name] = (server, tool, pinned)
+    return out
+
+
 def _dynamic(
     agent: a.Agent | None,
     status: a.AgentStatus | None,
@@ -315,16 +440,28 @@ def _dynamic(
     run: m.AgentRun,
     config: AgentConfig,
 ) -> list[m.Step]:
-    if agent is None or status is None or status.turn == 0:
+    if agent is None or status is None:
         return []
+    if status.turn == 0:
+        return [
+            discovery_step_of(server, status, config)
+            for server in agent.mcp_servers or []
+            if discovery_step(server.name) in steps
+        ]
     found: list[m.Step] = []
     ctx = status.context
     if model_step(status.turn) in steps and ctx is not None and ctx.turn == status.turn:
         found.append(model_turn_step(run, status, ctx, config))
     tools = {t.name: t for t in agent.tools or []}
+    mcp_tools = mcp_tools_of(agent, status)
     for call in status.calls or []:
-        if call.step and call.step in steps and call.tool in tools:
+        if not call.step or call.step not in steps:
+            continue
+        if call.tool in tools:
             found.append(tool_call_step(status.turn, call, tools[call.tool]))
+        elif call.tool in mcp_tools:
+            server, tool, pinned = mcp_tools[call.tool]
+            found.append(mcp_call_step(status.turn, call, server, tool, pinned, status, config))
     return found
 
 
@@ -350,9 +487,17 @@ def idempotency_key(
 
 
 def image_exempt(status: a.AgentStatus | None, step: str) -> bool:
-    """Model turns run the operator's own image, which policy.allowedImages does not govern
-    (a tool's image is checked when its call is validated)."""
-    return status is not None and status.turn > 0 and step == model_step(status.turn)
+    """Model turns, MCP discoveries and MCP calls run the operator's own image, which
+    policy.allowedImages does not govern (a tool's image is checked when its call is
+    validated)."""
+    if status is None:
+        return False
+    if status.turn == 0:
+        return step.startswith(DISCOVERY)
+    if step == model_step(status.turn):
+        return True
+    pinned = {p.name for p in status.mcp_tools or []}
+    return any(c.step == step and c.tool in pinned for c in status.calls or [])
 
 
 def pauses_for_tokens(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
