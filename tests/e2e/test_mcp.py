@@ -1,16 +1,18 @@
-"""``agentrun step mcp discover|call`` as steps of a run, end to end: the operator as its own
-process launches them as step Jobs in the run's namespace; on the local node their pods reach
-a real MCP server (tests/support/mcp_server.py, made with the official SDK) over streamable
-HTTP on a leased port of 127.0.0.1.
+"""Tools from MCP servers, end to end: the operator as its own process launches
+``agentrun step mcp discover|call`` as step Jobs in the run's namespace; on the local node
+their pods reach a real MCP server (tests/support/mcp_server.py, made with the official SDK)
+over streamable HTTP on a leased port of 127.0.0.1.
 
-The agent loop does not start these steps yet; here they are plan steps, which is how the
-loop will run them: the server entry and the pinned tool in the environment, a header's value
-from a Secret, the step's own idempotency key.
+The first tests run the two commands as plan steps (the server entry and the pinned tool in
+the environment, a header's value from a Secret, the step's own idempotency key); the last ones
+run an agent run whose scripted model calls the server's tools through ``spec.agent.mcpServers``,
+the way the loop runs them.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -18,19 +20,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+from agentrun.api.mcp import McpServer
 from agentrun.core.mcp import tool_digest
 from agentrun.core.naming import sha256_text
+from agentrun.pod.mcp import connect_http, list_tools
+from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.ports import PortLease, lease_ports
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support import mcp_server
 from tests.support.admission import creator_recorded, policies_bound_to
-from tests.support.cluster import bind_role, service_account_subject
-from tests.support.plugin import LLM_COMMAND
-from tests.support.runs import Run, agentrun, create, get, step, step_status
-from tests.support.waiting import wait_phase
+from tests.support.agents import agent_run
+from tests.support.cluster import StartOperator, bind_role, service_account_subject
+from tests.support.plugin import LLM_COMMAND, kubectl_agentrun
+from tests.support.runs import Run, agentrun, create, get, status_of, step, step_status
+from tests.support.waiting import wait_phase, wait_step_phase
 
 REPO = Path(__file__).resolve().parents[2]
 STEP_MCP = [*LLM_COMMAND[:-1], "mcp"]
@@ -273,3 +280,118 @@ def test_a_large_result_goes_to_a_config_map_of_the_run(
     stored = kube.core.read_namespaced_config_map(ref["name"], namespace).data[ref["key"]]
     assert echo["resultDigest"] == sha256_text(stored)
     assert json.loads(stored)["structuredContent"] == {"result": text}
+
+
+# -- through the agent loop: spec.agent.mcpServers ---------------------------------------------
+
+
+@pytest.fixture
+def loop_operator(start_operator: StartOperator) -> OperatorProcess:
+    """The operator, with model turns (and so MCP steps) running this checkout's agentrun."""
+    return start_operator(env={"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND)})
+
+
+def _listed(server: Server) -> list[dict[str, Any]]:
+    """The tools the server lists now, read with the SDK as a discovery step reads them."""
+
+    async def listing() -> list[dict[str, Any]]:
+        entry = McpServer.model_validate(_entry(server, "add"))
+        async with connect_http(entry, {"Authorization": TOKEN}) as client:
+            return await list_tools(client)
+
+    return anyio.run(listing)
+
+
+def _launches(run: Run) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for t in status_of(run).get("history") or []:
+        if t.get("reason") == "Launching" and t.get("step"):
+            found[t["step"]] = found.get(t["step"], 0) + 1
+    return found
+
+
+def test_an_agent_calls_the_allowed_tools_of_an_mcp_server_as_steps(
+    kube: KubeClients,
+    namespace: str,
+    loop_operator: OperatorProcess,
+    server: Server,
+    auth_secret: str,
+    model: ScriptedModel,
+) -> None:
+    model.add(
+        reply(
+            "",
+            [
+                tool_call("add", {"a": 2, "b": 3}, "c1"),
+                tool_call("fail", {"path": "/nowhere"}, "c2"),
+                tool_call("rm", {"path": "/"}, "c3"),
+                tool_call("add", {"a": "two", "b": 3}, "c4"),
+            ],
+        ),
+        reply("2 + 3 = 5"),
+    )
+    body = agent_run("mcp", model, agent={"mcpServers": [_entry(server, "add", "fail")]})
+    created = create(kube, namespace, body)
+    run = wait_phase(kube, namespace, "mcp", "Succeeded")
+    agent = status_of(run)["agent"]
+    assert agent["answer"] == "2 + 3 = 5"
+    # Discovery pinned the allowed tools; the model was offered them beside spec.agent.tools.
+    pins = {p["name"]: p for p in agent["mcpTools"]}
+    assert sorted(pins) == ["add", "fail"]
+    first, second = model.completions()
+    offered = {t["function"]["name"]: t["function"] for t in first.body["tools"]}
+    assert sorted(offered) == ["add", "fail", "search"]  # never rm, which the entry omits
+    listed = {t["name"]: t for t in _listed(server)}
+    assert offered["add"]["parameters"] == listed["add"]["inputSchema"]
+    assert {n: p["digest"] for n, p in pins.items()} == {
+        n: tool_digest(listed[n]) for n in ("add", "fail")
+    }
+    # Each valid call ran once as a step; the invalid ones never reached the server.
+    answers = second.tool_answers
+    assert json.loads(answers["c1"])["structuredContent"] == {"result": 5}
+    assert json.loads(answers["c2"])["isError"] is True
+    assert answers["c3"] == (
+        "error: the call was not run: there is no tool 'rm' (the tools: add, fail, search)"
+    )
+    assert "a: 'two' is not of type 'integer'" in answers["c4"]
+    assert _launches(run) == {
+        "t0-mcp-tools": 1,
+        "t1-model": 1,
+        "t1-0-add": 1,
+        "t1-1-fail": 1,
+        "t2-model": 1,
+    }
+    uid = created["metadata"]["uid"]
+    reached = sorted(server.calls(), key=lambda c: str(c["tool"]))
+    assert [(c["tool"], c["authorization"]) for c in reached] == [("add", TOKEN), ("fail", TOKEN)]
+    assert reached[0]["key"].startswith(f"{uid}:1:c1:")
+    assert reached[1]["key"].startswith(f"{uid}:1:c2:")
+    assert TOKEN not in json.dumps(run)
+    assert model.refused == [], "the operator sent a request a real server refuses"
+
+
+def test_a_gated_mcp_call_approved_after_the_server_changed_the_tool_is_refused_unsent(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    loop_operator: OperatorProcess,
+    server: Server,
+    auth_secret: str,
+    model: ScriptedModel,
+) -> None:
+    model.add(reply("", [tool_call("add", {"a": 1, "b": 2}, "c1")]), reply("could not add"))
+    entry = _entry(server, "add")
+    entry["tools"] = [{"name": "add", "risk": "external", "approval": "required"}]
+    create(kube, namespace, agent_run("gated-mcp", model, agent={"mcpServers": [entry]}))
+    wait_step_phase(kube, namespace, "gated-mcp", "t1-0-add", "WaitingForApproval")
+    assert server.calls() == []
+    server.stop()
+    server.start(wide=True)  # the same tool, another input schema, while the call waits
+    proc = kubectl_agentrun(cluster, "approve", "gated-mcp", "t1-0-add", "-n", namespace)
+    assert proc.returncode == 0, proc.stderr
+    run = wait_phase(kube, namespace, "gated-mcp", "Succeeded")
+    answer = model.completions()[1].tool_answers["c1"]
+    assert answer.startswith("error: the tool failed")
+    assert "changed the tool add since it was discovered" in answer
+    assert server.calls() == []
+    assert _launches(run)["t1-0-add"] == 1
