@@ -34,7 +34,13 @@ from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support import mcp_server
 from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.agents import agent_run
-from tests.support.cluster import StartOperator, bind_role, service_account_subject
+from tests.support.cluster import (
+    StartOperator,
+    bind_role,
+    mint_user,
+    service_account_subject,
+    user_subject,
+)
 from tests.support.plugin import LLM_COMMAND, kubectl_agentrun
 from tests.support.runs import Run, agentrun, create, get, status_of, step, step_status
 from tests.support.waiting import wait_phase, wait_step_phase
@@ -395,3 +401,31 @@ def test_a_gated_mcp_call_approved_after_the_server_changed_the_tool_is_refused_
     assert "changed the tool add since it was discovered" in answer
     assert server.calls() == []
     assert _launches(run)["t1-0-add"] == 1
+
+
+def test_a_header_secret_the_runs_creator_may_not_read_is_never_sent(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    loop_operator: OperatorProcess,
+    server: Server,
+    auth_secret: str,
+    model: ScriptedModel,
+) -> None:
+    """mallory may create runs but not read the header's Secret: her run's discovery step is
+    refused (Forbidden) before any Job, so nothing reaches the server, and no turn runs."""
+    to = cluster.kubeconfig.with_name(f"{namespace}-mallory.kubeconfig")
+    kubeconfig = mint_user(cluster, "mallory", [], to)
+    rules = [{"apiGroups": ["agentrun.dev"], "resources": ["agentruns"],
+              "verbs": ["create", "get", "list", "watch"]}]  # fmt: skip
+    bind_role(kube, namespace, "mallory-runs", rules, [user_subject("mallory")])
+    body = agent_run("borrowed-header", model, agent={"mcpServers": [_entry(server, "add")]})
+    proc = cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(body),
+                           kubeconfig=kubeconfig, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    run = wait_phase(kube, namespace, "borrowed-header", "Failed")
+    discovery = step_status(run, "t0-mcp-tools")
+    assert (discovery.get("error") or {}).get("reason") == "Forbidden", discovery
+    assert f"creator mallory may not get secrets/{auth_secret}" in discovery["error"]["message"]
+    assert not discovery.get("jobName"), "a Job was made for a refused discovery"
+    assert model.completions() == [] and server.calls() == []
