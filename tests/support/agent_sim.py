@@ -16,10 +16,10 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.access import authz
 from agentrun.api import models as m
-from agentrun.core import Observed, ResumeSource, envelope, turns
+from agentrun.core import Observed, ResumeSource, envelope, subagents, turns
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
-from agentrun.core.actions import StoreRecord
+from agentrun.core.actions import CreateChild, PatchChild, StoreRecord
 from agentrun.core.naming import canonical_json
 from agentrun.observation import conversation as resume
 
@@ -110,6 +110,11 @@ class AgentSim(Sim):
     asked: list[tuple[str, str]] = field(default_factory=list)
     read_resume: Callable[[m.AgentRun], ResumeSource | None] | None = None
     """The shell's read of the conversation spec.agent.resumeFrom names (:class:`Sources`)."""
+    children: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Child AgentRuns by name, as the API server holds them (bodies)."""
+    child_creates: list[str] = field(default_factory=list)
+    """Every CreateChild carried out, by name (a repeated one met AlreadyExists)."""
+    depth: int = 0
 
     def observed(self) -> Observed:
         base = super().observed()
@@ -121,7 +126,16 @@ class AgentSim(Sim):
             if value is not None:
                 documents[key] = value
         source = self.read_resume(self.run) if self.read_resume is not None else None
-        return dataclasses.replace(base, documents=documents, resume=source)
+        ag = self.run.status.agent if self.run.status else None
+        in_flight = any(c.child for c in (ag.calls if ag is not None else None) or [])
+        children = (
+            tuple(subagents.observed_run(body) for body in self.children.values())
+            if in_flight
+            else None
+        )
+        return dataclasses.replace(
+            base, documents=documents, resume=source, children=children, depth=self.depth
+        )
 
     def config_maps(self) -> dict[str, dict[str, Any]]:
         """The run's records as the API server returns them: controlled by the run."""
@@ -136,6 +150,20 @@ class AgentSim(Sim):
         }
 
     def apply(self, action: object) -> None:
+        if isinstance(action, CreateChild):
+            body = json.loads(json.dumps(dict(action.manifest)))
+            name = body["metadata"]["name"]
+            self.child_creates.append(name)
+            if name not in self.children:
+                body["metadata"]["uid"] = f"child-uid-{len(self.children)}"
+                self.children[name] = body
+            return
+        if isinstance(action, PatchChild):
+            body = self.children.get(action.name)
+            if body is not None and body["metadata"]["uid"] == action.uid:
+                body["spec"]["cancel"] = action.cancel
+                body["spec"]["suspend"] = action.suspend
+            return
         if isinstance(action, StoreRecord):
             existing = self.records.get(action.name)
             assert existing is None or existing == dict(action.data), "a record changed"
@@ -213,6 +241,21 @@ class AgentSim(Sim):
         job = self.model_job()
         assert job is not None, f"no model turn running: {self.status.message}"
         self.finish(job.name, True, turn_envelope(content, calls, **usage))
+        self.settle()
+
+    def child_ends(
+        self, name: str, phase: str = "Succeeded", answer: str | None = None, tokens: int = 0
+    ) -> None:
+        """The child AgentRun ``name`` ends (or reports ``tokens`` while running); then the
+        run settles."""
+        body = self.children[name]
+        status: dict[str, Any] = {"phase": phase, "usage": {"tokens": tokens}}
+        if answer is not None:
+            status["agent"] = {"answer": answer}
+        if phase == "Failed":
+            status["message"] = "the child failed"
+        body["status"] = status
+        self.version += 1
         self.settle()
 
     def tools_return(self, outcome: Any = None) -> None:

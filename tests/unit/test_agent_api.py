@@ -144,8 +144,12 @@ def test_the_crd_keys_tools_by_name_and_keeps_their_schema_whole() -> None:
     assert item["properties"]["parameters"]["x-kubernetes-preserve-unknown-fields"] is True
     assert item["properties"]["parameters"]["type"] == "object"
     assert "parameters" in item["required"]
-    (rule,) = item["x-kubernetes-validations"]
-    assert rule["rule"] == "has(self.parameters.type) && self.parameters.type == 'object'"
+    rules = [r["rule"] for r in item["x-kubernetes-validations"]]
+    assert rules == [
+        "has(self.parameters.type) && self.parameters.type == 'object'",
+        "has(self.container) != has(self.agent)",
+    ]
+    assert "container" not in item["required"]  # a sub-agent tool has an agent instead
 
 
 def test_the_openapi_schema_accepts_an_agent_run_and_refuses_a_run_of_neither() -> None:

@@ -121,8 +121,53 @@ class ModelEndpoint(ApiModel):
     )
 
 
+class SubAgent(ApiModel):
+    """A sub-agent: every call of the tool starts a child AgentRun, whose answer is the call's
+    result."""
+
+    instructions: str | None = Field(
+        default=None,
+        description="The child's system prompt (its spec.agent.instructions).",
+        max_length=32768,
+    )
+    preamble: str | None = Field(
+        default=None,
+        description=(
+            "Text put before the call's goal argument in the child's spec.goal (what every "
+            "child of this tool is told first)."
+        ),
+        max_length=4096,
+    )
+    tools: list[Annotated[str, Field(min_length=1, max_length=48)]] | None = Field(
+        default=None,
+        description=(
+            "Names of other entries of spec.agent.tools the child may call (copied into its "
+            "spec.agent.tools); none: the child only answers. A sub-agent tool named here "
+            "gives the child children of its own, as deep as the operator allows (2 levels)."
+        ),
+        max_length=MAX_TOOLS,
+    )
+    max_turns: int = Field(
+        default=10,
+        ge=1,
+        le=MAX_TURNS,
+        description="The child's spec.agent.maxTurns.",
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=2**53 - 1,
+        description=(
+            "Most tokens one child may be given. The child's spec.budget.maxTokens is this, "
+            "or what the run's budget has left when less (a call the budget cannot cover is "
+            "answered as invalid); its tokens count against this run's budget."
+        ),
+    )
+
+
 class AgentTool(ApiModel):
-    """A tool the model may call: a container that receives the call's arguments as JSON."""
+    """A tool the model may call: a container that receives the call's arguments as JSON, or
+    a sub-agent (a child AgentRun) that receives them as its goal."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -130,6 +175,10 @@ class AgentTool(ApiModel):
                 {
                     "rule": "has(self.parameters.type) && self.parameters.type == 'object'",
                     "message": "parameters must be a JSON Schema of an object (type: object)",
+                },
+                {
+                    "rule": "has(self.container) != has(self.agent)",
+                    "message": "a tool has a container or an agent (a sub-agent), exactly one",
                 },
             ]
         }
@@ -162,14 +211,28 @@ class AgentTool(ApiModel):
             "properties": {"type": {"type": "string", "description": "The JSON type: object."}},
         },
     )
-    container: ContainerAction = Field(
+    container: ContainerAction | None = Field(
+        default=None,
         description=(
-            "The container that runs a call. Besides the usual AGENTRUN_* identity and "
-            "idempotency variables it gets AGENTRUN_TOOL_ARGS (the arguments, JSON text), "
-            "AGENTRUN_TOOL_NAME, AGENTRUN_TOOL_CALL_ID and AGENTRUN_TURN; under `agentrun step "
-            "--` the arguments are also in the file named by AGENTRUN_TOOL_ARGS_FILE. Its "
-            "result envelope (or output) is the answer the model reads."
-        )
+            "The container that runs a call (or set agent instead). Besides the usual "
+            "AGENTRUN_* identity and idempotency variables it gets AGENTRUN_TOOL_ARGS (the "
+            "arguments, JSON text), AGENTRUN_TOOL_NAME, AGENTRUN_TOOL_CALL_ID and "
+            "AGENTRUN_TURN; under `agentrun step --` the arguments are also in the file named "
+            "by AGENTRUN_TOOL_ARGS_FILE. Its result envelope (or output) is the answer the "
+            "model reads."
+        ),
+    )
+    agent: SubAgent | None = Field(
+        default=None,
+        description=(
+            "A sub-agent (instead of a container): every valid call starts a child AgentRun "
+            "owned by this run, named from the call's idempotency key (a crash never makes "
+            "two), with the call's string argument goal as its goal, this run's frozen model, "
+            "policy and stepTemplate, and a token budget carved from this run's. Its approvals "
+            "are its own; its answer is the call's result. parameters must require a string "
+            "property goal. Cancelling or suspending this run reaches the children; deleting "
+            "it deletes them."
+        ),
     )
     risk: Risk = Field(
         default=Risk.READ,
@@ -404,6 +467,34 @@ class AgentStage(StrEnum):
     """The loop ended without an answer (the run failed or was cancelled)."""
 
 
+class ChildCall(ApiModel):
+    """The child AgentRun of a call of a sub-agent tool."""
+
+    name: str | None = Field(
+        default=None,
+        description="The child's name (from the call's idempotency key), once launched.",
+        max_length=253,
+    )
+    uid: str | None = Field(
+        default=None,
+        description=(
+            "The child's metadata.uid, once adopted: its outcome and tokens are read from the "
+            "run with this uid only."
+        ),
+        max_length=64,
+    )
+    tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="The budget carved for the child (its spec.budget.maxTokens); unset: none.",
+    )
+    counted: int = Field(
+        default=0,
+        ge=0,
+        description="The child's tokens counted against this run's budget so far.",
+    )
+
+
 class ToolCallStatus(ApiModel):
     """One tool call of the current turn."""
 
@@ -421,6 +512,9 @@ class ToolCallStatus(ApiModel):
             "bytes (an invalid call's are cut short)."
         ),
         max_length=MAX_TOOL_ARGUMENTS,
+    )
+    child: ChildCall | None = Field(
+        default=None, description="The child AgentRun of a sub-agent tool's call."
     )
     problem: str | None = Field(
         default=None,
@@ -596,6 +690,9 @@ class AgentStatus(ApiModel):
         default=None, description="The current turn's finish reason.", max_length=64
     )
     tool_calls: int = Field(default=0, ge=0, description="Tool calls proposed in all turns.")
+    children_started: int = Field(
+        default=0, ge=0, description="Sub-agents (child AgentRuns) started in all turns."
+    )
     invalid_tool_calls: int = Field(
         default=0, ge=0, description="Tool calls not run because they were invalid."
     )

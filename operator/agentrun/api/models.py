@@ -864,6 +864,18 @@ class AgentRunStatus(ApiModel):
     )
 
 
+class OwnerReference(ApiModel):
+    """An owner of the run (a sub-agent's run is controlled by its parent)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: str = Field(default="", description="The owner's apiVersion.")
+    kind: str = Field(default="", description="The owner's kind.")
+    name: str = Field(default="", description="The owner's name.")
+    uid: str = Field(default="", description="The owner's uid.")
+    controller: bool | None = Field(default=None, description="Whether it is the controller.")
+
+
 class ObjectMeta(ApiModel):
     """The parts of metadata the operator reads."""
 
@@ -878,6 +890,9 @@ class ObjectMeta(ApiModel):
     deletion_timestamp: Timestamp | None = Field(default=None, description="Deletion time.")
     labels: dict[str, str] | None = Field(default=None, description="Labels.")
     annotations: dict[str, str] | None = Field(default=None, description="Annotations.")
+    owner_references: list[OwnerReference] | None = Field(
+        default=None, description="Owners (a sub-agent's run: its parent, as controller)."
+    )
 
     @field_validator("labels", "annotations", mode="before")
     @classmethod

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentrun.api.models import EnvVar, Step
 from agentrun.core.observed import PodRef
@@ -101,8 +103,29 @@ class DeleteRun:
     reason: str
 
 
+@dataclass(frozen=True)
+class CreateChild:
+    """Create the child AgentRun of a sub-agent call (its committed intent's manifest); one
+    already there under its name is left alone (the core decides whether it is the child)."""
+
+    step: str
+    manifest: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchChild:
+    """Set ``spec.cancel`` and ``spec.suspend`` of the child with this name and uid."""
+
+    name: str
+    uid: str
+    cancel: bool
+    suspend: bool
+
+
 Action = (
     CreateJob
+    | CreateChild
+    | PatchChild
     | DeleteJob
     | StartPod
     | ReleaseJob

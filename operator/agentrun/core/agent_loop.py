@@ -60,7 +60,6 @@ next pass.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -119,6 +118,7 @@ from agentrun.core.turns import (
     record_name,
     tool_choice_of,
     transcript_prefix,
+    turn_needs,
     turn_of_step,
 )
 
@@ -491,12 +491,6 @@ def _pin_reported(server: mcp_api.McpServer, text: str) -> mcp_core.Discovery | 
     return found
 
 
-def turn_needs(model: a.ModelEndpoint, ctx: a.ContextStatus, config: AgentConfig) -> int:
-    """Tokens a turn may use: its output limit and its prompt, estimated from the size of the
-    whole request it sends (messages, tool definitions and settings)."""
-    return model.max_output_tokens + math.ceil(ctx.bytes / config.bytes_per_token)
-
-
 def counted_tokens(b: Host, step: str, reported: int) -> int:
     """The tokens a model turn's step is counted for: what the endpoint reported, but never
     more than the turn could have used (its maxOutputTokens and :func:`prompt_ceiling`). A
@@ -625,8 +619,9 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
     if not output.tool_calls:
         _answer(b, ag, st, output)
         return
-    calls = validate_calls(b, agent, ag.turn, output.tool_calls, mcp_schemas)
+    calls = validate_calls(b, agent, ag.turn, output.tool_calls, mcp_schemas, config)
     ag.calls = calls
+    ag.children_started += sum(1 for c in calls if c.child is not None)
     invalid = [c for c in calls if c.problem]
     ag.tool_calls += len(calls)
     ag.invalid_tool_calls += len(invalid)

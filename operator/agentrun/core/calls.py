@@ -15,10 +15,10 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import context as cx
-from agentrun.core import naming
+from agentrun.core import naming, subagents
 from agentrun.core.actions import StoreResult
 from agentrun.core.envelope import clean
-from agentrun.core.turns import Host, call_step
+from agentrun.core.turns import AgentConfig, Host, call_step, child_agent, model_of
 
 
 def content_of(b: Host, st: m.StepStatus) -> str | None:
@@ -74,11 +74,13 @@ def validate_calls(
     turn: int,
     calls: Sequence[cx.ToolCall],
     mcp_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+    config: AgentConfig | None = None,
 ) -> list[a.ToolCallStatus]:
     """Every call, valid (with its step) or not (with the problem). ``mcp_schemas``: the
     inputSchema of each MCP server's tool offered in this turn, by name."""
     tools = {t.name: t for t in agent.tools or []}
     mcp = dict(mcp_schemas or {})
+    children = _Children(b, agent, turn, len(calls), config or AgentConfig())
     budget = b.run.spec.budget or m.Budget()
     started = (b.status.usage or m.Usage()).steps
     accepted = 0
@@ -100,6 +102,14 @@ def validate_calls(
                 f"budget.maxSteps ({budget.max_steps}) leaves no room for this call; answer "
                 "with what you have"
             )
+        child: a.ChildCall | None = None
+        tool = tools.get(call.name)
+        if problem is None and tool is not None and tool.agent is not None:
+            carved = children.accept(tool, json.loads(call.arguments or "{}"))
+            if isinstance(carved, str):
+                problem = carved
+            else:
+                child = carved
         arguments = call.arguments
         if problem is not None:
             out.append(
@@ -118,9 +128,60 @@ def validate_calls(
                 tool=call.name,
                 step=call_step(turn, index, call.name),
                 arguments=arguments,
+                child=child,
             )
         )
     return out
+
+
+class _Children:
+    """The sub-agents a turn's calls start: the limits on how many and how deep, and the
+    budget carved for each (:mod:`agentrun.core.subagents`)."""
+
+    def __init__(self, b: Host, agent: a.Agent, turn: int, calls: int, config: AgentConfig) -> None:
+        self.b = b
+        self.agent = agent
+        self.calls = calls
+        self.config = config
+        self.accepted = 0
+        self.carved = 0
+
+    def accept(self, tool: a.AgentTool, arguments: Any) -> a.ChildCall | str:
+        """The child of a valid call of ``tool``, or why the call may not start one."""
+        b, agent = self.b, self.agent
+        sub = tool.agent
+        assert sub is not None
+        ag = b.status.agent
+        declared = subagents.SubAgentTool(
+            agent=child_agent(agent, ag, tool), preamble=sub.preamble, max_tokens=sub.max_tokens
+        )
+        goal = subagents.goal_of(declared, arguments if isinstance(arguments, dict) else {})
+        if goal is None:
+            return (
+                f"a call of {tool.name} needs the argument {subagents.GOAL_ARGUMENT}: a string "
+                "saying what the sub-agent is to do"
+            )
+        started = ag.children_started if ag is not None else 0
+        problem = subagents.limit_problem(
+            b.observed.depth, self.accepted, started + self.accepted, subagents.Limits()
+        )
+        if problem is not None:
+            return problem
+        model = model_of(agent, ag)
+        ctx = ag.context if ag is not None else None
+        budget = b.run.spec.budget or m.Budget()
+        keep = 0
+        if ctx is not None:
+            keep = subagents.parent_keeps(model, ctx, self.calls, self.config)
+        prompt = len((declared.agent.instructions or "") + goal)
+        minimum = model.max_output_tokens + -(-prompt // self.config.bytes_per_token) + 512
+        used = (b.status.usage or m.Usage()).tokens
+        carve = subagents.carve(budget.max_tokens, used, self.carved, keep, sub.max_tokens, minimum)
+        if carve.problem is not None:
+            return carve.problem
+        self.accepted += 1
+        self.carved += carve.tokens or 0
+        return a.ChildCall(tokens=carve.tokens)
 
 
 def _problem(
@@ -147,7 +208,7 @@ def _problem(
     mismatch = schema_problem(tool.parameters, arguments)
     if mismatch is not None:
         return mismatch
-    if not _allowed(b.run, tool.container.image):
+    if tool.container is not None and not _allowed(b.run, tool.container.image):
         return (
             f"the tool's image {tool.container.image} is not allowed by policy.allowedImages; "
             "the call was not run"

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop, naming
+from agentrun.core import agent_loop, children, naming
 from agentrun.core import frozen as freezing
 from agentrun.core.actions import CreateJob
 from agentrun.core.arguments import (
@@ -212,6 +212,7 @@ def _commit_launch_intent(
     st.idempotency_key = agent_loop.idempotency_key(
         b.run, b.status.agent, step.name, h
     ) or naming.idempotency_key(b.run.metadata.uid, step.name, step.container.image, h)
+    create_child = children.launch(b, st) if children.is_child_step(b, step.name) else None
     st.attempt_started_at = b.now
     st.next_attempt_at = None
     st.approval_requested_at = None
@@ -220,13 +221,17 @@ def _commit_launch_intent(
         approved = f" (approved by {approval.by}" + (
             f": {approval.reason})" if approval.reason else ")"
         )
+    what = "child AgentRun" if create_child is not None else "Job"
     b.move(
         st,
         SP.LAUNCHING,
         "Launching",
-        f"attempt {st.attempt} launching as Job {st.job_name}{approved}",
+        f"attempt {st.attempt} launching as {what} {st.job_name}{approved}",
         approval.by if approval is not None and first else None,
     )
+    if create_child is not None:
+        b.after.append(create_child)
+        return
     b.after.append(CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env))
 
 

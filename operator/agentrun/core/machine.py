@@ -46,9 +46,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop, mcp
+from agentrun.core import agent_loop, children, mcp
 from agentrun.core import frozen as freezing
 from agentrun.core.actions import Action, CreateJob, DeleteJob, StartPod
 from agentrun.core.arguments import needs_approval
@@ -121,16 +122,10 @@ def reconcile(
         end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
         return _finish(b)
     agent = run.spec.agent
-    if agent is not None and agent.mcp_servers:
-        problems = mcp.name_conflicts([t.name for t in agent.tools or []], agent.mcp_servers)
-        if problems:
-            end_run(
-                b,
-                m.RunPhase.FAILED,
-                "InvalidAgent",
-                "; ".join(problems) + ": the model calls tools by name, so each must be unique",
-            )
-            return _finish(b)
+    problems = agent_problems(agent) if agent is not None else []
+    if problems:
+        end_run(b, m.RunPhase.FAILED, "InvalidAgent", "; ".join(problems))
+        return _finish(b)
 
     # Before any step of the loop is built: its model turns are built from what this froze,
     # and a run whose spec.agent changed since stops here, launching nothing.
@@ -150,13 +145,18 @@ def reconcile(
     for step in all_steps(b):
         st = steps[step.name]
         if st.phase in (SP.LAUNCHING, SP.RUNNING):
-            observe_attempt(b, step, st)
+            if children.is_child_step(b, step.name):
+                children.observe(b, step, st)
+            else:
+                observe_attempt(b, step, st)
+    children.count(b)
 
     budget = run.spec.budget or m.Budget()
     if _ended_by_cancel_or_deadline(b, budget):
         return _finish(b)
     _stop_for_budget_or_failure(b, budget)
 
+    children.switches(b)
     if b.halt is None:
         agent_loop.advance(b, config.agent)
     if b.halt is None and not run.spec.suspend:
@@ -164,6 +164,27 @@ def reconcile(
 
     settle(b)
     return _finish(b)
+
+
+def agent_problems(agent: a.Agent) -> list[str]:
+    """What is wrong with ``spec.agent`` that its schema cannot tell: a tool name offered
+    twice (the model calls tools by name), a sub-agent tool naming a tool there is not."""
+    problems: list[str] = []
+    if agent.mcp_servers:
+        clashes = mcp.name_conflicts([t.name for t in agent.tools or []], agent.mcp_servers)
+        if clashes:
+            problems.append(
+                "; ".join(clashes) + ": the model calls tools by name, so each must be unique"
+            )
+    names = {t.name for t in agent.tools or []}
+    for tool in agent.tools or []:
+        missing = [n for n in (tool.agent.tools or []) if n not in names] if tool.agent else []
+        if missing:
+            problems.append(
+                f"the sub-agent tool {tool.name} names tools spec.agent.tools does not have: "
+                + ", ".join(missing)
+            )
+    return problems
 
 
 def _sync_plan(b: Builder) -> None:

@@ -18,6 +18,25 @@ class JobState(StrEnum):
 
 
 @dataclass(frozen=True)
+class ObservedChild:
+    """An AgentRun found in the parent's namespace, as the shell read it."""
+
+    name: str
+    uid: str
+    controller_uid: str | None
+    """The uid of its controller ownerReference (kind AgentRun), if any."""
+    spec_digest: str | None
+    phase: m.RunPhase | None = None
+    tokens: int = 0
+    answer: str | None = None
+    """The child's whole answer (read by reference when not inline, checked against its
+    status.agent.answerDigest by the shell); None while it has none."""
+    message: str | None = None
+    cancel: bool = False
+    suspend: bool = False
+
+
+@dataclass(frozen=True)
 class PodRef:
     """A pod, by name and uid (an action on it holds only for that uid)."""
 
@@ -183,6 +202,15 @@ class Observed:
     """Keyed by (ConfigMap name, key): the records an agent run's loop asked for
     (:func:`agentrun.core.agent_loop.wanted_documents`), as the shell read them; keys not found
     are left out (the loop waits for them)."""
+
+    children: Sequence[ObservedChild] | None = None
+    """The AgentRuns labelled as children of this run, as read in this pass (only while a
+    sub-agent call is in flight; None: not read, and a call waits). Which one is a call's
+    child is decided by name, controller uid and spec (:func:`agentrun.core.subagents.adopt`),
+    never by the label."""
+    depth: int = 0
+    """The run's depth among sub-agents (0: a user's run), from its verified chain of
+    controllers (:func:`agentrun.core.subagents.acting_creator`)."""
 
     def job(self, name: str) -> ObservedJob | None:
         return next((j for j in self.jobs if j.name == name), None)

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop
+from agentrun.core import agent_loop, children
 from agentrun.core.actions import DeleteJob, DeleteRun, ReleaseJob
 from agentrun.core.builder import Builder, all_steps, floor_seconds, truncate
 from agentrun.core.observed import JobState, ObservedJob
@@ -73,10 +73,12 @@ def restart_readded(b: Builder, st: m.StepStatus) -> None:
 
 
 def abort(b: Builder, phase: m.RunPhase, reason: str, message: str, by: str | None = None) -> None:
-    """End the run now: stop running attempts, keep every committed result."""
+    """End the run now: stop running attempts (cancel running children), keep every committed
+    result."""
+    children.switches(b, cancel=True)
     for st in b.steps.values():
         if st.phase in m.ACTIVE_STEP_PHASES:
-            if st.job_name:
+            if st.job_name and not children.is_child_step(b, st.name):
                 b.after.append(DeleteJob(st.job_name, reason))
             st.finished_at = b.now
             b.move(st, SP.CANCELLED, reason, f"stopped: {message}", by)

@@ -1,8 +1,8 @@
 """Sub-agents, pure: the decisions around a tool call that starts a child AgentRun.
 
-Work in progress. Nothing here is called by :func:`agentrun.core.machine.reconcile` or by the
-shell yet, and the API has no field that declares a sub-agent tool: these are the decisions
-the loop will make, with their tests, so that the wiring only moves data. What is decided:
+A sub-agent tool is ``spec.agent.tools[].agent``; :mod:`agentrun.core.children` moves data
+between these decisions and a pass, and the shell reads the children, makes them and finds
+whose rights they use (:mod:`agentrun.loop.observe`). What is decided:
 
 Naming (:func:`child_name`, :func:`call_args_hash`)
     A call's child is named from the parent's name and a digest of the call's idempotency key
@@ -62,14 +62,8 @@ The family (:func:`family`)
     What ``kubectl agentrun tree RUN`` prints (already a command of the plugin): the runs
     controlled (by uid) by the run and by its children, with phases and tokens.
 
-Still to do before a sub-agent tool can be declared: the API field (``spec.agent.tools[].agent``
-beside ``container``, CRD, trust table entries and attacks), the step kind in the loop (intent
-committed, then a ``CreateChild`` action instead of a Job), status fields for each call's child
-(name, uid, carved tokens: what :func:`child_outcome` and :func:`counted_tokens` are given),
-the shell's create and adoption, a
-watch of AgentRuns indexed by controller uid, the switches and usage in a pass, the acting
-creator in the rights checks (:mod:`agentrun.access.authz`) and the admission policy, the
-operator's RBAC (create, patch on agentruns), docs, and e2e and crash tests.
+Not done yet: the crash test's kills while children are made, and generated trust-table
+attacks on a child run.
 """
 
 from __future__ import annotations
@@ -82,7 +76,8 @@ from typing import Any
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import naming
-from agentrun.core.agent_loop import AgentConfig, turn_needs
+from agentrun.core.observed import ObservedChild as ObservedChild
+from agentrun.core.turns import AgentConfig, turn_needs
 
 DEFAULT_MAX_DEPTH = 2
 """A user's run (depth 0) may have children (1) and grandchildren (2), no deeper."""
@@ -122,25 +117,6 @@ class SubAgentTool:
     agent: a.Agent
     preamble: str | None = None
     max_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class ObservedChild:
-    """An AgentRun found in the parent's namespace, as the shell read it."""
-
-    name: str
-    uid: str
-    controller_uid: str | None
-    """The uid of its controller ownerReference (kind AgentRun), if any."""
-    spec_digest: str | None
-    phase: m.RunPhase | None = None
-    tokens: int = 0
-    answer: str | None = None
-    """The child's whole answer (read by reference when not inline, checked against its
-    status.agent.answerDigest by the shell); None while it has none."""
-    message: str | None = None
-    cancel: bool = False
-    suspend: bool = False
 
 
 @dataclass(frozen=True)

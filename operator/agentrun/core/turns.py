@@ -10,6 +10,7 @@ See :mod:`agentrun.core.agent_loop` for the loop itself.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,12 @@ ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
 """``AGENTRUN_CONTEXT_PART_0`` ... : the parts of the context document."""
 CONTEXT_INPUT = "AGENTRUN_CONTEXT"
 """The name the context's digest has among a model turn's inputs (in its args hash)."""
+ENV_SUBAGENT = "AGENTRUN_SUBAGENT"
+ENV_CHILD_TOKENS = "AGENTRUN_CHILD_TOKENS"
+"""The declaration of a sub-agent tool and the budget carved for a call's child: part of the
+call's step, so of its args hash (such a step makes a child AgentRun, never a Job)."""
+CHILD_IMAGE = "agentrun.dev/sub-agent"
+"""The image name of a sub-agent call's step: never pulled, it names what the step is."""
 ENV_MCP_SERVER = "AGENTRUN_MCP_SERVER"
 ENV_MCP_HEADER = "AGENTRUN_MCP_HEADER_"
 ENV_MCP_PINNED = "AGENTRUN_MCP_PINNED"
@@ -78,6 +85,12 @@ TEMPLATE_TOKENS = 2048
 """Tokens a server's chat template may add to a prompt besides the bytes sent (role markers,
 a preamble offering the tools), when bounding what a turn could have used."""
 TEMPLATE_TOKENS_PER_MESSAGE = 32
+
+
+def turn_needs(model: a.ModelEndpoint, ctx: a.ContextStatus, config: AgentConfig) -> int:
+    """Tokens a turn may use: its output limit and its prompt, estimated from the size of the
+    whole request it sends (messages, tool definitions and settings)."""
+    return model.max_output_tokens + math.ceil(ctx.bytes / config.bytes_per_token)
 
 
 def prompt_ceiling(ctx: a.ContextStatus) -> int:
@@ -307,7 +320,7 @@ def context_inputs(
 
 def tool_call_step(turn: int, call: a.ToolCallStatus, tool: a.AgentTool) -> m.Step:
     """The step of a valid tool call: the tool's container with the call's arguments."""
-    assert call.step is not None
+    assert call.step is not None and tool.container is not None
     own = [e for e in tool.container.env or [] if e.name not in RESERVED_ENV]
     env = [
         *own,
@@ -418,6 +431,73 @@ def mcp_call_step(
     )
 
 
+def child_agent(agent: a.Agent, status: a.AgentStatus | None, tool: a.AgentTool) -> a.Agent:
+    """The ``spec.agent`` of a child of the sub-agent tool ``tool``: the run's frozen model,
+    the declared instructions and maxTurns, and the tools it names, copied."""
+    sub = tool.agent
+    assert sub is not None
+    named = {t.name: t for t in agent.tools or []}
+    tools = [named[n].model_copy(deep=True) for n in sub.tools or [] if n in named]
+    return a.Agent(
+        model=model_of(agent, status).model_copy(deep=True),
+        instructions=sub.instructions,
+        tools=tools or None,
+        max_turns=sub.max_turns,
+    )
+
+
+def declaration(agent: a.Agent, status: a.AgentStatus | None, tool: a.AgentTool) -> str:
+    """What a sub-agent tool's call is made of besides its arguments, as canonical JSON: the
+    child's agent, the preamble and the most tokens."""
+    sub = tool.agent
+    assert sub is not None
+    child = child_agent(agent, status, tool)
+    wire = {
+        "agent": child.model_dump(
+            mode="json", by_alias=True, exclude_defaults=True, exclude_none=True
+        ),
+        "preamble": sub.preamble,
+        "maxTokens": sub.max_tokens,
+    }
+    return naming.canonical_json(wire)
+
+
+def child_call_step(
+    turn: int, call: a.ToolCallStatus, agent: a.Agent, status: a.AgentStatus, tool: a.AgentTool
+) -> m.Step:
+    """The step of a valid call of a sub-agent tool: launched, it creates the call's child
+    AgentRun (never a Job). Its environment (so its args hash, which an approval names) holds
+    the declaration, the arguments and the budget carved for the child."""
+    assert call.step is not None and call.child is not None
+    env = [
+        _env(ENV_TOOL_NAME, tool.name),
+        _env(ENV_TOOL_CALL_ID, call.id),
+        _env(ENV_TURN, str(turn)),
+        _env(ENV_TOOL_ARGS, call.arguments),
+        _env(ENV_SUBAGENT, declaration(agent, status, tool)),
+    ]
+    if call.child.tokens is not None:
+        env.append(_env(ENV_CHILD_TOKENS, str(call.child.tokens)))
+    container = m.ContainerAction.model_construct(image=CHILD_IMAGE, command=None, env=env)
+    return m.Step.model_construct(
+        name=call.step,
+        description=f"turn {turn}: call {call.id} of {tool.name} (a sub-agent)",
+        container=container,
+        risk=tool.risk,
+        approval=tool.approval,
+        on_rejection=m.OnRejection.SKIP_STEP,
+        retry=None,
+        timeout_seconds=None,
+    )
+
+
+def child_call(status: a.AgentStatus | None, step: str) -> a.ToolCallStatus | None:
+    """The current call whose step is ``step``, when it is a sub-agent's."""
+    if status is None:
+        return None
+    return next((c for c in status.calls or [] if c.step == step and c.child), None)
+
+
 def mcp_tools_of(
     agent: a.Agent, status: a.AgentStatus | None
 ) -> dict[str, tuple[mcp_api.McpServer, mcp_api.McpTool, mcp_api.PinnedTool]]:
@@ -457,11 +537,14 @@ def _dynamic(
     for call in status.calls or []:
         if not call.step or call.step not in steps:
             continue
-        if call.tool in tools:
-            found.append(tool_call_step(status.turn, call, tools[call.tool]))
+        tool = tools.get(call.tool)
+        if tool is not None and tool.agent is not None and call.child is not None:
+            found.append(child_call_step(status.turn, call, agent, status, tool))
+        elif tool is not None and tool.container is not None:
+            found.append(tool_call_step(status.turn, call, tool))
         elif call.tool in mcp_tools:
-            server, tool, pinned = mcp_tools[call.tool]
-            found.append(mcp_call_step(status.turn, call, server, tool, pinned, status, config))
+            server, listed, pinned = mcp_tools[call.tool]
+            found.append(mcp_call_step(status.turn, call, server, listed, pinned, status, config))
     return found
 
 
@@ -487,7 +570,8 @@ def idempotency_key(
 
 
 def image_exempt(status: a.AgentStatus | None, step: str) -> bool:
-    """Model turns, MCP discoveries and MCP calls run the operator's own image, which
+    """Model turns, MCP discoveries and MCP calls run the operator's own image, and a
+    sub-agent's call runs none (it makes a child AgentRun), which
     policy.allowedImages does not govern (a tool's image is checked when its call is
     validated)."""
     if status is None:
@@ -497,7 +581,9 @@ def image_exempt(status: a.AgentStatus | None, step: str) -> bool:
     if step == model_step(status.turn):
         return True
     pinned = {p.name for p in status.mcp_tools or []}
-    return any(c.step == step and c.tool in pinned for c in status.calls or [])
+    return any(
+        c.step == step and (c.tool in pinned or c.child is not None) for c in status.calls or []
+    )
 
 
 def pauses_for_tokens(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
