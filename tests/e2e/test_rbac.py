@@ -240,6 +240,8 @@ def test_charts_cluster_role_grants_nothing_more(
         ("update", "agentruns.agentrun.dev", "--subresource=status", ns),
         # Asking whether a run's creator may use what its steps reference (agentrun.access.authz).
         ("create", "localsubjectaccessreviews.authorization.k8s.io", ns),
+        # A sub-agent's call makes its child run (whose steps act for the parent's creator).
+        ("create", "agentruns.agentrun.dev", ns),
     ):
         assert can_i(cluster, me, *args), f"{me.user} should be allowed to {' '.join(args)}"
     # What it must never do.
@@ -251,7 +253,6 @@ def test_charts_cluster_role_grants_nothing_more(
         ("create", "pods", "--subresource=exec", ns),
         ("delete", "namespaces"),
         ("create", "namespaces"),
-        ("create", "agentruns.agentrun.dev", ns),
         ("update", "agentruns.agentrun.dev", ns),  # the spec belongs to users
         ("create", "serviceaccounts", "--subresource=token", ns),
         ("create", "rolebindings.rbac.authorization.k8s.io", ns),
@@ -301,6 +302,12 @@ def test_operator_runs_with_the_charts_namespaced_roles(
     tmp_path: Path,
 ) -> None:
     me = install_chart_rbac(home_namespace, "--set", f"watchNamespaces={{{namespace}}}")
+    # The API server's authorizer learns of new Roles by a watch: start once they hold.
+    wait_for(
+        "the chart's Role in the watched namespace to take effect",
+        lambda: can_i(cluster, me, "get", "pods", f"--namespace={namespace}"),
+        timeout=30,
+    )
     operator = operator_as(me, tmp_path, namespaces=[namespace])
     exercise_as(operator, cluster, kube, namespace)
     log = operator.log_text()

@@ -59,10 +59,11 @@ and allows no 403.
 {{- define "agentrun-operator.namespacedRules" -}}
 # AgentRuns: kopf lists and watches them and patches its finalizer and bookkeeping
 # annotations; the ledger reads each run fresh (get); a finished run past its retention TTL
-# is deleted.
+# is deleted. A sub-agent's call creates its child run, and the parent's cancel and suspend
+# are patched onto its children.
 - apiGroups: [agentrun.dev]
   resources: [agentruns]
-  verbs: [get, list, watch, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # Status is written only by the ledger: a PUT carrying the resourceVersion it read.
 - apiGroups: [agentrun.dev]
   resources: [agentruns/status]

@@ -211,9 +211,17 @@ class Authorizer:
     """
 
     def __init__(
-        self, api: Any, *, ttl: float = 60.0, clock: Callable[[], float] = time.monotonic
+        self,
+        api: Any,
+        *,
+        ttl: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        creator: Callable[[m.AgentRun], Creator | str] | None = None,
     ) -> None:
         self.api = api
+        self.creator = creator or creator_of
+        """Whose rights a run's steps use (or why none): its recorded creator; for a
+        sub-agent's run, the creator its parent acts for (see the Observer)."""
         self.ttl = ttl
         """Seconds a granted permission is trusted before it is asked again."""
         self.clock = clock
@@ -245,7 +253,7 @@ class Authorizer:
             if not needed:
                 continue
             if creator is None:
-                creator = creator_of(run)
+                creator = self.creator(run)
             if isinstance(creator, str):
                 out[step.name] = no_creator(creator, needed)
                 continue
@@ -258,7 +266,7 @@ class Authorizer:
         """Why the run's creator may not do all of ``needed`` in the run's namespace (a
         message ending with ``purpose``, what the rights are for); None when they may. Cached
         like the verdicts on steps; an API error propagates."""
-        creator = creator_of(run)
+        creator = self.creator(run)
         if isinstance(creator, str):
             what = ", ".join(c.describe() for c in needed)
             return (

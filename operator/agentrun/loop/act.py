@@ -29,7 +29,7 @@ from agentrun.core import (
     StoreResult,
     naming,
 )
-from agentrun.core.actions import StoreRecord
+from agentrun.core.actions import CreateChild, PatchChild, StoreRecord
 from agentrun.execution import inputs, jobs, objects, proof
 from agentrun.kubeapi import api_message, finalizer_removal, tolerate
 from agentrun.loop.common import Apis, Checkpoint, log, run_fields
@@ -175,6 +175,10 @@ class Actor:
         ns = run.metadata.namespace
         if isinstance(action, CreateJob):
             self._create_job(run, action)
+        elif isinstance(action, CreateChild):
+            self._create_child(run, action)
+        elif isinstance(action, PatchChild):
+            self._patch_child(run, action)
         elif isinstance(action, DeleteJob):
             self.checkpoint("before-job-release")
             uid = self.adoption.deletable(run, action.job_name)
@@ -249,6 +253,39 @@ class Actor:
         self.observer.note_launched(run.metadata.uid, action.job_name)
         log.info("created Job %s", action.job_name, extra=ctx)
         self.checkpoint("after-job-create")
+
+    def _create_child(self, run: m.AgentRun, action: CreateChild) -> None:
+        """Create a sub-agent call's child AgentRun. One already holding its name is left
+        alone: the next pass adopts it or fails the call (agentrun.core.subagents.adopt)."""
+        ctx = run_fields(run, action.step)
+        name = str(action.manifest["metadata"]["name"])
+        with tolerate(409, *JOB_REFUSALS) as exists:
+            self.apis.custom.create_namespaced_custom_object(
+                m.GROUP, m.VERSION, run.metadata.namespace, m.PLURAL, dict(action.manifest)
+            )
+        if exists.error is not None and exists.status != 409:
+            message = api_message(exists.error)[:MAX_REFUSAL]
+            log.warning("the API refused AgentRun %s: %s", name, message, extra=ctx)
+            self.observer.note_refused(run.metadata.uid, name, message)
+            return
+        log.info("%s child AgentRun %s", "found" if exists else "created", name, extra=ctx)
+        if exists and self.wake is not None:
+            self.wake(run.metadata.namespace, run.metadata.name, run.metadata.uid)
+
+    def _patch_child(self, run: m.AgentRun, action: PatchChild) -> None:
+        """Set a child's spec.cancel and spec.suspend, for the child of that uid only."""
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": action.uid},
+            {"op": "add", "path": "/spec/cancel", "value": action.cancel},
+            {"op": "add", "path": "/spec/suspend", "value": action.suspend},
+        ]
+        with tolerate(404, 409, 422):  # gone, or another run under that name: left alone
+            self.apis.custom.patch_namespaced_custom_object(
+                m.GROUP, m.VERSION, run.metadata.namespace, m.PLURAL, action.name, patch,
+                _content_type="application/json-patch+json",
+            )  # fmt: skip
+        log.info("child AgentRun %s: cancel %s, suspend %s", action.name, action.cancel,
+                 action.suspend, extra=run_fields(run))  # fmt: skip
 
     def _start_pod(self, run: m.AgentRun, action: StartPod) -> None:
         """Remove the operator's scheduling gate from the attempt's one pod: a JSON patch

@@ -228,6 +228,10 @@ async def run_changed(
         else:
             bodies.offer(dict(body))  # before the wake: the pass starts from it
     state.scheduler.run_changed(namespace or "", name, status.get("phase"), body)
+    # A sub-agent's run changed: its parent reads the child's phase, tokens and answer.
+    for owner in body.get("metadata", {}).get("ownerReferences") or []:
+        if owner.get("controller") is True and owner.get("kind") == m.KIND:
+            state.scheduler.wake(namespace or "", str(owner.get("name", "")))
 
 
 @kopf.on.delete(m.GROUP, m.VERSION, m.PLURAL, backoff=2.0)

@@ -24,7 +24,15 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.access import audit, authz
 from agentrun.api import models as m
-from agentrun.core import CarriedSource, Observed, ObservedJob, StrayJob, agent_loop
+from agentrun.core import (
+    CarriedSource,
+    Observed,
+    ObservedJob,
+    StrayJob,
+    agent_loop,
+    naming,
+    subagents,
+)
 from agentrun.execution import inputs, jobs, objects
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
@@ -77,6 +85,9 @@ class Observer:
         self._launched: dict[str, set[str]] = {}
         """Run uid -> Jobs of attempts still Launching that this process created or saw: one
         gone without a trace is lost, not to be created again (Observed.vanished)."""
+        self._operator_user: str | None = None
+        self._acting: dict[str, subagents.ActingFor | str] = {}
+        """Run uid -> whose rights its steps use (a sub-agent's, found through its parents)."""
         self._recorded: dict[str, int] = {}
         """Run uid -> the last transition this process found or stored in the run's audit
         record, until a commit carries it into status.audit.recordedSeq."""
@@ -88,6 +99,7 @@ class Observer:
         observed = self._with_verdicts(run, observed)
         observed = self._with_tampered(run, observed)
         observed = self._with_carried_sources(run, observed)
+        observed = self._with_children(run, observed)
         return self._with_resume_source(run, observed)
 
     # -- what the other parts of a pass tell it --------------------------------------------
@@ -319,8 +331,127 @@ class Observer:
                 from kubernetes import client as kube_client
 
                 api = kube_client.AuthorizationV1Api(self.apis.core.api_client)
-            self._authorizer = authz.Authorizer(api, ttl=self.settings.rights_ttl_seconds)
+            self._authorizer = authz.Authorizer(
+                api, ttl=self.settings.rights_ttl_seconds, creator=self.acting_creator
+            )
         return self._authorizer
+
+    # -- sub-agents ---------------------------------------------------------------------------
+
+    def operator_user(self) -> str:
+        """The user the API server knows this operator as (a SelfSubjectReview, asked once):
+        the creator the admission records on the children it makes."""
+        with self._guard:
+            if self._operator_user is not None:
+                return self._operator_user
+        from kubernetes import client as kube_client
+
+        api: Any = kube_client.AuthenticationV1Api(self.apis.core.api_client)
+        review = api.create_self_subject_review(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            _preload_content=False,
+        )
+        user = (json.loads(review.data).get("status") or {}).get("userInfo", {}).get("username")
+        if not isinstance(user, str) or not user:
+            raise RuntimeError("the API server did not say who the operator is")
+        with self._guard:
+            self._operator_user = user
+        return user
+
+    def acting_for(self, run: m.AgentRun) -> subagents.ActingFor | str:
+        """Whose rights the run's steps use and the run's depth: its recorded creator (depth
+        0); for a run the operator created, the creator of the run it is the verified
+        sub-agent of (agentrun.core.subagents.acting_creator), or why there is none."""
+        creator = authz.creator_of(run)
+        if isinstance(creator, str):
+            return creator
+        groups = (run.metadata.annotations or {}).get(m.ANNOTATION_CREATED_BY_GROUPS)
+        if not _has_controller_run(run) or creator.user != self.operator_user():
+            return subagents.ActingFor(creator.user, groups, (run.metadata.name,))
+        with self._guard:
+            known = self._acting.get(run.metadata.uid)
+        if known is not None:
+            return known
+        limits = subagents.Limits()
+        body = self.ledger.read(run.metadata.namespace, run.metadata.name)
+        chain: list[dict[str, Any]] = [body] if body is not None else []
+        while chain and len(chain) <= limits.max_depth:
+            parent = _controller_run(chain[-1])
+            if parent is None:
+                break
+            found = self.ledger.read(run.metadata.namespace, parent[0])
+            if found is None or (found.get("metadata") or {}).get("uid") != parent[1]:
+                break
+            chain.append(found)
+        verdict = subagents.acting_creator(chain, creator.user, limits)
+        result: subagents.ActingFor | str = (
+            verdict.message if isinstance(verdict, subagents.Refused) else verdict
+        )
+        with self._guard:
+            self._acting[run.metadata.uid] = result
+        return result
+
+    def acting_creator(self, run: m.AgentRun) -> authz.Creator | str:
+        found = self.acting_for(run)
+        if isinstance(found, str):
+            return found
+        parsed = authz.creator_of(
+            run.model_copy(
+                update={
+                    "metadata": run.metadata.model_copy(
+                        update={
+                            "annotations": {
+                                m.ANNOTATION_CREATED_BY: found.user,
+                                **(
+                                    {m.ANNOTATION_CREATED_BY_GROUPS: found.groups}
+                                    if found.groups is not None
+                                    else {}
+                                ),
+                            }
+                        }
+                    )
+                }
+            )
+        )
+        return parsed
+
+    def _with_children(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """The AgentRuns labelled as the run's children, while a sub-agent call of its
+        current turn is in flight, with each one's answer (read by reference when it is not
+        inline, and checked against its digest); and the run's depth."""
+        ag = run.status.agent if run.status else None
+        calls = [c for c in (ag.calls if ag is not None else None) or [] if c.child]
+        depth = 0
+        if run.spec.agent is not None and any(t.agent for t in run.spec.agent.tools or []):
+            acting = self.acting_for(run)
+            depth = acting.depth if isinstance(acting, subagents.ActingFor) else 0
+        if not calls:
+            return dataclasses.replace(observed, depth=depth) if depth else observed
+        selector = f"{subagents.LABEL_PARENT_UID}={run.metadata.uid}"
+        listed = list_items(
+            self.apis.custom.list_namespaced_custom_object(
+                m.GROUP,
+                m.VERSION,
+                run.metadata.namespace,
+                m.PLURAL,
+                label_selector=selector,
+                _preload_content=False,
+            )
+        )
+        children = [self._with_answer(run.metadata.namespace, body) for body in listed]
+        return dataclasses.replace(observed, children=tuple(children), depth=depth)
+
+    def _with_answer(self, namespace: str, body: dict[str, Any]) -> subagents.ObservedChild:
+        child = subagents.observed_run(body)
+        agent = (body.get("status") or {}).get("agent") or {}
+        ref = agent.get("answerRef")
+        if child.answer is not None or not isinstance(ref, dict):
+            return child
+        stored = self.read_config_map(namespace, str(ref.get("name", "")))
+        text = ((stored or {}).get("data") or {}).get(str(ref.get("key", "")))
+        if isinstance(text, str) and naming.sha256_text(text) == agent.get("answerDigest"):
+            return dataclasses.replace(child, answer=text)
+        return child
 
     def _with_verdicts(self, run: m.AgentRun, observed: Observed) -> Observed:
         """``observed`` plus the steps the creator may not have launched and the Jobs the API
@@ -359,6 +490,23 @@ class Observer:
             if isinstance(value, str):
                 documents[(name, key)] = value
         return dataclasses.replace(observed, documents=documents)
+
+
+def _has_controller_run(run: m.AgentRun) -> bool:
+    """Whether an AgentRun controls ``run`` (only then may it be a sub-agent's run)."""
+    return any(o.controller and o.kind == m.KIND for o in run.metadata.owner_references or [])
+
+
+def _controller_run(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the AgentRun that controls ``body``, if any."""
+    for owner in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if (
+            owner.get("controller") is True
+            and owner.get("kind") == m.KIND
+            and str(owner.get("apiVersion", "")).split("/")[0] == m.GROUP
+        ):
+            return str(owner.get("name", "")), str(owner.get("uid", ""))
+    return None
 
 
 def _running_pod(job: dict[str, Any], pod: dict[str, Any]) -> bool:
