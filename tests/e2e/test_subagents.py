@@ -1,9 +1,8 @@
-"""Sub-agents' children as the API server and the garbage collector treat them, and
-``kubectl agentrun tree``.
-
-The operator does not start children yet (agentrun.core.subagents decides what it will do);
-these tests hold what those decisions rely on against a real control plane, with children
-made here as the operator will make them (:func:`agentrun.core.subagents.child_manifest`):
+"""Sub-agents end to end: an agent run on the scripted model calls a sub-agent tool, the
+operator makes the child AgentRun, the child's own turns run, and its answer is the call's
+result; cancelling the parent cancels its children. Then what those decisions rely on against
+a real control plane, with children made here as the operator makes them
+(:func:`agentrun.core.subagents.child_manifest`):
 the spec read back after the API server's defaulting still has the digest adoption compares,
 a second create of the same call's child meets AlreadyExists, ``tree`` shows the family by
 controller uid, deleting the parent deletes the family, and under the shipped admission
@@ -14,6 +13,7 @@ parent's creator.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,15 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import subagents as sa
+from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
+from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import creator_recorded, policies_bound_to
-from tests.support.cluster import bind_role, mint_user, user_subject
-from tests.support.plugin import kubectl_agentrun, ok
-from tests.support.runs import Run, create, get, gone
+from tests.support.agents import RESTART, SEARCH, agent_run
+from tests.support.cluster import StartOperator, bind_role, mint_user, user_subject
+from tests.support.plugin import LLM_COMMAND, kubectl_agentrun, ok
+from tests.support.runs import Run, create, get, gone, status_of
+from tests.support.waiting import wait_phase
 
 pytestmark = pytest.mark.usefixtures("crd_installed")
 
@@ -41,6 +45,118 @@ TOOL = sa.SubAgentTool(
     preamble="Answer in one line.",
     max_tokens=5000,
 )
+
+
+RESEARCHER: dict[str, Any] = {
+    "name": "researcher",
+    "description": "Hands one question to a researcher, who answers it.",
+    "parameters": {
+        "type": "object",
+        "properties": {"goal": {"type": "string"}},
+        "required": ["goal"],
+    },
+    "agent": {
+        "instructions": "You research one question, then answer in one line.",
+        "preamble": "Answer in one line.",
+        "tools": ["search"],
+        "maxTurns": 3,
+        "maxTokens": 8000,
+    },
+}
+
+
+@pytest.fixture
+def loop_operator(cluster: TestCluster, start_operator: StartOperator) -> OperatorProcess:
+    if cluster.external:
+        pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
+    return start_operator(env={"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND)})
+
+
+def _children(kube: KubeClients, namespace: str, parent: Run) -> list[Run]:
+    uid = parent["metadata"]["uid"]
+    found = kube.custom.list_namespaced_custom_object(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, label_selector=f"{sa.LABEL_PARENT_UID}={uid}"
+    )["items"]
+    return list(found)
+
+
+def test_a_sub_agent_call_runs_a_child_whose_answer_is_the_result_and_tokens_count(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    loop_operator: OperatorProcess,
+    model: ScriptedModel,
+) -> None:
+    """alice creates the run (the admission records her); the operator makes the child, which
+    the admission records as the operator's, and whose steps act for alice."""
+    model.add(
+        reply("", [tool_call("researcher", {"goal": "why is the cache cold?"}, "r1")]),
+        reply("The cache was flushed at 9:00."),  # the child's only turn
+        reply("Checkout is slow because the cache was flushed at 9:00."),
+    )
+    to = cluster.kubeconfig.with_name(f"{namespace}-alice.kubeconfig")
+    alice = mint_user(cluster, "alice", [], to)
+    rules = [{"apiGroups": [m.GROUP], "resources": [m.PLURAL],
+              "verbs": ["create", "get", "list", "watch"]}]  # fmt: skip
+    bind_role(kube, namespace, "alice-runs", rules, [user_subject("alice")])
+    body = agent_run("lead", model, tools=[SEARCH, RESEARCHER], budget={"maxTokens": 100000})
+    with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
+        proc = cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(body),
+                               kubeconfig=alice, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        run = wait_phase(kube, namespace, "lead", "Succeeded", timeout=180)
+    status = status_of(run)
+    assert status["agent"]["answer"] == "Checkout is slow because the cache was flushed at 9:00."
+    (child,) = _children(kube, namespace, run)
+    owner = child["metadata"]["ownerReferences"][0]
+    assert (owner["uid"], owner["controller"]) == (run["metadata"]["uid"], True)
+    assert child["spec"]["goal"] == "Answer in one line.\n\nwhy is the cache cold?"
+    assert child["spec"]["budget"]["maxTokens"] == 8000
+    assert status_of(child)["phase"] == "Succeeded"
+    assert status_of(child)["agent"]["answer"] == "The cache was flushed at 9:00."
+    # The child's answer was the call's result, and its tokens count for the parent.
+    _, second, third = model.completions()
+    assert second.messages[-1]["content"] == "Answer in one line.\n\nwhy is the cache cold?"
+    assert third.tool_answers["r1"] == "The cache was flushed at 9:00."
+    child_tokens = status_of(child)["usage"]["tokens"]
+    assert child_tokens > 0
+    own = sum(t["tokens"] for t in status["agent"]["recent"])
+    assert status["usage"]["tokens"] == own + child_tokens
+    # One child for one call, and the family as kubectl agentrun tree shows it.
+    launches = [t for t in status["history"] if t.get("reason") == "Launching"]
+    assert [t["step"] for t in launches].count("t1-0-researcher") == 1
+    tree = kubectl_agentrun(cluster, "tree", "lead", "-n", namespace)
+    assert tree.returncode == 0, tree.stderr
+    assert child["metadata"]["name"] in tree.stdout
+    assert model.refused == [], "the operator sent a request a real server refuses"
+
+
+def test_cancelling_the_parent_cancels_the_child_that_waits_for_an_approval(
+    kube: KubeClients, namespace: str, loop_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    gated_child = {**RESEARCHER, "agent": {**RESEARCHER["agent"], "tools": ["restart"]}}
+    model.add(
+        reply("", [tool_call("researcher", {"goal": "restart checkout"}, "r1")]),
+        reply("", [tool_call("restart", {"service": "checkout"}, "c1")]),  # the child's
+    )
+    body = agent_run(
+        "lead", model, tools=[SEARCH, RESTART, gated_child], budget={"maxTokens": 100000}
+    )
+    create(kube, namespace, body)
+
+    def waiting_child() -> Run | None:
+        found = _children(kube, namespace, get(kube, namespace, "lead"))
+        phases = [status_of(c).get("phase") for c in found]
+        return found[0] if phases == ["WaitingForApproval"] else None
+
+    child = wait_for("the child to wait for an approval", waiting_child, timeout=120)
+    kube.custom.patch_namespaced_custom_object(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "lead", {"spec": {"cancel": True}}
+    )
+    wait_phase(kube, namespace, "lead", "Cancelled")
+    cancelled = wait_phase(kube, namespace, child["metadata"]["name"], "Cancelled")
+    assert cancelled["spec"]["cancel"] is True
+    assert len(model.completions()) == 2  # nothing ran after the cancel
 
 
 def _parent(name: str) -> Run:
