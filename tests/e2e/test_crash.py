@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 
 from agentrun.core.naming import job_name
-from agentrun_devcluster.faults import POINTS
+from agentrun_devcluster.faults import POINTS as ALL_POINTS
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorError, OperatorProcess
 from agentrun_devcluster.testing import (
@@ -60,6 +60,9 @@ from tests.support.waiting import assert_holds
 
 pytestmark = pytest.mark.e2e
 
+CHILD_POINT = "after-child-create"
+POINTS = tuple(p for p in ALL_POINTS if p != CHILD_POINT)
+"""The crash points of runs without sub-agents (every one is reached by their passes)."""
 SEED = int(os.environ.get("AGENTRUN_CRASH_SEED") or 20260611)
 """Seed of every random choice of the crash test, printed in its assertion messages; set
 ``AGENTRUN_CRASH_SEED`` to replay a failure or to explore other schedules."""
@@ -451,12 +454,14 @@ class Life:
         )
 
 
-def choose(rng: random.Random, hits: Counter[str]) -> tuple[str, float]:
+def choose(
+    rng: random.Random, hits: Counter[str], points: tuple[str, ...] = POINTS
+) -> tuple[str, float]:
     """The next life's ``point:n`` and the moment it is killed from outside if it is still
     alive (seconds after it is ready); points not yet hit often enough are six times as
     likely and fire sooner."""
-    weights = [6 if hits[p] < MIN_HITS_PER_POINT else 1 for p in POINTS]
-    point = rng.choices(POINTS, weights=weights)[0]
+    weights = [6 if hits[p] < MIN_HITS_PER_POINT else 1 for p in points]
+    point = rng.choices(points, weights=weights)[0]
     n = rng.randint(1, 2) if hits[point] < MIN_HITS_PER_POINT else rng.randint(1, 3)
     return f"{point}:{n}", rng.uniform(0.5, 3.0)
 
@@ -469,17 +474,20 @@ class CrashDriver:
     rng: random.Random
     lives: list[Life] = field(default_factory=list)
     hits: Counter[str] = field(default_factory=Counter)
+    points: tuple[str, ...] = POINTS
 
     @property
     def kills(self) -> int:
         return sum(1 for life in self.lives if life.returncode == -9)
 
     def satisfied(self) -> bool:
-        return self.kills >= MIN_KILLS and all(self.hits[p] >= MIN_HITS_PER_POINT for p in POINTS)
+        return self.kills >= MIN_KILLS and all(
+            self.hits[p] >= MIN_HITS_PER_POINT for p in self.points
+        )
 
     def next_life(self) -> Life:
         """Choose the next crash point from the seed, start the operator with it, live."""
-        crash_at, kill_after = choose(self.rng, self.hits)
+        crash_at, kill_after = choose(self.rng, self.hits, self.points)
         offset = self.op.log_path.stat().st_size if self.op.log_path.exists() else 0
         self.op.env["AGENTRUN_CRASH_AT"] = crash_at
         self.op.start(wait_ready=False)  # a crash point may fire before it is ready
@@ -520,7 +528,7 @@ class CrashDriver:
         return sum(1 for life in self.lives if life.ended_by == "external SIGKILL")
 
     def summary(self) -> str:
-        points = ", ".join(f"{p}={self.hits[p]}" for p in POINTS)
+        points = ", ".join(f"{p}={self.hits[p]}" for p in self.points)
         return (
             f"{self.kills} kills in {len(self.lives)} lives "
             f"({sum(self.hits.values())} at crash points: {points}; "
@@ -816,3 +824,161 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
     assert driver.kills >= AGENT_MIN_KILLS, f"{context}: too few kills\n{lives}"
     missed = [p for p in POINTS if not driver.hits[p]]
     assert not missed, f"{context}: crash points never hit in agent runs: {missed}\n{lives}"
+
+
+# -- sub-agents under the same crashes ---------------------------------------------------------
+
+CHILD_CALLS = 2
+"""Sub-agent calls of each crash-test parent: one a turn, then the answer."""
+CHILD_MIN_KILLS = 8
+CHILD_CRASH_PHASE_BUDGET = 120.0
+CHILD_POINTS = ("after-intent-commit", CHILD_POINT, "after-job-create", "after-result-commit")
+
+
+@dataclass
+class FamilyModel:
+    """The model of the sub-agent crash test. A parent (offered the ``helper`` tool) calls it
+    once a turn with the goal ``crash test {parent} child {turn}`` and answers in turn
+    :data:`CHILD_CALLS` + 1; a child answers its goal at once. Every request is counted per
+    (goal, turn): a turn executed twice would show."""
+
+    asked: Counter[tuple[str, int]] = field(default_factory=Counter)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages") or []
+        goal = str(next((m["content"] for m in messages if m.get("role") == "user"), ""))
+        turn = 1 + sum(1 for m in messages if m.get("role") == "assistant")
+        with self.guard:
+            self.asked[(goal, turn)] += 1
+        if not any(t["function"]["name"] == "helper" for t in body.get("tools") or []):
+            return reply(f"answer of {goal.splitlines()[-1]}")
+        parent = goal.removeprefix("crash test ").split()[0]
+        if turn > CHILD_CALLS:
+            return reply(f"done {parent}")
+        arguments = {"goal": f"crash test {parent} child {turn}"}
+        return reply("", [tool_call("helper", arguments, f"{parent}-{turn}")])
+
+
+def family_manifest(name: str, base_url: str) -> Run:
+    helper = {
+        "name": "helper",
+        "description": "Hands a goal to a helper.",
+        "parameters": {
+            "type": "object",
+            "properties": {"goal": {"type": "string"}},
+            "required": ["goal"],
+        },
+        "agent": {"instructions": "Answer.", "maxTurns": 1, "maxTokens": 5000},
+    }
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {
+            "goal": f"crash test {name}",
+            "budget": {"maxTokens": 100000},
+            "agent": {
+                "model": {"baseURL": base_url, "name": "scripted"},
+                "tools": [helper],
+                "maxTurns": CHILD_CALLS + 1,
+            },
+        },
+    }
+
+
+def check_families(
+    kube: KubeClients, namespace: str, names: Iterable[str], model: FamilyModel, context: str
+) -> int:
+    """Every parent Succeeded with its answer, each call's result its own child's answer;
+    one child per call, never two; every turn of a parent or a child asked once. Returns the
+    number of children."""
+    children = 0
+    for name in names:
+        run = get(kube, namespace, name)
+        status = status_of(run)
+        where = f"{context}: parent {name}"
+        assert status.get("phase") == "Succeeded", f"{where}: {status}"
+        assert (status.get("agent") or {}).get("answer") == f"done {name}", f"{where}: {status}"
+        uid = run["metadata"]["uid"]
+        found = kube.custom.list_namespaced_custom_object(
+            "agentrun.dev", "v1alpha1", namespace, "agentruns",
+            label_selector=f"agentrun.dev/parent-uid={uid}",
+        )["items"]  # fmt: skip
+        calls = sorted(c["metadata"]["annotations"]["agentrun.dev/call"] for c in found)
+        assert len(found) == CHILD_CALLS, f"{where}: {len(found)} children: {calls}"
+        assert [c.split(":")[2] for c in calls] == [
+            f"{name}-{t}" for t in range(1, CHILD_CALLS + 1)
+        ], f"{where}: {calls}"
+        for child in found:
+            assert status_of(child).get("phase") == "Succeeded", f"{where}: {status_of(child)}"
+        records = kube.core.list_namespaced_config_map(
+            namespace, label_selector=f"agentrun.dev/run-uid={uid},agentrun.dev/object=transcript"
+        ).items
+        for cm in records:
+            for call in json.loads(cm.data["turn"])["toolCalls"]:
+                goal = json.loads(call["arguments"])["goal"]
+                assert call["result"] == f"answer of {goal}", f"{where}: {call}"
+        children += len(found)
+    twice = {f"{g!r} turn {t}": c for (g, t), c in model.asked.items() if c > 1}
+    assert not twice, f"{context}: turns executed more than once: {twice}"
+    return children
+
+
+def test_sub_agents_survive_an_operator_killed_at_every_crash_point(
+    start_operator: StartOperator, cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    """The crash test for sub-agents: the operator is killed while parents call their
+    sub-agents (right after a call's intent is committed, right after its child is created,
+    and anywhere from outside); every call still has one child, never two, and every parent
+    ends with its answer."""
+    if cluster.external:
+        pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
+    began = time.monotonic()
+    rng = random.Random(SEED + 2)
+    family_model = FamilyModel()
+    server = ScriptedModel(responder=family_model).start()
+    names: list[str] = []
+
+    def next_wave() -> None:
+        wave = len(names) // 3 + 1
+        for i in range(1, 4):
+            name = f"family-{wave}-{i}"
+            create(kube, namespace, family_manifest(name, server.base_url))
+            names.append(name)
+
+    try:
+        hits: Counter[str] = Counter()
+        crash_at, kill_after = choose(rng, hits, CHILD_POINTS)
+        env = {
+            **OPERATOR_ENV,
+            "AGENTRUN_CRASH_AT": crash_at,
+            "AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND),
+        }
+        driver = CrashDriver(op=start_operator(env=env), rng=rng, hits=hits, points=CHILD_POINTS)
+        next_wave()
+        driver.live(crash_at, kill_after, offset=0)
+        while (
+            not (driver.kills >= CHILD_MIN_KILLS and driver.hits[CHILD_POINT] >= 2)
+            and len(driver.lives) < MAX_CRASH_LIVES
+            and time.monotonic() - began < CHILD_CRASH_PHASE_BUDGET
+        ):
+            if all_terminal(kube, namespace, names):
+                next_wave()
+            driver.next_life()
+        lives = "\n".join(map(str, driver.lives))
+        context = f"SEED={SEED + 2}, {driver.summary()}"
+
+        driver.op.env.pop("AGENTRUN_CRASH_AT", None)
+        driver.op.start()
+        wait_all_terminal(kube, namespace, names, FINISH_TIMEOUT, f"{context}\n{lives}")
+        children = check_families(kube, namespace, names, family_model, f"{context}\n{lives}")
+    finally:
+        server.stop()
+    print(
+        f"\nsub-agent crash test summary: SEED={SEED + 2}; {len(names)} parents, {children} "
+        f"children, one per call; {driver.summary()}; total {time.monotonic() - began:.0f}s"
+        f"\n{lives}"
+    )
+    assert driver.kills >= CHILD_MIN_KILLS, f"{context}: too few kills\n{lives}"
+    assert driver.hits[CHILD_POINT], f"{context}: never killed right after a child's create"

@@ -269,8 +269,11 @@ class Actor:
             self.observer.note_refused(run.metadata.uid, name, message)
             return
         log.info("%s child AgentRun %s", "found" if exists else "created", name, extra=ctx)
-        if exists and self.wake is not None:
-            self.wake(run.metadata.namespace, run.metadata.name, run.metadata.uid)
+        if exists:
+            if self.wake is not None:
+                self.wake(run.metadata.namespace, run.metadata.name, run.metadata.uid)
+            return
+        self.checkpoint("after-child-create")
 
     def _patch_child(self, run: m.AgentRun, action: PatchChild) -> None:
         """Set a child's spec.cancel and spec.suspend, for the child of that uid only."""

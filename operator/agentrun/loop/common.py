@@ -20,6 +20,7 @@ log = logging.getLogger("agentrun.reconciler")
 CHECKPOINTS = (
     "after-intent-commit",
     "after-job-create",
+    "after-child-create",
     "after-pod-start",
     "after-result-store",
     "before-result-commit",
