@@ -34,7 +34,7 @@ import shlex
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -643,6 +643,21 @@ def test_two_operators_at_once_create_every_job_once_and_resolve_conflicts(
     assert sum(conflicts) > 0, f"{context}: the two operators never collided"
 
 
+def live_until(
+    driver: CrashDriver,
+    enough: Callable[[], bool],
+    wave_done: Callable[[], bool],
+    next_wave: Callable[[], None],
+    deadline: float,
+) -> None:
+    """Crash lives until ``enough`` (or too many lives, or the ``deadline`` on the monotonic
+    clock), with a new wave of runs each time the last one is done."""
+    while not enough() and len(driver.lives) < MAX_CRASH_LIVES and time.monotonic() < deadline:
+        if wave_done():
+            next_wave()
+        driver.next_life()
+
+
 # -- agent runs under the same crashes -------------------------------------------------------
 
 AGENT_TURNS = 4
@@ -786,17 +801,16 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
         driver = CrashDriver(op=start_operator(env=env), rng=rng, hits=hits)
         next_wave()
         driver.live(crash_at, kill_after, offset=0)
-        while (
-            not (
+        live_until(
+            driver,
+            lambda: (
                 driver.kills >= AGENT_MIN_KILLS
                 and all(driver.hits[p] >= MIN_HITS_PER_POINT for p in POINTS)
-            )
-            and len(driver.lives) < MAX_CRASH_LIVES
-            and time.monotonic() - began < AGENT_CRASH_PHASE_BUDGET
-        ):
-            if all_terminal(kube, namespace, names):
-                next_wave()
-            driver.next_life()
+            ),
+            lambda: all_terminal(kube, namespace, names),
+            next_wave,
+            began + AGENT_CRASH_PHASE_BUDGET,
+        )
         lives = "\n".join(map(str, driver.lives))
         context = f"SEED={SEED + 1}, {driver.summary()}"
 
@@ -958,14 +972,13 @@ def test_sub_agents_survive_an_operator_killed_at_every_crash_point(
         driver = CrashDriver(op=start_operator(env=env), rng=rng, hits=hits, points=CHILD_POINTS)
         next_wave()
         driver.live(crash_at, kill_after, offset=0)
-        while (
-            not (driver.kills >= CHILD_MIN_KILLS and driver.hits[CHILD_POINT] >= 2)
-            and len(driver.lives) < MAX_CRASH_LIVES
-            and time.monotonic() - began < CHILD_CRASH_PHASE_BUDGET
-        ):
-            if all_terminal(kube, namespace, names):
-                next_wave()
-            driver.next_life()
+        live_until(
+            driver,
+            lambda: driver.kills >= CHILD_MIN_KILLS and driver.hits[CHILD_POINT] >= 2,
+            lambda: all_terminal(kube, namespace, names),
+            next_wave,
+            began + CHILD_CRASH_PHASE_BUDGET,
+        )
         lives = "\n".join(map(str, driver.lives))
         context = f"SEED={SEED + 2}, {driver.summary()}"
 

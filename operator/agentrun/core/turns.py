@@ -318,29 +318,46 @@ def context_inputs(
     return env, {CONTEXT_INPUT: ctx.digest}
 
 
-def tool_call_step(turn: int, call: a.ToolCallStatus, tool: a.AgentTool) -> m.Step:
-    """The step of a valid tool call: the tool's container with the call's arguments."""
-    assert call.step is not None and tool.container is not None
-    own = [e for e in tool.container.env or [] if e.name not in RESERVED_ENV]
-    env = [
-        *own,
-        _env(ENV_TOOL_NAME, tool.name),
+def _call_env(tool: str, call: a.ToolCallStatus, turn: int) -> list[m.EnvVar]:
+    """What every tool call's step gets: the tool, the call's id, the turn, the arguments."""
+    return [
+        _env(ENV_TOOL_NAME, tool),
         _env(ENV_TOOL_CALL_ID, call.id),
         _env(ENV_TURN, str(turn)),
         _env(ENV_TOOL_ARGS, call.arguments),
     ]
-    container = tool.container.model_copy(update={"env": env})
+
+
+def _call_step(
+    call: a.ToolCallStatus,
+    description: str,
+    container: m.ContainerAction,
+    tool: a.AgentTool | mcp_api.McpTool,
+    *,
+    limited: bool = True,
+) -> m.Step:
+    """The step of a valid call: gated and limited as its tool says (not ``limited``: no
+    retries and no deadline, as for a sub-agent, whose child has its own); a refused call is
+    answered to the model and the run goes on."""
+    assert call.step is not None
     return m.Step.model_construct(
         name=call.step,
-        description=f"turn {turn}: call {call.id} of {tool.name}",
+        description=description,
         container=container,
         risk=tool.risk,
         approval=tool.approval,
-        # A refused call is answered to the model; the run goes on.
         on_rejection=m.OnRejection.SKIP_STEP,
-        retry=tool.retry,
-        timeout_seconds=tool.timeout_seconds,
+        retry=tool.retry if limited else None,
+        timeout_seconds=tool.timeout_seconds if limited else None,
     )
+
+
+def tool_call_step(turn: int, call: a.ToolCallStatus, tool: a.AgentTool) -> m.Step:
+    """The step of a valid tool call: the tool's container with the call's arguments."""
+    assert call.step is not None and tool.container is not None
+    own = [e for e in tool.container.env or [] if e.name not in RESERVED_ENV]
+    container = tool.container.model_copy(update={"env": [*own, *_call_env(tool.name, call, turn)]})
+    return _call_step(call, f"turn {turn}: call {call.id} of {tool.name}", container, tool)
 
 
 def dynamic_steps(
@@ -411,24 +428,13 @@ def mcp_call_step(
     env = [
         *_server_env(server),
         _env(ENV_MCP_PINNED, pinned.model_dump_json(by_alias=True, exclude_none=True)),
-        _env(ENV_TOOL_NAME, tool.name),
-        _env(ENV_TOOL_CALL_ID, call.id),
-        _env(ENV_TURN, str(turn)),
-        _env(ENV_TOOL_ARGS, call.arguments),
+        *_call_env(tool.name, call, turn),
     ]
     container = m.ContainerAction.model_construct(
         image=image, command=program_command(command, "mcp", "call"), env=env
     )
-    return m.Step.model_construct(
-        name=call.step,
-        description=f"turn {turn}: call {call.id} of {tool.name} (MCP server {server.name})",
-        container=container,
-        risk=tool.risk,
-        approval=tool.approval,
-        on_rejection=m.OnRejection.SKIP_STEP,
-        retry=tool.retry,
-        timeout_seconds=tool.timeout_seconds,
-    )
+    description = f"turn {turn}: call {call.id} of {tool.name} (MCP server {server.name})"
+    return _call_step(call, description, container, tool)
 
 
 def child_agent(agent: a.Agent, status: a.AgentStatus | None, tool: a.AgentTool) -> a.Agent:
@@ -469,26 +475,12 @@ def child_call_step(
     AgentRun (never a Job). Its environment (so its args hash, which an approval names) holds
     the declaration, the arguments and the budget carved for the child."""
     assert call.step is not None and call.child is not None
-    env = [
-        _env(ENV_TOOL_NAME, tool.name),
-        _env(ENV_TOOL_CALL_ID, call.id),
-        _env(ENV_TURN, str(turn)),
-        _env(ENV_TOOL_ARGS, call.arguments),
-        _env(ENV_SUBAGENT, declaration(agent, status, tool)),
-    ]
+    env = [*_call_env(tool.name, call, turn), _env(ENV_SUBAGENT, declaration(agent, status, tool))]
     if call.child.tokens is not None:
         env.append(_env(ENV_CHILD_TOKENS, str(call.child.tokens)))
     container = m.ContainerAction.model_construct(image=CHILD_IMAGE, command=None, env=env)
-    return m.Step.model_construct(
-        name=call.step,
-        description=f"turn {turn}: call {call.id} of {tool.name} (a sub-agent)",
-        container=container,
-        risk=tool.risk,
-        approval=tool.approval,
-        on_rejection=m.OnRejection.SKIP_STEP,
-        retry=None,
-        timeout_seconds=None,
-    )
+    description = f"turn {turn}: call {call.id} of {tool.name} (a sub-agent)"
+    return _call_step(call, description, container, tool, limited=False)
 
 
 def child_call(status: a.AgentStatus | None, step: str) -> a.ToolCallStatus | None:
