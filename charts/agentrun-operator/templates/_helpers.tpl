@@ -81,11 +81,12 @@ and allows no 403.
   resources: [jobs]
   verbs: [get, list, watch, create, delete, patch]
 # Step pods are created by the Job controller, never by the operator: it reads them
-# (watched: termination messages), lets one pod per attempt start (a JSON patch removing its
-# agentrun.dev/start scheduling gate) and removes those of a deleted run.
+# (watched: termination messages; read fresh before it lets one start), lets one pod per
+# attempt start (a JSON patch removing its agentrun.dev/start scheduling gate) and removes
+# those of a deleted run.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, patch, deletecollection]
+  verbs: [get, list, watch, patch, deletecollection]
 # Result objects, the audit record and agent runs' records: created, appended to (update),
 # read by label or by name (an agent run's context document), removed with their run.
 - apiGroups: [""]
