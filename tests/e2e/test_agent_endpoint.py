@@ -184,7 +184,7 @@ def test_without_the_policy_the_operator_fails_the_run_and_the_key_goes_nowhere(
     assert status["message"].startswith(
         "spec.agent.model.baseURL changed after the run started (baseURL was "
         f"{keyed.model.base_url}, now {keyed.attacker.base_url}): the model endpoint, its API "
-        "key and the tools are fixed at creation"
+        "key, the tools and the MCP servers are fixed at creation"
     ), status["message"]
     assert status["message"].endswith("(spec last changed by mallory)"), status["message"]
     # What the turns use stayed carol's.
@@ -227,7 +227,7 @@ def test_with_the_policy_the_patch_is_refused_and_the_run_goes_on(keyed: Keyed) 
         assert refused.returncode != 0, f"the patch was admitted: {refused.stdout}"
         assert (
             "spec.agent.model.baseURL: cannot change after creation: the model endpoint, its API "
-            "key Secret and the tools decide where the run's API key is sent"
+            "key Secret, the tools and the MCP servers decide where the run's Secrets are sent"
         ) in refused.stderr, refused.stderr
         run = wait_phase(keyed.kube, keyed.namespace, RUN, "Succeeded")
     assert status_of(run)["agent"]["answer"] == "the cache is cold"

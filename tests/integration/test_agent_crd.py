@@ -114,12 +114,14 @@ INVALID = [
     (
         "tool-choice-unknown-tool",
         {"toolChoice": "nope"},
-        "toolChoice must be auto, none, required or the name of one of spec.agent.tools",
+        "toolChoice must be auto, none, required or the name of one of the tools of "
+        "spec.agent.tools or spec.agent.mcpServers",
     ),
     (
         "tool-choice-required-without-tools",
         {"tools": None, "toolChoice": "required"},
-        "toolChoice must be auto, none, required or the name of one of spec.agent.tools",
+        "toolChoice must be auto, none, required or the name of one of the tools of "
+        "spec.agent.tools or spec.agent.mcpServers",
     ),
     ("tool-choice-not-a-name", {"toolChoice": "any tool"}, "should match"),
     (
