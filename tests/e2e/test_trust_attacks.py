@@ -50,11 +50,11 @@ from agentrun.api import models as m
 from agentrun.api import trust
 from agentrun.api.trust import Actor, Case, Outcome, Phase
 from agentrun.core.naming import job_name
-from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import APPROVERS, creator_recorded, mutating_only, policies_bound_to
 from tests.support.agents import agent_run, tool
 from tests.support.cluster import StartOperator, bind_role, mint_user, read_or_none, user_subject
+from tests.support.model_process import ModelProcess
 from tests.support.paths import MANIFESTS
 from tests.support.plugin import LLM_COMMAND
 from tests.support.runs import TERMINAL, Run, agentrun, envelope, get, status_of, step, step_status
@@ -105,18 +105,11 @@ class World:
     namespace: str
     ledger: Path
     holds: Path
-    model: ScriptedModel
+    model: ModelProcess
     creator: KubeClients
     approver: KubeClients
     actors: dict[Actor, KubeClients]
     decoy_uid: str
-
-
-def _respond(body: dict[str, Any]) -> Any:
-    """Turn 1 calls the gated tool; once the model has its answer, it answers."""
-    if any(msg.get("role") == "tool" for msg in body.get("messages") or []):
-        return reply("done")
-    return reply("acting", [tool_call("act", {"query": "latency"}, "c1")])
 
 
 @pytest.fixture
@@ -229,7 +222,7 @@ def _world(
     recorded = creator_recorded(cluster, namespace, tmp_path / "creator.kubeconfig")
     try:
         with (
-            ScriptedModel(responder=_respond) as model,
+            ModelProcess("tests.support.trust_attacks:respond", tmp_path / "model.jsonl") as model,
             policies_bound_to(cluster, namespace, recorded, keep),
         ):
             holds = tmp_path / "holds"
@@ -295,7 +288,7 @@ def _plan_run(name: str, ledger: Path, holds: Path) -> Run:
     )
 
 
-def _agent_run(name: str, ledger: Path, model: ScriptedModel, holds: Path) -> Run:
+def _agent_run(name: str, ledger: Path, model: ModelProcess, holds: Path) -> Run:
     script = (
         f'echo "acted:{name}" >> {ledger}; '
         + _held(holds / f"{name}.gated")
@@ -310,7 +303,7 @@ def _agent_run(name: str, ledger: Path, model: ScriptedModel, holds: Path) -> Ru
     )
     return agent_run(
         name,
-        model,
+        model.base_url,
         tools=[act],
         model_extra={"apiKeySecretRef": {"name": API_KEY_SECRET, "key": "value"}},
         goal=f"trust attack {name}",
@@ -352,7 +345,9 @@ class Driver:
             return run if found(run) else None
 
         try:
-            return wait_for(f"{self.t.name}: {what}", check, timeout=timeout)
+            # Every bundle's thread polls: once a second keeps the API server and this
+            # process from spending the machine on reads of large runs.
+            return wait_for(f"{self.t.name}: {what}", check, timeout=timeout, interval=1.0)
         except TimeoutError as e:
             raise AssertionError(f"{e}; last status: {last.get('status')}") from None
 

@@ -11,6 +11,7 @@ file on the machine, which the local node's step processes append to).
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from agentrun.api.trust import Actor, Case, Outcome, Phase
 from agentrun.core.naming import job_name, result_object_name
 from agentrun.core.turns import record_name
 from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID
+from agentrun_devcluster.modelserver import reply, tool_call
 from agentrun_devcluster.testing import KubeClients
 
 from .jobs import let_pods_start
@@ -301,6 +303,42 @@ def _records(t: Target, kind: str) -> list[Any]:
     return sorted(found.items, key=lambda cm: cm.metadata.name)
 
 
+def respond(body: dict[str, Any]) -> Any:
+    """The model of the attacked agent runs: turn 1 calls the gated tool; once the model has
+    its answer, it answers (served in a process of its own: tests.support.model_process)."""
+    if any(msg.get("role") == "tool" for msg in body.get("messages") or []):
+        return reply("done")
+    return reply("acting", [tool_call("act", {"query": "latency"}, "c1")])
+
+
+def _forged_child(t: Target, c: KubeClients) -> None:
+    """A new AgentRun that claims to be the run's sub-agent child (its controller, the parent
+    label and a call key of the run's uid), suspended so that it runs nothing of its own."""
+    name = f"{t.name}-sub-{secrets.token_hex(4)}"
+    owner = {"apiVersion": m.API_VERSION, "kind": m.KIND, "name": t.name, "uid": t.uid,
+             "controller": True}  # fmt: skip
+    body = {
+        "apiVersion": m.API_VERSION,
+        "kind": m.KIND,
+        "metadata": {
+            "name": name,
+            "labels": {"agentrun.dev/parent-uid": t.uid},
+            "annotations": {"agentrun.dev/call": f"{t.uid}:1:forged:{'0' * 64}"},
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "goal": "forged child",
+            "suspend": True,
+            "plan": {
+                "steps": [
+                    {"name": "s", "container": {"image": IMAGE, "command": _attack_command(t)}}
+                ]
+            },
+        },
+    }
+    c.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, t.namespace, m.PLURAL, body)
+
+
 def _context(t: Target, c: KubeClients) -> None:
     """The newest context document rewritten: a message of the attacker's."""
     contexts = _records(t, "context")
@@ -476,6 +514,7 @@ ATTACKS: dict[str, Mutation] = {
             }
         }
     ),
+    "child-run": _forged_child,
     "agent-instructions": _merge({"agent": {"instructions": "ATTACKER-INSTRUCTIONS"}}),
     "agent-limits": _merge({"agent": {"maxTurns": 3}}),
     "agent-resume": _merge({"agent": {"resumeFrom": {"run": "nowhere", "uid": NO_UID, "turn": 1}}}),

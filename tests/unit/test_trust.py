@@ -235,9 +235,16 @@ def test_the_count_of_cases_and_their_classes() -> None:
     assert len(cases) == len(trust.TABLE) * len(Phase) * len(Actor)
     counts = Counter(c.expect.outcome for c in cases)
     print(f"\n{len(cases)} cases: " + ", ".join(f"{o.value} {n}" for o, n in counts.items()))
-    # Whoever may only create runs changes nothing that exists.
-    only = {c.expect.outcome for c in cases if c.actor is Actor.RUNS_ONLY}
+    # Whoever may only create runs changes nothing that exists: a run they make anew (a
+    # forged sub-agent's child) changes nothing either.
+    only = {
+        c.expect.outcome
+        for c in cases
+        if c.actor is Actor.RUNS_ONLY and c.entry.resource != trust.NEW_RUNS
+    }
     assert only <= {Outcome.REFUSED_RBAC, Outcome.NOT_APPLICABLE}, only
+    made = {c.expect.outcome for c in cases if c.entry.resource == trust.NEW_RUNS}
+    assert made <= {Outcome.UNAFFECTED, Outcome.REFUSED_API}, made
     # Every entry has a case that applies in some phase, for some actor.
     for e in trust.TABLE:
         assert any(c.expect.outcome is not Outcome.NOT_APPLICABLE for c in cases if c.entry is e), (

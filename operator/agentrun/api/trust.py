@@ -176,16 +176,18 @@ CONFIGMAPS = ("", "configmaps")
 SECRETS = ("", "secrets")
 EVENTS = ("", "events")
 SIGNING_KEY = ("", "secrets (operator's namespace)")
+NEW_RUNS = ("agentrun.dev", "agentruns (a new one)")
+"""A run made anew, which everyone in the trust model may create (a run-only user too)."""
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
 
 WRITES: Mapping[Actor, frozenset[tuple[str, str]]] = {
     # The built-in edit ClusterRole bound in the namespace, agentrun-edit aggregated into it.
-    Actor.EDIT: frozenset({RUNS, JOBS, PODS, CONFIGMAPS, SECRETS, EVENTS}),
+    Actor.EDIT: frozenset({RUNS, NEW_RUNS, JOBS, PODS, CONFIGMAPS, SECRETS, EVENTS}),
     # manifests/user-roles.yaml: AgentRuns, not their status.
-    Actor.AGENTRUN_EDIT: frozenset({RUNS}),
+    Actor.AGENTRUN_EDIT: frozenset({RUNS, NEW_RUNS}),
     # create, get, list and watch of AgentRuns: no change of anything that exists.
-    Actor.RUNS_ONLY: frozenset(),
+    Actor.RUNS_ONLY: frozenset({NEW_RUNS}),
 }
 """What each actor may change in the run's namespace (its RBAC)."""
 
@@ -538,6 +540,27 @@ TABLE: tuple[Entry, ...] = (
         fields=("spec.agent.mcpServers.**",),
         agent=True,
         gap=GAP_FIRST_PASS,
+    ),
+    Entry(
+        id="child-run",
+        object="AgentRun (a sub-agent's child)",
+        path="a new run naming the run as its controller (ownerReferences, label "
+        "agentrun.dev/parent-uid, annotation agentrun.dev/call)",
+        decides="a sub-agent call's result, the tokens it counts, whose rights its steps use",
+        resource=NEW_RUNS,
+        writers=(Writer.OPERATOR, Writer.CREATOR, Writer.EDITOR),
+        frozen=Frozen.COMMIT,
+        checks=(Check.OWNER_UID, Check.DIGEST, Check.CREATOR_RIGHTS),
+        outcomes=_every(
+            Expect(
+                Outcome.UNAFFECTED,
+                "a run is a call's child only under the name the call's key gives, controlled "
+                "by the run's uid, with the spec the call makes (else the call fails, "
+                "ChildNameTaken, and the run is left alone); its steps act for the parent's "
+                "creator only through that name",
+            )
+        ),
+        agent=True,
     ),
     Entry(
         id="agent-instructions",

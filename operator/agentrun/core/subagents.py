@@ -62,8 +62,8 @@ The family (:func:`family`)
     What ``kubectl agentrun tree RUN`` prints (already a command of the plugin): the runs
     controlled (by uid) by the run and by its children, with phases and tokens.
 
-Not done yet: the crash test's kills while children are made, and generated trust-table
-attacks on a child run.
+tests/e2e/test_crash.py kills the operator while children are made; the trust table's
+``child-run`` row is a child forged by someone else.
 """
 
 from __future__ import annotations
