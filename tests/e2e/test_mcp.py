@@ -1,7 +1,8 @@
 """Tools from MCP servers, end to end: the operator as its own process launches
 ``agentrun step mcp discover|call`` as step Jobs in the run's namespace; on the local node
 their pods reach a real MCP server (tests/support/mcp_server.py, made with the official SDK)
-over streamable HTTP on a leased port of 127.0.0.1.
+over streamable HTTP on a leased port of 127.0.0.1; the server runs as a pod on the same
+local node (a process with the node's network, as the steps are).
 
 The first tests run the two commands as plan steps (the server entry and the pinned tool in
 the environment, a header's value from a Secret, the step's own idempotency key); the last ones
@@ -11,10 +12,10 @@ the way the loop runs them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import anyio
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.mcp import McpServer
 from agentrun.core.mcp import tool_digest
@@ -42,7 +44,7 @@ from tests.support.cluster import (
     user_subject,
 )
 from tests.support.plugin import LLM_COMMAND, kubectl_agentrun
-from tests.support.runs import Run, agentrun, create, get, status_of, step, step_status
+from tests.support.runs import IMAGE, Run, agentrun, create, get, status_of, step, step_status
 from tests.support.waiting import wait_phase, wait_step_phase
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,41 +60,66 @@ def _local_node_only(cluster: TestCluster) -> None:
 
 
 class Server:
-    """The test MCP server as a process on a leased port; restarted to change its tools."""
+    """The test MCP server as a pod on the local node (which runs its command as a process
+    with the node's network), on a leased port; stopped by deleting the pod, and started again
+    as a new pod (``wide``: with another schema of ``add``)."""
 
-    def __init__(self, lease: PortLease, log: Path) -> None:
+    def __init__(self, kube: KubeClients, namespace: str, lease: PortLease, log: Path) -> None:
+        self.kube = kube
+        self.namespace = namespace
         self.port = lease.port
         self.log = log
         self.url = f"http://127.0.0.1:{self.port}/mcp"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.pod: str | None = None
+        self.started = 0
 
     def start(self, *, wide: bool = False) -> None:
+        self.started += 1
+        self.pod = f"mcp-server-{self.started}"
         command = [sys.executable, "-m", "tests.support.mcp_server"]
-        command += ["--port", str(self.port), "--log", str(self.log)]
-        self.proc = subprocess.Popen([*command, *(["--wide"] if wide else [])], cwd=REPO)
-        wait_for(f"the MCP server on port {self.port}", self._listening, timeout=60)
+        command += ["--port", str(self.port), "--log", str(self.log), *(["--wide"] if wide else [])]
+        container = {"name": "server", "image": IMAGE, "command": command, "workingDir": str(REPO)}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": self.pod, "labels": {"app": "mcp-server"}},
+            "spec": {"restartPolicy": "Never", "containers": [container]},
+        }
+        self.kube.core.create_namespaced_pod(self.namespace, body)
+        wait_for(f"the MCP server's pod {self.pod} on port {self.port}", self._listening,
+                 timeout=90)  # fmt: skip
+
+    def _phase(self) -> str | None:
+        assert self.pod is not None
+        pod = self.kube.core.read_namespaced_pod(self.pod, self.namespace)
+        return pod.status.phase if pod.status else None
 
     def _listening(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the MCP server exited with {self.proc.returncode}")
+        if self._phase() in ("Succeeded", "Failed"):
+            raise RuntimeError(f"the MCP server's pod {self.pod} ended: {self._phase()}")
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
+    def _closed(self) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) != 0
+
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        self.proc = None
+        if self.pod is None:
+            return
+        with contextlib.suppress(ApiException):
+            self.kube.core.delete_namespaced_pod(self.pod, self.namespace, grace_period_seconds=0)
+        wait_for(f"the MCP server's pod {self.pod} to stop", self._closed, timeout=60)
+        self.pod = None
 
     def calls(self) -> list[dict[str, Any]]:
         return mcp_server.calls(self.log)
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
+def server(kube: KubeClients, namespace: str, tmp_path: Path) -> Iterator[Server]:
     with lease_ports(1) as lease:
-        found = Server(lease, tmp_path / "calls.jsonl")
+        found = Server(kube, namespace, lease, tmp_path / "calls.jsonl")
         found.start()
         try:
             yield found
