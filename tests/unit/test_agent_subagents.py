@@ -178,6 +178,19 @@ def test_cancelling_the_parent_cancels_its_running_children() -> None:
     assert sim.children[name]["spec"]["cancel"] is True
 
 
+def test_cancelling_the_parent_cancels_a_child_made_but_not_adopted_yet() -> None:
+    sim = _sim()
+    sim.answer("", [call("researcher", {"goal": "x"}, "r1")])
+    (name,) = sim.children
+    # The create was carried out, and the run cancelled before a pass adopted the child.
+    sim.agent.calls[0].child.uid = None
+    sim.step_status("t1-0-researcher").phase = SP.LAUNCHING
+    sim.spec_update(cancel=True)
+    sim.settle()
+    assert sim.status.phase == m.RunPhase.CANCELLED
+    assert sim.children[name]["spec"]["cancel"] is True
+
+
 def test_suspending_the_parent_suspends_its_children_and_resuming_resumes_them() -> None:
     sim = _sim()
     name = _delegated(sim)

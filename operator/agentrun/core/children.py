@@ -183,6 +183,13 @@ def switches(b: Builder, cancel: bool = False) -> None:
     mine = {c.uid: c for c in _in_flight(b) if c.uid is not None}
     carved = {uid: UNLIMITED if c.tokens is None else c.tokens for uid, c in mine.items() if uid}
     found = [c for c in b.observed.children if c.uid in mine]
+    if cancel:  # a child created but not adopted yet is the run's when it is controlled by it
+        named = {c.name for c in _in_flight(b) if c.uid is None and c.name}
+        found += [
+            c
+            for c in b.observed.children
+            if c.name in named and c.controller_uid == b.run.metadata.uid
+        ]
     wanted = subagents.child_switches(
         cancel or bool(b.run.spec.cancel), bool(b.run.spec.suspend), found, carved
     )
