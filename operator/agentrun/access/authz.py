@@ -146,7 +146,12 @@ def creator_of(run: m.AgentRun) -> Creator | str:
     user = annotations.get(m.ANNOTATION_CREATED_BY)
     if not user:
         return f"the run has no recorded creator (annotation {m.ANNOTATION_CREATED_BY})"
-    raw = annotations.get(m.ANNOTATION_CREATED_BY_GROUPS)
+    return creator_from(user, annotations.get(m.ANNOTATION_CREATED_BY_GROUPS))
+
+
+def creator_from(user: str, raw: str | None) -> Creator | str:
+    """``user`` with the groups recorded beside it (JSON text, as the admission writes them;
+    None: none recorded), or why they cannot be read."""
     if raw is None:
         return Creator(user)
     try:

@@ -342,24 +342,27 @@ def child_manifest(
     }
 
 
+def controller_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the AgentRun that controls ``body`` (a plain body): its ownerReference
+    of kind AgentRun in this API group with controller true; None when there is none."""
+    for owner in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if (
+            isinstance(owner, Mapping)
+            and owner.get("controller") is True
+            and owner.get("kind") == m.KIND
+            and str(owner.get("apiVersion", "")).split("/")[0] == m.GROUP
+        ):
+            return str(owner.get("name", "")), str(owner.get("uid", ""))
+    return None
+
+
 def observed_run(body: Mapping[str, Any]) -> ObservedChild:
     """An AgentRun as read from the API (a plain body), for adoption and the family: its
     controller is an ownerReference of kind AgentRun in this API group with controller true.
     The answer is taken only when inline (``status.agent.answer``); one kept by reference is
     for the shell to read and check against ``answerDigest``."""
     meta = body.get("metadata") or {}
-    owners = meta.get("ownerReferences") or []
-    controller = next(
-        (
-            o.get("uid")
-            for o in owners
-            if isinstance(o, Mapping)
-            and o.get("controller") is True
-            and o.get("kind") == m.KIND
-            and str(o.get("apiVersion", "")).split("/")[0] == m.GROUP
-        ),
-        None,
-    )
+    controller = controller_of(body)
     status = body.get("status") or {}
     usage = status.get("usage") or {}
     agent = status.get("agent") or {}
@@ -374,7 +377,7 @@ def observed_run(body: Mapping[str, Any]) -> ObservedChild:
     return ObservedChild(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
-        controller_uid=str(controller) if controller else None,
+        controller_uid=(controller[1] or None) if controller else None,
         spec_digest=spec_digest(spec) if isinstance(spec, Mapping) else None,
         phase=phase,
         tokens=tokens if type(tokens) is int and tokens >= 0 else 0,
@@ -421,7 +424,8 @@ class ActingFor:
 
 
 def _controller(body: Mapping[str, Any]) -> str | None:
-    return observed_run(body).controller_uid
+    found = controller_of(body)
+    return (found[1] or None) if found else None
 
 
 def acting_creator(

@@ -20,6 +20,7 @@ from typing import Protocol
 from agentrun.api import agent as a
 from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
+from agentrun.api.base import SecretKeySelector
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming
 from agentrun.core.actions import Action
@@ -233,6 +234,14 @@ def _env(name: str, value: str) -> m.EnvVar:
     return m.EnvVar.model_construct(name=name, value=value, value_from=None)
 
 
+def _secret_env(name: str, ref: SecretKeySelector) -> m.EnvVar:
+    """``name`` from a key of a Secret of the run's namespace."""
+    return m.EnvVar(
+        name=name,
+        value_from=m.EnvVarSource(secret_key_ref=m.SecretKeySelector(name=ref.name, key=ref.key)),
+    )
+
+
 def model_of(agent: a.Agent, status: a.AgentStatus | None) -> a.ModelEndpoint:
     """The model the run's turns call: ``spec.agent.model`` as frozen on the operator's first
     pass (:mod:`agentrun.core.frozen`), never the spec as it reads now. The spec only for a
@@ -274,15 +283,7 @@ def model_turn_step(
     if choice is not None:
         env.append(_env(ENV_MODEL_TOOL_CHOICE, choice))
     if model.api_key_secret_ref is not None:
-        ref = model.api_key_secret_ref
-        env.append(
-            m.EnvVar(
-                name=ENV_MODEL_API_KEY,
-                value_from=m.EnvVarSource(
-                    secret_key_ref=m.SecretKeySelector(name=ref.name, key=ref.key)
-                ),
-            )
-        )
+        env.append(_secret_env(ENV_MODEL_API_KEY, model.api_key_secret_ref))
     container = m.ContainerAction.model_construct(image=image, command=command, env=env)
     return m.Step.model_construct(
         name=model_step(ctx.turn),
@@ -378,16 +379,10 @@ def _server_env(server: mcp_api.McpServer) -> list[m.EnvVar]:
     """The server's entry (its headers by Secret reference only) and each header's value from
     its Secret: the environment of ``agentrun step mcp``."""
     env = [_env(ENV_MCP_SERVER, server.model_dump_json(by_alias=True, exclude_none=True))]
-    for i, header in enumerate(server.headers or []):
-        ref = header.secret_key_ref
-        env.append(
-            m.EnvVar(
-                name=f"{ENV_MCP_HEADER}{i}",
-                value_from=m.EnvVarSource(
-                    secret_key_ref=m.SecretKeySelector(name=ref.name, key=ref.key)
-                ),
-            )
-        )
+    env += [
+        _secret_env(f"{ENV_MCP_HEADER}{i}", header.secret_key_ref)
+        for i, header in enumerate(server.headers or [])
+    ]
     return env
 
 

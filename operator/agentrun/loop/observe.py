@@ -376,7 +376,7 @@ class Observer:
         body = self.ledger.read(run.metadata.namespace, run.metadata.name)
         chain: list[dict[str, Any]] = [body] if body is not None else []
         while chain and len(chain) <= limits.max_depth:
-            parent = _controller_run(chain[-1])
+            parent = subagents.controller_of(chain[-1])
             if parent is None:
                 break
             found = self.ledger.read(run.metadata.namespace, parent[0])
@@ -395,25 +395,7 @@ class Observer:
         found = self.acting_for(run)
         if isinstance(found, str):
             return found
-        parsed = authz.creator_of(
-            run.model_copy(
-                update={
-                    "metadata": run.metadata.model_copy(
-                        update={
-                            "annotations": {
-                                m.ANNOTATION_CREATED_BY: found.user,
-                                **(
-                                    {m.ANNOTATION_CREATED_BY_GROUPS: found.groups}
-                                    if found.groups is not None
-                                    else {}
-                                ),
-                            }
-                        }
-                    )
-                }
-            )
-        )
-        return parsed
+        return authz.creator_from(found.user, found.groups)
 
     def _with_children(self, run: m.AgentRun, observed: Observed) -> Observed:
         """The AgentRuns labelled as the run's children, while a sub-agent call of its
@@ -495,18 +477,6 @@ class Observer:
 def _has_controller_run(run: m.AgentRun) -> bool:
     """Whether an AgentRun controls ``run`` (only then may it be a sub-agent's run)."""
     return any(o.controller and o.kind == m.KIND for o in run.metadata.owner_references or [])
-
-
-def _controller_run(body: dict[str, Any]) -> tuple[str, str] | None:
-    """(name, uid) of the AgentRun that controls ``body``, if any."""
-    for owner in (body.get("metadata") or {}).get("ownerReferences") or []:
-        if (
-            owner.get("controller") is True
-            and owner.get("kind") == m.KIND
-            and str(owner.get("apiVersion", "")).split("/")[0] == m.GROUP
-        ):
-            return str(owner.get("name", "")), str(owner.get("uid", ""))
-    return None
 
 
 def _running_pod(job: dict[str, Any], pod: dict[str, Any]) -> bool:
