@@ -77,9 +77,12 @@ ARGS_HASH_PATTERN = r"^[a-f0-9]{64}$"
 
 def _format_time(value: datetime) -> str:
     """RFC 3339 in UTC with second precision, the way Kubernetes writes metav1.Time."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if value.tzinfo is not None and value.utcoffset():
+        value = value.astimezone(UTC)  # naive times are taken as UTC
+    return (
+        f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
+        f"T{value.hour:02d}:{value.minute:02d}:{value.second:02d}Z"
+    )
 
 
 Timestamp = Annotated[

@@ -38,15 +38,17 @@ def commit(
     """The status write when needed, onto the run read as ``body``; the run as stored by
     that write (None when nothing was written). Raises :class:`~agentrun.loop.ledger.Conflict`
     when the run moved on since it was read."""
-    changed = decision.status_changed(run.status) and not _only_record_progress(
-        run.status, decision.status
-    )
+    # Each status is turned into its wire form once: on a run of many steps, that is most of
+    # what deciding whether to write costs.
+    old = run.status.to_wire() if run.status is not None else {}
+    new = decision.status.to_wire()
+    changed = old != new and not _only_record_progress(old, new, decision.status.phase)
     if not changed and not decision.needs_fence:
         return None
     newly_done = _newly_finished(run.status, decision.status)
     if newly_done:
         checkpoint("before-result-commit")
-    stored = ledger.commit(body, decision.status)
+    stored = ledger.commit(body, new)
     if newly_done:
         checkpoint("after-result-commit")
     if any(isinstance(a, CreateJob) for a in decision.after_commit):
@@ -54,20 +56,27 @@ def commit(
     return stored
 
 
-def _only_record_progress(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -> bool:
-    """Whether ``new`` differs from ``old`` only in how far the audit record is known to
-    reach (status.audit.recordedSeq and .record): not worth a write of its own while the run
-    moves, the next commit carries it. A run at rest gets it committed (see
-    :meth:`AuditRecord.flush`)."""
-    if old is None or new.phase in AT_REST:
+def _only_record_progress(
+    old: dict[str, Any], new: dict[str, Any], phase: m.RunPhase | None
+) -> bool:
+    """Whether ``new`` differs from ``old`` (both status in wire form, ``phase`` that of
+    ``new``) only in how far the audit record is known to reach (status.audit.recordedSeq and
+    .record): not worth a write of its own while the run moves, the next commit carries it.
+    A run at rest gets it committed (see :meth:`AuditRecord.flush`)."""
+    if not old or phase in AT_REST:
         return False
-    levelled = new.model_copy(deep=True)
-    if old.audit is not None and levelled.audit is not None:
-        levelled.audit.recorded_seq = old.audit.recorded_seq
-        levelled.audit.record = old.audit.record
-    elif old.audit is None and levelled.audit is not None:
+    old_audit, new_audit = old.get("audit"), new.get("audit")
+    if new_audit is not None and old_audit is None:
         return False
-    return old.to_wire() == levelled.to_wire()
+    if old_audit is not None and new_audit is not None:
+        kept = {k: v for k, v in new_audit.items() if k not in _RECORD_PROGRESS}
+        kept.update({k: v for k, v in old_audit.items() if k in _RECORD_PROGRESS})
+        new = {**new, "audit": kept}
+    return old == new
+
+
+_RECORD_PROGRESS = ("recordedSeq", "record")
+"""The keys of status.audit that say how far the audit record reaches."""
 
 
 def _newly_finished(old: m.AgentRunStatus | None, new: m.AgentRunStatus) -> bool:

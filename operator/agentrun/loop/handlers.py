@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -109,7 +110,14 @@ def _state(memo: Any) -> OperatorState:
 
 class _NoDiffBase(kopf.DiffBaseStorage):
     """Keep no copy of the spec in an annotation: no handler here reacts to spec diffs (the
-    daemon re-reads the whole run every pass), and a copy would double the object's size."""
+    daemon re-reads the whole run every pass), and a copy would double the object's size.
+    Nor build one on every event: kopf's own builder deep-copies the whole run (status
+    included) to throw most of it away, a cost that grows with the run."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
 
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         return None

@@ -56,8 +56,9 @@ class Ledger:
             return None
         return body
 
-    def commit(self, body: dict[str, Any], status: m.AgentRunStatus) -> dict[str, Any]:
-        """Write ``status`` onto the run read as ``body``, guarded by its resourceVersion.
+    def commit(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Write ``status`` (in its wire form, :meth:`~agentrun.api.base.ApiModel.to_wire`)
+        onto the run read as ``body``, guarded by its resourceVersion.
 
         Raises :class:`Conflict` when the run moved on since ``body`` was read. Also the fence
         before creating a Job: a PUT carrying the old resourceVersion fails even when it
@@ -73,7 +74,7 @@ class Ledger:
                 "resourceVersion": meta["resourceVersion"],
             },
             "spec": body["spec"],
-            "status": status.to_wire(),
+            "status": status,
         }
         with tolerate(409) as moved_on:
             stored: dict[str, Any] = self.custom.replace_namespaced_custom_object_status(
