@@ -32,9 +32,11 @@ object in it, so its runs and Jobs carry a deletionTimestamp, and removing final
 allowed there (creating Events is not: those are skipped).
 
 Cost at rest (no run being deleted): two LIST calls per pass (per watched namespace when the
-operator watches a list of namespaces), and no request per run or per Job. A pass does work
-only for runs being deleted and for Jobs whose run is gone, and racing kopf's own deletion
-handler is harmless: cleanup holds the run's lock and every removal tolerates "already gone".
+operator watches a list of namespaces), of metadata only (:data:`METADATA_ONLY`: a run's spec
+and status are most of its size, and a sweep reads neither), and no request per run or per
+Job. A pass does work only for runs being deleted and for Jobs whose run is gone, and racing
+kopf's own deletion handler is harmless: cleanup holds the run's lock and every removal
+tolerates "already gone".
 
 :func:`release` is uninstalling on purpose (``agentrun release``, ``kubectl agentrun
 release``, the Helm chart's pre-delete hook): it deletes every run in scope and sweeps
@@ -60,6 +62,9 @@ from agentrun.kubeapi import JSON_PATCH, finalizer_removal, list_items, tolerate
 from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.watches import controller_uid
+
+METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
+"""A list call's Accept header asking for the objects' metadata only."""
 
 log = logging.getLogger("agentrun.janitor")
 
@@ -144,11 +149,12 @@ class Janitor:
     # -- listing --------------------------------------------------------------------------
 
     def list_runs(self) -> list[Body]:
+        """The runs in scope, their metadata only (all a sweep reads of them)."""
         custom = self.apis.custom
         if not self.namespaces:
             return list_items(
                 custom.list_cluster_custom_object(
-                    m.GROUP, m.VERSION, m.PLURAL, _preload_content=False
+                    m.GROUP, m.VERSION, m.PLURAL, _preload_content=False, _headers=METADATA_ONLY
                 )
             )
         return [
@@ -156,22 +162,28 @@ class Janitor:
             for ns in self.namespaces
             for run in list_items(
                 custom.list_namespaced_custom_object(
-                    m.GROUP, m.VERSION, ns, m.PLURAL, _preload_content=False
+                    m.GROUP, m.VERSION, ns, m.PLURAL, _preload_content=False,
+                    _headers=METADATA_ONLY,
                 )
             )
-        ]
+        ]  # fmt: skip
 
     def list_step_jobs(self) -> list[Body]:
+        """The step Jobs in scope, their metadata only."""
         batch = self.apis.batch
         if not self.namespaces:
             return list_items(
-                batch.list_job_for_all_namespaces(label_selector=STEP_JOBS, _preload_content=False)
+                batch.list_job_for_all_namespaces(
+                    label_selector=STEP_JOBS, _preload_content=False, _headers=METADATA_ONLY
+                )
             )
         return [
             job
             for ns in self.namespaces
             for job in list_items(
-                batch.list_namespaced_job(ns, label_selector=STEP_JOBS, _preload_content=False)
+                batch.list_namespaced_job(
+                    ns, label_selector=STEP_JOBS, _preload_content=False, _headers=METADATA_ONLY
+                )
             )
         ]
 
