@@ -59,6 +59,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
 from agentrun.kubeapi import JSON_PATCH, finalizer_removal, list_items, tolerate
+from agentrun.loop import memory
 from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.watches import controller_uid
@@ -292,12 +293,14 @@ class Janitor:
 
 
 async def keep_sweeping(janitor: Janitor, period: float) -> None:
-    """Sweep now and then every ``period`` seconds, until cancelled. The synchronous client
-    runs in a thread; a failed pass is logged and the next one tries again."""
+    """Sweep now and then every ``period`` seconds, until cancelled, each time giving memory
+    freed since back to the system (:mod:`.memory`). The synchronous client runs in a
+    thread; a failed pass is logged and the next one tries again."""
     period = max(1.0, period)
     while True:
         try:
             done = await asyncio.to_thread(janitor.sweep)
+            await asyncio.to_thread(memory.give_back)
         except Exception:
             log.exception("janitor pass failed; trying again in %.0fs", period)
         else:
