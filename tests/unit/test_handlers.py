@@ -13,7 +13,7 @@ import pytest
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.loop import scheduler
-from agentrun.loop.reconciler import Apis, Reconciler, RunBodies
+from agentrun.loop.reconciler import Apis, Outcome, Reconciler, RunBodies
 from agentrun.loop.scheduler import Scheduler
 from agentrun.observation.watches import ClusterView, Informer
 from agentrun.telemetry.endpoints import Readiness
@@ -205,3 +205,48 @@ def test_a_run_kopf_does_not_patch_is_passed_all_the_same(
         await asyncio.wait_for(sched._until_finalized("default", "demo", wake, stopped), 60)
 
     asyncio.run(main())
+
+
+def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without kopf daemons (which keep every run's latest body for good), each unfinished
+    run is driven by one task: started by its events, however many, ended when the run is
+    being deleted; a finished run gets none."""
+    passes: list[str] = []
+
+    def fake_pass(rec: Reconciler, namespace: str, name: str) -> Outcome:
+        passes.append(name)
+        return Outcome(3600.0, "Running", 0)
+
+    monkeypatch.setattr(scheduler, "_pass", fake_pass)
+
+    async def main() -> Scheduler:
+        sched, _ = make_scheduler(ClusterView(), reconciler(3600))
+        sched.own_drivers = True
+        sched.start()
+        assert sched.synced is not None
+        sched.synced.set()
+        body = new_run_body(True, "1")
+        for _ in range(5):
+            sched.run_changed("default", "demo", "Running", body)
+        done, _ = finished_run()
+        done["metadata"]["name"] = "done"
+        sched.run_changed("default", "done", "Succeeded", done)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if passes:
+                break
+        assert list(sched.drivers) == [("default", "demo")], "one task, for the unfinished run"
+        deleting = new_run_body(True, "2")
+        deleting["metadata"]["deletionTimestamp"] = "2026-11-22T09:00:00Z"
+        sched.run_changed("default", "demo", "Running", deleting)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not sched.tasks:
+                break
+        return sched
+
+    sched = asyncio.run(main())
+    assert not sched.drivers and not sched.tasks, "the deleted run's task did not end"
+    assert passes == ["demo"], passes

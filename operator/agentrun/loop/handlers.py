@@ -1,10 +1,11 @@
 """kopf wiring, and nothing else: every decision lives in the core, every write in the shell.
 
-* a daemon per unfinished AgentRun hands it to the scheduler (agentrun/loop/scheduler.py),
-  which decides when each run gets its next pass: while unfinished, after a timer, a wake-up
-  or the periodic resync; once finished, only when something is due;
-* every event on a run feeds the run's latest body to the reconciler and wakes its daemon, or
-  lets the scheduler check a finished run;
+* every event on a run feeds the run's latest body to the reconciler and hands the run to the
+  scheduler (agentrun/loop/scheduler.py), which decides when each run gets its next pass:
+  while unfinished, in a task of its own, after a timer, a wake-up or the periodic resync;
+  once finished, only when something is due. With kopf peering (``AGENTRUN_PEERING``), a kopf
+  daemon per unfinished run drives it instead, so that kopf pauses it when another operator
+  takes over;
 * the deletion handler removes what the run owns, and releases the run's finalizer within
   ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was left);
 * the janitor (agentrun/loop/janitor.py), started with the operator, finishes the deletions
@@ -168,7 +169,14 @@ async def start_watching(memo: kopf.Memo, **_: Any) -> None:
 async def stop_watching(memo: kopf.Memo, **_: Any) -> None:
     state = _state(memo)
     state.scheduler.cancel_timers()
+    state.scheduler.stop_all()
+    if state.scheduler.tasks:  # passes in flight run in threads: let them end
+        await asyncio.wait(set(state.scheduler.tasks), timeout=STOP_TIMEOUT_SECONDS)
     await asyncio.to_thread(state.informer.stop)
+
+
+STOP_TIMEOUT_SECONDS = 30.0
+"""How long stopping waits for the passes in flight (as kopf waits for its daemons)."""
 
 
 @kopf.on.startup()
@@ -198,20 +206,24 @@ def _unfinished(status: kopf.Status, **_: Any) -> bool:
     return status.get("phase") not in FINISHED
 
 
-@kopf.daemon(
-    m.GROUP,
-    m.VERSION,
-    m.PLURAL,
-    when=_unfinished,
-    cancellation_backoff=5.0,
-    cancellation_timeout=30.0,
-)
 async def drive_run(
     name: str, namespace: str | None, stopped: kopf.DaemonStopped, memo: Any, **_: Any
 ) -> None:
-    """Reconcile one run until it is finished (then timers take over) or deleted."""
+    """Reconcile one run until it is finished (then timers take over) or deleted: the kopf
+    daemon of a run, with peering only (see the module docstring)."""
     assert namespace is not None, "AgentRuns are namespaced"
     await _state(memo).scheduler.drive(namespace, name, stopped)
+
+
+def _drive_with_daemons() -> None:
+    kopf.daemon(
+        m.GROUP,
+        m.VERSION,
+        m.PLURAL,
+        when=_unfinished,
+        cancellation_backoff=5.0,
+        cancellation_timeout=30.0,
+    )(drive_run)
 
 
 @kopf.on.event(m.GROUP, m.VERSION, m.PLURAL)
@@ -235,7 +247,10 @@ async def run_changed(
             bodies.drop(namespace or "", name)
         else:
             bodies.offer(dict(body))  # before the wake: the pass starts from it
-    state.scheduler.run_changed(namespace or "", name, status.get("phase"), body)
+    if type == "DELETED":
+        state.scheduler.stop_driving(namespace or "", name)
+    else:
+        state.scheduler.run_changed(namespace or "", name, status.get("phase"), body)
     # A sub-agent's run changed: its parent reads the child's phase, tokens and answer.
     for owner in body.get("metadata", {}).get("ownerReferences") or []:
         if owner.get("controller") is True and owner.get("kind") == m.KIND:
@@ -250,6 +265,7 @@ def cleanup(
     assert namespace is not None, "AgentRuns are namespaced"
     state = _state(memo)
     state.scheduler.cancel_timer_soon(namespace, name)
+    state.scheduler.stop_driving_soon(namespace, name)
     deletion = with_patience(
         lambda: state.reconciler.cleanup(namespace, name, uid),
         runtime.total_seconds,
@@ -285,6 +301,10 @@ def run_operator(
     """Run the operator in the foreground until SIGINT or SIGTERM. ``checkpoint`` is called
     at the reconciler's named checkpoints (fault injection in tests; none in production)."""
     state = make_state(settings, checkpoint)
+    if settings.peering is None:
+        state.scheduler.own_drivers = True
+    else:
+        _drive_with_daemons()
     memo = kopf.Memo(state=state)
     liveness = (
         f"http://{liveness_host}:{settings.liveness_port}/healthz"

@@ -50,6 +50,11 @@ class Outcome:
     phase: str | None
     conflicts: int
 
+    @property
+    def gone(self) -> bool:
+        """The run was gone, or being deleted: the pass did nothing."""
+        return self.phase is None and self.requeue_after is None
+
 
 class Reconciler:
     """Moves runs forward. Safe to call concurrently for different runs."""

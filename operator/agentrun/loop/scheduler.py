@@ -1,9 +1,14 @@
 """When each run gets its next pass.
 
-* an unfinished run is driven by its daemon (:meth:`Scheduler.drive`; kopf starts one per run,
-  :mod:`.handlers`): one reconcile pass, then sleep until the next timer, a wake-up (an event
-  on the run, or a change the watches of its Jobs, their pods and their pods' refusals report:
-  agentrun/observation/watches.py) or the periodic resync, whichever comes first;
+* an unfinished run is driven by a task of its own (:meth:`Scheduler.drive`, started by the
+  first event that shows the run unfinished, stopped by its deletion): one reconcile pass,
+  then sleep until the next timer, a wake-up (an event on the run, or a change the watches of
+  its Jobs, their pods and their pods' refusals report: agentrun/observation/watches.py) or
+  the periodic resync, whichever comes first. Not a kopf daemon: kopf keeps the latest body of
+  every object of a resource that has a daemon handler, finished runs included, for as long as
+  the operator runs (thousands of whole runs at rest). With kopf peering, where kopf must pause
+  the driving when another operator takes over, a kopf daemon drives it instead
+  (:mod:`.handlers`);
 * a finished run costs nothing at rest: its daemon ends with the pass that finishes it, and
   what it still needs (deleting its Jobs after the grace, deleting itself past its retention
   TTL) runs as a timer at the moment it is due, as does a pass for a change seen later (a Job
@@ -18,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
-
-import kopf
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol
 
 from agentrun import settings as s
 from agentrun.api import models as m
@@ -38,6 +41,30 @@ FINISHED = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
 SETTLE_SECONDS = 1.0
 FINALIZER_WAIT_SECONDS = 2.0
 """How long a new run's first pass waits for kopf to have added the run's finalizer."""
+
+
+class Stopped(Protocol):
+    """Whether a run's driving must end (kopf's ``DaemonStopped`` is one, :class:`Stop` too)."""
+
+    def __bool__(self) -> bool: ...
+
+    def wait(self) -> Awaitable[Any]: ...
+
+
+class Stop:
+    """The :class:`Stopped` of a run's own task."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self) -> Awaitable[bool]:
+        return self._event.wait()
 
 
 class Scheduler:
@@ -58,6 +85,11 @@ class Scheduler:
         self.unchecked: dict[tuple[str, str], dict[str, Any]] = {}
         """Finished runs seen before the watches listed, checked once they have."""
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.own_drivers = False
+        """Whether unfinished runs get a task of their own here (:meth:`run_changed`), rather
+        than a kopf daemon each."""
+        self.drivers: dict[tuple[str, str], Stop] = {}
+        """The task of each unfinished run being driven here, by its stop."""
 
     def start(self) -> None:
         """In the event loop, before the watches start: passes wait for them to list."""
@@ -66,8 +98,44 @@ class Scheduler:
 
     # -- unfinished runs: a daemon each ------------------------------------------------------
 
-    async def drive(self, namespace: str, name: str, stopped: kopf.DaemonStopped) -> None:
-        """Reconcile one run until it is finished (then timers take over) or deleted."""
+    def start_driving(self, namespace: str, name: str) -> None:
+        """A task driving an unfinished run, unless one does already (called in the loop)."""
+        key = (namespace, name)
+        if key in self.drivers or self.loop is None:
+            return
+        stop = self.drivers[key] = Stop()
+
+        async def driving() -> None:
+            try:
+                await self.drive(namespace, name, stop)
+            except Exception:
+                log.exception("driving the run failed", extra=_ctx(namespace, name))
+            finally:
+                if self.drivers.get(key) is stop:
+                    del self.drivers[key]
+
+        self.spawn(driving())
+
+    def stop_driving(self, namespace: str, name: str) -> None:
+        """End the task driving a run (its deletion began); a pass in flight ends first."""
+        stop = self.drivers.pop((namespace, name), None)
+        if stop is not None:
+            stop.set()
+            self.wake(namespace, name)
+
+    def stop_driving_soon(self, namespace: str, name: str) -> None:
+        """:meth:`stop_driving` from another thread."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.stop_driving, namespace, name)
+
+    def stop_all(self) -> None:
+        for key in list(self.drivers):
+            self.stop_driving(*key)
+
+    async def drive(self, namespace: str, name: str, stopped: Stopped) -> None:
+        """Reconcile one run until it is finished (then timers take over), deleted or
+        ``stopped``."""
         wake = self.wakeup(namespace, name)
         self.cancel_timer(namespace, name)
         resync = float(self.reconciler.settings.resync_seconds)
@@ -82,6 +150,8 @@ class Scheduler:
                     if outcome.phase in FINISHED:
                         self.after_pass(namespace, name, outcome)
                         return
+                    if outcome.gone:
+                        return  # deleted, or being deleted: the deletion handler cleans up
                     delay = min(outcome.requeue_after or resync, resync)
                 except Exception:
                     log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
@@ -91,7 +161,7 @@ class Scheduler:
             self.wakeups.pop((namespace, name), None)
 
     async def _until_finalized(
-        self, namespace: str, name: str, wake: asyncio.Event, stopped: kopf.DaemonStopped
+        self, namespace: str, name: str, wake: asyncio.Event, stopped: Stopped
     ) -> None:
         """A new run's daemon starts while kopf adds the run's finalizer: a first pass then
         would write status from the body before that patch, and fail (409) and pass again.
@@ -121,7 +191,14 @@ class Scheduler:
     def run_changed(
         self, namespace: str, name: str, phase: str | None, body: Mapping[str, Any]
     ) -> None:
-        """An event on the run: its daemon passes now; a finished run without one, if due."""
+        """An event on the run: its driver passes now (started first, for an unfinished run
+        not driven yet; stopped, for a run being deleted); a finished run without one, if
+        due."""
+        deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
+        if self.own_drivers and deleting:
+            self.stop_driving(namespace, name)
+        elif self.own_drivers and phase not in FINISHED:
+            self.start_driving(namespace, name)
         self.wake(namespace, name)
         if phase in FINISHED and (namespace, name) not in self.wakeups:
             self.finished_run_seen(body)
@@ -276,7 +353,7 @@ def _needs_pass(found: list[dict[str, Any]]) -> bool:
     return False
 
 
-async def _sleep(wake: asyncio.Event, stopped: kopf.DaemonStopped, delay: float) -> None:
+async def _sleep(wake: asyncio.Event, stopped: Stopped, delay: float) -> None:
     async def until_stopped() -> None:
         await stopped.wait()
 
