@@ -29,6 +29,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
+from agentrun.settings import RUN_FINALIZER
 
 from . import procstat
 from .audit import Request, job_completions, run_finishes, step_commits
@@ -374,6 +375,8 @@ class RestResult:
     """The operator started with many finished runs present, then left alone."""
 
     finished: int
+    without_finalizer: int
+    """Runs without the operator's run finalizer when it started (it adds it to each)."""
     created_in: float
     """Seconds the benchmark took to create the finished runs (not a figure of the operator)."""
     ready: float
@@ -381,6 +384,8 @@ class RestResult:
     first_job: float | None
     """Seconds from the operator's start until it created the Job of a run created the
     moment /healthz answered."""
+    handled: float | None
+    """Seconds from the operator's start until every run carried its finalizer."""
     startup_requests: list[Request]
     """The operator's requests from its start until that Job."""
     startup_cpu: float | None
@@ -401,19 +406,20 @@ class RestResult:
         return self.rest_cpu * 60.0 / self.rest_seconds
 
 
-def create_finished_runs(bench: BenchCluster, count: int, case: str) -> None:
+def create_finished_runs(bench: BenchCluster, count: int, case: str, bare: int = 0) -> None:
     """``count`` one-step runs in :data:`REST_NAMESPACE`, each created and then given the
-    status the core commits for it once its step succeeded (through the status subresource):
-    what the operator leaves behind, without running anything."""
+    status the core commits for it once its step succeeded, its audit record level with its
+    history (through the status subresource): what the operator leaves behind, without
+    running anything. The first ``bare`` of them lack the operator's run finalizer, as runs
+    created while the operator was down do."""
     custom = bench.admin.custom
 
     def make(index: int) -> None:
+        body = finished_run(f"{case}-{index:05d}", case)
+        if index < bare:
+            body["metadata"].pop("finalizers", None)
         created = custom.create_namespaced_custom_object(
-            m.GROUP,
-            m.VERSION,
-            REST_NAMESPACE,
-            m.PLURAL,
-            finished_run(f"{case}-{index:05d}", case),
+            m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, body
         )
         created["status"] = finished_status(created)
         custom.replace_namespaced_custom_object_status(
@@ -424,22 +430,40 @@ def create_finished_runs(bench: BenchCluster, count: int, case: str) -> None:
         list(pool.map(make, range(count)))
 
 
+def _finalized(bench: BenchCluster) -> int:
+    """Runs in :data:`REST_NAMESPACE` that carry the operator's run finalizer."""
+    listed = bench.admin.custom.list_namespaced_custom_object(
+        m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, _preload_content=False,
+        _headers={"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"},
+    )  # fmt: skip
+    items = json.loads(listed.data).get("items") or []
+    return sum(1 for r in items if RUN_FINALIZER in (r["metadata"].get("finalizers") or []))
+
+
 def at_rest(
     bench: BenchCluster,
     finished: int,
     rest_seconds: float,
     env: dict[str, str],
     say: Say,
+    *,
+    bare: int | None = None,
 ) -> RestResult:
-    """Start the operator (no operator must be running) with ``finished`` finished runs
-    present, time its start, then watch it do nothing for ``rest_seconds``."""
+    """Start the operator (no operator must be running) with finished runs present, time its
+    start, then watch it do nothing for ``rest_seconds``. With ``bare``, ``finished`` runs
+    are created first, ``bare`` of them without the run finalizer; without it, the runs of
+    the case before are reused as that operator left them."""
     case = "rest"
     began = time.monotonic()
-    create_finished_runs(bench, finished, case)
+    if bare is not None:
+        create_finished_runs(bench, finished, case, bare)
     created_in = time.monotonic() - began
-    say(f"  {finished} finished runs created in {created_in:.1f}s; starting the operator")
+    total = finished + (0 if bare is not None else 1)  # and the probe run of the case before
+    missing = total - _finalized(bench)
+    say(f"  {finished} finished runs ({missing} without the finalizer) ready in "
+        f"{created_in:.1f}s; starting the operator")  # fmt: skip
     custom = bench.admin.custom
-    probe = f"{case}-probe"
+    probe = f"{case}-probe-{missing}"
     start_offset = bench.audit.mark()
     started_wall = time.time()
     started = time.monotonic()
@@ -452,10 +476,15 @@ def at_rest(
         m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, chain_run(probe, 1, f"{case}-probe")
     )
     first_job: float | None = None
+    handled: float | None = None
     startup_requests: list[Request] = []
     deadline = time.monotonic() + 600.0
-    while first_job is None and time.monotonic() < deadline:
+    while (first_job is None or handled is None) and time.monotonic() < deadline:
         time.sleep(0.2)
+        if handled is None and _finalized(bench) >= total:
+            handled = time.monotonic() - started
+        if first_job is not None:
+            continue
         requests = bench.audit.read(start_offset)
         mine = [r for r in requests if r.user == OPERATOR_USER]
         creates = [
@@ -494,9 +523,11 @@ def at_rest(
     ]
     return RestResult(
         finished=finished,
+        without_finalizer=missing,
         created_in=created_in,
         ready=ready,
         first_job=first_job,
+        handled=handled,
         startup_requests=startup_requests,
         startup_cpu=startup_cpu,
         rest_seconds=rest_window,

@@ -12,7 +12,8 @@ with, and prints the report (:mod:`agentrun_devcluster.bench.report`):
    then as many runs of ``--steps`` steps;
 5. plan size: one run of each ``--chains`` length (operator CPU per step);
 6. P5: the operator restarted with ``--finished`` finished runs present, then at rest for
-   ``--rest-seconds``.
+   ``--rest-seconds``: first with three in four of them lacking the run finalizer (as runs
+   created while the operator was down), then once more on the same runs.
 
 Everything stays on 127.0.0.1, every wait is bounded, and the cluster is removed at the end
 (``--keep-state`` keeps its directory: logs, audit log, operator logs).
@@ -371,12 +372,30 @@ def run(config: BenchConfig) -> int:
 
         # P5
         if "p5" in config.only:
-            say("P5: restarting the operator with finished runs present")
-            bench.stop_operator()
-            report.rest = attempt(
-                f"P5: {config.finished} finished runs, then {config.rest_seconds:.0f} s at rest",
-                lambda: cases.at_rest(bench, config.finished, config.rest_seconds, env, say),
-            )
+            # First as after runs were created while the operator was down (most lack its
+            # finalizer), then restarted on the same runs, which that start finalized.
+            unfinalized = config.finished * 3 // 4
+            for label, without in (
+                ("most without the finalizer", unfinalized),
+                ("finalized", None),
+            ):
+                say(f"P5: restarting the operator with finished runs present ({label})")
+                bench.stop_operator()
+                rest = attempt(
+                    f"P5: {config.finished} finished runs ({label}), then "
+                    f"{config.rest_seconds:.0f} s at rest",
+                    functools.partial(
+                        cases.at_rest,
+                        bench,
+                        config.finished,
+                        config.rest_seconds,
+                        env,
+                        say,
+                        bare=without,
+                    ),
+                )
+                if rest is not None:
+                    report.rests.append(rest)
     except Exception as error:
         report.errors.append(f"the benchmark stopped: {error!r}")
         traceback.print_exc()

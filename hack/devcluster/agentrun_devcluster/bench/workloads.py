@@ -12,6 +12,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from agentrun.access import audit
 from agentrun.api import models as m
 from agentrun.core import CoreConfig, CreateJob, DeleteJob, JobState, Observed, ObservedJob
 from agentrun.core import reconcile as core_reconcile
@@ -97,6 +98,16 @@ def finished_run(name: str, case: str) -> dict[str, Any]:
     return body
 
 
+def _levelled(status: m.AgentRunStatus, name: str, uid: str | None) -> dict[str, Any]:
+    """``status`` with its audit record level with its history, as the operator leaves a
+    finished run once the record holds every transition (its last status write)."""
+    audit_status = status.audit or m.AuditStatus()
+    audit_status.record = audit.record_prefix(name, uid or "")
+    audit_status.recorded_seq = status.history_seq or 0
+    status.audit = audit_status
+    return status.to_wire()
+
+
 def finished_status(stored: dict[str, Any], now: datetime | None = None) -> dict[str, Any]:
     """The status the core commits for ``stored`` (a run as the API server returned it, so
     with its uid) when every step's Job succeeds: the core's own reconcile output, driven
@@ -110,7 +121,7 @@ def finished_status(stored: dict[str, Any], now: datetime | None = None) -> dict
         decision = core_reconcile(run, Observed(tuple(found.values())), now, config)
         run = run.model_copy(update={"status": decision.status})
         if decision.status.phase in m.TERMINAL_RUN_PHASES:
-            return decision.status.to_wire()
+            return _levelled(decision.status, run.metadata.name, run.metadata.uid)
         for action in (*decision.before_commit, *decision.after_commit):
             if isinstance(action, CreateJob):
                 found[action.job_name] = ObservedJob(
