@@ -19,15 +19,19 @@ from agentrun_devcluster.bench.audit import (
     parse_time,
     run_finishes,
     step_commits,
+    step_marks,
 )
 from agentrun_devcluster.bench.procstat import parse_cpu_seconds, parse_rss_bytes
 from agentrun_devcluster.bench.report import requests_breakdown
 from agentrun_devcluster.bench.stats import percentile, ratio, summarize
 from agentrun_devcluster.bench.workloads import (
+    AGENT_TOOL,
+    agent_run,
     bare_job,
     chain_run,
     finished_run,
     finished_status,
+    turn_answer,
 )
 
 # -- percentiles ------------------------------------------------------------------------------
@@ -259,6 +263,48 @@ def test_finished_status_is_the_cores_output_for_a_succeeded_run() -> None:
     assert [s["phase"] for s in status["steps"]] == ["Succeeded"]
     assert status["steps"][0]["idempotencyKey"].startswith(stored["metadata"]["uid"])
     assert stored["metadata"]["finalizers"] == ["agentrun.dev/cleanup"]
+    assert status["audit"]["recordedSeq"] == status["historySeq"] > 0, "left level, as runs are"
+    assert status["audit"]["record"].startswith("done-1-audit")
+
+
+def test_step_marks_are_a_steps_first_intent_and_result_writes() -> None:
+    launching = {"name": "t1-echo-1", "phase": "Launching", "jobName": "r-t1-1"}
+    pending = {"name": "t2-model", "phase": "Pending"}
+    done = {**launching, "phase": "Succeeded", "finishedAt": "2026-01-02T03:04:06Z"}
+    lines = [
+        event(
+            "1", "update", "agentruns", group="agentrun.dev", name="r", subresource="status",
+            done="2026-01-02T03:04:05.500000Z", body=run_status("Running", [launching, pending]),
+        ),
+        event(
+            "2", "update", "agentruns", group="agentrun.dev", name="r", subresource="status",
+            done="2026-01-02T03:04:05.800000Z", body=run_status("Running", [done, pending]),
+        ),
+        event(
+            "3", "update", "agentruns", group="agentrun.dev", name="r", subresource="status",
+            done="2026-01-02T03:04:05.900000Z", body=run_status("Running", [done, pending]),
+        ),
+    ]  # fmt: skip
+    marks = step_marks(parse_requests(lines), "agentrun-operator")
+    assert marks[("ns", "r", "t1-echo-1")] == (
+        parse_time("2026-01-02T03:04:05.500000Z"),
+        parse_time("2026-01-02T03:04:05.800000Z"),
+    )
+    assert marks[("ns", "r", "t2-model")] == (None, None)
+
+
+def test_the_agent_cases_model_calls_the_tool_until_its_last_turn() -> None:
+    answer = turn_answer(3)
+    first = answer({"messages": [{"role": "user", "content": "go"}]})
+    assert first["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == AGENT_TOOL
+    tool = {"role": "tool", "tool_call_id": "c", "content": "done"}
+    second = answer({"messages": [tool]})
+    assert second["choices"][0]["message"].get("tool_calls")
+    last = answer({"messages": [tool, tool]})
+    assert not last["choices"][0]["message"].get("tool_calls")
+    body = agent_run("a", 3, "agent", "http://127.0.0.1:1/v1")
+    assert body["spec"]["agent"]["maxTurns"] == 4
+    assert [t["name"] for t in body["spec"]["agent"]["tools"]] == [AGENT_TOOL]
 
 
 # -- the command line -------------------------------------------------------------------------
@@ -272,7 +318,10 @@ def test_quick_is_small_and_flags_win() -> None:
     full = bench_main.parse_args(["--operator-env", "AGENTRUN_WORKERS=4", "--chains", ""])
     assert full.runs == (100, 200)
     assert full.chains == ()
-    assert full.env() == {"AGENTRUN_WORKERS": "4"}
+    env = full.env()
+    assert env.pop("AGENTRUN_LLM_COMMAND").endswith("step llm"), "turns run from this checkout"
+    assert env == {"AGENTRUN_WORKERS": "4"}
+    assert (quick.turns, full.turns) == (bench_main.QUICK["turns"], bench_main.FULL["turns"])
     assert quick.env()["AGENTRUN_JOB_DELETION_GRACE_SECONDS"] == "5"
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--operator-env", "NOPE"])

@@ -61,7 +61,8 @@ def _say(message: str) -> None:
     print(f"demo-agent: {message}", flush=True)
 
 
-def _llm_command() -> list[str]:
+def llm_command() -> list[str]:
+    """The command of a model turn's step, from this checkout's virtualenv."""
     agentrun = VENV_BIN / "agentrun"
     if agentrun.exists():
         return [str(agentrun), "step", "llm"]
@@ -78,7 +79,7 @@ def run_demo(timeout: int) -> int:
             _say,
             timeout=timeout,
             path_first=[VENV_BIN],
-            operator_env={"AGENTRUN_LLM_COMMAND": shlex.join(_llm_command())},
+            operator_env={"AGENTRUN_LLM_COMMAND": shlex.join(llm_command())},
         ) as cluster:
             if not _run_agent(cluster, model, timeout):
                 return 1

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from .agent_demo import EXAMPLE, VENV_BIN, _apply, _llm_command, _plugin
+from .agent_demo import EXAMPLE, VENV_BIN, _apply, _plugin, llm_command
 from .democluster import NAMESPACE, REPO, DemoCluster, demo_cluster
 from .llamaserver import MODEL_NAME, LlamaServer, RecordingProxy, build_llama
 
@@ -50,7 +50,7 @@ def run_demo(timeout: int) -> int:
                 _say,
                 timeout=timeout,
                 path_first=[VENV_BIN],
-                operator_env={"AGENTRUN_LLM_COMMAND": shlex.join(_llm_command())},
+                operator_env={"AGENTRUN_LLM_COMMAND": shlex.join(llm_command())},
             ) as cluster:
                 ok = _run_agent(cluster, proxy, timeout)
             if not ok:

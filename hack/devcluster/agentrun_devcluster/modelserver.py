@@ -391,6 +391,8 @@ class Recorded:
     authorization: str | None
     """The Authorization header as sent (tests check a key arrived, or none did)."""
     method: str = "POST"
+    at: float = 0.0
+    """When it was received (``time.time()``)."""
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -420,6 +422,8 @@ class ScriptedModel:
     """Refuse what a real server refuses (:func:`check_request`) before answering."""
     refused: list[Refusal] = field(default_factory=list)
     """The requests refused by the check, in order."""
+    answered_at: list[float] = field(default_factory=list)
+    """When each chat completion was answered (``time.time()`` once the answer was sent)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -523,7 +527,7 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(raw or b"{}")
             except ValueError:
                 body = {"unreadable": raw.decode("utf-8", "replace")}
-            record = Recorded(self.path, body, self.headers.get("Authorization"))
+            record = Recorded(self.path, body, self.headers.get("Authorization"), at=time.time())
             with model._lock:
                 model.requests.append(record)
             if not self.path.rstrip("/").endswith("/chat/completions"):
@@ -546,6 +550,8 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                 self._send(answer.code, answer.body, answer.content_type)
             else:
                 self._send(200, json.dumps(answer).encode())
+                with model._lock:
+                    model.answered_at.append(time.time())
 
     return Handler
 

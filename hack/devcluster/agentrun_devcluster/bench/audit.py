@@ -230,6 +230,29 @@ def step_commits(requests: Iterable[Request], user: str | None = None) -> dict[s
     return committed
 
 
+def step_marks(
+    requests: Iterable[Request], user: str | None = None
+) -> dict[tuple[str, str, str], tuple[float | None, float | None]]:
+    """For each step of each run, by ``(namespace, run, step)``: the end of the first status
+    write (by ``user``, when given) that shows it with a Job named (its intent committed), and
+    of the first that shows it finished (its result committed); None when none did."""
+    marks: dict[tuple[str, str, str], tuple[float | None, float | None]] = {}
+    for r in _status_writes(requests, "agentrun.dev", "agentruns"):
+        if (user is not None and r.user != user) or r.completed is None:
+            continue
+        for st in ((r.body or {}).get("status") or {}).get("steps") or []:
+            if not isinstance(st, dict) or not st.get("name"):
+                continue
+            key = (str(r.namespace), str(r.name), str(st["name"]))
+            intent, done = marks.get(key, (None, None))
+            if intent is None and st.get("jobName"):
+                intent = r.completed
+            if done is None and st.get("finishedAt"):
+                done = r.completed
+            marks[key] = (intent, done)
+    return marks
+
+
 def run_finishes(requests: Iterable[Request], user: str | None = None) -> dict[str, float]:
     """When each run (``namespace/name``) was committed in a terminal phase: the end of the
     first status write (by ``user``, when given) with phase Succeeded, Failed or Cancelled."""

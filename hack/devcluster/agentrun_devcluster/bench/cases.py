@@ -29,10 +29,13 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
+from agentrun.core.turns import is_model_turn, turn_of_step
+from agentrun.loop.janitor import METADATA_ONLY
 from agentrun.settings import RUN_FINALIZER
+from agentrun_devcluster.modelserver import ScriptedModel
 
 from . import procstat
-from .audit import Request, job_completions, run_finishes, step_commits
+from .audit import Request, job_completions, run_finishes, step_commits, step_marks
 from .session import (
     BARE_NAMESPACE,
     OPERATOR_USER,
@@ -41,7 +44,15 @@ from .session import (
     BenchCluster,
 )
 from .watch import Tracker, job_finished, run_finished
-from .workloads import BENCH_LABEL, bare_job, chain_run, finished_run, finished_status
+from .workloads import (
+    BENCH_LABEL,
+    agent_run,
+    bare_job,
+    chain_run,
+    finished_run,
+    finished_status,
+    turn_answer,
+)
 
 __all__ = [
     "CaseResult",
@@ -234,6 +245,22 @@ def operator_runs(
     finished. With ``settle``, the audited window lasts until the operator is done with them
     (their Jobs deleted after the grace, no request for :data:`QUIET_SECONDS`), so that it
     holds every request the runs cost."""
+    names = [f"{case}-{i:03d}" for i in range(runs)]
+    bodies = [chain_run(n, steps, case) for n in names]
+    return _runs(bench, case, bodies, steps, timeout, settle=settle)
+
+
+def _runs(
+    bench: BenchCluster,
+    case: str,
+    bodies: list[dict[str, Any]],
+    steps: int,
+    timeout: float,
+    *,
+    settle: bool = False,
+) -> CaseResult:
+    """Create the runs ``bodies`` (of ``steps`` steps each) at once and wait until all are
+    finished (see :func:`operator_runs`)."""
     custom = bench.admin.custom
     tracker = Tracker(
         functools.partial(
@@ -242,18 +269,17 @@ def operator_runs(
         run_finished,
         f"{BENCH_LABEL}={case}",
     ).start()
-    names = [f"{case}-{i:03d}" for i in range(runs)]
+    names = [str(b["metadata"]["name"]) for b in bodies]
+    runs = len(bodies)
 
-    def create(name: str) -> None:
-        custom.create_namespaced_custom_object(
-            m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, chain_run(name, steps, case)
-        )
+    def create(body: dict[str, Any]) -> None:
+        custom.create_namespaced_custom_object(m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, body)
 
     start_offset = bench.audit.mark()
     cpu_before = bench.cpu()
     started = time.monotonic()
     with ThreadPoolExecutor(min(CREATE_THREADS, runs)) as pool:
-        list(pool.map(create, names))
+        list(pool.map(create, bodies))
     all_done = tracker.wait_all(names, timeout)
     cpu_after = bench.cpu()
     tracker.stop()
@@ -276,6 +302,49 @@ def operator_runs(
         requests=bench.audit.read(start_offset, end_offset),
         window=window,
     )
+
+
+@dataclass
+class AgentResult:
+    """One agent run whose model (scripted, answering at once) calls one tool per turn."""
+
+    run: CaseResult
+    turns: int
+    """Model requests the run made."""
+    into_model: list[float]
+    """For each turn after the first: seconds from the commit of the previous turn's tool
+    result to the model's request (audit log and the model server's clock: one machine)."""
+    out_of_model: list[float]
+    """For each turn that called the tool: seconds from the model's answer to the commit of
+    the intent of its call."""
+
+
+def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> AgentResult:
+    """Run one agent run of ``turns`` model turns (every turn but the last calls
+    :data:`~.workloads.AGENT_TOOL`) on a scripted model on 127.0.0.1, and time the operator's
+    part of each turn."""
+    with ScriptedModel(responder=turn_answer(turns), strict=True) as model:
+        body = agent_run(f"{case}-000", turns, case, model.base_url)
+        result = _runs(bench, case, [body], turns, timeout)
+        asked = [r.at for r in model.completions()]
+        answered = list(model.answered_at)
+    name = f"{case}-000"
+    marks = step_marks(result.requests, OPERATOR_USER)
+    calls: dict[int, tuple[float | None, float | None]] = {}
+    for (namespace, run, step), mark in marks.items():
+        turn = turn_of_step(step)
+        ours = namespace == RUNS_NAMESPACE and run == name
+        if ours and turn is not None and not is_model_turn(step):
+            calls[turn] = mark
+    into: list[float] = []
+    out: list[float] = []
+    for turn in sorted(calls):
+        intent, done = calls[turn]
+        if intent is not None and turn - 1 < len(answered):
+            out.append(intent - answered[turn - 1])
+        if done is not None and turn < len(asked):
+            into.append(asked[turn] - done)
+    return AgentResult(run=result, turns=len(asked), into_model=into, out_of_model=out)
 
 
 def wait_operator_done(bench: BenchCluster, namespace: str, timeout: float) -> bool:
@@ -434,7 +503,7 @@ def _finalized(bench: BenchCluster) -> int:
     """Runs in :data:`REST_NAMESPACE` that carry the operator's run finalizer."""
     listed = bench.admin.custom.list_namespaced_custom_object(
         m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, _preload_content=False,
-        _headers={"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"},
+        _headers=METADATA_ONLY,
     )  # fmt: skip
     items = json.loads(listed.data).get("items") or []
     return sum(1 for r in items if RUN_FINALIZER in (r["metadata"].get("finalizers") or []))

@@ -26,6 +26,7 @@ import functools
 import inspect
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from agentrun_devcluster.agent_demo import llm_command
 from agentrun_devcluster.controlplane import ControlPlane
 
 from . import cases
@@ -54,6 +56,7 @@ QUICK = {
     "rest_seconds": 15.0,
     "chains": "",
     "grace": 5,
+    "turns": 5,
 }
 FULL = {
     "runs": "100,200",
@@ -63,10 +66,11 @@ FULL = {
     "rest_seconds": 120.0,
     "chains": "10,50,128",
     "grace": None,
+    "turns": 20,
 }
 
 
-CASES = ("p1", "p2", "p3", "chains", "p5")
+CASES = ("p1", "p2", "p3", "chains", "agent", "p5")
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class BenchConfig:
     rest_seconds: float
     chains: tuple[int, ...]
     grace: int | None
+    turns: int
     controller_manager_qps: int
     controller_manager_burst: int
     operator_env: tuple[tuple[str, str], ...]
@@ -90,6 +95,9 @@ class BenchConfig:
         env = dict(self.operator_env)
         if self.grace is not None:
             env.setdefault("AGENTRUN_JOB_DELETION_GRACE_SECONDS", str(self.grace))
+        # Model turns run `agentrun step llm` from this checkout (the local node runs a pod's
+        # command as a process), as in `make demo-agent`.
+        env.setdefault("AGENTRUN_LLM_COMMAND", shlex.join(llm_command()))
         return env
 
 
@@ -138,6 +146,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         metavar="NAME=VALUE",
         help="a setting of the operator (repeatable), e.g. AGENTRUN_RESYNC_SECONDS=30",
     )
+    parser.add_argument(
+        "--turns", type=int, help="model turns of the agent run (default 20; --quick: 5)"
+    )
     parser.add_argument("--keep-state", action="store_true", help="keep the cluster's directory")
     parser.add_argument(
         "--only",
@@ -168,6 +179,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         rest_seconds=float(str(pick("rest_seconds"))),
         chains=_ints(str(pick("chains"))),
         grace=None if grace is None else int(str(grace)),
+        turns=int(str(pick("turns"))),
         controller_manager_qps=args.cm_qps,
         controller_manager_burst=args.cm_burst,
         operator_env=tuple(env),
@@ -369,6 +381,16 @@ def run(config: BenchConfig) -> int:
             if chain is not None:
                 report.chains.append(chain)
             cleanup_runs(f"chain-{steps}")
+
+        # agent turns
+        if "agent" in config.only:
+            report.agent = attempt(
+                f"agent: one run of {config.turns} model turns on a scripted model",
+                functools.partial(
+                    cases.agent_turns, bench, "agent", config.turns, 120 + 10.0 * config.turns
+                ),
+            )
+            cleanup_runs("agent")
 
         # P5
         if "p5" in config.only:

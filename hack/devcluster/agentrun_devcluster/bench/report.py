@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
-from .cases import CaseResult, RestResult
+from .cases import AgentResult, CaseResult, RestResult
 from .stats import Summary, fmt, ratio, summarize
 
 __all__ = ["Report", "requests_breakdown"]
@@ -66,6 +66,7 @@ class Report:
     p3: list[tuple[int, CaseResult | None, CaseResult | None]] = field(default_factory=list)
     """(concurrency, operator, bare)"""
     chains: list[CaseResult] = field(default_factory=list)
+    agent: AgentResult | None = None
     rests: list[RestResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     footer: list[str] = field(default_factory=list)
@@ -73,6 +74,7 @@ class Report:
     def render(self) -> str:
         lines = [*self.header, *self.footer]
         lines += self._p1() + self._p2() + self._p3() + self._p4() + self._p5() + self._chains()
+        lines += self._agent()
         lines += self._targets()
         if self.errors:
             lines += ["", "Cases that did not complete:"] + [f"  {e}" for e in self.errors]
@@ -273,6 +275,34 @@ class Report:
             lines.append("    " + "".join(f"{c:>14}" for c in cells))
         return lines
 
+    def _agent(self) -> list[str]:
+        agent = self.agent
+        if agent is None:
+            return []
+        run = agent.run
+        cpu = run.cpu.get("operator")
+        lines = [
+            "",
+            f"Agent turns: one run of {agent.turns} model turns on a scripted model answering at "
+            "once, each turn but the last calling one container tool (audit log and the model "
+            "server's clock)",
+            f"    makespan {fmt(run.makespan, 's', 1)} "
+            f"({fmt(ratio(run.makespan, agent.turns), 's')} per turn), "
+            f"operator CPU {fmt(ratio(cpu, agent.turns / 1000), 'ms', 0)} per turn",
+            f"    {'':<58}{'n':>5}{'p50':>10}{'p99':>10}{'max':>10}",
+        ]
+        for label, values in (
+            ("tool result committed -> the next model request", agent.into_model),
+            ("model answer -> intent of its call committed", agent.out_of_model),
+        ):
+            s = summarize(values)
+            if s is not None:
+                lines.append(
+                    f"    {label:<58}{s.count:>5}{fmt(s.p50, 's'):>10}{fmt(s.p99, 's'):>10}"
+                    f"{fmt(s.max, 's'):>10}"
+                )
+        return lines
+
     def _targets(self) -> list[str]:
         """The design's targets beside the figures measured here."""
         rows: list[tuple[str, str, str]] = []
@@ -317,6 +347,16 @@ class Report:
                             f"p50 {s.p50:.2f} s, p99 {s.p99:.2f} s",
                             target,
                         )
+                    )
+        if self.agent is not None:
+            for label, values in (
+                ("agent turn overhead, result -> model request", self.agent.into_model),
+                ("agent turn overhead, answer -> call intent", self.agent.out_of_model),
+            ):
+                s = summarize(values)
+                if s is not None:
+                    rows.append(
+                        (label, f"p50 {s.p50:.2f} s, p99 {s.p99:.2f} s", "p50 <= 0.3 s, p99 <= 1 s")
                     )
         for rest in self.rests:
             which = f"{rest.finished} finished, {rest.without_finalizer} unfinalized"

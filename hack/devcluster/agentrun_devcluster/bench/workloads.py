@@ -9,6 +9,7 @@ command that writes a result envelope to the termination log (on the local node,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,16 +19,20 @@ from agentrun.core import CoreConfig, CreateJob, DeleteJob, JobState, Observed, 
 from agentrun.core import reconcile as core_reconcile
 from agentrun.execution import jobs as step_jobs
 from agentrun.settings import RUN_FINALIZER
+from agentrun_devcluster.modelserver import reply, tool_call
 
 __all__ = [
+    "AGENT_TOOL",
     "BENCH_LABEL",
     "IMAGE",
     "STEP_SCRIPT",
+    "agent_run",
     "bare_job",
     "chain_run",
     "finished_run",
     "finished_status",
     "step_name",
+    "turn_answer",
 ]
 
 IMAGE = "busybox:1.36"
@@ -59,6 +64,50 @@ def chain_run(name: str, steps: int, case: str) -> dict[str, Any]:
         "metadata": {"name": name, "labels": {BENCH_LABEL: case}},
         "spec": {"goal": f"benchmark {case}", "plan": {"steps": plan}},
     }
+
+
+AGENT_TOOL = "echo"
+"""The one tool of the agent case: a container step like every other (:data:`STEP_SCRIPT`)."""
+
+
+def agent_run(name: str, turns: int, case: str, base_url: str) -> dict[str, Any]:
+    """An agent run on the model at ``base_url`` that may take ``turns`` turns: with
+    :func:`turn_answer` answering, every turn but the last calls :data:`AGENT_TOOL` once."""
+    return {
+        "apiVersion": f"{m.GROUP}/{m.VERSION}",
+        "kind": "AgentRun",
+        "metadata": {"name": name, "labels": {BENCH_LABEL: case}},
+        "spec": {
+            "goal": f"benchmark {case}",
+            "agent": {
+                "model": {"baseURL": base_url, "name": "scripted"},
+                "instructions": "Call the tool as often as you are told, then answer.",
+                "maxTurns": turns + 1,
+                "tools": [
+                    {
+                        "name": AGENT_TOOL,
+                        "description": "Reports done.",
+                        "parameters": {"type": "object", "properties": {}},
+                        "container": {"image": IMAGE, "command": ["sh", "-c", STEP_SCRIPT]},
+                    }
+                ],
+            },
+        },
+    }
+
+
+def turn_answer(turns: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A scripted model's answer (``ScriptedModel.responder``) for :func:`agent_run`: a call of
+    :data:`AGENT_TOOL` until the conversation holds ``turns - 1`` tool answers, then the final
+    answer."""
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        answered = sum(1 for msg in body.get("messages") or [] if msg.get("role") == "tool")
+        if answered + 1 >= turns:
+            return reply("done", prompt_tokens=10, completion_tokens=1)
+        return reply("", [tool_call(AGENT_TOOL, {})], prompt_tokens=10, completion_tokens=1)
+
+    return answer
 
 
 def bare_job(name: str, case: str) -> dict[str, Any]:
