@@ -243,10 +243,10 @@ def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(
         sched.run_changed("default", "demo", "Running", deleting)
         for _ in range(100):
             await asyncio.sleep(0.01)
-            if not sched.tasks:
+            if not sched.driving:
                 break
         return sched
 
     sched = asyncio.run(main())
-    assert not sched.drivers and not sched.tasks, "the deleted run's task did not end"
+    assert not sched.drivers and not sched.driving, "the deleted run's task did not end"
     assert passes == ["demo"], passes

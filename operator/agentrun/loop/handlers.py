@@ -169,9 +169,7 @@ async def start_watching(memo: kopf.Memo, **_: Any) -> None:
 async def stop_watching(memo: kopf.Memo, **_: Any) -> None:
     state = _state(memo)
     state.scheduler.cancel_timers()
-    state.scheduler.stop_all()
-    if state.scheduler.tasks:  # passes in flight run in threads: let them end
-        await asyncio.wait(set(state.scheduler.tasks), timeout=STOP_TIMEOUT_SECONDS)
+    await state.scheduler.stop_all(STOP_TIMEOUT_SECONDS)
     await asyncio.to_thread(state.informer.stop)
 
 

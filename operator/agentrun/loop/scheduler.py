@@ -89,7 +89,9 @@ class Scheduler:
         """Whether unfinished runs get a task of their own here (:meth:`run_changed`), rather
         than a kopf daemon each."""
         self.drivers: dict[tuple[str, str], Stop] = {}
-        """The task of each unfinished run being driven here, by its stop."""
+        """The stop of each unfinished run's task here."""
+        self.driving: set[asyncio.Task[None]] = set()
+        """Those tasks (until they end)."""
 
     def start(self) -> None:
         """In the event loop, before the watches start: passes wait for them to list."""
@@ -114,7 +116,9 @@ class Scheduler:
                 if self.drivers.get(key) is stop:
                     del self.drivers[key]
 
-        self.spawn(driving())
+        task = asyncio.ensure_future(driving())
+        self.driving.add(task)
+        task.add_done_callback(self.driving.discard)
 
     def stop_driving(self, namespace: str, name: str) -> None:
         """End the task driving a run (its deletion began); a pass in flight ends first."""
@@ -129,9 +133,13 @@ class Scheduler:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self.stop_driving, namespace, name)
 
-    def stop_all(self) -> None:
+    async def stop_all(self, timeout: float) -> None:
+        """End every run's task, waiting up to ``timeout`` seconds for the passes in flight
+        (they run in threads, and cannot be cancelled)."""
         for key in list(self.drivers):
             self.stop_driving(*key)
+        if self.driving:
+            await asyncio.wait(set(self.driving), timeout=timeout)
 
     async def drive(self, namespace: str, name: str, stopped: Stopped) -> None:
         """Reconcile one run until it is finished (then timers take over), deleted or
