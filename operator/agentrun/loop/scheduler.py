@@ -9,7 +9,7 @@
   the operator runs (thousands of whole runs at rest). With kopf peering, where kopf must pause
   the driving when another operator takes over, a kopf daemon drives it instead
   (:mod:`.handlers`);
-* a finished run costs nothing at rest: its daemon ends with the pass that finishes it, and
+* a finished run costs nothing at rest: its task ends with the pass that finishes it, and
   what it still needs (deleting its Jobs after the grace, deleting itself past its retention
   TTL) runs as a timer at the moment it is due, as does a pass for a change seen later (a Job
   of it being deleted, an edit of its spec). At startup, a finished run is checked in memory
@@ -98,7 +98,7 @@ class Scheduler:
         self.loop = asyncio.get_running_loop()
         self.synced = asyncio.Event()
 
-    # -- unfinished runs: a daemon each ------------------------------------------------------
+    # -- unfinished runs: a task each --------------------------------------------------------
 
     def start_driving(self, namespace: str, name: str) -> None:
         """A task driving an unfinished run, unless one does already (called in the loop)."""
