@@ -214,6 +214,11 @@ def tolerate(*statuses: int) -> Iterator[Tolerated]:
         tolerated.error = error
 
 
+METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
+"""A list call's headers (``_headers=``) asking for the objects' metadata only: their items
+are then ``PartialObjectMetadata`` (apiVersion, kind, metadata), for :func:`list_items`."""
+
+
 def list_items(response: Any) -> list[dict[str, Any]]:
     """Items of a list call made with ``_preload_content=False``: the API server's own JSON,
     without building the client's typed models (much faster for long lists)."""

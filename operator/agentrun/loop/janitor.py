@@ -58,14 +58,11 @@ from kubernetes.client.exceptions import ApiException
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
-from agentrun.kubeapi import JSON_PATCH, finalizer_removal, list_items, tolerate
+from agentrun.kubeapi import JSON_PATCH, METADATA_ONLY, finalizer_removal, list_items, tolerate
 from agentrun.loop import memory
 from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.watches import controller_uid
-
-METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
-"""A list call's Accept header asking for the objects' metadata only."""
 
 log = logging.getLogger("agentrun.janitor")
 

@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
 from agentrun.core.turns import is_model_turn, turn_of_step
-from agentrun.loop.janitor import METADATA_ONLY
+from agentrun.kubeapi import METADATA_ONLY
 from agentrun.settings import RUN_FINALIZER
 from agentrun_devcluster.modelserver import ScriptedModel
 
