@@ -110,8 +110,8 @@ def _state(memo: Any) -> OperatorState:
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):
-    """Keep no copy of the spec in an annotation: no handler here reacts to spec diffs (the
-    daemon re-reads the whole run every pass), and a copy would double the object's size.
+    """Keep no copy of the spec in an annotation: no handler here reacts to spec diffs (every
+    pass reads the whole run), and a copy would double the object's size.
     Nor build one on every event: kopf's own builder deep-copies the whole run (status
     included) to throw most of it away, a cost that grows with the run."""
 
@@ -299,9 +299,7 @@ def run_operator(
     """Run the operator in the foreground until SIGINT or SIGTERM. ``checkpoint`` is called
     at the reconciler's named checkpoints (fault injection in tests; none in production)."""
     state = make_state(settings, checkpoint)
-    if settings.peering is None:
-        state.scheduler.own_drivers = True
-    else:
+    if not state.scheduler.own_drivers:
         _drive_with_daemons()
     memo = kopf.Memo(state=state)
     liveness = (

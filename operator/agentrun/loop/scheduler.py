@@ -85,9 +85,9 @@ class Scheduler:
         self.unchecked: dict[tuple[str, str], dict[str, Any]] = {}
         """Finished runs seen before the watches listed, checked once they have."""
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.own_drivers = False
+        self.own_drivers = reconciler.settings.peering is None
         """Whether unfinished runs get a task of their own here (:meth:`run_changed`), rather
-        than a kopf daemon each."""
+        than a kopf daemon each (with kopf peering)."""
         self.drivers: dict[tuple[str, str], Stop] = {}
         """The stop of each unfinished run's task here."""
         self.driving: set[asyncio.Task[None]] = set()
