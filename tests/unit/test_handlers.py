@@ -4,6 +4,7 @@ when, and that a run with nothing due gets neither a pass nor a timer, at startu
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from unittest import mock
@@ -105,6 +106,15 @@ def test_only_running_jobs_and_jobs_held_while_deleted_ask_a_finished_run_for_a_
     assert not scheduler._needs_pass([job("j", deleting=True, held=False)])
 
 
+async def until(done: Callable[[], bool], seconds: float) -> None:
+    """Let the loop run until ``done()`` or for ``seconds``, whichever comes first (the test
+    then asserts what it expects)."""
+    for _ in range(round(seconds / 0.01)):
+        await asyncio.sleep(0.01)
+        if done():
+            return
+
+
 def make_scheduler(view: ClusterView, rec: Reconciler) -> tuple[Scheduler, Informer]:
     informer = Informer(mock.Mock(), ("default",), lambda *run: None, view)
     return Scheduler(rec, view, Readiness()), informer
@@ -140,10 +150,7 @@ def test_at_startup_only_finished_runs_with_something_due_get_a_timer(listed_fir
             assert not sched.timers and len(sched.unchecked) == 2
             list_all()
             await asyncio.wait_for(sched.synced.wait(), 5)
-        for _ in range(50):
-            await asyncio.sleep(0.01)
-            if not sched.tasks:
-                break
+        await until(lambda: not sched.tasks, 0.5)
         return sched
 
     sched = asyncio.run(main())
@@ -233,18 +240,12 @@ def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(
         done, _ = finished_run()
         done["metadata"]["name"] = "done"
         sched.run_changed("default", "done", "Succeeded", done)
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if passes:
-                break
+        await until(lambda: bool(passes), 1.0)
         assert list(sched.drivers) == [("default", "demo")], "one task, for the unfinished run"
         deleting = new_run_body(True, "2")
         deleting["metadata"]["deletionTimestamp"] = "2026-11-22T09:00:00Z"
         sched.run_changed("default", "demo", "Running", deleting)
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if not sched.driving:
-                break
+        await until(lambda: not sched.driving, 1.0)
         return sched
 
     sched = asyncio.run(main())
