@@ -141,6 +141,35 @@ def test_failed_job_keeps_reason_and_exit_code() -> None:
     assert observed.exit_code == 137
 
 
+def _ended(code: int, phase: str, **spec: Any) -> dict[str, Any]:
+    pod = _pod("out", code, schedulingGates=[], nodeName="node", **spec)
+    pod["status"]["phase"] = phase
+    return pod
+
+
+def test_success_of_the_own_pod_ends_the_job_before_the_job_controller_says_so() -> None:
+    early = jobs.observe_job(_job([]), [_ended(0, "Succeeded")])
+    assert early is not None and early.state == JobState.SUCCEEDED
+    assert early.termination_message == "out" and early.exit_code == 0
+    assert early.start_pod is None
+
+
+def test_failures_and_doubtful_jobs_wait_for_the_job_controller() -> None:
+    failed = jobs.observe_job(_job([]), [_ended(1, "Failed")])
+    assert failed is not None and failed.state == JobState.ACTIVE
+    failing = jobs.observe_job(
+        _job([{"type": "FailureTarget", "status": "True"}]), [_ended(0, "Succeeded")]
+    )
+    assert failing is not None and failing.state == JobState.ACTIVE
+    foreign = _ended(0, "Succeeded", containers=[{"name": "step", "image": "evil"}])
+    beside = jobs.observe_job(_job([]), [_ended(0, "Succeeded"), foreign])
+    assert beside is not None and beside.state == JobState.ACTIVE
+    gated = _pod("out", 0)
+    gated["status"]["phase"] = "Succeeded"
+    held = jobs.observe_job(_job([]), [gated])
+    assert held is not None and held.state == JobState.ACTIVE
+
+
 def test_running_and_deleting_jobs() -> None:
     running = jobs.observe_job(_job([]), [])
     assert running is not None and running.state == JobState.ACTIVE and not running.deleting

@@ -335,8 +335,10 @@ def _own_outcome(
     code 0: a pod someone else made and the Job controller counted can end a Job, and a Job's
     end stops its own pod. ``pods`` None: the pods were not looked at, the conditions tell."""
     state, reason, message = _terminal_condition(job)
-    if state == JobState.ACTIVE or pods is None:
+    if pods is None:
         return state, reason, message, None
+    if state == JobState.ACTIVE:
+        return _ended_early(job, pods)
     checked = [(p, pod_problem(job, p)) for p in pods]
     foreign = [(p, problem) for p, problem in checked if problem is not None]
     terminated = _terminated([p for p, problem in checked if problem is None])
@@ -360,6 +362,37 @@ def _own_outcome(
         )
         return JobState.FAILED, POD_LOST, text, None
     return state, reason, message, None
+
+
+def _ended_early(
+    job: Mapping[str, Any], pods: list[Mapping[str, Any]]
+) -> tuple[JobState, str | None, str | None, Mapping[str, Any] | None]:
+    """The success of a Job the Job controller has not marked Complete yet, from its own pod.
+
+    A step Job has one pod that may run (``backoffLimit`` 0, ``restartPolicy`` Never, every
+    other pod held by the scheduling gate), so once that pod has succeeded, the Job's end is
+    decided: the Job controller only writes it down, after batching pod updates for up to a
+    second. The step succeeded when its own pod (one that runs the Job's template,
+    :func:`pod_problem`) is Succeeded with exit code 0. Failures wait for the Job's own
+    condition (which says why: a deadline, a deletion), and so does every Job with a pod
+    someone else made or a condition that it is failing (``FailureTarget``)."""
+    failing = any(
+        cond.get("type") == "FailureTarget" and cond.get("status") == "True"
+        for cond in (job.get("status") or {}).get("conditions") or []
+    )
+    checked = [(p, pod_problem(job, p)) for p in pods]
+    if failing or any(problem is not None for _, problem in checked):
+        return JobState.ACTIVE, None, None, None
+    for pod, _ in checked:
+        terminated = step_terminated(pod)
+        if (
+            (pod.get("status") or {}).get("phase") == "Succeeded"
+            and not is_gated(pod)
+            and terminated is not None
+            and terminated.get("exitCode") == 0
+        ):
+            return JobState.SUCCEEDED, None, None, terminated
+    return JobState.ACTIVE, None, None, None
 
 
 def observe_job(

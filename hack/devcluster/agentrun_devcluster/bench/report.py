@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
 from .cases import AgentResult, CaseResult, RestResult
-from .stats import Summary, fmt, ratio, summarize
+from .stats import fmt, ratio, summarize
 
 __all__ = ["Report", "requests_breakdown"]
 
@@ -187,13 +187,13 @@ class Report:
         return lines
 
     def _p4(self) -> list[str]:
-        rows: list[tuple[str, Summary | None]] = []
+        rows: list[tuple[str, list[float]]] = []
         op, _ = self.p1
         if op is not None:
-            rows.append((f"1 run ({op.steps} steps)", summarize(op.commit_latencies())))
+            rows.append((f"1 run ({op.steps} steps)", op.commit_latencies()))
         for concurrency, case, _ in self.p3:
             if case is not None:
-                rows.append((f"{concurrency} runs", summarize(case.commit_latencies())))
+                rows.append((f"{concurrency} runs", case.commit_latencies()))
         if not rows:
             return []
         lines = [
@@ -201,16 +201,20 @@ class Report:
             "P4  latency from a step's Job marked Complete to its result committed in the run's "
             "status",
             "    (audit log: the end of the Job status write that set Complete, to the end of the "
-            "run's first status write with the step finished)",
-            f"    {'':<22}{'n':>8}{'p50':>12}{'p99':>12}{'max':>12}",
+            "run's first status write with the step finished; negative when the result was",
+            "    committed first: the operator takes a step's end from its own pod, before the Job",
+            "    controller marks the Job; 'before' counts those)",
+            f"    {'':<22}{'n':>8}{'before':>8}{'p50':>12}{'p99':>12}{'max':>12}",
         ]
-        for label, s in rows:
+        for label, values in rows:
+            s = summarize(values)
             if s is None:
                 lines.append(f"    {label:<22}{'-':>8}")
                 continue
+            before = sum(1 for v in values if v < 0)
             lines.append(
-                f"    {label:<22}{s.count:>8}{fmt(s.p50, 's', 3):>12}{fmt(s.p99, 's', 3):>12}"
-                f"{fmt(s.max, 's', 3):>12}"
+                f"    {label:<22}{s.count:>8}{before:>8}{fmt(s.p50, 's', 3):>12}"
+                f"{fmt(s.p99, 's', 3):>12}{fmt(s.max, 's', 3):>12}"
             )
         return lines
 
