@@ -376,23 +376,26 @@ def _ended_early(
     :func:`pod_problem`) is Succeeded with exit code 0. Failures wait for the Job's own
     condition (which says why: a deadline, a deletion), and so does every Job with a pod
     someone else made or a condition that it is failing (``FailureTarget``)."""
+    succeeded = next(
+        (
+            terminated
+            for pod in pods
+            if (pod.get("status") or {}).get("phase") == "Succeeded"
+            and not is_gated(pod)
+            and (terminated := step_terminated(pod)) is not None
+            and terminated.get("exitCode") == 0
+        ),
+        None,
+    )
+    if succeeded is None:  # the common case while it runs: no pod compared with the template
+        return JobState.ACTIVE, None, None, None
     failing = any(
         cond.get("type") == "FailureTarget" and cond.get("status") == "True"
         for cond in (job.get("status") or {}).get("conditions") or []
     )
-    checked = [(p, pod_problem(job, p)) for p in pods]
-    if failing or any(problem is not None for _, problem in checked):
+    if failing or any(pod_problem(job, p) is not None for p in pods):
         return JobState.ACTIVE, None, None, None
-    for pod, _ in checked:
-        terminated = step_terminated(pod)
-        if (
-            (pod.get("status") or {}).get("phase") == "Succeeded"
-            and not is_gated(pod)
-            and terminated is not None
-            and terminated.get("exitCode") == 0
-        ):
-            return JobState.SUCCEEDED, None, None, terminated
-    return JobState.ACTIVE, None, None, None
+    return JobState.SUCCEEDED, None, None, succeeded
 
 
 def observe_job(
