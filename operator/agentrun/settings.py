@@ -56,6 +56,13 @@ ENV_RUN_UID = "AGENTRUN_RUN_UID"
 ENV_STEP = "AGENTRUN_STEP"
 ENV_ATTEMPT = "AGENTRUN_ATTEMPT"
 ENV_IDEMPOTENCY_KEY = "AGENTRUN_IDEMPOTENCY_KEY"
+ENV_POD_IP = "AGENTRUN_POD_IP"
+"""A model turn's pod address (``status.podIP``, by the downward API): where it takes its
+request (see :mod:`agentrun.pod.llm`)."""
+ENV_TURN_TOKEN_SHA256 = "AGENTRUN_TURN_TOKEN_SHA256"
+"""The sha256 of the one-time token a model turn's request must carry."""
+TURN_PORT = 8470
+"""The port a model turn's pod takes its request on."""
 
 ENV_RESULT_FILE = "AGENTRUN_RESULT_FILE"
 """Set by the step runner for the step's command: the file its result may be written to."""

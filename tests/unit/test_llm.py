@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import random
 import string
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -412,3 +414,78 @@ def test_the_request_sent_is_the_one_the_core_counts(tmp_path: Path, model: Scri
     assert llm.run_turn(env, store_factory=_no_store) == 0
     (request,) = model.completions()
     assert request.body == cx.request_body(_context(), "scripted", 300, None, "auto")
+
+
+def _post(port: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/turn", data=json.dumps(body).encode(), method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return int(answer.status), json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), json.loads(error.read())
+
+
+def test_a_waiting_turn_takes_one_request_with_its_token_and_nothing_else(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    model.add(reply("done"))
+    given = _env(tmp_path, model.base_url)
+    parts = [
+        given[f"{loop.ENV_CONTEXT_PART}{i}"] for i in range(int(given[loop.ENV_CONTEXT_PARTS]))
+    ]
+    digest = given[loop.ENV_CONTEXT_SHA256]
+    env = {k: v for k, v in given.items() if not k.startswith("AGENTRUN_CONTEXT")}
+    del env[s.ENV_IDEMPOTENCY_KEY]
+    env[s.ENV_TURN_TOKEN_SHA256] = sha256_text("the-token")
+    env[s.ENV_POD_IP] = "127.0.0.1"
+    exit_codes: list[int] = []
+    with lease_ports(1) as lease:
+        port = lease.port
+        lease.release()
+        waiting = threading.Thread(
+            target=lambda: exit_codes.append(
+                llm.serve(env, port=port, wait_seconds=30, store_factory=_no_store)
+            )
+        )
+        waiting.start()
+        request = {"token": "the-token", "parts": parts, "sha256": digest,
+                   "idempotencyKey": "uid:2:model:abc"}  # fmt: skip
+        code, answer = 0, {}
+        for _ in range(200):
+            try:
+                code, answer = _post(port, {**request, "token": "guessed"})
+                break
+            except urllib.error.URLError:
+                time.sleep(0.05)
+        assert code == 403, answer
+        assert _post(port, {**request, "sha256": "0" * 64})[0] == 400
+        assert _post(port, request) == (202, {"taken": digest})
+        waiting.join(30)
+    assert exit_codes == [0]
+    assert json.loads(_termination(env))["summary"] == "done"
+    (sent,) = model.completions()  # one call: the refused requests reached no model
+    assert [msg["role"] for msg in sent.messages] == ["system", "user", "assistant", "tool"]
+
+
+def test_a_turn_without_its_request_fails_when_its_wait_ends(tmp_path: Path) -> None:
+    env = {s.ENV_TURN_TOKEN_SHA256: sha256_text("t"), s.ENV_POD_IP: "127.0.0.1",
+           s.ENV_TERMINATION_MESSAGE_PATH: str(tmp_path / "termination-log")}  # fmt: skip
+    with lease_ports(1) as lease:
+        port = lease.port
+        lease.release()
+        assert llm.serve(env, port=port, wait_seconds=0.2, store_factory=_no_store) == 1
+    assert _termination(env) == "no request for the turn came within 0 s"
+
+
+def test_a_repeated_request_is_answered_with_what_was_taken() -> None:
+    requests = llm.TurnRequests(sha256_text("t"))
+    first = {"token": "t", "parts": ["a", "b"], "sha256": sha256_text("ab"), "idempotencyKey": "k"}
+    assert requests.offer(json.dumps(first).encode()) == (202, {"taken": sha256_text("ab")})
+    other = {**first, "parts": ["c"], "sha256": sha256_text("c")}
+    assert requests.offer(json.dumps(other).encode()) == (200, {"taken": sha256_text("ab")})
+    assert requests.offer(b"not json")[0] == 400
+    env = requests.env({})
+    assert env[loop.ENV_CONTEXT_PARTS] == "2" and env[s.ENV_IDEMPOTENCY_KEY] == "k"
+    assert env[f"{loop.ENV_CONTEXT_PART}1"] == "b"

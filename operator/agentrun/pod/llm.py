@@ -2,9 +2,16 @@
 
 The operator runs it as the step ``t{turn}-model`` in its own image. It
 
-1. reads the context the operator assembled for the turn: the parts of the context document
-   in ``AGENTRUN_CONTEXT_PART_0`` ... (environment variables taken from a ConfigMap of the
-   run), checked against ``AGENTRUN_CONTEXT_SHA256`` (see :mod:`agentrun.core.context`);
+1. takes the context the operator assembled for the turn. The operator's Jobs give it by
+   request (:func:`serve`): the pod starts before its turn does (the operator creates the
+   next turn's Job while the tools of the current one run), listens on its own address
+   (``AGENTRUN_POD_IP``, port :data:`agentrun.settings.TURN_PORT`) and takes the first
+   request that carries the one-time token whose sha256 its Job names
+   (``AGENTRUN_TURN_TOKEN_SHA256``): the parts of the context document, their digest and the
+   turn's idempotency key. Run by hand, without that variable, it reads them from
+   ``AGENTRUN_CONTEXT_PART_0`` ..., ``AGENTRUN_CONTEXT_SHA256`` and
+   ``AGENTRUN_IDEMPOTENCY_KEY``. Either way the parts are checked against the digest (see
+   :mod:`agentrun.core.context`);
 2. calls the model once with the official ``openai`` client: ``OpenAI(base_url=
    $AGENTRUN_MODEL_BASE_URL, api_key=$AGENTRUN_MODEL_API_KEY)``,
    ``chat.completions.create(model=..., messages=..., tools=..., max_tokens=...)``, with no
@@ -24,13 +31,18 @@ something that is not a chat completion. The API key is never printed.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from agentrun import settings as s
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core import naming
@@ -352,8 +364,112 @@ def run_turn(
     return 0
 
 
+WAIT_SECONDS = 3600.0
+"""How long a turn's pod waits for its request before it fails (a run that stopped needing
+it deletes it before that)."""
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+
+class TurnRequests:
+    """What a turn's pod accepts: the first request with the right token and a context that
+    matches its digest, and nothing else. A repeat of the token (the operator sending again
+    after a restart) is answered with the digest taken, and changes nothing."""
+
+    def __init__(self, token_sha256: str) -> None:
+        self.token_sha256 = token_sha256
+        self.taken: dict[str, Any] | None = None
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+
+    def offer(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        """HTTP status and answer for a request body."""
+        try:
+            request = json.loads(body)
+            token = str(request["token"])
+            parts = [str(p) for p in request["parts"]]
+            digest = str(request["sha256"])
+            key = str(request["idempotencyKey"])
+        except (ValueError, KeyError, TypeError):
+            return 400, {"error": "not a turn's request (token, parts, sha256, idempotencyKey)"}
+        given = hashlib.sha256(token.encode()).hexdigest()
+        if not hmac.compare_digest(given, self.token_sha256):
+            return 403, {"error": "the token is not this turn's"}
+        with self._lock:
+            if self.taken is not None:
+                return 200, {"taken": self.taken["sha256"]}
+            if naming.sha256_text("".join(parts)) != digest:
+                return 400, {"error": "the parts do not match their sha256"}
+            self.taken = {"parts": parts, "sha256": digest, "idempotencyKey": key}
+        self.ready.set()
+        return 202, {"taken": digest}
+
+    def env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with the taken request's context and key, as a turn run by hand reads them."""
+        assert self.taken is not None
+        merged = dict(env)
+        merged[loop.ENV_CONTEXT_PARTS] = str(len(self.taken["parts"]))
+        merged[loop.ENV_CONTEXT_SHA256] = self.taken["sha256"]
+        merged[s.ENV_IDEMPOTENCY_KEY] = self.taken["idempotencyKey"]
+        for i, part in enumerate(self.taken["parts"]):
+            merged[f"{loop.ENV_CONTEXT_PART}{i}"] = part
+        return merged
+
+
+def _handler(requests: TurnRequests) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if self.path != "/turn" or length > MAX_REQUEST_BYTES:
+                code, answer = 404, {"error": "POST /turn only"}
+            else:
+                code, answer = requests.offer(self.rfile.read(length))
+            data = json.dumps(answer).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            print(f"agentrun step llm: {self.address_string()} {format % args}", file=sys.stderr)
+
+    return Handler
+
+
+def serve(
+    env: dict[str, str] | None = None,
+    client_factory: Callable[[str, str], Any] = default_client,
+    wait_seconds: float = WAIT_SECONDS,
+    port: int = s.TURN_PORT,
+    store_factory: Callable[
+        [runner.StepIdentity, dict[str, str]], runner.ResultStore | None
+    ] = runner.default_store,
+) -> int:
+    """Wait for the turn's request on the pod's address, then run the turn; its exit code.
+    The model client is imported first, so the request finds it loaded."""
+    env = dict(os.environ if env is None else env)
+    import httpx  # noqa: F401 - loaded before the request, not after it
+    import openai  # noqa: F401
+
+    requests = TurnRequests(env[s.ENV_TURN_TOKEN_SHA256])
+    server = ThreadingHTTPServer((env.get(s.ENV_POD_IP) or "0.0.0.0", port), _handler(requests))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"agentrun step llm: waiting for the turn's request on {server.server_address}")
+    if not requests.ready.wait(wait_seconds):
+        server.shutdown()
+        termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
+        return _fail(termination, f"no request for the turn came within {wait_seconds:.0f} s")
+    try:
+        return run_turn(requests.env(env), client_factory, store_factory)
+    finally:
+        server.shutdown()
+
+
 def main(argv: list[str]) -> int:
     if argv:
         print("usage: agentrun step llm (no arguments; see its --help)", file=sys.stderr)
         return 2
+    if os.environ.get(s.ENV_TURN_TOKEN_SHA256):
+        return serve()
     return run_turn()
