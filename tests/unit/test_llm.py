@@ -452,7 +452,7 @@ def test_a_waiting_turn_takes_one_request_with_its_token_and_nothing_else(
         waiting.start()
         request = {"token": "the-token", "parts": parts, "sha256": digest,
                    "idempotencyKey": "uid:2:model:abc"}  # fmt: skip
-        code, answer = 0, {}
+        code, answer = 0, dict[str, Any]()
         for _ in range(200):
             try:
                 code, answer = _post(port, {**request, "token": "guessed"})

@@ -58,7 +58,7 @@ from .podenv import (
     object_data,
     resolve_env,
 )
-from .registration import NODE_IP
+from .registration import NODE_IP, pod_ip
 from .runtime import Container, ContainerRuntime, PodContext, terminate
 from .serviceaccount import ServiceAccountVolume, service_account_volume
 
@@ -173,8 +173,8 @@ class PodStatus:
             "conditions": [self._conditions[t] for t in CONDITION_ORDER if t in self._conditions],
             "hostIP": NODE_IP,
             "hostIPs": [{"ip": NODE_IP}],
-            "podIP": NODE_IP,
-            "podIPs": [{"ip": NODE_IP}],
+            "podIP": pod_ip(uid),
+            "podIPs": [{"ip": pod_ip(uid)}],
             "startTime": self.start_time,
             "containerStatuses": [c.status(uid) for c in regular],
             "reason": self.reason,

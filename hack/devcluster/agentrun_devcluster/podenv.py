@@ -16,8 +16,8 @@ Supported, like a kubelet:
 * ``valueFrom.fieldRef``: ``metadata.name``, ``metadata.namespace``, ``metadata.uid``,
   ``metadata.labels``, ``metadata.annotations``, ``metadata.labels['k']``,
   ``metadata.annotations['k']``, ``spec.nodeName``, ``spec.serviceAccountName``,
-  ``status.podIP(s)`` and ``status.hostIP(s)`` (both the node's IP: pods share the node's
-  network here).
+  ``status.podIP(s)`` (the pod's own loopback address,
+  :func:`agentrun_devcluster.registration.pod_ip`) and ``status.hostIP(s)`` (the node's).
 * ``valueFrom.resourceFieldRef``: the container's (or ``containerName``'s) requests or
   limits as written in the spec, else the node's capacity (no divisor, no unit conversion).
 * ``valueFrom.configMapKeyRef`` / ``secretKeyRef``, with ``optional``: an optional source
@@ -35,6 +35,8 @@ import base64
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from .registration import pod_ip
 
 __all__ = [
     "ConfigError",
@@ -110,8 +112,8 @@ def field_ref(pod: JSON, path: str, *, node_name: str, node_ip: str) -> str:
         "metadata.annotations": lambda: _key_values(meta.get("annotations")),
         "spec.nodeName": lambda: spec.get("nodeName") or node_name,
         "spec.serviceAccountName": lambda: spec.get("serviceAccountName", ""),
-        "status.podIP": lambda: node_ip,
-        "status.podIPs": lambda: node_ip,
+        "status.podIP": lambda: pod_ip(str(meta["uid"])),
+        "status.podIPs": lambda: pod_ip(str(meta["uid"])),
         "status.hostIP": lambda: node_ip,
         "status.hostIPs": lambda: node_ip,
     }

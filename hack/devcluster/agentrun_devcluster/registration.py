@@ -18,6 +18,7 @@ and tolerations are not evaluated.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import platform
@@ -25,12 +26,31 @@ import threading
 
 from .kubeapi import JSON, ApiException, KubeApi, now_micro, now_rfc3339
 
-__all__ = ["NODE_IP", "RUNTIME_LABEL", "NodeRegistration", "bind", "default_capacity"]
+__all__ = [
+    "NODE_IP",
+    "RUNTIME_LABEL",
+    "NodeRegistration",
+    "bind",
+    "default_capacity",
+    "pod_ip",
+]
 
 log = logging.getLogger(__name__)
 
-#: The node's address, and every pod's: pods run on the host's network.
+#: The node's address. Pods run on the host's network; each has an address of its own
+#: (:func:`pod_ip`).
 NODE_IP = "127.0.0.1"
+
+
+def pod_ip(uid: str) -> str:
+    """The pod's own address: one of 127.0.0.0/8 (all of it is the loopback interface), from
+    the pod's uid, as a network plugin gives each pod its own IP. The node's pods share the
+    host's network namespace, so an address is a convention, not a fence: a pod that binds
+    its own address (as a model turn's does) never clashes with another pod's on a port."""
+    digest = hashlib.sha256(uid.encode()).digest()
+    return f"127.{1 + digest[0] % 254}.{digest[1]}.{1 + digest[2] % 254}"
+
+
 LEASE_DURATION_SECONDS = 40
 #: Label of the Node: the container runtime its pods run in (``process`` or ``docker``).
 RUNTIME_LABEL = "agentrun.dev/container-runtime"
