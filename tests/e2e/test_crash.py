@@ -61,8 +61,11 @@ from tests.support.waiting import assert_holds
 pytestmark = pytest.mark.e2e
 
 CHILD_POINT = "after-child-create"
-POINTS = tuple(p for p in ALL_POINTS if p != CHILD_POINT)
-"""The crash points of runs without sub-agents (every one is reached by their passes)."""
+TURN_POINTS = ("after-turn-prepare", "before-turn-request", "after-turn-request")
+"""The crash points of model turns' Jobs made ahead and their requests (agent runs only)."""
+POINTS = tuple(p for p in ALL_POINTS if p != CHILD_POINT and p not in TURN_POINTS)
+"""The crash points of plan runs (every one is reached by their passes)."""
+AGENT_POINTS = POINTS + TURN_POINTS
 SEED = int(os.environ.get("AGENTRUN_CRASH_SEED") or 20260611)
 """Seed of every random choice of the crash test, printed in its assertion messages; set
 ``AGENTRUN_CRASH_SEED`` to replay a failure or to explore other schedules."""
@@ -792,20 +795,20 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
 
     try:
         hits: Counter[str] = Counter()
-        crash_at, kill_after = choose(rng, hits)
+        crash_at, kill_after = choose(rng, hits, AGENT_POINTS)
         env = {
             **OPERATOR_ENV,
             "AGENTRUN_CRASH_AT": crash_at,
             "AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND),
         }
-        driver = CrashDriver(op=start_operator(env=env), rng=rng, hits=hits)
+        driver = CrashDriver(op=start_operator(env=env), rng=rng, hits=hits, points=AGENT_POINTS)
         next_wave()
         driver.live(crash_at, kill_after, offset=0)
         live_until(
             driver,
             lambda: (
                 driver.kills >= AGENT_MIN_KILLS
-                and all(driver.hits[p] >= MIN_HITS_PER_POINT for p in POINTS)
+                and all(driver.hits[p] >= MIN_HITS_PER_POINT for p in AGENT_POINTS)
             ),
             lambda: all_terminal(kube, namespace, names),
             next_wave,
@@ -830,13 +833,13 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
         f"\nagent crash test summary: SEED={SEED + 1}; {len(names)} agent runs, "
         f"{len(names) * AGENT_TURNS} model turns, {executions} tool call executions; "
         f"{driver.summary()}; kill points exercised: "
-        f"{sum(1 for p in POINTS if driver.hits[p])}/{len(POINTS)}; "
+        f"{sum(1 for p in AGENT_POINTS if driver.hits[p])}/{len(AGENT_POINTS)}; "
         f"duplicates found: {creations.duplicates}; "
         f"creates answered otherwise (operator killed mid-request): {creations.response_lost}; "
         f"total {time.monotonic() - began:.0f}s\n{lives}"
     )
     assert driver.kills >= AGENT_MIN_KILLS, f"{context}: too few kills\n{lives}"
-    missed = [p for p in POINTS if not driver.hits[p]]
+    missed = [p for p in AGENT_POINTS if not driver.hits[p]]
     assert not missed, f"{context}: crash points never hit in agent runs: {missed}\n{lives}"
 
 

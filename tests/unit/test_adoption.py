@@ -189,7 +189,7 @@ def test_the_operators_spec_matches_its_dry_run_whatever_the_name_and_uid() -> N
     api = FakeApi()
     intent = committed_launch(run, "a")
     assert intent is not None
-    expected = api.dry_run("default", adoption.dry_run_manifest(run, intent))
+    expected = api.dry_run("default", adoption.dry_run_manifest(run, intent, KEY))
     assert expected["metadata"]["name"] != intent.job_name
     assert adoption.spec_problem(expected, operators_job(run)) is None
 
@@ -245,7 +245,7 @@ def test_check_two_fails_for_any_other_spec_and_says_where(change: Any, where: s
     api = FakeApi()
     intent = committed_launch(run, "a")
     assert intent is not None
-    expected = api.dry_run("default", adoption.dry_run_manifest(run, intent))
+    expected = api.dry_run("default", adoption.dry_run_manifest(run, intent, KEY))
     job = operators_job(run)
     change(job)
     problem = adoption.spec_problem(expected, job)

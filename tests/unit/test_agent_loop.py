@@ -15,6 +15,7 @@ from agentrun.clients.plugin import transcript
 from agentrun.core import agent_loop as loop
 from agentrun.core import builder
 from agentrun.core import context as cx
+from agentrun.core.arguments import args_hash
 from agentrun.core.envelope import MAX_TOKENS
 from agentrun.core.naming import sha256_text
 from agentrun_devcluster.modelserver import check_request
@@ -102,7 +103,7 @@ def test_tools_get_their_arguments_and_an_idempotency_key_of_turn_call_and_args(
     assert create.idempotency_key == st.idempotency_key
 
 
-def test_the_model_turn_runs_the_operator_image_with_the_context_by_reference() -> None:
+def test_the_model_turn_runs_the_operator_image_and_binds_its_context_by_digest() -> None:
     sim = AgentSim(
         agent_run(
             model={
@@ -126,13 +127,11 @@ def test_the_model_turn_runs_the_operator_image_with_the_context_by_reference() 
     assert key is not None and key.secret_key_ref is not None
     assert (key.secret_key_ref.name, key.secret_key_ref.key) == ("llm", "token")
     ctx = sim.agent.context
-    # The context comes by reference to the run's own ConfigMap, like an input.
-    assert f"{loop.ENV_CONTEXT_PART}0" not in env
-    inputs = {e.name: e for e in create.input_env}
-    part = inputs[f"{loop.ENV_CONTEXT_PART}0"].value_from
-    assert part is not None and part.config_map_key_ref is not None
-    assert part.config_map_key_ref.name == ctx.name
-    assert env[loop.ENV_CONTEXT_SHA256].value == ctx.digest
+    # The context is not in the Job: its pod takes it by request once the turn's intent is
+    # committed (so the Job can be made before the turn); its digest is in the args hash.
+    assert not any(name.startswith("AGENTRUN_CONTEXT") for name in env)
+    assert create.input_env == ()
+    assert create.args_hash == args_hash(sim.run, create.step, {loop.CONTEXT_INPUT: ctx.digest})
     # The context is stored before the status that names it, and is what the digest says.
     doc = sim.context()
     assert doc.digest() == ctx.digest

@@ -20,6 +20,7 @@ from agentrun_devcluster.podenv import (
     expand_vars,
     field_ref,
     object_data,
+    pod_ip,
     resolve_env,
     resource_field_ref,
 )
@@ -183,8 +184,8 @@ def test_expand_vars_directly() -> None:
         ("metadata.annotations", 'note="say "hi""'),
         ("spec.serviceAccountName", "runner"),
         ("spec.nodeName", "bound-node"),
-        ("status.podIP", NODE_IP),
-        ("status.podIPs", NODE_IP),
+        ("status.podIP", pod_ip("0b5e-uid")),
+        ("status.podIPs", pod_ip("0b5e-uid")),
         ("status.hostIP", NODE_IP),
         ("status.hostIPs", NODE_IP),
     ],
@@ -388,5 +389,12 @@ def test_podenv_imports_nothing_that_does_io() -> None:
             imported += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             imported.append("." * node.level + (node.module or ""))
-    allowed = {"__future__", "base64", "re", "collections.abc", "typing"}
+    allowed = {"__future__", "base64", "hashlib", "re", "collections.abc", "typing"}
     assert set(imported) <= allowed, sorted(set(imported) - allowed)
+
+
+def test_each_pod_has_its_own_loopback_address() -> None:
+    addresses = {pod_ip(f"uid-{i}") for i in range(1000)}
+    assert len(addresses) == 1000
+    assert all(a.startswith("127.") and a != NODE_IP for a in addresses)
+    assert pod_ip("uid-1") == pod_ip("uid-1")

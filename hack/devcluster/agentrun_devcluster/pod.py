@@ -56,9 +56,10 @@ from .podenv import (
     SourceLookup,
     TransientConfigError,
     object_data,
+    pod_ip,
     resolve_env,
 )
-from .registration import NODE_IP, pod_ip
+from .registration import NODE_IP
 from .runtime import Container, ContainerRuntime, PodContext, terminate
 from .serviceaccount import ServiceAccountVolume, service_account_volume
 

@@ -17,7 +17,7 @@ Supported, like a kubelet:
   ``metadata.labels``, ``metadata.annotations``, ``metadata.labels['k']``,
   ``metadata.annotations['k']``, ``spec.nodeName``, ``spec.serviceAccountName``,
   ``status.podIP(s)`` (the pod's own loopback address,
-  :func:`agentrun_devcluster.registration.pod_ip`) and ``status.hostIP(s)`` (the node's).
+  :func:`pod_ip`) and ``status.hostIP(s)`` (the node's).
 * ``valueFrom.resourceFieldRef``: the container's (or ``containerName``'s) requests or
   limits as written in the spec, else the node's capacity (no divisor, no unit conversion).
 * ``valueFrom.configMapKeyRef`` / ``secretKeyRef``, with ``optional``: an optional source
@@ -32,11 +32,10 @@ error) raises :class:`TransientConfigError`, which is passed through unchanged.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
-
-from .registration import pod_ip
 
 __all__ = [
     "ConfigError",
@@ -96,6 +95,15 @@ def object_data(kind: str, obj: JSON) -> dict[str, str]:
 
 def _key_values(items: Mapping[str, Any] | None) -> str:
     return "\n".join(f'{k}="{v}"' for k, v in sorted((items or {}).items()))
+
+
+def pod_ip(uid: str) -> str:
+    """The pod's own address: one of 127.0.0.0/8 (all of it is the loopback interface), from
+    the pod's uid, as a network plugin gives each pod its own IP. The node's pods share the
+    host's network namespace, so an address is a convention, not a fence: a pod that binds
+    its own address (as a model turn's does) never clashes with another pod's on a port."""
+    digest = hashlib.sha256(uid.encode()).digest()
+    return f"127.{1 + digest[0] % 254}.{digest[1]}.{1 + digest[2] % 254}"
 
 
 def field_ref(pod: JSON, path: str, *, node_name: str, node_ip: str) -> str:

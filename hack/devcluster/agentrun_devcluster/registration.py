@@ -18,7 +18,6 @@ and tolerations are not evaluated.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import platform
@@ -32,23 +31,13 @@ __all__ = [
     "NodeRegistration",
     "bind",
     "default_capacity",
-    "pod_ip",
 ]
 
 log = logging.getLogger(__name__)
 
 #: The node's address. Pods run on the host's network; each has an address of its own
-#: (:func:`pod_ip`).
+#: (:func:`agentrun_devcluster.podenv.pod_ip`).
 NODE_IP = "127.0.0.1"
-
-
-def pod_ip(uid: str) -> str:
-    """The pod's own address: one of 127.0.0.0/8 (all of it is the loopback interface), from
-    the pod's uid, as a network plugin gives each pod its own IP. The node's pods share the
-    host's network namespace, so an address is a convention, not a fence: a pod that binds
-    its own address (as a model turn's does) never clashes with another pod's on a port."""
-    digest = hashlib.sha256(uid.encode()).digest()
-    return f"127.{1 + digest[0] % 254}.{digest[1]}.{1 + digest[2] % 254}"
 
 
 LEASE_DURATION_SECONDS = 40

@@ -11,12 +11,15 @@ from agentrun.core.actions import (
     DeleteJob,
     DeleteRun,
     EmitEvent,
+    PrepareTurn,
     ReleaseJob,
+    SendTurn,
     StartPod,
     StoreResult,
 )
 from agentrun.core.machine import CoreConfig, Decision, reconcile
 from agentrun.core.observed import (
+    AheadJob,
     CarriedSource,
     JobState,
     Observed,
@@ -28,6 +31,7 @@ from agentrun.core.observed import (
 
 __all__ = [
     "Action",
+    "AheadJob",
     "CarriedSource",
     "CoreConfig",
     "CreateJob",
@@ -39,8 +43,10 @@ __all__ = [
     "Observed",
     "ObservedJob",
     "PodRef",
+    "PrepareTurn",
     "ReleaseJob",
     "ResumeSource",
+    "SendTurn",
     "StartPod",
     "StoreResult",
     "StrayJob",

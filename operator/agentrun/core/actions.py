@@ -24,6 +24,35 @@ class CreateJob:
 
 
 @dataclass(frozen=True)
+class PrepareTurn:
+    """Create the next model turn's Job (attempt 1, under the name its intent will commit)
+    while the current turn runs, so that its pod has started and waits for its request
+    when the turn begins. Nothing runs before the request (:class:`SendTurn`), which is sent
+    only after the turn's intent is committed. A run that no longer needs it lets it go as a
+    Job no attempt accounts for (:class:`agentrun.core.observed.StrayJob`)."""
+
+    step: Step
+    job_name: str
+
+
+@dataclass(frozen=True)
+class SendTurn:
+    """Send a model turn's pod its request: the turn's context (the run's ConfigMap
+    ``context_name``, checked against ``digest``) and idempotency key, with the one-time token
+    its Job names. Safe to repeat: the pod takes one request in its life and answers a
+    repeat with the digest it took."""
+
+    job_name: str
+    step: str
+    attempt: int
+    address: str
+    idempotency_key: str
+    context_name: str
+    parts: int
+    digest: str
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     """Delete a step Job, its pods first (so none runs on while the Job is held). The
     operator's finalizer stays on it until the deletion grace has passed (a later DeleteJob
@@ -133,4 +162,6 @@ Action = (
     | StoreRecord
     | EmitEvent
     | DeleteRun
+    | PrepareTurn
+    | SendTurn
 )

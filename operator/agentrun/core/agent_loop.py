@@ -74,9 +74,18 @@ from agentrun.core import frozen as freezing
 from agentrun.core import mcp as mcp_core
 from agentrun.core import naming
 from agentrun.core import resume as resuming
-from agentrun.core.actions import StoreRecord
+from agentrun.core.actions import (
+    Action,
+    CreateJob,
+    DeleteJob,
+    PrepareTurn,
+    SendTurn,
+    StartPod,
+    StoreRecord,
+)
 from agentrun.core.calls import call_outcome, content_of, cut, validate_calls
 from agentrun.core.envelope import summary_line
+from agentrun.core.observed import JobState, ObservedJob
 from agentrun.core.turns import (
     CONTEXT_INPUT,
     ENV_CONTEXT_PART,
@@ -96,6 +105,7 @@ from agentrun.core.turns import (
     KIND_TRANSCRIPT,
     AgentConfig,
     Host,
+    ahead_names,
     call_step,
     committed,
     compacted,
@@ -113,6 +123,7 @@ from agentrun.core.turns import (
     mcp_tools_of,
     model_of,
     model_step,
+    model_turn_step,
     pauses_for_tokens,
     prompt_ceiling,
     record_name,
@@ -144,6 +155,8 @@ __all__ = [
     "Host",
     "Settled",
     "advance",
+    "ahead_names",
+    "clear_name",
     "committed",
     "compacted",
     "context_inputs",
@@ -158,8 +171,10 @@ __all__ = [
     "is_agent_run",
     "is_model_turn",
     "is_tool_step",
+    "launch_actions",
     "model_of",
     "model_step",
+    "model_turn_step",
     "paused_message",
     "pauses_for_tokens",
     "pin",
@@ -590,6 +605,8 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
         b.steps[name] = m.StepStatus(name=name, phase=SP.PENDING)
         return
     if st.phase != SP.SUCCEEDED:
+        _send_turn(b, ag, st)
+        _prepare_next_turn(b, agent, ag, config)
         return
     output = _model_output(b, ag)
     if output is None:
@@ -805,11 +822,98 @@ def _record(
     return record
 
 
+def _send_turn(b: Host, ag: a.AgentStatus, st: m.StepStatus) -> None:
+    """Once the turn's intent is committed and its pod runs, send the pod its request."""
+    if st.phase not in (SP.LAUNCHING, SP.RUNNING) or not st.job_name:
+        return
+    job = next((j for j in b.observed.jobs if j.name == st.job_name), None)
+    if job is not None and job.attempt == st.attempt:
+        b.after.extend(_request(ag, st, job))
+
+
+def _request(ag: a.AgentStatus, st: m.StepStatus, job: ObservedJob) -> list[Action]:
+    ctx = ag.context
+    if ctx is None or job.address is None or job.state != JobState.ACTIVE:
+        return []
+    return [
+        SendTurn(
+            job_name=job.name,
+            step=st.name,
+            attempt=st.attempt,
+            address=job.address,
+            idempotency_key=st.idempotency_key or "",
+            context_name=ctx.name,
+            parts=ctx.parts,
+            digest=ctx.digest,
+        )
+    ]
+
+
+def launch_actions(b: Host, st: m.StepStatus, create: CreateJob) -> list[Action]:
+    """What carries out a committed launch intent: its Job's create; for a model turn whose
+    Job this process made ahead of the turn (:class:`PrepareTurn`), none is needed, and its
+    request goes as soon as the intent is committed when its pod runs already."""
+    ahead = next((x for x in b.observed.ahead if x.job.name == create.job_name), None)
+    ag = b.status.agent
+    if (
+        ag is None
+        or ahead is None
+        or not ahead.created_here
+        or ahead.job.name != create.job_name
+        or create.attempt != 1
+        or ahead.job.state != JobState.ACTIVE
+        or ahead.job.deleting
+    ):
+        return [create]
+    return _request(ag, st, ahead.job)
+
+
+def clear_name(b: Host, name: str) -> bool:
+    """Whether Job ``name`` is held by a stray (a model turn's Job made ahead that ended
+    before its turn); one that has ended is deleted, whatever the run's retention (no attempt
+    ran in it), and let go a grace later (:func:`agentrun.core.settle.let_strays_go`)."""
+    stray = next((j for j in b.observed.strays if j.name == name), None)
+    if stray is None:
+        return False
+    if stray.state != JobState.ACTIVE and not stray.deleting:
+        b.after.append(DeleteJob(name, "EndedBeforeItsTurn"))
+    return True
+
+
+def _prepare_next_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
+    """While the turn runs (its model call, then its calls), have the Jobs of the next
+    :attr:`AgentConfig.turns_ahead` turns made and their pods started, so that a turn waits
+    for no pod (a pod's start takes longer than a quick turn). A run that ends sooner leaves them
+    unused: they go as strays. Not while a call waits for approval (that may take long) or
+    the run is held, nor past the last turn."""
+    if b.run.spec.suspend or b.run.spec.cancel:
+        return
+    if any(
+        b.steps.get(c.step or "") is not None
+        and b.steps[c.step or ""].phase == SP.WAITING_FOR_APPROVAL
+        for c in ag.calls or []
+    ):
+        return
+    committed = b.run.status.agent if b.run.status is not None else None
+    if committed is None or committed.turn != ag.turn:
+        return  # the run as read is a turn behind: the next pass prepares
+    for turn in range(ag.turn + 1, min(ag.turn + config.turns_ahead, agent.max_turns) + 1):
+        name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, model_step(turn), 1)
+        ahead = next((x for x in b.observed.ahead if x.job.name == name), None)
+        if clear_name(b, name):
+            continue  # it ended before its turn: made again once it is gone
+        if ahead is None:
+            b.after.append(PrepareTurn(model_turn_step(b.run, ag, turn, config), name))
+        elif ahead.created_here and ahead.job.start_pod is not None:
+            b.after.append(StartPod(ahead.job.name, ahead.job.start_pod))
+
+
 def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
     calls = ag.calls or []
     for call in calls:
         st = b.steps.get(call.step or "")
         if call.step and (st is None or st.phase not in m.TERMINAL_STEP_PHASES):
+            _prepare_next_turn(b, agent, ag, config)
             return  # still running, waiting for approval or retrying
     output = _model_output(b, ag)
     if output is None or isinstance(output, str):  # read in the pass that took it

@@ -128,6 +128,8 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
             return
         if _earlier_attempt_running(b, step.name):
             continue  # an earlier attempt's pod is still stopping: attempts never overlap
+        if _name_held(b, step.name, st.attempt + 1):
+            continue  # a Job made ahead that ended before its turn holds the name, going
         _commit_launch_intent(b, step, st, h, input_env, first, decision)
 
 
@@ -137,6 +139,14 @@ def _earlier_attempt_running(b: Builder, step_name: str) -> bool:
     names = {j.name for j in b.observed.jobs if j.step == step_name}
     names |= {j.name for j in b.observed.strays if j.step == step_name}
     return not names.isdisjoint(b.observed.running)
+
+
+def _name_held(b: Builder, step_name: str, attempt: int) -> bool:
+    """Whether the Job name of the step's next attempt is held by a Job no attempt accounts
+    for (a model turn's made ahead that ended before its turn): the attempt waits until it is
+    gone, so its create never meets it (:func:`agentrun.core.agent_loop.clear_name`)."""
+    name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, step_name, attempt)
+    return agent_loop.clear_name(b, name)
 
 
 def _fail_before_launch(
@@ -232,7 +242,8 @@ def _commit_launch_intent(
     if create_child is not None:
         b.after.append(create_child)
         return
-    b.after.append(CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env))
+    create = CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env)
+    b.after.extend(agent_loop.launch_actions(b, st, create))
 
 
 def reissue_create(b: Builder, step: m.Step, st: m.StepStatus) -> None:

@@ -78,6 +78,9 @@ class ObservedJob:
     """The pod of the Job that may start now: every step pod is created held by a scheduling
     gate, and only one pod per attempt is ever let go (agentrun.execution.jobs.choose_pod).
     The core lets it start (:class:`agentrun.core.actions.StartPod`)."""
+    address: str | None = None
+    """The address (``status.podIP``) of the attempt's one started pod while it runs: where a
+    model turn's pod takes its request (:class:`agentrun.core.actions.SendTurn`)."""
     held_pods: tuple[str, ...] = ()
     """Other pods of the Job that run its template and are held for good: duplicates of the
     attempt, which never start."""
@@ -102,6 +105,18 @@ class StrayJob:
     """From the Job's conditions only."""
     deleting: bool = False
     deleted_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class AheadJob:
+    """The next model turn's Job, made while the current turn runs (see
+    :class:`agentrun.core.actions.PrepareTurn`), as found before its turn starts."""
+
+    job: ObservedJob
+    created_here: bool
+    """This process created it (its uid is one its create returned). Only then is its pod let
+    start before its turn: after a restart it waits for the turn's intent, which verifies it
+    as every attempt's Job is verified (agentrun.observation.adoption)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +175,9 @@ class Observed:
     """Everything observed for one run."""
 
     jobs: Sequence[ObservedJob] = field(default_factory=tuple)
+    ahead: Sequence[AheadJob] = field(default_factory=tuple)
+    """Model turns' Jobs made before their turn's intent (the current turn's, before its
+    first launch is committed, and the next one's: :func:`agentrun.core.turns.ahead_names`)."""
     recorded_seq: int | None = None
     """The highest transition seq stored in the run's audit record; None when the shell
     keeps no record (then the history is a plain ring)."""

@@ -80,6 +80,9 @@ class AgentConfig:
     tool_result_bytes: int = 16 * 1024
     """Most bytes of one tool result (or plan step result) put into the context and the
     transcript record; the whole result stays where the step committed it."""
+    turns_ahead: int = 2
+    """How many turns ahead model turns' Jobs are made (at most :data:`AHEAD_LIMIT`; see
+    :class:`agentrun.core.actions.PrepareTurn`)."""
 
 
 TEMPLATE_TOKENS = 2048
@@ -259,23 +262,24 @@ def tool_choice_of(agent: a.Agent, status: a.AgentStatus | None) -> str | None:
 
 
 def model_turn_step(
-    run: m.AgentRun, status: a.AgentStatus, ctx: a.ContextStatus, config: AgentConfig
+    run: m.AgentRun, status: a.AgentStatus, turn: int, config: AgentConfig
 ) -> m.Step:
-    """The step of the model turn ``ctx`` was assembled for, with the image and command
-    committed when the turn started (the operator's settings before that), and the endpoint,
-    model and API key Secret frozen when the run started (``status.agent.frozen``)."""
+    """The step of model turn ``turn``, with the image and command committed when the turn
+    started (the operator's settings before that), and the endpoint, model and API key Secret
+    frozen when the run started (``status.agent.frozen``). Its context is not part of it: the
+    pod takes it by request once the turn's intent is committed (:mod:`agentrun.pod.llm`), so
+    the Job can be made before the turn begins (:class:`agentrun.core.actions.PrepareTurn`);
+    the context's digest is in the step's args hash (:func:`context_inputs`)."""
     agent = run.spec.agent
     assert agent is not None
     image = status.turn_image or config.llm_image
     command = list(status.turn_command or config.llm_command)
     model = model_of(agent, status)
     env = [
-        _env(ENV_TURN, str(ctx.turn)),
+        _env(ENV_TURN, str(turn)),
         _env(ENV_MODEL_BASE_URL, model.base_url),
         _env(ENV_MODEL_NAME, model.name),
         _env(ENV_MODEL_MAX_OUTPUT_TOKENS, str(model.max_output_tokens)),
-        _env(ENV_CONTEXT_SHA256, ctx.digest),
-        _env(ENV_CONTEXT_PARTS, str(ctx.parts)),
     ]
     if model.temperature is not None:
         env.append(_env(ENV_MODEL_TEMPERATURE, repr(model.temperature)))
@@ -286,8 +290,8 @@ def model_turn_step(
         env.append(_secret_env(ENV_MODEL_API_KEY, model.api_key_secret_ref))
     container = m.ContainerAction.model_construct(image=image, command=command, env=env)
     return m.Step.model_construct(
-        name=model_step(ctx.turn),
-        description=f"model turn {ctx.turn}",
+        name=model_step(turn),
+        description=f"model turn {turn}",
         container=container,
         risk=m.Risk.READ,
         approval=m.ApprovalMode.AUTO,
@@ -297,26 +301,59 @@ def model_turn_step(
     )
 
 
+AHEAD_LIMIT = 4
+"""The most turns after the current one whose model turn's Job may be made ahead
+(:attr:`AgentConfig.turns_ahead` says how many are; see
+:class:`agentrun.core.actions.PrepareTurn`)."""
+
+
+def ahead_names(run: m.AgentRun) -> list[str]:
+    """The names of the model turns' Jobs that may exist before their turn's intent while a
+    turn runs: the current turn's first attempt before its launch is committed, and those of
+    the next :data:`AHEAD_LIMIT` turns (:func:`made_ahead` says which a found Job is)."""
+    status = run.status.agent if run.status is not None else None
+    if status is None or status.stage not in (a.AgentStage.THINKING, a.AgentStage.ACTING):
+        return []
+    names = []
+    for turn in range(status.turn, status.turn + AHEAD_LIMIT + 1):
+        name = naming.job_name(run.metadata.name, run.metadata.uid, model_step(turn), 1)
+        if made_ahead(run, name, model_step(turn)):
+            names.append(name)
+    return names
+
+
+def made_ahead(run: m.AgentRun, job_name: str, step: str | None) -> bool:
+    """Whether Job ``job_name`` (of step ``step``, by its label) is a model turn's made before
+    its turn (:class:`agentrun.core.actions.PrepareTurn`) that the run may still need: attempt
+    1 of a turn after the current one, or of the current one before its first launch intent
+    is committed, under the name that attempt commits, while the run goes on. Such a Job is
+    neither observed as an attempt's nor a stray; a pass that reads the run as it was a
+    moment ago must not take it for one either."""
+    status = run.status.agent if run.status is not None else None
+    turn = turn_of_step(step or "")
+    if status is None or turn is None or step != model_step(turn) or turn < status.turn:
+        return False
+    if turn == status.turn and any(  # the turn began: is its first attempt launched yet?
+        st.name == step and st.attempt > 0 for st in (run.status.steps if run.status else []) or []
+    ):
+        return False
+    if status.stage in (a.AgentStage.ANSWERED, a.AgentStage.STOPPED):
+        return False
+    if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
+        return False
+    return job_name == naming.job_name(run.metadata.name, run.metadata.uid, step, 1)
+
+
 def context_inputs(
     status: a.AgentStatus | None, step: str
 ) -> tuple[list[m.EnvVar], dict[str, str]]:
-    """The inputs of a model turn's step: the parts of its context, by reference to the
-    run's own ConfigMap (``AGENTRUN_CONTEXT_PART_{i}``), and their digest for the args hash.
-    Nothing for any other step. Like the inputs of plan steps, they name an object the
-    operator wrote, so they are not checked against the creator's rights."""
+    """The inputs of a model turn's step: the digest of its context, for the args hash (the
+    pod takes the context itself by request, :class:`agentrun.core.actions.SendTurn`).
+    Nothing for any other step."""
     ctx = status.context if status is not None else None
     if status is None or ctx is None or step != model_step(status.turn) or ctx.turn != status.turn:
         return [], {}
-    env = [
-        m.EnvVar(
-            name=f"{ENV_CONTEXT_PART}{i}",
-            value_from=m.EnvVarSource(
-                config_map_key_ref=m.ConfigMapKeySelector(name=ctx.name, key=f"part-{i}")
-            ),
-        )
-        for i in range(ctx.parts)
-    ]
-    return env, {CONTEXT_INPUT: ctx.digest}
+    return [], {CONTEXT_INPUT: ctx.digest}
 
 
 def _call_env(tool: str, call: a.ToolCallStatus, turn: int) -> list[m.EnvVar]:
@@ -518,7 +555,7 @@ def _dynamic(
     found: list[m.Step] = []
     ctx = status.context
     if model_step(status.turn) in steps and ctx is not None and ctx.turn == status.turn:
-        found.append(model_turn_step(run, status, ctx, config))
+        found.append(model_turn_step(run, status, status.turn, config))
     tools = {t.name: t for t in agent.tools or []}
     mcp_tools = mcp_tools_of(agent, status)
     for call in status.calls or []:

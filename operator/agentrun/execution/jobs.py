@@ -6,6 +6,7 @@ cluster; the reconciler does the I/O.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,6 +15,8 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, ObservedJob, PodRef
+from agentrun.core.turns import is_model_turn
+from agentrun.execution import proof
 from agentrun.execution.objects import RunRef, owner_reference, run_labels
 
 CONTAINER_NAME = "step"
@@ -35,8 +38,8 @@ RESTRICTED_CONTAINER_SECURITY: dict[str, Any] = {
 """The restricted Pod Security Standard, container level."""
 
 
-def _env(run: m.AgentRun, action: CreateJob) -> list[dict[str, Any]]:
-    identity = {
+def _env(run: m.AgentRun, action: CreateJob, token_sha256: str | None) -> list[dict[str, Any]]:
+    identity: dict[str, str] = {
         s.ENV_RUN: run.metadata.name,
         s.ENV_NAMESPACE: run.metadata.namespace,
         s.ENV_RUN_UID: run.metadata.uid,
@@ -44,14 +47,42 @@ def _env(run: m.AgentRun, action: CreateJob) -> list[dict[str, Any]]:
         s.ENV_ATTEMPT: str(action.attempt),
         s.ENV_IDEMPOTENCY_KEY: action.idempotency_key,
     }
-    env = [{"name": k, "value": v} for k, v in identity.items()]
+    if token_sha256 is not None:  # a model turn: its key comes with its request
+        del identity[s.ENV_IDEMPOTENCY_KEY]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in identity.items()]
     env += [e.to_wire() for e in action.step.container.env or []]
     env += [e.to_wire() for e in action.input_env]
+    if token_sha256 is not None:
+        env += [
+            {"name": s.ENV_TURN_TOKEN_SHA256, "value": token_sha256},
+            {
+                "name": s.ENV_POD_IP,
+                "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
+            },
+        ]
     return env
 
 
-def build_job(run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
-    """The Job of one step attempt."""
+def takes_request(run: m.AgentRun, step: str) -> bool:
+    """Whether the step's pod takes its input by request: an agent run's model turn."""
+    return run.spec.agent is not None and is_model_turn(step)
+
+
+def step_job(run: m.AgentRun, action: CreateJob, key: bytes) -> dict[str, Any]:
+    """The Job of one step attempt as the operator creates it: :func:`build_job`, with the
+    sha256 of the turn's one-time token for a model turn (:func:`takes_request`)."""
+    token = None
+    if takes_request(run, action.step.name):
+        turn_token = proof.turn_token(key, run.metadata.uid, action.job_name)
+        token = hashlib.sha256(turn_token.encode()).hexdigest()
+    return build_job(run, action, token)
+
+
+def build_job(
+    run: m.AgentRun, action: CreateJob, token_sha256: str | None = None
+) -> dict[str, Any]:
+    """The Job of one step attempt. ``token_sha256``: a model turn's, whose pod waits on its
+    address for a request carrying the token (:mod:`agentrun.pod.llm`)."""
     step = action.step
     template = run.spec.step_template or m.StepTemplate()
     resources = step.container.resources or template.resources
@@ -64,7 +95,7 @@ def build_job(run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": step.container.image,
-        "env": _env(run, action),
+        "env": _env(run, action, token_sha256),
         "securityContext": template.container_security_context or RESTRICTED_CONTAINER_SECURITY,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -398,6 +429,21 @@ def _ended_early(
     return JobState.SUCCEEDED, None, None, succeeded
 
 
+def _address(job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> str | None:
+    """The address of the Job's own pod that was let start and runs."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        if (
+            status.get("phase") == "Running"
+            and status.get("podIP")
+            and not is_gated(pod)
+            and not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and pod_problem(job, pod) is None
+        ):
+            return str(status["podIP"])
+    return None
+
+
 def observe_job(
     job: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]] | None,
@@ -440,5 +486,6 @@ def observe_job(
         deleted_at=_time(meta.get("deletionTimestamp")),
         pod_refused=pod_refused if state == JobState.ACTIVE else None,
         start_pod=choice.start if state == JobState.ACTIVE else None,
+        address=_address(job, listed) if state == JobState.ACTIVE and listed else None,
         held_pods=choice.held,
     )

@@ -74,3 +74,12 @@ def proof_problem(
             "it for this attempt"
         )
     return None
+
+
+def turn_token(key: bytes, run_uid: str, job_name: str) -> str:
+    """The one-time token a model turn's pod takes its request with
+    (:mod:`agentrun.pod.llm`): only the operator, which holds the key, can make it; its Job
+    carries only its sha256 (:func:`agentrun.execution.jobs.build_job`), which anyone who may
+    read the Job sees."""
+    signed = json.dumps([VERSION, "turn", run_uid, job_name], separators=(",", ":"))
+    return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()

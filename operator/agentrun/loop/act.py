@@ -29,11 +29,12 @@ from agentrun.core import (
     StoreResult,
     naming,
 )
-from agentrun.core.actions import CreateChild, PatchChild, StoreRecord
+from agentrun.core.actions import CreateChild, PatchChild, PrepareTurn, SendTurn, StoreRecord
 from agentrun.execution import inputs, jobs, objects, proof
 from agentrun.kubeapi import api_message, finalizer_removal, tolerate
 from agentrun.loop.common import Apis, Checkpoint, log, run_fields
 from agentrun.loop.observe import Observer
+from agentrun.loop.turn_requests import TurnSender
 from agentrun.observation.watches import Wake, controller_uid
 from agentrun.telemetry import events
 
@@ -148,6 +149,8 @@ class Actor:
         self.checkpoint = checkpoint
         self.wake = wake
         """Wakes a run's next pass (a create met a Job already holding the name)."""
+        self.turns = TurnSender(observer, checkpoint)
+        """Sends model turns' pods their requests."""
 
     def before_commit(self, run: m.AgentRun, actions: tuple[Action, ...]) -> bool:
         """What must stand before the status that names it is committed (result and record
@@ -175,6 +178,10 @@ class Actor:
         ns = run.metadata.namespace
         if isinstance(action, CreateJob):
             self._create_job(run, action)
+        elif isinstance(action, PrepareTurn):
+            self._prepare_turn(run, action)
+        elif isinstance(action, SendTurn):
+            self.turns.send(run, action, self.observer.job_key.get())
         elif isinstance(action, CreateChild):
             self._create_child(run, action)
         elif isinstance(action, PatchChild):
@@ -219,7 +226,7 @@ class Actor:
         # The proof that the operator made it: a Job without one never counts (adoption).
         key = self.observer.job_key.get()
         try:
-            manifest = jobs.build_job(run, action)
+            manifest = jobs.step_job(run, action, key)
             proof.sign(key, run.metadata.uid, action.step.name, action.attempt, manifest)
             with tolerate(409, *JOB_REFUSALS) as exists:
                 created = self.apis.batch.create_namespaced_job(
@@ -253,6 +260,25 @@ class Actor:
         self.observer.note_launched(run.metadata.uid, action.job_name)
         log.info("created Job %s", action.job_name, extra=ctx)
         self.checkpoint("after-job-create")
+
+    def _prepare_turn(self, run: m.AgentRun, action: PrepareTurn) -> None:
+        """Create the next model turn's Job before its turn (see PrepareTurn). Once per name
+        in this process; one that exists already is left to the turn's intent to verify."""
+        if not self.turns.first_preparation(run.metadata.uid, action.job_name):
+            return
+        intent = CreateJob(action.step, 1, action.job_name, "", "")
+        key = self.observer.job_key.get()
+        manifest = jobs.step_job(run, intent, key)
+        proof.sign(key, run.metadata.uid, action.step.name, 1, manifest)
+        with tolerate(409, *JOB_REFUSALS) as refused:
+            created = self.apis.batch.create_namespaced_job(
+                run.metadata.namespace, manifest, _preload_content=False
+            )
+        if refused:  # it exists, or is refused: the turn's own create will say
+            return
+        self.adoption.created(json.loads(created.data))
+        log.info("created Job %s ahead of its turn", action.job_name, extra=run_fields(run))
+        self.checkpoint("after-turn-prepare")
 
     def _create_child(self, run: m.AgentRun, action: CreateChild) -> None:
         """Create a sub-agent call's child AgentRun. One already holding its name is left

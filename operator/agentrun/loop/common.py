@@ -26,6 +26,9 @@ CHECKPOINTS = (
     "before-result-commit",
     "after-result-commit",
     "before-job-release",
+    "after-turn-prepare",
+    "before-turn-request",
+    "after-turn-request",
 )
 """The named moments of a pass where a crash is most interesting: a :data:`Checkpoint` hook
 given to :class:`agentrun.loop.reconciler.Reconciler` is called with one of these names each

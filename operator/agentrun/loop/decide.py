@@ -13,7 +13,7 @@ from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CoreConfig, CreateJob, Decision, Observed, agent_loop, reconcile
+from agentrun.core import CoreConfig, CreateJob, Decision, Observed, agent_loop, reconcile, turns
 from agentrun.execution import jobs
 
 REFUSAL_REQUEUE = 0.1
@@ -27,7 +27,9 @@ def core_config(settings: s.Settings) -> CoreConfig:
         job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
         running_after_seconds=settings.running_after_seconds,
         agent=agent_loop.AgentConfig(
-            llm_image=settings.llm_image, llm_command=settings.llm_command
+            llm_image=settings.llm_image,
+            llm_command=settings.llm_command,
+            turns_ahead=max(0, min(settings.turns_ahead, turns.AHEAD_LIMIT)),
         ),
     )
 

@@ -26,12 +26,14 @@ from agentrun.access import audit, authz
 from agentrun.api import models as m
 from agentrun.core import (
     CarriedSource,
+    JobState,
     Observed,
     ObservedJob,
     StrayJob,
     agent_loop,
     naming,
     subagents,
+    turns,
 )
 from agentrun.execution import inputs, jobs, objects
 from agentrun.kubeapi import list_items, tolerate
@@ -174,9 +176,14 @@ class Observer:
         if vanished:
             log.warning("Job(s) %s of attempts in flight vanished", ", ".join(sorted(vanished)),
                         extra=run_fields(run))  # fmt: skip
+        ahead = tuple(
+            found_ahead
+            for name in turns.ahead_names(run)
+            if (found_ahead := self.adoption.observe_ahead(run, name)) is not None
+        )
         strays = self._strays(run, found)
         running = self._running(uid, {j.name for j in found} | {j.name for j in strays})
-        observed = Observed(found, strays=strays, running=running, vanished=vanished)
+        observed = Observed(found, ahead, strays=strays, running=running, vanished=vanished)
         if recorded is None:
             return observed
         prefix = audit.record_prefix(run.metadata.name, uid)
@@ -198,9 +205,13 @@ class Observer:
 
     def _strays(self, run: m.AgentRun, found: tuple[ObservedJob, ...]) -> tuple[StrayJob, ...]:
         """The run's Jobs adoption could not tell (no committed intent describes them: their
-        step was removed or changed, or a later attempt superseded theirs), not someone
-        else's, and still held by the operator's finalizer: nothing else would let them go,
-        and one still running would run on. Their outcome is never read."""
+        step was removed or changed, or a later attempt superseded theirs, or a model turn's
+        made ahead that the run no longer needs), not someone else's, and still held by the
+        operator's finalizer: nothing else would let them go, and one still running would
+        run on. Their outcome is never read. A later turn's Job made before its turn, still
+        waiting while the run may need it, is not one (:func:`agentrun.core.turns.made_ahead`);
+        one that ended or is being deleted before its turn is: the turn waits until it is
+        gone, then makes its Job again."""
         uid = run.metadata.uid
         steps = (run.status.steps if run.status else None) or []
         skip = {j.name for j in found} | {
@@ -215,6 +226,9 @@ class Observer:
             seen = jobs.observe_job(job, None)
             if seen is None or not seen.held:
                 continue
+            waiting = seen.state == JobState.ACTIVE and not seen.deleting
+            if waiting and turns.made_ahead(run, seen.name, seen.step):
+                continue  # a later turn's, made ahead and still waiting for it
             if self.adoption.is_rejected(job, uid):
                 continue  # someone else's: left alone
             strays.append(

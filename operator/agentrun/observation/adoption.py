@@ -2,7 +2,7 @@
 
 A step Job's name is a function of (run uid, step, attempt), so anyone who may create Jobs in
 the namespace can compute the next attempt's name and build the operator's exact manifest
-(:func:`agentrun.execution.jobs.build_job`) under it first, even before the step's approval.
+(:func:`agentrun.execution.jobs.step_job`) under it first, even before the step's approval.
 Names, labels, owner references and specs can be copied; the operator's key cannot. A Job
 found under an attempt's name counts as the attempt's only if
 
@@ -49,7 +49,7 @@ from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CreateJob, JobState, ObservedJob
+from agentrun.core import AheadJob, CreateJob, JobState, ObservedJob, turns
 from agentrun.core.machine import committed_launch
 from agentrun.execution import jobs, proof
 from agentrun.observation.watches import ClusterView, controller_ref, controller_uid
@@ -171,9 +171,9 @@ def spec_problem(expected_job: Mapping[str, Any], found_job: Mapping[str, Any]) 
     return f"its spec is not the one the operator creates for the attempt ({where} differs)"
 
 
-def dry_run_manifest(run: m.AgentRun, intent: CreateJob) -> Obj:
+def dry_run_manifest(run: m.AgentRun, intent: CreateJob, key: bytes) -> Obj:
     """The operator's manifest for ``intent`` under ``generateName`` (for the dry run)."""
-    manifest = jobs.build_job(run, intent)
+    manifest = jobs.step_job(run, intent, key)
     manifest["metadata"].pop("name", None)
     manifest["metadata"]["generateName"] = f"{intent.job_name[:56]}-"
     return manifest
@@ -322,15 +322,16 @@ class Adoption:
             found = Verdict(f"its inputs cannot be verified: {bound}")
         else:
             # Signed over the manifest the operator creates: the one with its inputs bound.
-            manifest = jobs.build_job(run, bound)
+            key = self.key()
+            manifest = jobs.step_job(run, bound, key)
             problem = proof.proof_problem(
-                self.key(), run.metadata.uid, bound.step.name, bound.attempt, manifest, job
+                key, run.metadata.uid, bound.step.name, bound.attempt, manifest, job
             )
             if problem is not None:
                 # Say first what is plainly wrong (another controller), else that it is unsigned.
                 found = Verdict(ownership_problem(job, run.metadata.uid) or problem)
             else:
-                expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, bound))
+                expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, bound, key))
                 found = Verdict(spec_problem(expected, job))
         with self._lock:
             self._verdicts.remember(job_uid, (generation, found))
@@ -379,6 +380,8 @@ class Adoption:
         found: dict[str, ObservedJob] = {}
         for listed in self.view.jobs_of_run(uid):
             name = _name(listed)
+            if name not in in_flight and turns.made_ahead(run, name, _step(listed)):
+                continue  # a later turn's, made before it: observe_ahead
             if name not in in_flight and _released_and_going(listed):
                 continue  # its outcome is committed and the operator let it go: nothing to see
             job = self._current_object(ns, name) or listed
@@ -396,6 +399,21 @@ class Adoption:
                 if observed is not None:
                     found[name] = observed
         return tuple(found.values())
+
+    def observe_ahead(self, run: m.AgentRun, name: str) -> AheadJob | None:
+        """The next model turn's Job ``name`` (made before its turn) as the view holds it,
+        None when there is none controlled by the run. Its pods are read only when this
+        process created it: only then may its pod start before the turn's intent."""
+        listed = next(
+            (j for j in self.view.jobs_of_run(run.metadata.uid) if _name(j) == name), None
+        )
+        job = self._current_object(run.metadata.namespace, name) or listed
+        if job is None or not _controlled_by(job, run.metadata.uid):
+            return None
+        with self._lock:
+            here = self._created.get(_uid(job), -1) == _generation(job)
+        observed = self._observe_verified(run, job) if here else jobs.observe_job(job, None)
+        return None if observed is None else AheadJob(observed, here)
 
     def _classify(
         self, run: m.AgentRun, job: Obj, st: m.StepStatus | None, in_flight: bool
@@ -474,6 +492,11 @@ class Adoption:
         if job is None or self.is_rejected(job, run.metadata.uid):
             return None
         return _uid(job)
+
+
+def _step(job: Mapping[str, Any]) -> str | None:
+    step = ((job.get("metadata") or {}).get("labels") or {}).get(s.LABEL_STEP)
+    return str(step) if step is not None else None
 
 
 def _controlled_by(obj: Mapping[str, Any], uid: str) -> bool:

@@ -368,6 +368,8 @@ WAIT_SECONDS = 3600.0
 """How long a turn's pod waits for its request before it fails (a run that stopped needing
 it deletes it before that)."""
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+POLL_SECONDS = 0.05
+"""How often the listener looks whether it is to stop (the pod ends that much after its turn)."""
 
 
 class TurnRequests:
@@ -446,22 +448,38 @@ def serve(
     ] = runner.default_store,
 ) -> int:
     """Wait for the turn's request on the pod's address, then run the turn; its exit code.
-    The model client is imported first, so the request finds it loaded."""
+    The model client (and the Kubernetes client, when the pod has a token) is imported first,
+    so the request finds it loaded."""
     env = dict(os.environ if env is None else env)
     import httpx  # noqa: F401 - loaded before the request, not after it
     import openai  # noqa: F401
 
+    sa_dir = Path(env.get(s.ENV_SERVICEACCOUNT_DIR, runner.DEFAULT_SERVICEACCOUNT_DIR))
+    if (sa_dir / "token").is_file():  # the result store's client (runner.default_store)
+        import kubernetes.client
+        import kubernetes.config.incluster_config  # noqa: F401
+
+    factory = client_factory
+    try:
+        base_url = _settings(env)[0]
+        client = client_factory(base_url, env.get(loop.ENV_MODEL_API_KEY) or NO_KEY)
+        _ = client.chat.completions.with_raw_response  # the client loads its parts lazily
+
+        def factory(_base_url: str, _key: str) -> Any:
+            return client
+    except TurnFailed:
+        pass  # the turn says so once its request came
     requests = TurnRequests(env[s.ENV_TURN_TOKEN_SHA256])
     server = ThreadingHTTPServer((env.get(s.ENV_POD_IP) or "0.0.0.0", port), _handler(requests))
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(POLL_SECONDS,), daemon=True).start()
     print(f"agentrun step llm: waiting for the turn's request on {server.server_address}")
     if not requests.ready.wait(wait_seconds):
         server.shutdown()
         termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
         return _fail(termination, f"no request for the turn came within {wait_seconds:.0f} s")
     try:
-        return run_turn(requests.env(env), client_factory, store_factory)
+        return run_turn(requests.env(env), factory, store_factory)
     finally:
         server.shutdown()
 
@@ -471,5 +489,10 @@ def main(argv: list[str]) -> int:
         print("usage: agentrun step llm (no arguments; see its --help)", file=sys.stderr)
         return 2
     if os.environ.get(s.ENV_TURN_TOKEN_SHA256):
-        return serve()
+        code = serve()
+        # The turn's envelope is written: end now, not after the interpreter has taken apart
+        # every module it loaded (a tenth of a second or more, that the turn would wait for).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return run_turn()
