@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun import settings as s
 from agentrun_devcluster.testing import TestCluster
 from tests.support.helm import Helm, one, without_hooks
 from tests.support.paths import CHART, MANIFESTS
@@ -56,7 +57,7 @@ def test_the_token_is_mounted_only_where_it_is_used(helm: Helm) -> None:
         assert job["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
 
 
-def test_the_network_policy_allows_the_api_server_dns_and_the_probe_and_metrics_ports_only(
+def test_the_network_policy_allows_the_api_server_dns_turn_pods_and_probe_and_metrics_only(
     helm: Helm,
 ) -> None:
     assert "NetworkPolicy" not in [d["kind"] for d in helm.template()]  # off by default
@@ -70,7 +71,11 @@ def test_the_network_policy_allows_the_api_server_dns_and_the_probe_and_metrics_
         ports = [
             sorted((p["protocol"], p["port"]) for p in rule["ports"]) for rule in spec["egress"]
         ]
-        assert ports == [[("TCP", 443), ("TCP", 6443)], [("TCP", 53), ("UDP", 53)]], where
+        assert ports == [
+            [("TCP", 443), ("TCP", 6443)],
+            [("TCP", 53), ("UDP", 53)],
+            [("TCP", s.TURN_PORT)],  # model turns' requests
+        ], where
         assert all("to" not in rule for rule in spec["egress"]), where
     assert plain["podSelector"]["matchLabels"].items() <= (
         manifest("deployment.yaml")["spec"]["template"]["metadata"]["labels"].items()

@@ -606,7 +606,8 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
         return
     if st.phase != SP.SUCCEEDED:
         _send_turn(b, ag, st)
-        _prepare_next_turn(b, agent, ag, config)
+        if ag.turn > 1:  # a run past its first turn likely goes on (the first may answer)
+            _prepare_next_turn(b, agent, ag, config)
         return
     output = _model_output(b, ag)
     if output is None:
@@ -881,11 +882,12 @@ def clear_name(b: Host, name: str) -> bool:
 
 
 def _prepare_next_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
-    """While the turn runs (its model call, then its calls), have the Jobs of the next
-    :attr:`AgentConfig.turns_ahead` turns made and their pods started, so that a turn waits
-    for no pod (a pod's start takes longer than a quick turn). A run that ends sooner leaves them
-    unused: they go as strays. Not while a call waits for approval (that may take long) or
-    the run is held, nor past the last turn."""
+    """While the turn runs (its model call from the second turn on, then its calls), have
+    the Jobs of the next :attr:`AgentConfig.turns_ahead` turns made and their pods started,
+    so that a turn waits for no pod (a pod's start takes longer than a quick turn). The first
+    turn's model call does not: a run that answers at once makes none. A run that ends sooner
+    leaves them unused: they go as strays. Not while a call waits for approval (that may take
+    long) or the run is held, nor past the last turn."""
     if b.run.spec.suspend or b.run.spec.cancel:
         return
     if any(

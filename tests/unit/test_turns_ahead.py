@@ -1,0 +1,149 @@
+"""Model turns' Jobs made ahead of their turn (PrepareTurn) and their requests (SendTurn), as
+the core decides them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from agentrun.api import agent as a
+from agentrun.api import models as m
+from agentrun.core import (
+    AheadJob,
+    CreateJob,
+    JobState,
+    Observed,
+    ObservedJob,
+    PodRef,
+    PrepareTurn,
+    SendTurn,
+    StartPod,
+    StrayJob,
+    naming,
+    reconcile,
+    turns,
+)
+from agentrun.core import agent_loop as loop
+from tests.support.agent_sim import AgentSim, agent_run, call
+
+
+def _name(sim: AgentSim, turn: int) -> str:
+    return naming.job_name(sim.run.metadata.name, sim.run.metadata.uid, loop.model_step(turn), 1)
+
+
+def _actions(sim: AgentSim, observed: Observed | None = None) -> list[Any]:
+    decision = reconcile(sim.run, observed or sim.observed(), sim.now, sim.config)
+    return list(decision.after_commit)
+
+
+def _to_the_next_turn(sim: AgentSim) -> None:
+    """Turn 1 called the search; it returns, and the run goes on until turn 2 has begun
+    (its model step committed, not launched yet)."""
+    sim.answer("", [call("search", {"query": "db"})])
+    for job in sim.tool_jobs():
+        sim.finish(job.name, True, "found it")
+    for _ in range(10):
+        if sim.status.agent is not None and sim.status.agent.turn == 2:
+            break
+        sim.tick()
+    assert sim.step_status("t2-model").attempt == 0
+
+
+def _ahead(sim: AgentSim, turn: int, **job: Any) -> AheadJob:
+    fields: dict[str, Any] = {"state": JobState.ACTIVE, **job}
+    observed = ObservedJob(_name(sim, turn), loop.model_step(turn), 1, **fields)
+    return AheadJob(observed, created_here=True)
+
+
+def test_while_a_turn_runs_the_next_two_turns_jobs_are_made() -> None:
+    sim = AgentSim(agent_run())
+    sim.settle()
+    # The first turn's model call makes none: the run may answer at once.
+    assert not [a for a in _actions(sim) if isinstance(a, PrepareTurn)]
+    sim.answer("", [call("search", {"query": "db"})])
+    prepared = [a for a in _actions(sim) if isinstance(a, PrepareTurn)]
+    assert [p.job_name for p in prepared] == [_name(sim, 2), _name(sim, 3)]
+    # Each is the Job the turn's first attempt will commit, built as that attempt's is.
+    assert [p.step.name for p in prepared] == ["t2-model", "t3-model"]
+    assert prepared[0].step.container.env is not None
+    assert not any(e.name.startswith("AGENTRUN_CONTEXT") for e in prepared[0].step.container.env)
+
+
+def test_none_past_the_last_turn_nor_when_turned_off_or_held() -> None:
+    last = AgentSim(agent_run(maxTurns=2))
+    last.answer("", [call("search", {"query": "db"})])
+    assert [p.job_name for p in _actions(last) if isinstance(p, PrepareTurn)] == [_name(last, 2)]
+    off = AgentSim(agent_run())
+    off.config = dataclasses.replace(
+        off.config, agent=dataclasses.replace(off.config.agent, turns_ahead=0)
+    )
+    off.answer("", [call("search", {"query": "db"})])
+    assert not [p for p in _actions(off) if isinstance(p, PrepareTurn)]
+    held = AgentSim(agent_run())
+    held.answer("", [call("search", {"query": "db"})])
+    held.spec_update(suspend=True)
+    assert not [p for p in _actions(held) if isinstance(p, PrepareTurn)]
+
+
+def test_a_job_made_here_has_its_pod_started_and_no_second_create() -> None:
+    sim = AgentSim(agent_run())
+    sim.answer("", [call("search", {"query": "db"})])
+    pod = ("t2-pod", "t2-pod-uid")
+    ahead = (_ahead(sim, 2, start_pod=PodRef(*pod)), _ahead(sim, 3))
+    actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=ahead))
+    assert not [p for p in actions if isinstance(p, PrepareTurn)]
+    starts = [s for s in actions if isinstance(s, StartPod)]
+    assert [(s.job_name, s.pod.uid) for s in starts] == [(_name(sim, 2), "t2-pod-uid")]
+
+
+def test_the_turn_uses_the_job_made_ahead_and_sends_its_request_once_committed() -> None:
+    sim = AgentSim(agent_run())
+    _to_the_next_turn(sim)
+    observed = dataclasses.replace(
+        sim.observed(), ahead=(_ahead(sim, 2, address="10.0.0.7"), _ahead(sim, 3))
+    )
+    decision = reconcile(sim.run, observed, sim.now, sim.config)
+    creates = [c for c in decision.after_commit if isinstance(c, CreateJob)]
+    assert _name(sim, 2) not in [c.job_name for c in creates]
+    (send,) = [s for s in decision.after_commit if isinstance(s, SendTurn)]
+    status = decision.status
+    assert status.agent is not None and status.agent.context is not None
+    st = next(s for s in status.steps or [] if s.name == "t2-model")
+    assert (send.job_name, send.attempt, send.address) == (_name(sim, 2), 1, "10.0.0.7")
+    assert send.digest == status.agent.context.digest
+    assert send.idempotency_key == st.idempotency_key and st.job_name == _name(sim, 2)
+
+
+def test_a_job_made_ahead_that_ended_before_its_turn_is_deleted_and_the_turn_waits() -> None:
+    sim = AgentSim(agent_run())
+    _to_the_next_turn(sim)
+    ended = StrayJob(_name(sim, 2), "t2-model", 1, JobState.FAILED)
+    observed = dataclasses.replace(sim.observed(), strays=(ended,))
+    actions = _actions(sim, observed)
+    assert _name(sim, 2) not in [c.job_name for c in actions if isinstance(c, CreateJob)]
+    deletes = [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
+    assert [type(d).__name__ for d in deletes] == ["DeleteJob"]
+    assert sim.step_status("t2-model").attempt == 0
+
+
+def test_which_jobs_count_as_made_ahead() -> None:
+    sim = AgentSim(agent_run())
+    sim.settle()
+    run = sim.run
+    assert turns.made_ahead(run, _name(sim, 2), "t2-model")
+    assert turns.made_ahead(run, _name(sim, 4), "t4-model")
+    assert not turns.made_ahead(run, "someone-elses", "t2-model")  # not the attempt's name
+    assert not turns.made_ahead(run, _name(sim, 1), "t1-model")  # the turn's, launched
+    assert turns.ahead_names(run) == [_name(sim, 2), _name(sim, 3), _name(sim, 4), _name(sim, 5)]
+    status = run.status
+    assert status is not None and status.agent is not None
+    answered = status.model_copy(
+        update={"agent": status.agent.model_copy(update={"stage": a.AgentStage.ANSWERED})}
+    )
+    done = run.model_copy(update={"status": answered})
+    assert not turns.made_ahead(done, _name(sim, 2), "t2-model")
+    assert turns.ahead_names(done) == []
+    finished = run.model_copy(
+        update={"status": status.model_copy(update={"phase": m.RunPhase.SUCCEEDED})}
+    )
+    assert not turns.made_ahead(finished, _name(sim, 2), "t2-model")
