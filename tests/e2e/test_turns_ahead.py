@@ -80,12 +80,12 @@ def _waiting_pod(kube: KubeClients, namespace: str, uid: str, step: str) -> Any:
             if pod.status.phase == "Running" and pod.status.pod_ip:
                 try:
                     _post(pod.status.pod_ip, b"{}")
-                except urllib.error.URLError:
+                except OSError:  # not listening yet (refused, or reset mid-start)
                     return None
                 return pod
         return None
 
-    return wait_for(f"the pod of {step} to wait for its request", listening, timeout=30)
+    return wait_for(f"the pod of {step} to wait for its request", listening, timeout=90)
 
 
 def _post(address: str, body: bytes) -> tuple[int, dict[str, Any]]:

@@ -10,8 +10,8 @@ sent: the attempt fails as tampered), and the turn's idempotency key.
 
 Sending is safe to repeat: a pod takes one request in its life and answers a repeat with the
 digest it took. So a pass may ask again (and an operator restarted mid-turn does); this
-process sends once per pod address and attempt, in the background (a pod that is starting
-refuses connections for a moment: they are tried again for :data:`SEND_SECONDS`).
+process sends once per pod address and attempt, each from a thread of its own (a pod that
+is starting refuses connections for a moment: they are tried again for :data:`SEND_SECONDS`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import time
 import urllib.error
 import urllib.request
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 from agentrun import settings as s
 from agentrun.api import models as m
@@ -31,9 +30,10 @@ from agentrun.execution import proof
 from agentrun.loop.common import Checkpoint, log, no_checkpoint, run_fields
 from agentrun.loop.observe import Observer
 
-SEND_SECONDS = 120.0
+SEND_SECONDS = 300.0
 """How long connections a pod refuses are tried again (it is still starting)."""
 RETRY_SECONDS = 0.05
+"""The first wait before a refused connection is tried again; it doubles up to 1 s."""
 REMEMBERED = 20_000
 """Requests sent (and Jobs made ahead) remembered, newest kept."""
 
@@ -41,12 +41,9 @@ REMEMBERED = 20_000
 class TurnSender:
     """Sends turns' requests, each once per pod address and attempt in this process."""
 
-    def __init__(
-        self, observer: Observer, checkpoint: Checkpoint = no_checkpoint, workers: int = 8
-    ) -> None:
+    def __init__(self, observer: Observer, checkpoint: Checkpoint = no_checkpoint) -> None:
         self.observer = observer
         self.checkpoint = checkpoint
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="turn-request")
         self._lock = threading.Lock()
         self._sent: OrderedDict[tuple[str, ...], bool] = OrderedDict()
         self._prepared: OrderedDict[tuple[str, ...], bool] = OrderedDict()
@@ -59,7 +56,12 @@ class TurnSender:
     def send(self, run: m.AgentRun, action: SendTurn, key: bytes) -> None:
         """Send ``action``'s request in the background, unless this process did already."""
         if _first(self._lock, self._sent, (run.metadata.uid, action.job_name, action.address)):
-            self._pool.submit(self._send, run, action, key)
+            # A thread of its own: a pod still starting keeps it waiting (mostly asleep), and
+            # must not hold up the requests of pods that are ready.
+            name = f"turn-request-{action.job_name}"
+            threading.Thread(
+                target=self._send, args=(run, action, key), name=name, daemon=True
+            ).start()
 
     def _forget(self, run: m.AgentRun, action: SendTurn) -> None:
         with self._lock:
@@ -145,6 +147,7 @@ def _post(url: str, body: bytes) -> tuple[int, str | None] | None:
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/json"}
     )
+    wait = RETRY_SECONDS
     while True:
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
@@ -154,7 +157,8 @@ def _post(url: str, body: bytes) -> tuple[int, str | None] | None:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             if time.monotonic() >= deadline:
                 return None
-            time.sleep(RETRY_SECONDS)
+            time.sleep(wait)
+            wait = min(wait * 2, 1.0)
 
 
 def _taken(data: bytes) -> str | None:
