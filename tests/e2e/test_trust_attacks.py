@@ -246,9 +246,13 @@ def _world(
         # known gap of the trust table's job-labels entry): release every Job's finalizer.
         for job in kube.batch.list_namespaced_job(namespace).items:
             if job.metadata.finalizers:
-                kube.batch.patch_namespaced_job(
-                    job.metadata.name, namespace, {"metadata": {"finalizers": None}}
-                )
+                try:
+                    kube.batch.patch_namespaced_job(
+                        job.metadata.name, namespace, {"metadata": {"finalizers": None}}
+                    )
+                except ApiException as error:
+                    if error.status != 404:  # gone meanwhile (the operator let it go)
+                        raise
 
 
 # -- the runs ----------------------------------------------------------------------------------
