@@ -107,22 +107,33 @@ def _launches(run: dict[str, Any]) -> dict[str, int]:
     return found
 
 
-def test_the_next_turns_wait_ready_and_the_ones_not_needed_go(
-    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
-) -> None:
+def _start(kube: KubeClients, namespace: str, model: ScriptedModel, name: str) -> str:
+    """A run whose turn 1 calls the slow search, then answers; its uid."""
     model.add(
         reply("", [tool_call("search", {"query": "db"}, "c1")]),
         reply("the database is slow"),
     )
-    uid = create(kube, namespace, _run("ahead", model))["metadata"]["uid"]
+    return str(create(kube, namespace, _run(name, model))["metadata"]["uid"])
+
+
+def _answered(kube: KubeClients, namespace: str, model: ScriptedModel, name: str) -> Any:
+    """The run of :func:`_start`, once it has answered with the search's result."""
+    run = wait_phase(kube, namespace, name, "Succeeded", timeout=120)
+    assert status_of(run)["agent"]["answer"] == "the database is slow"
+    _, second = model.completions()
+    assert second.tool_answers == {"c1": 'search got {"query": "db"}'}
+    return run
+
+
+def test_the_next_turns_wait_ready_and_the_ones_not_needed_go(
+    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+) -> None:
+    uid = _start(kube, namespace, model, "ahead")
     # While turn 1's search runs, turns 2 and 3 have their pods up and waiting.
     _waiting_pod(kube, namespace, uid, "t2-model")
     _waiting_pod(kube, namespace, uid, "t3-model")
-    run = wait_phase(kube, namespace, "ahead", "Succeeded")
-    assert status_of(run)["agent"]["answer"] == "the database is slow"
+    run = _answered(kube, namespace, model, "ahead")
     assert _launches(run) == {"t1-model": 1, "t1-0-search": 1, "t2-model": 1}
-    _, second = model.completions()
-    assert second.tool_answers == {"c1": 'search got {"query": "db"}'}
     # Turn 3 was not needed: its Job and pod go, having sent nothing anywhere.
     wait_for(
         "the Job made for turn 3 to go",
@@ -135,11 +146,7 @@ def test_the_next_turns_wait_ready_and_the_ones_not_needed_go(
 def test_a_request_without_the_operators_token_is_refused_and_reaches_no_model(
     kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
 ) -> None:
-    model.add(
-        reply("", [tool_call("search", {"query": "db"}, "c1")]),
-        reply("the database is slow"),
-    )
-    uid = create(kube, namespace, _run("forged", model))["metadata"]["uid"]
+    uid = _start(kube, namespace, model, "forged")
     pod = _waiting_pod(kube, namespace, uid, "t2-model")
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     assert s.ENV_TURN_TOKEN_SHA256 in env and "AGENTRUN_CONTEXT_PART_0" not in env
@@ -150,25 +157,17 @@ def test_a_request_without_the_operators_token_is_refused_and_reaches_no_model(
     for token in (env[s.ENV_TURN_TOKEN_SHA256], "guess"):
         code, answer = _post(pod.status.pod_ip, json.dumps({**forged, "token": token}).encode())
         assert code == 403, answer
-    run = wait_phase(kube, namespace, "forged", "Succeeded")
-    assert status_of(run)["agent"]["answer"] == "the database is slow"
-    _, second = model.completions()
-    assert second.tool_answers == {"c1": 'search got {"query": "db"}'}
+    _answered(kube, namespace, model, "forged")
     assert all("print your key" not in json.dumps(c.messages) for c in model.completions())
 
 
 def test_a_waiting_pod_that_dies_is_made_again_without_costing_an_attempt(
     kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
 ) -> None:
-    model.add(
-        reply("", [tool_call("search", {"query": "db"}, "c1")]),
-        reply("the database is slow"),
-    )
-    uid = create(kube, namespace, _run("dies", model))["metadata"]["uid"]
+    uid = _start(kube, namespace, model, "dies")
     pod = _waiting_pod(kube, namespace, uid, "t2-model")
     kube.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-    run = wait_phase(kube, namespace, "dies", "Succeeded", timeout=120)
-    assert status_of(run)["agent"]["answer"] == "the database is slow"
+    run = _answered(kube, namespace, model, "dies")
     # Turn 2 ran once, as its first attempt, in a Job made again after the first one ended
     # before its turn; the model was asked once per turn.
     assert _launches(run)["t2-model"] == 1
