@@ -170,6 +170,25 @@ def test_failures_and_doubtful_jobs_wait_for_the_job_controller() -> None:
     assert held is not None and held.state == JobState.ACTIVE
 
 
+def test_a_started_pod_that_ended_or_went_while_the_job_runs_is_lost() -> None:
+    started = "uid-j-abcde"
+    running = _pod(None, 0, schedulingGates=[], nodeName="node")
+    running["status"] = {"phase": "Running", "podIP": "10.0.0.7"}
+    alive = jobs.observe_job(_job([]), [running], started=started)
+    assert alive is not None and not alive.pod_lost and alive.address == "10.0.0.7"
+    going = copy.deepcopy(running)
+    going["metadata"]["deletionTimestamp"] = "2026-11-22T09:01:00Z"
+    failed = _ended(1, "Failed")
+    for pods in ([going], [failed], []):
+        lost = jobs.observe_job(_job([]), pods, started=started)
+        assert lost is not None and lost.state == JobState.ACTIVE and lost.pod_lost, pods
+    # Not known without the pod this process started, nor once the Job has ended.
+    unknown = jobs.observe_job(_job([]), [], started=None)
+    assert unknown is not None and not unknown.pod_lost
+    done = jobs.observe_job(_job([{"type": "Failed", "status": "True"}]), [failed], started=started)
+    assert done is not None and done.state == JobState.FAILED and not done.pod_lost
+
+
 def test_running_and_deleting_jobs() -> None:
     running = jobs.observe_job(_job([]), [])
     assert running is not None and running.state == JobState.ACTIVE and not running.deleting

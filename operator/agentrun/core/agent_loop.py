@@ -871,12 +871,21 @@ def launch_actions(b: Host, st: m.StepStatus, create: CreateJob) -> list[Action]
 
 def clear_name(b: Host, name: str) -> bool:
     """Whether Job ``name`` is held by a stray (a model turn's Job made ahead that ended
-    before its turn); one that has ended is deleted, whatever the run's retention (no attempt
-    ran in it), and let go a grace later (:func:`agentrun.core.settle.let_strays_go`)."""
+    before its turn) or by a Job made ahead whose waiting pod ended or went before its turn
+    (the Job controller has not failed it yet: a turn begun in it would fail); one that has
+    ended, or lost its pod, is deleted, whatever the run's retention (no attempt ran in it),
+    and let go a grace later (:func:`agentrun.core.settle.let_strays_go`)."""
     stray = next((j for j in b.observed.strays if j.name == name), None)
-    if stray is None:
+    if stray is not None:
+        if stray.state != JobState.ACTIVE and not stray.deleting:
+            b.after.append(DeleteJob(name, "EndedBeforeItsTurn"))
+        return True
+    ahead = next((x for x in b.observed.ahead if x.job.name == name), None)
+    if ahead is None or not ahead.created_here:
         return False
-    if stray.state != JobState.ACTIVE and not stray.deleting:
+    if ahead.job.state == JobState.ACTIVE and not ahead.job.pod_lost:
+        return False
+    if not ahead.job.deleting:
         b.after.append(DeleteJob(name, "EndedBeforeItsTurn"))
     return True
 

@@ -84,6 +84,10 @@ class ObservedJob:
     held_pods: tuple[str, ...] = ()
     """Other pods of the Job that run its template and are held for good: duplicates of the
     attempt, which never start."""
+    pod_lost: bool = False
+    """The Job still counts as running, but the pod this process let start has ended or is
+    gone (deleted, evicted, its node lost): the Job can only fail once the Job controller
+    catches up. Known only for Jobs whose pod this process started."""
     name_taken: str | None = None
     """A Job the operator did not create holds the attempt's name: why it is not the
     attempt's. Nothing else of it is observed; the core fails the attempt (reason

@@ -444,6 +444,19 @@ def _address(job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> str | Non
     return None
 
 
+def _pod_lost(pods: list[Mapping[str, Any]], started: str | None) -> bool:
+    """Whether the pod with uid ``started`` (the one let start) has ended, is being deleted
+    or is no longer there."""
+    if started is None:
+        return False
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") == started:
+            phase = (pod.get("status") or {}).get("phase")
+            return bool(meta.get("deletionTimestamp")) or phase in ("Succeeded", "Failed")
+    return True
+
+
 def observe_job(
     job: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]] | None,
@@ -488,4 +501,5 @@ def observe_job(
         start_pod=choice.start if state == JobState.ACTIVE else None,
         address=_address(job, listed) if state == JobState.ACTIVE and listed else None,
         held_pods=choice.held,
+        pod_lost=state == JobState.ACTIVE and listed is not None and _pod_lost(listed, started),
     )
