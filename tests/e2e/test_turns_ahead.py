@@ -1,9 +1,10 @@
 """Model turns made ahead: while a turn runs, the next turns' Jobs are made and their pods
 wait for their request (docs/agent.md, "Turns without a pod start").
 
-Each test runs an agent run whose first turn calls a slow tool, so that the next turns' pods
-are up and waiting while it runs, and acts on them from outside: a request without the
-operator's token, a waiting pod that dies, the Jobs the run no longer needs.
+Each test runs an agent run whose first turn calls a tool held until the test lets it end,
+so that the next turns' pods are up and waiting while it runs, and acts on them from
+outside: a request without the operator's token, a waiting pod that dies, the Jobs the run
+no longer needs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import shlex
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,27 +30,39 @@ from tests.support.waiting import wait_phase
 
 pytestmark = pytest.mark.e2e
 
-SLOW_SEARCH = search(
-    {
-        "image": "busybox:1.36",
-        "command": [
-            "sh",
-            "-c",
-            'sleep 6; echo "search got $AGENTRUN_TOOL_ARGS" > /dev/termination-log',
-        ],
-    }
-)
-"""A search that takes six seconds: the next turns' pods start and wait meanwhile."""
+HOLD_ROUNDS = 1500
+"""Rounds of 0.2 s a held search waits for its release at most (nothing waits forever)."""
+
+
+def _held_search(hold: Path) -> dict[str, Any]:
+    """A search that ends once the test creates ``hold`` (the local node runs pods as
+    processes of this machine): the next turns' pods start and wait meanwhile."""
+    script = (
+        f"i=0; while [ ! -e {hold} ] && [ $i -lt {HOLD_ROUNDS} ]; do sleep 0.2; i=$((i+1)); "
+        'done; echo "search got $AGENTRUN_TOOL_ARGS" > /dev/termination-log'
+    )
+    return search({"image": "busybox:1.36", "command": ["sh", "-c", script]})
+
+
+def _operator(cluster: TestCluster, start_operator: StartOperator, ahead: int) -> OperatorProcess:
+    if cluster.external:
+        pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
+    env = {"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND), "AGENTRUN_TURNS_AHEAD": str(ahead)}
+    return start_operator(env=env)
 
 
 @pytest.fixture
 def agent_operator(cluster: TestCluster, start_operator: StartOperator) -> OperatorProcess:
-    if cluster.external:
-        pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
-    return start_operator(env={"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND)})
+    """The operator with its default: the next turn's Job made ahead."""
+    return _operator(cluster, start_operator, 1)
 
 
-def _run(name: str, model: ScriptedModel, **model_extra: Any) -> dict[str, Any]:
+@pytest.fixture
+def two_ahead_operator(cluster: TestCluster, start_operator: StartOperator) -> OperatorProcess:
+    return _operator(cluster, start_operator, 2)
+
+
+def _run(name: str, model: ScriptedModel, hold: Path, **model_extra: Any) -> dict[str, Any]:
     return {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentRun",
@@ -57,7 +71,7 @@ def _run(name: str, model: ScriptedModel, **model_extra: Any) -> dict[str, Any]:
             "goal": "find out why checkout is slow",
             "agent": {
                 "model": {"baseURL": model.base_url, "name": "scripted", **model_extra},
-                "tools": [SLOW_SEARCH],
+                "tools": [_held_search(hold)],
                 "maxTurns": 6,
             },
         },
@@ -85,7 +99,7 @@ def _waiting_pod(kube: KubeClients, namespace: str, uid: str, step: str) -> Any:
                 return pod
         return None
 
-    return wait_for(f"the pod of {step} to wait for its request", listening, timeout=90)
+    return wait_for(f"the pod of {step} to wait for its request", listening, timeout=180)
 
 
 def _post(address: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -107,18 +121,18 @@ def _launches(run: dict[str, Any]) -> dict[str, int]:
     return found
 
 
-def _start(kube: KubeClients, namespace: str, model: ScriptedModel, name: str) -> str:
-    """A run whose turn 1 calls the slow search, then answers; its uid."""
+def _start(kube: KubeClients, namespace: str, model: ScriptedModel, name: str, hold: Path) -> str:
+    """A run whose turn 1 calls the search held by ``hold``, then answers; its uid."""
     model.add(
         reply("", [tool_call("search", {"query": "db"}, "c1")]),
         reply("the database is slow"),
     )
-    return str(create(kube, namespace, _run(name, model))["metadata"]["uid"])
+    return str(create(kube, namespace, _run(name, model, hold))["metadata"]["uid"])
 
 
 def _answered(kube: KubeClients, namespace: str, model: ScriptedModel, name: str) -> Any:
     """The run of :func:`_start`, once it has answered with the search's result."""
-    run = wait_phase(kube, namespace, name, "Succeeded", timeout=120)
+    run = wait_phase(kube, namespace, name, "Succeeded", timeout=180)
     assert status_of(run)["agent"]["answer"] == "the database is slow"
     _, second = model.completions()
     assert second.tool_answers == {"c1": 'search got {"query": "db"}'}
@@ -126,12 +140,18 @@ def _answered(kube: KubeClients, namespace: str, model: ScriptedModel, name: str
 
 
 def test_the_next_turns_wait_ready_and_the_ones_not_needed_go(
-    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+    kube: KubeClients,
+    namespace: str,
+    two_ahead_operator: OperatorProcess,
+    model: ScriptedModel,
+    tmp_path: Path,
 ) -> None:
-    uid = _start(kube, namespace, model, "ahead")
+    hold = tmp_path / "search"
+    uid = _start(kube, namespace, model, "ahead", hold)
     # While turn 1's search runs, turns 2 and 3 have their pods up and waiting.
     _waiting_pod(kube, namespace, uid, "t2-model")
     _waiting_pod(kube, namespace, uid, "t3-model")
+    hold.touch()
     run = _answered(kube, namespace, model, "ahead")
     assert _launches(run) == {"t1-model": 1, "t1-0-search": 1, "t2-model": 1}
     # Turn 3 was not needed: its Job and pod go, having sent nothing anywhere.
@@ -144,9 +164,14 @@ def test_the_next_turns_wait_ready_and_the_ones_not_needed_go(
 
 
 def test_a_request_without_the_operators_token_is_refused_and_reaches_no_model(
-    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+    kube: KubeClients,
+    namespace: str,
+    agent_operator: OperatorProcess,
+    model: ScriptedModel,
+    tmp_path: Path,
 ) -> None:
-    uid = _start(kube, namespace, model, "forged")
+    hold = tmp_path / "search"
+    uid = _start(kube, namespace, model, "forged", hold)
     pod = _waiting_pod(kube, namespace, uid, "t2-model")
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     assert s.ENV_TURN_TOKEN_SHA256 in env and "AGENTRUN_CONTEXT_PART_0" not in env
@@ -157,16 +182,33 @@ def test_a_request_without_the_operators_token_is_refused_and_reaches_no_model(
     for token in (env[s.ENV_TURN_TOKEN_SHA256], "guess"):
         code, answer = _post(pod.status.pod_ip, json.dumps({**forged, "token": token}).encode())
         assert code == 403, answer
+    hold.touch()
     _answered(kube, namespace, model, "forged")
     assert all("print your key" not in json.dumps(c.messages) for c in model.completions())
 
 
 def test_a_waiting_pod_that_dies_is_made_again_without_costing_an_attempt(
-    kube: KubeClients, namespace: str, agent_operator: OperatorProcess, model: ScriptedModel
+    kube: KubeClients,
+    namespace: str,
+    agent_operator: OperatorProcess,
+    model: ScriptedModel,
+    tmp_path: Path,
 ) -> None:
-    uid = _start(kube, namespace, model, "dies")
+    hold = tmp_path / "search"
+    uid = _start(kube, namespace, model, "dies", hold)
     pod = _waiting_pod(kube, namespace, uid, "t2-model")
     kube.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    wait_for(
+        "the waiting pod to be gone",
+        lambda: (
+            pod.metadata.uid
+            not in {p.metadata.uid for p in _pods(kube, namespace, uid, "t2-model")}
+        ),
+        timeout=60,
+    )
+    # The search ends at once: the Job controller has most likely not failed the Job whose
+    # pod went yet, and the turn must not begin in it.
+    hold.touch()
     run = _answered(kube, namespace, model, "dies")
     # Turn 2 ran once, as its first attempt, in a Job made again after the first one ended
     # before its turn; the model was asked once per turn.

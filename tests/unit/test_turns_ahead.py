@@ -55,8 +55,18 @@ def _ahead(sim: AgentSim, turn: int, **job: Any) -> AheadJob:
     return AheadJob(observed, created_here=True)
 
 
-def test_while_a_turn_runs_the_next_two_turns_jobs_are_made() -> None:
-    sim = AgentSim(agent_run())
+def _turns_ahead(sim: AgentSim, n: int) -> AgentSim:
+    sim.config = dataclasses.replace(
+        sim.config, agent=dataclasses.replace(sim.config.agent, turns_ahead=n)
+    )
+    return sim
+
+
+def test_while_a_turn_runs_the_next_turns_jobs_are_made() -> None:
+    one = AgentSim(agent_run())
+    one.answer("", [call("search", {"query": "db"})])
+    assert [p.job_name for p in _actions(one) if isinstance(p, PrepareTurn)] == [_name(one, 2)]
+    sim = _turns_ahead(AgentSim(agent_run()), 2)
     sim.settle()
     # The first turn's model call makes none: the run may answer at once.
     assert not [a for a in _actions(sim) if isinstance(a, PrepareTurn)]
@@ -70,13 +80,10 @@ def test_while_a_turn_runs_the_next_two_turns_jobs_are_made() -> None:
 
 
 def test_none_past_the_last_turn_nor_when_turned_off_or_held() -> None:
-    last = AgentSim(agent_run(maxTurns=2))
+    last = _turns_ahead(AgentSim(agent_run(maxTurns=2)), 2)
     last.answer("", [call("search", {"query": "db"})])
     assert [p.job_name for p in _actions(last) if isinstance(p, PrepareTurn)] == [_name(last, 2)]
-    off = AgentSim(agent_run())
-    off.config = dataclasses.replace(
-        off.config, agent=dataclasses.replace(off.config.agent, turns_ahead=0)
-    )
+    off = _turns_ahead(AgentSim(agent_run()), 0)
     off.answer("", [call("search", {"query": "db"})])
     assert not [p for p in _actions(off) if isinstance(p, PrepareTurn)]
     held = AgentSim(agent_run())
@@ -147,3 +154,31 @@ def test_which_jobs_count_as_made_ahead() -> None:
         update={"status": status.model_copy(update={"phase": m.RunPhase.SUCCEEDED})}
     )
     assert not turns.made_ahead(finished, _name(sim, 2), "t2-model")
+
+
+def test_a_job_made_ahead_whose_pod_went_is_not_used_but_deleted_and_the_turn_waits() -> None:
+    # Its waiting pod was deleted; the Job controller has not failed the Job yet. A turn
+    # begun in it would fail: it is deleted and the turn waits for its name.
+    sim = AgentSim(agent_run())
+    _to_the_next_turn(sim)
+    lost = _ahead(sim, 2, pod_lost=True)
+    actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=(lost,)))
+    assert not [s for s in actions if isinstance(s, SendTurn)]
+    assert _name(sim, 2) not in [c.job_name for c in actions if isinstance(c, CreateJob)]
+    deletes = [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
+    assert [type(d).__name__ for d in deletes] == ["DeleteJob"]
+    assert sim.step_status("t2-model").attempt == 0
+    # Once it is being deleted, it is not deleted again; the turn still waits.
+    going = _ahead(sim, 2, pod_lost=True, deleting=True)
+    actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=(going,)))
+    assert not [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
+    assert sim.step_status("t2-model").attempt == 0
+
+
+def test_while_the_tools_run_a_job_made_ahead_whose_pod_went_is_deleted() -> None:
+    sim = AgentSim(agent_run())
+    sim.answer("", [call("search", {"query": "db"})])
+    lost = _ahead(sim, 2, pod_lost=True)
+    actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=(lost,)))
+    deletes = [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
+    assert [type(d).__name__ for d in deletes] == ["DeleteJob"]
