@@ -87,7 +87,10 @@ def _held(hold: Path) -> str:
 
 ADMITTED = "admitted"
 USERS = {Actor.EDIT: "eve", Actor.AGENTRUN_EDIT: "mallory", Actor.RUNS_ONLY: "rita"}
-TIMEOUT = 180.0
+TIMEOUT = 300.0
+"""Seconds a run may take to reach a phase. Every bundle's run goes at once (72), each
+through two or three pod starts with a Python process: on two cores beside the rest of the
+suite, a wave of them takes minutes."""
 
 
 def _edit_rules() -> list[dict[str, Any]]:
