@@ -10,7 +10,9 @@ no longer needs.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -214,5 +216,44 @@ def test_a_waiting_pod_that_dies_is_made_again_without_costing_an_attempt(
     # before its turn; the model was asked once per turn.
     assert _launches(run)["t2-model"] == 1
     history = status_of(get(kube, namespace, "dies")).get("history") or []
+    assert not [t for t in history if t.get("step") == "t2-model" and t.get("to") == "Failed"]
+    assert len(model.completions()) == 2
+
+
+def test_no_turn_begins_in_a_job_whose_waiting_pod_went_before_the_job_controller_saw_it(
+    kube: KubeClients,
+    namespace: str,
+    cluster: TestCluster,
+    agent_operator: OperatorProcess,
+    model: ScriptedModel,
+    tmp_path: Path,
+) -> None:
+    # The Job controller is paused: the Job whose waiting pod is deleted still counts as
+    # running (and the pod, held by the Job controller's finalizer, stays as terminating)
+    # when the search ends and turn 2 begins.
+    assert cluster.control_plane is not None  # the local cluster: agent_operator skips else
+    hold = tmp_path / "search"
+    uid = _start(kube, namespace, model, "lags", hold)
+    pod = _waiting_pod(kube, namespace, uid, "t2-model")
+    manager = cluster.control_plane.pids()["kube-controller-manager"]
+    os.kill(manager, signal.SIGSTOP)
+    try:
+        kube.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        hold.touch()
+        job_name = pod.metadata.labels["job-name"]
+
+        def deleted() -> bool:
+            job = kube.batch.read_namespaced_job(job_name, namespace)
+            return job.metadata.deletion_timestamp is not None
+
+        # The operator deletes the Job instead of beginning the turn in it.
+        wait_for("the Job whose pod went to be deleted", deleted, timeout=120)
+        launched = _launches(get(kube, namespace, "lags"))
+        assert "t2-model" not in launched and launched["t1-0-search"] == 1, launched
+    finally:
+        os.kill(manager, signal.SIGCONT)
+    run = _answered(kube, namespace, model, "lags")
+    assert _launches(run)["t2-model"] == 1
+    history = status_of(run).get("history") or []
     assert not [t for t in history if t.get("step") == "t2-model" and t.get("to") == "Failed"]
     assert len(model.completions()) == 2
