@@ -188,6 +188,6 @@ class Settings:
         default_factory=lambda: _env_command("AGENTRUN_LLM_COMMAND", DEFAULT_LLM_COMMAND)
     )
     """Command of model turns (AGENTRUN_LLM_COMMAND, split like a shell line)."""
-    turns_ahead: int = field(default_factory=lambda: _env_int("AGENTRUN_TURNS_AHEAD", 1))
+    turns_ahead: int = field(default_factory=lambda: _env_int("AGENTRUN_TURNS_AHEAD", 2))
     """How many turns ahead an agent run's model turn Jobs are made, so that their pods have
     started when their turn begins (0 to 4; 0: each at its turn). Each is a pod that waits."""

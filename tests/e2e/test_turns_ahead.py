@@ -55,7 +55,7 @@ def _operator(cluster: TestCluster, start_operator: StartOperator, ahead: int) -
 
 @pytest.fixture
 def agent_operator(cluster: TestCluster, start_operator: StartOperator) -> OperatorProcess:
-    """The operator with its default: the next turn's Job made ahead."""
+    """The operator with the next turn's Job made ahead (one pod fewer than by default)."""
     return _operator(cluster, start_operator, 1)
 
 

@@ -63,7 +63,7 @@ def _turns_ahead(sim: AgentSim, n: int) -> AgentSim:
 
 
 def test_while_a_turn_runs_the_next_turns_jobs_are_made() -> None:
-    one = AgentSim(agent_run())
+    one = _turns_ahead(AgentSim(agent_run()), 1)
     one.answer("", [call("search", {"query": "db"})])
     assert [p.job_name for p in _actions(one) if isinstance(p, PrepareTurn)] == [_name(one, 2)]
     sim = _turns_ahead(AgentSim(agent_run()), 2)

@@ -80,7 +80,7 @@ class AgentConfig:
     tool_result_bytes: int = 16 * 1024
     """Most bytes of one tool result (or plan step result) put into the context and the
     transcript record; the whole result stays where the step committed it."""
-    turns_ahead: int = 1
+    turns_ahead: int = 2
     """How many turns ahead model turns' Jobs are made (at most :data:`AHEAD_LIMIT`; see
     :class:`agentrun.core.actions.PrepareTurn`)."""
 
