@@ -55,7 +55,7 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: test
 test: lint controlplane llama ## what CI runs: lint, types, unit, property, integration, e2e and container tests (not kind)
-	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(RUN) pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=20
 
 .PHONY: containers
 containers: sync controlplane ## the chart's operator and step pods as Docker containers (skips without Docker)
