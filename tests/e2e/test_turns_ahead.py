@@ -141,6 +141,28 @@ def _answered(kube: KubeClients, namespace: str, model: ScriptedModel, name: str
     return run
 
 
+def _waiting_for_turn_2(
+    kube: KubeClients, namespace: str, model: ScriptedModel, name: str, tmp_path: Path
+) -> tuple[Path, str, Any]:
+    """A run of :func:`_start` whose search is held, once turn 2's pod waits: the hold, the
+    run's uid and that pod."""
+    hold = tmp_path / "search"
+    uid = _start(kube, namespace, model, name, hold)
+    return hold, uid, _waiting_pod(kube, namespace, uid, "t2-model")
+
+
+def _answered_with_turn_2_once(
+    kube: KubeClients, namespace: str, model: ScriptedModel, name: str
+) -> None:
+    """The run answered, and turn 2 ran once, as its first attempt, in a Job made again
+    after the one made ahead lost its pod; the model was asked once per turn."""
+    run = _answered(kube, namespace, model, name)
+    assert _launches(run)["t2-model"] == 1
+    history = status_of(run).get("history") or []
+    assert not [t for t in history if t.get("step") == "t2-model" and t.get("to") == "Failed"]
+    assert len(model.completions()) == 2
+
+
 def test_the_next_turns_wait_ready_and_the_ones_not_needed_go(
     kube: KubeClients,
     namespace: str,
@@ -172,9 +194,7 @@ def test_a_request_without_the_operators_token_is_refused_and_reaches_no_model(
     model: ScriptedModel,
     tmp_path: Path,
 ) -> None:
-    hold = tmp_path / "search"
-    uid = _start(kube, namespace, model, "forged", hold)
-    pod = _waiting_pod(kube, namespace, uid, "t2-model")
+    hold, _, pod = _waiting_for_turn_2(kube, namespace, model, "forged", tmp_path)
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     assert s.ENV_TURN_TOKEN_SHA256 in env and "AGENTRUN_CONTEXT_PART_0" not in env
     # What anyone who can reach the pod could send: a context of their own, with the token's
@@ -196,9 +216,7 @@ def test_a_waiting_pod_that_dies_is_made_again_without_costing_an_attempt(
     model: ScriptedModel,
     tmp_path: Path,
 ) -> None:
-    hold = tmp_path / "search"
-    uid = _start(kube, namespace, model, "dies", hold)
-    pod = _waiting_pod(kube, namespace, uid, "t2-model")
+    hold, uid, pod = _waiting_for_turn_2(kube, namespace, model, "dies", tmp_path)
     kube.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
     wait_for(
         "the waiting pod to be gone",
@@ -208,16 +226,10 @@ def test_a_waiting_pod_that_dies_is_made_again_without_costing_an_attempt(
         ),
         timeout=60,
     )
-    # The search ends at once: the Job controller has most likely not failed the Job whose
-    # pod went yet, and the turn must not begin in it.
+    # The search ends at once. The Job made ahead has usually been failed by the Job
+    # controller by then (the next test pauses it); either way turn 2 must not begin in it.
     hold.touch()
-    run = _answered(kube, namespace, model, "dies")
-    # Turn 2 ran once, as its first attempt, in a Job made again after the first one ended
-    # before its turn; the model was asked once per turn.
-    assert _launches(run)["t2-model"] == 1
-    history = status_of(get(kube, namespace, "dies")).get("history") or []
-    assert not [t for t in history if t.get("step") == "t2-model" and t.get("to") == "Failed"]
-    assert len(model.completions()) == 2
+    _answered_with_turn_2_once(kube, namespace, model, "dies")
 
 
 def test_no_turn_begins_in_a_job_whose_waiting_pod_went_before_the_job_controller_saw_it(
@@ -232,9 +244,7 @@ def test_no_turn_begins_in_a_job_whose_waiting_pod_went_before_the_job_controlle
     # running (and the pod, held by the Job controller's finalizer, stays as terminating)
     # when the search ends and turn 2 begins.
     assert cluster.control_plane is not None  # the local cluster: agent_operator skips else
-    hold = tmp_path / "search"
-    uid = _start(kube, namespace, model, "lags", hold)
-    pod = _waiting_pod(kube, namespace, uid, "t2-model")
+    hold, _, pod = _waiting_for_turn_2(kube, namespace, model, "lags", tmp_path)
     manager = cluster.control_plane.pids()["kube-controller-manager"]
     os.kill(manager, signal.SIGSTOP)
     try:
@@ -252,8 +262,4 @@ def test_no_turn_begins_in_a_job_whose_waiting_pod_went_before_the_job_controlle
         assert "t2-model" not in launched and launched["t1-0-search"] == 1, launched
     finally:
         os.kill(manager, signal.SIGCONT)
-    run = _answered(kube, namespace, model, "lags")
-    assert _launches(run)["t2-model"] == 1
-    history = status_of(run).get("history") or []
-    assert not [t for t in history if t.get("step") == "t2-model" and t.get("to") == "Failed"]
-    assert len(model.completions()) == 2
+    _answered_with_turn_2_once(kube, namespace, model, "lags")
