@@ -107,7 +107,9 @@ def _add_kubeconfig(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
+    """The ``agentrun`` parser; with the command groups other distributions add
+    (:data:`EXTENSION_GROUP`) unless ``extensions`` is false."""
     parser = argparse.ArgumentParser(
         prog="agentrun",
         description="agentrun-operator: durable AI agent workflows on Kubernetes.",
@@ -206,8 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
         "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ... | llm | mcp ACTION"
     )
     step_parser.set_defaults(func=_step)
-    _register_extensions(sub)
+    if extensions:
+        _register_extensions(sub)
     return parser
+
+
+def _own_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> bool:
+    """Whether ``argv`` names one of the parser's commands first."""
+    return bool(argv) and any(
+        argv[0] in action.choices
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+    )
 
 
 EXTENSION_GROUP = "agentrun.cli"
@@ -241,8 +253,13 @@ def _no_devcluster(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None, *, checkpoint: Checkpoint | None = None) -> int:
     """Run the ``agentrun`` command. ``checkpoint`` reaches the reconciler of ``agentrun run``
     (fault injection in tests; see :data:`agentrun.loop.reconciler.Checkpoint`)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    # The operator's own commands (`run`, and `step` in every step pod) load no extension:
+    # an extension's imports cost a process start time and memory it never uses.
+    parser = build_parser(extensions=False)
+    if not _own_command(parser, given):
+        parser = build_parser()
+    args = parser.parse_args(given)
     args.checkpoint = checkpoint
     result: int = args.func(args)
     return result

@@ -68,3 +68,22 @@ def test_product_sources_do_not_import_the_test_cluster() -> None:
         if "agentrun_devcluster" in path.read_text() or "crashpoints" in path.read_text()
     ]
     assert not offenders, f"product modules naming test-only code: {offenders}"
+
+
+def test_the_operators_own_commands_load_no_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `agentrun run` and `agentrun step` (every step pod) never import what other
+    # distributions add to the command (in a checkout: the local cluster's `devcluster`).
+    from agentrun import cli
+
+    loaded: list[str] = []
+
+    def entry_points(group: str) -> list[object]:
+        loaded.append(group)
+        return []
+
+    monkeypatch.setattr(cli, "entry_points", entry_points)
+    assert cli.main(["crd", "--output", "/dev/null"]) == 0
+    assert loaded == []
+    with pytest.raises(SystemExit):
+        cli.main(["devcluster", "--help"])  # not the operator's own: extensions are looked up
+    assert loaded == [cli.EXTENSION_GROUP]
