@@ -404,10 +404,7 @@ class Adoption:
         """The next model turn's Job ``name`` (made before its turn) as the view holds it,
         None when there is none controlled by the run. Its pods are read only when this
         process created it: only then may its pod start before the turn's intent."""
-        listed = next(
-            (j for j in self.view.jobs_of_run(run.metadata.uid) if _name(j) == name), None
-        )
-        job = self._current_object(run.metadata.namespace, name) or listed
+        job = self._current_object(run.metadata.namespace, name)
         if job is None or not _controlled_by(job, run.metadata.uid):
             return None
         with self._lock:
