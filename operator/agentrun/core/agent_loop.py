@@ -85,7 +85,7 @@ from agentrun.core.actions import (
 )
 from agentrun.core.calls import call_outcome, content_of, cut, validate_calls
 from agentrun.core.envelope import summary_line
-from agentrun.core.observed import JobState, ObservedJob
+from agentrun.core.observed import AheadJob, JobState, ObservedJob
 from agentrun.core.turns import (
     CONTEXT_INPUT,
     ENV_CONTEXT_PART,
@@ -850,17 +850,21 @@ def _request(ag: a.AgentStatus, st: m.StepStatus, job: ObservedJob) -> list[Acti
     ]
 
 
+def _ahead(b: Host, name: str) -> AheadJob | None:
+    """The model turn's Job ``name`` made ahead of its turn, as observed (None if none)."""
+    return next((x for x in b.observed.ahead if x.job.name == name), None)
+
+
 def launch_actions(b: Host, st: m.StepStatus, create: CreateJob) -> list[Action]:
     """What carries out a committed launch intent: its Job's create; for a model turn whose
     Job this process made ahead of the turn (:class:`PrepareTurn`), none is needed, and its
     request goes as soon as the intent is committed when its pod runs already."""
-    ahead = next((x for x in b.observed.ahead if x.job.name == create.job_name), None)
+    ahead = _ahead(b, create.job_name)
     ag = b.status.agent
     if (
         ag is None
         or ahead is None
         or not ahead.created_here
-        or ahead.job.name != create.job_name
         or create.attempt != 1
         or ahead.job.state != JobState.ACTIVE
         or ahead.job.deleting
@@ -880,7 +884,7 @@ def clear_name(b: Host, name: str) -> bool:
         if stray.state != JobState.ACTIVE and not stray.deleting:
             b.after.append(DeleteJob(name, "EndedBeforeItsTurn"))
         return True
-    ahead = next((x for x in b.observed.ahead if x.job.name == name), None)
+    ahead = _ahead(b, name)
     if ahead is None or not ahead.created_here:
         return False
     if ahead.job.state == JobState.ACTIVE and not ahead.job.pod_lost:
@@ -910,7 +914,7 @@ def _prepare_next_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: Agent
         return  # the run as read is a turn behind: the next pass prepares
     for turn in range(ag.turn + 1, min(ag.turn + config.turns_ahead, agent.max_turns) + 1):
         name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, model_step(turn), 1)
-        ahead = next((x for x in b.observed.ahead if x.job.name == name), None)
+        ahead = _ahead(b, name)
         if clear_name(b, name):
             continue  # it ended before its turn: made again once it is gone
         if ahead is None:
