@@ -223,11 +223,8 @@ class Actor:
             self.observer.note_tampered(run.metadata.uid, action.job_name, bound)
             return
         action = bound
-        # The proof that the operator made it: a Job without one never counts (adoption).
-        key = self.observer.job_key.get()
         try:
-            manifest = jobs.step_job(run, action, key)
-            proof.sign(key, run.metadata.uid, action.step.name, action.attempt, manifest)
+            manifest = self._signed_job(run, action)
             with tolerate(409, *JOB_REFUSALS) as exists:
                 created = self.apis.batch.create_namespaced_job(
                     run.metadata.namespace, manifest, _preload_content=False
@@ -261,15 +258,20 @@ class Actor:
         log.info("created Job %s", action.job_name, extra=ctx)
         self.checkpoint("after-job-create")
 
+    def _signed_job(self, run: m.AgentRun, action: CreateJob) -> dict[str, Any]:
+        """The Job of ``action``'s attempt, with the proof that the operator made it: a Job
+        without one never counts (adoption)."""
+        key = self.observer.job_key.get()
+        manifest = jobs.step_job(run, action, key)
+        proof.sign(key, run.metadata.uid, action.step.name, action.attempt, manifest)
+        return manifest
+
     def _prepare_turn(self, run: m.AgentRun, action: PrepareTurn) -> None:
         """Create the next model turn's Job before its turn (see PrepareTurn). Once per name
         in this process; one that exists already is left to the turn's intent to verify."""
         if not self.turns.first_preparation(run.metadata.uid, action.job_name):
             return
-        intent = CreateJob(action.step, 1, action.job_name, "", "")
-        key = self.observer.job_key.get()
-        manifest = jobs.step_job(run, intent, key)
-        proof.sign(key, run.metadata.uid, action.step.name, 1, manifest)
+        manifest = self._signed_job(run, CreateJob(action.step, 1, action.job_name, "", ""))
         with tolerate(409, *JOB_REFUSALS) as refused:
             created = self.apis.batch.create_namespaced_job(
                 run.metadata.namespace, manifest, _preload_content=False
