@@ -25,21 +25,13 @@ import threading
 
 from .kubeapi import JSON, ApiException, KubeApi, now_micro, now_rfc3339
 
-__all__ = [
-    "NODE_IP",
-    "RUNTIME_LABEL",
-    "NodeRegistration",
-    "bind",
-    "default_capacity",
-]
+__all__ = ["NODE_IP", "RUNTIME_LABEL", "NodeRegistration", "bind", "default_capacity"]
 
 log = logging.getLogger(__name__)
 
 #: The node's address. Pods run on the host's network; each has an address of its own
 #: (:func:`agentrun_devcluster.podenv.pod_ip`).
 NODE_IP = "127.0.0.1"
-
-
 LEASE_DURATION_SECONDS = 40
 #: Label of the Node: the container runtime its pods run in (``process`` or ``docker``).
 RUNTIME_LABEL = "agentrun.dev/container-runtime"
