@@ -182,3 +182,18 @@ def test_while_the_tools_run_a_job_made_ahead_whose_pod_went_is_deleted() -> Non
     actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=(lost,)))
     deletes = [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
     assert [type(d).__name__ for d in deletes] == ["DeleteJob"]
+
+
+def test_a_job_made_ahead_still_going_holds_its_name_whoever_made_it() -> None:
+    # Let go by the operator's finalizer, a deleted Job stays while its pods go, and its
+    # deletion gave it a generation this process did not create: the turn still waits.
+    sim = AgentSim(agent_run())
+    _to_the_next_turn(sim)
+    going = AheadJob(
+        ObservedJob(_name(sim, 2), "t2-model", 1, JobState.FAILED, deleting=True),
+        created_here=False,
+    )
+    actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=(going,)))
+    assert _name(sim, 2) not in [c.job_name for c in actions if isinstance(c, CreateJob)]
+    assert not [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
+    assert sim.step_status("t2-model").attempt == 0

@@ -885,12 +885,18 @@ def clear_name(b: Host, name: str) -> bool:
             b.after.append(DeleteJob(name, "EndedBeforeItsTurn"))
         return True
     ahead = _ahead(b, name)
-    if ahead is None or not ahead.created_here:
+    if ahead is None:
+        return False
+    if ahead.job.deleting:
+        # Going, whoever deleted it: let go by the operator's finalizer, it may stay a while
+        # (its pods are deleted first), and its deletion made it a generation this process
+        # never created. A create under its name would meet it and take it for the attempt's.
+        return True
+    if not ahead.created_here:
         return False
     if ahead.job.state == JobState.ACTIVE and not ahead.job.pod_lost:
         return False
-    if not ahead.job.deleting:
-        b.after.append(DeleteJob(name, "EndedBeforeItsTurn"))
+    b.after.append(DeleteJob(name, "EndedBeforeItsTurn"))
     return True
 
 
