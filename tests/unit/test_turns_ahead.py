@@ -68,8 +68,9 @@ def test_while_a_turn_runs_the_next_turns_jobs_are_made() -> None:
     assert [p.job_name for p in _actions(one) if isinstance(p, PrepareTurn)] == [_name(one, 2)]
     sim = _turns_ahead(AgentSim(agent_run()), 2)
     sim.settle()
-    # The first turn's model call makes none: the run may answer at once.
-    assert not [a for a in _actions(sim) if isinstance(a, PrepareTurn)]
+    # The first turn's model call makes the second turn's only: the run may answer at once.
+    first = [p for p in _actions(sim) if isinstance(p, PrepareTurn)]
+    assert [p.job_name for p in first] == [_name(sim, 2)]
     sim.answer("", [call("search", {"query": "db"})])
     prepared = [a for a in _actions(sim) if isinstance(a, PrepareTurn)]
     assert [p.job_name for p in prepared] == [_name(sim, 2), _name(sim, 3)]
@@ -77,6 +78,14 @@ def test_while_a_turn_runs_the_next_turns_jobs_are_made() -> None:
     assert [p.step.name for p in prepared] == ["t2-model", "t3-model"]
     assert prepared[0].step.container.env is not None
     assert not any(e.name.startswith("AGENTRUN_CONTEXT") for e in prepared[0].step.container.env)
+
+
+def test_a_first_turn_that_can_only_answer_makes_none() -> None:
+    for run in (agent_run(tools=()), agent_run(toolChoice="none")):
+        sim = _turns_ahead(AgentSim(run), 2)
+        sim.settle()
+        assert sim.status.agent is not None and sim.status.agent.turn == 1
+        assert not [p for p in _actions(sim) if isinstance(p, PrepareTurn)]
 
 
 def test_none_past_the_last_turn_nor_when_turned_off_or_held() -> None:

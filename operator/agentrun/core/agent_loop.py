@@ -606,8 +606,10 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
         return
     if st.phase != SP.SUCCEEDED:
         _send_turn(b, ag, st)
-        if ag.turn > 1:  # a run past its first turn likely goes on (the first may answer)
+        if ag.turn > 1:  # a run past its first turn likely goes on
             _prepare_next_turn(b, agent, ag, config)
+        elif _offers_tools(agent):  # the first turn may answer: one pod at stake, not more
+            _prepare_next_turn(b, agent, ag, config, 1)
         return
     output = _model_output(b, ag)
     if output is None:
@@ -900,13 +902,21 @@ def clear_name(b: Host, name: str) -> bool:
     return True
 
 
-def _prepare_next_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
-    """While the turn runs (its model call from the second turn on, then its calls), have
-    the Jobs of the next :attr:`AgentConfig.turns_ahead` turns made and their pods started,
-    so that a turn waits for no pod (a pod's start takes longer than a quick turn). The first
-    turn's model call does not: a run that answers at once makes none. A run that ends sooner
-    leaves them unused: they go as strays. Not while a call waits for approval (that may take
-    long) or the run is held, nor past the last turn."""
+def _offers_tools(agent: a.Agent) -> bool:
+    """Whether the model may call a tool: else its first answer is the run's."""
+    return bool(agent.tools or agent.mcp_servers) and agent.tool_choice != "none"
+
+
+def _prepare_next_turn(
+    b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig, most: int | None = None
+) -> None:
+    """While the turn runs (its model call, then its calls), have the Jobs of the next
+    :attr:`AgentConfig.turns_ahead` turns (``most``, if fewer) made and their pods started,
+    so that a turn waits for no pod (a pod's start takes longer than a quick turn). During
+    the first turn's model call only the second turn's is made, and only if the model is
+    offered a tool: a run that answers at once leaves one pod unused, or none. A run that
+    ends sooner leaves them unused: they go as strays. Not while a call waits for approval
+    (that may take long) or the run is held, nor past the last turn."""
     if b.run.spec.suspend or b.run.spec.cancel:
         return
     if any(
@@ -918,7 +928,8 @@ def _prepare_next_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: Agent
     committed = b.run.status.agent if b.run.status is not None else None
     if committed is None or committed.turn != ag.turn:
         return  # the run as read is a turn behind: the next pass prepares
-    for turn in range(ag.turn + 1, min(ag.turn + config.turns_ahead, agent.max_turns) + 1):
+    count = config.turns_ahead if most is None else min(most, config.turns_ahead)
+    for turn in range(ag.turn + 1, min(ag.turn + count, agent.max_turns) + 1):
         name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, model_step(turn), 1)
         ahead = _ahead(b, name)
         if clear_name(b, name):
