@@ -226,6 +226,20 @@ def list_items(response: Any) -> list[dict[str, Any]]:
     return items
 
 
+def finalizer_addition(
+    finalizers: Sequence[str] | None, finalizer: str, resource_version: str
+) -> list[dict[str, Any]]:
+    """A JSON patch adding ``finalizer`` to an object read as ``finalizers`` (None: the
+    object has no list) at ``resource_version``, guarded by a ``test`` op on that version so
+    that it fails (422) rather than acting on an object that changed since."""
+    add = (
+        {"op": "add", "path": "/metadata/finalizers/-", "value": finalizer}
+        if finalizers is not None
+        else {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}
+    )
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}, add]
+
+
 def finalizer_removal(finalizers: Sequence[str], finalizer: str) -> list[dict[str, Any]] | None:
     """A JSON patch removing ``finalizer`` from an object whose finalizers were read as
     ``finalizers``, guarded by a ``test`` op so that it fails (422) rather than removing

@@ -15,7 +15,11 @@ from agentrun.api.models import GROUP
 # Names on objects -----------------------------------------------------------------------------
 
 RUN_FINALIZER = f"{GROUP}/cleanup"
-"""On every AgentRun: released once the run's Jobs, pods and result objects are gone."""
+"""On every AgentRun: released once the run's Jobs, pods and result objects are gone. The
+operator adds it itself (agentrun/loop/ledger.py), before a run's first status write."""
+DAEMON_FINALIZER = f"{GROUP}/daemon"
+"""kopf's own, with kopf peering only: on a run while a kopf daemon drives it (kopf adds and
+removes it; the janitor releases it after an uninstall)."""
 JOB_FINALIZER = f"{GROUP}/outcome"
 """On every step Job: keeps a deleted Job visible until its attempt's outcome is committed."""
 POD_GATE = f"{GROUP}/start"

@@ -105,6 +105,10 @@ def test_metrics_count_a_run_carried_to_succeeded(
     assert value(samples, "agentrun_approval_wait_seconds_count") == 0
     assert value(samples, "agentrun_reconcile_duration_seconds_count") >= 3
     assert ("agentrun_status_conflicts_total", ()) in samples
+    # The operator put its finalizer on the run itself, one patch, before the run's first
+    # status write, which therefore met no conflict (kopf's patch used to race it).
+    assert value(samples, "agentrun_status_conflicts_total") == 0
+    assert value(samples, "agentrun_api_requests_total", verb="patch", resource="agentruns") == 1
     # Every request of the operator's client is counted: each step's Job created, the run's
     # status written, the informer's lists and watches.
     assert value(samples, "agentrun_api_requests_total", verb="create", resource="jobs") >= 2

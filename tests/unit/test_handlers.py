@@ -14,7 +14,7 @@ import pytest
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.loop import scheduler
-from agentrun.loop.reconciler import Apis, Outcome, Reconciler, RunBodies
+from agentrun.loop.reconciler import Apis, Outcome, Reconciler
 from agentrun.loop.scheduler import Scheduler
 from agentrun.observation.watches import ClusterView, Informer
 from agentrun.telemetry.endpoints import Readiness
@@ -28,6 +28,7 @@ def finished_run(**spec: Any) -> tuple[dict[str, Any], str]:
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     body = sim.run.to_wire()
     body["metadata"]["namespace"], body["metadata"]["name"] = "default", "demo"
+    body["metadata"]["finalizers"] = [s.RUN_FINALIZER]
     job_name = sim.step_status("a").job_name
     assert job_name is not None
     return body, job_name
@@ -166,52 +167,60 @@ def new_run_body(finalized: bool, version: str) -> dict[str, Any]:
     return body
 
 
-def test_a_new_runs_first_pass_waits_for_kopf_to_have_added_its_finalizer(
+def test_a_deletion_event_starts_one_task_that_tries_again_until_the_run_may_go(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Else it would write status from the body before kopf's finalizer patch: a 409."""
-    monkeypatch.setattr(scheduler, "FINALIZER_WAIT_SECONDS", 3600.0)
+    """The deletion's own task (kopf has no deletion handler): started by the first event
+    showing the run being deleted with the run finalizer, however many follow, and tried
+    again while the cleanup leaves something; none for a run without the finalizer."""
+    monkeypatch.setattr(scheduler, "DELETION_RETRY_SECONDS", 0.01)
+    answers = [True, True, False]
+    calls: list[str] = []
 
-    async def main() -> list[str]:
-        rec = reconciler(0)
-        bodies = rec.bodies = RunBodies()
-        bodies.offer(new_run_body(False, "1"))
-        sched, _ = make_scheduler(ClusterView(), rec)
-        wake = sched.wakeup("default", "demo")
-        stopped = mock.Mock(__bool__=lambda self: False)
-        seen: list[str] = []
+    def delete(body: Any) -> bool:
+        calls.append(body["metadata"]["name"])
+        return answers.pop(0)
 
-        def event(finalized: bool, version: str) -> None:  # an event: offered, then a wake
-            bodies.offer(new_run_body(finalized, version))
-            seen.append(version)
-            sched.wake("default", "demo")
+    async def main() -> Scheduler:
+        sched = Scheduler(reconciler(0), ClusterView(), Readiness(), delete)
+        sched.start()
+        body, _ = finished_run()
+        body["metadata"]["deletionTimestamp"] = "2026-11-22T09:00:00Z"
+        for _ in range(3):
+            sched.run_changed("default", "demo", "Succeeded", body)
+        released = {**body, "metadata": {**body["metadata"], "finalizers": []}}
+        other = {**released, "metadata": {**released["metadata"], "name": "other"}}
+        sched.run_changed("default", "other", "Succeeded", other)
+        await until(lambda: not sched.tasks, 5)
+        return sched
 
-        loop = asyncio.get_running_loop()
-        loop.call_later(0.05, event, False, "2")  # another change, still without it
-        loop.call_later(0.1, event, True, "3")  # kopf's patch
-        await asyncio.wait_for(sched._until_finalized("default", "demo", wake, stopped), 60)
-        body = bodies.get("default", "demo")
-        assert body is not None and body["metadata"]["finalizers"] == [s.RUN_FINALIZER]
-        return seen
-
-    assert asyncio.run(main()) == ["2", "3"], "it went on before the patched run came"
+    sched = asyncio.run(main())
+    assert calls == ["demo", "demo", "demo"]
+    assert not sched.deleting and not sched.tasks
 
 
-def test_a_run_kopf_does_not_patch_is_passed_all_the_same(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(scheduler, "FINALIZER_WAIT_SECONDS", 0.2)
+def test_a_finished_run_found_without_the_run_finalizer_is_given_it_once() -> None:
+    held: list[tuple[str, str]] = []
 
     async def main() -> None:
-        rec = reconciler(0)
-        rec.bodies = RunBodies()
-        rec.bodies.offer(new_run_body(False, "1"))
+        rec = reconciler(3600)
+        rec.hold = lambda body: held.append(  # type: ignore[method-assign]
+            (body["metadata"]["namespace"], body["metadata"]["name"])
+        )
         sched, _ = make_scheduler(ClusterView(), rec)
-        wake = sched.wakeup("default", "demo")
-        stopped = mock.Mock(__bool__=lambda self: False)
-        await asyncio.wait_for(sched._until_finalized("default", "demo", wake, stopped), 60)
+        sched.start()
+        bare, _ = finished_run()
+        bare["metadata"]["finalizers"] = []
+        deleting = {**bare, "metadata": {**bare["metadata"], "name": "going"}}
+        deleting["metadata"]["deletionTimestamp"] = "2026-11-22T09:00:00Z"
+        finalized, _ = finished_run()
+        finalized["metadata"]["name"] = "kept"
+        for body in (bare, bare, deleting, finalized):
+            sched.finished_run_seen(body)
+        await until(lambda: not sched.tasks, 5)
 
     asyncio.run(main())
+    assert held == [("default", "demo")]
 
 
 def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(

@@ -16,6 +16,7 @@ from kubernetes.config import ConfigException
 from agentrun.kubeapi import (
     KubeconfigError,
     api_message,
+    finalizer_addition,
     finalizer_removal,
     kubeconfig_paths,
     list_items,
@@ -67,6 +68,19 @@ def test_a_finalizer_is_removed_by_a_patch_that_checks_it_is_still_there() -> No
     ]
     assert finalizer_removal(["a/x"], "b/y") is None
     assert finalizer_removal([], "b/y") is None
+
+
+def test_a_finalizer_is_added_by_a_patch_that_checks_the_object_did_not_change() -> None:
+    test = {"op": "test", "path": "/metadata/resourceVersion", "value": "41"}
+    assert finalizer_addition(["a/x"], "b/y", "41") == [
+        test,
+        {"op": "add", "path": "/metadata/finalizers/-", "value": "b/y"},
+    ]
+    assert finalizer_addition([], "b/y", "41")[1]["path"] == "/metadata/finalizers/-"
+    assert finalizer_addition(None, "b/y", "41") == [
+        test,
+        {"op": "add", "path": "/metadata/finalizers", "value": ["b/y"]},
+    ]
 
 
 def test_a_refusal_is_told_in_the_api_servers_words_else_its_body_else_its_status() -> None:

@@ -59,7 +59,7 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
     sim = Sim(make_run([step("a")]))
     sim.tick()
     run = sim.run.to_wire()
-    run["metadata"].update(namespace="default", resourceVersion="7")
+    run["metadata"].update(namespace="default", resourceVersion="7", finalizers=[s.RUN_FINALIZER])
     bodies = RunBodies()
     bodies.offer(run)
     rec, custom = _reconciler(bodies, run)

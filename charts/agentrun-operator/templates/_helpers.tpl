@@ -57,8 +57,9 @@ were only noticed at the next resync). tests/e2e/test_rbac.py runs it with exact
 and allows no 403.
 */}}
 {{- define "agentrun-operator.namespacedRules" -}}
-# AgentRuns: kopf lists and watches them and patches its finalizer and bookkeeping
-# annotations; the ledger reads each run fresh (get); a finished run past its retention TTL
+# AgentRuns: kopf lists and watches them (and, with peering, patches its bookkeeping
+# annotations and daemon finalizer); the operator patches its own finalizer on and off; the
+# ledger reads each run fresh (get); a finished run past its retention TTL
 # is deleted. A sub-agent's call creates its child run, and the parent's cancel and suspend
 # are patched onto its children.
 - apiGroups: [agentrun.dev]

@@ -6,7 +6,7 @@
   held by someone else's finalizer) or fails: the run keeps its finalizer, and cleanup is
   tried again, until the deletion has waited ``patience`` seconds (the
   ``cleanup_timeout_seconds`` setting); then it is finished anyway, with a CleanupIncomplete
-  Event saying what was left. Both the deletion handler (:mod:`.handlers`) and the janitor
+  Event saying what was left. Both a deletion's own task (:mod:`.scheduler`) and the janitor
   (:mod:`.janitor`) judge their cleanups by it.
 """
 

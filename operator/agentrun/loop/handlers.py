@@ -6,13 +6,18 @@
   once finished, only when something is due. With kopf peering (``AGENTRUN_PEERING``), a kopf
   daemon per unfinished run drives it instead, so that kopf pauses it when another operator
   takes over;
-* the deletion handler removes what the run owns, and releases the run's finalizer within
-  ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was left);
-* the janitor (agentrun/loop/janitor.py), started with the operator, finishes the deletions
-  that no watch delivers (a namespace being deleted, runs deleted while the operator was down).
+* an event showing a run being deleted starts its deletion's task (the scheduler's), which
+  removes what the run owns and releases the run's finalizer, within
+  ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was
+  left), as the janitor does (agentrun/loop/janitor.py); the janitor, started with the
+  operator, also finishes the deletions that no watch delivers (a namespace being deleted,
+  runs deleted while the operator was down).
 
-kopf keeps its own bookkeeping in annotations under ``agentrun.dev/`` and never touches
-``.status``, which belongs to the ledger.
+kopf has no deletion handler: the operator puts the run finalizer on runs itself (its first
+status write would otherwise race kopf's patch), through its own client and workers. kopf
+keeps its own bookkeeping in annotations under ``agentrun.dev/`` and never touches
+``.status``, which belongs to the ledger; with peering, its daemons carry a finalizer of
+kopf's own (``agentrun.dev/daemon``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import kopf
@@ -29,9 +33,7 @@ from kubernetes import client as kube_client
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import EmitEvent
 from agentrun.loop import concurrency
-from agentrun.loop.cleanup import with_patience
 from agentrun.loop.janitor import Janitor, keep_sweeping
 from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
 from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
@@ -92,16 +94,10 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
     )
     informer = Informer(apis, settings.namespaces, waker, view)
     readiness = Readiness(settings.namespaces)
-    scheduler = Scheduler(reconciler, view, readiness)
+    janitor = Janitor(reconciler, settings.namespaces)
+    scheduler = Scheduler(reconciler, view, readiness, janitor.finish_deletion)
     waker.scheduler = scheduler
-    return OperatorState(
-        reconciler,
-        settings,
-        Janitor(reconciler, settings.namespaces),
-        informer,
-        scheduler,
-        readiness,
-    )
+    return OperatorState(reconciler, settings, janitor, informer, scheduler, readiness)
 
 
 def _state(memo: Any) -> OperatorState:
@@ -129,7 +125,7 @@ class _NoDiffBase(kopf.DiffBaseStorage):
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.finalizer = s.RUN_FINALIZER
+    settings.persistence.finalizer = s.DAEMON_FINALIZER  # with peering: see the docstring
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=s.ANNOTATION_PREFIX
     )
@@ -253,41 +249,6 @@ async def run_changed(
     for owner in body.get("metadata", {}).get("ownerReferences") or []:
         if owner.get("controller") is True and owner.get("kind") == m.KIND:
             state.scheduler.wake(namespace or "", str(owner.get("name", "")))
-
-
-@kopf.on.delete(m.GROUP, m.VERSION, m.PLURAL, backoff=2.0)
-def cleanup(
-    name: str, namespace: str | None, uid: str, memo: Any, runtime: timedelta, **_: Any
-) -> None:
-    """Remove the run's Jobs, pods and result objects, then let the finalizer go."""
-    assert namespace is not None, "AgentRuns are namespaced"
-    state = _state(memo)
-    state.scheduler.cancel_timer_soon(namespace, name)
-    state.scheduler.stop_driving_soon(namespace, name)
-    deletion = with_patience(
-        lambda: state.reconciler.cleanup(namespace, name, uid),
-        runtime.total_seconds,
-        state.settings.cleanup_timeout_seconds,
-    )
-    if not deletion.left:
-        log.info("cleaned up", extra={"agentrun": {"run": f"{namespace}/{name}"}})
-        state.reconciler.forget(namespace, name)
-        return
-    if deletion.waits:
-        still = f"still there: {deletion.leftovers}"
-        raise kopf.TemporaryError(still, delay=2.0) from deletion.error
-    message = (
-        f"released the finalizer after {state.settings.cleanup_timeout_seconds}s of failed "
-        f"cleanup; left behind: {deletion.leftovers}"
-    )
-    log.warning(message, extra={"agentrun": {"run": f"{namespace}/{name}"}})
-    state.reconciler.forget(namespace, name)
-    try:
-        state.reconciler.post_event(
-            namespace, name, uid, EmitEvent("Warning", "CleanupIncomplete", message)
-        )
-    except Exception:
-        log.exception("could not post the CleanupIncomplete event")
 
 
 def run_operator(

@@ -1,6 +1,7 @@
 """Deletions that nobody else finishes: runs being deleted, and step Jobs whose run is gone.
 
-kopf runs a run's deletion handler when its watch shows the run's deletionTimestamp. Three
+A run's deletion has a task of its own once kopf's watch shows the run's deletionTimestamp
+(:meth:`Janitor.finish_deletion`, started by the scheduler). Three
 times nobody watches: in a namespace being deleted (kopf's namespace observer drops a
 namespace from its watch as soon as the namespace controller has marked it deleted, before
 the objects in it are gone), while the operator is down, and after it is uninstalled. Each
@@ -15,7 +16,7 @@ The janitor depends on no watch. At startup, and then every ``AGENTRUN_JANITOR_S
 3. for each run with a deletionTimestamp that still carries the run finalizer: removes what
    it owns (:meth:`Reconciler.cleanup`: Jobs, their finalizers, pods, result objects), then its
    finalizer (a JSON patch guarded by a ``test`` op). When something is left (held by someone
-   else's finalizer), it waits as the deletion handler does (:func:`.cleanup.with_patience`):
+   else's finalizer), it waits as a deletion's task does (:func:`.cleanup.with_patience`):
    the finalizer goes anyway once the deletionTimestamp is ``cleanup_timeout_seconds`` old,
    with a CleanupIncomplete Event. A cleanup that failed is tried again by the next pass,
    under the same patience;
@@ -35,7 +36,7 @@ Cost at rest (no run being deleted): two LIST calls per pass (per watched namesp
 operator watches a list of namespaces), of metadata only (:data:`METADATA_ONLY`: a run's spec
 and status are most of its size, and a sweep reads neither), and no request per run or per
 Job. A pass does work only for runs being deleted and for Jobs whose run is gone, and racing
-kopf's own deletion handler is harmless: cleanup holds the run's lock and every removal
+a deletion's own task is harmless: cleanup holds the run's lock and every removal
 tolerates "already gone".
 
 :func:`release` is uninstalling on purpose (``agentrun release``, ``kubectl agentrun
@@ -48,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -187,11 +188,18 @@ class Janitor:
 
     # -- one pass -------------------------------------------------------------------------
 
-    def sweep(self, *, patience: float | None = None, events: bool = True) -> Sweep:
+    def sweep(
+        self,
+        *,
+        patience: float | None = None,
+        events: bool = True,
+        finalizers: tuple[str, ...] = (s.RUN_FINALIZER,),
+    ) -> Sweep:
         """One pass (see the module docstring). ``patience``: how long after its
         deletionTimestamp a run whose cleanup leaves something keeps its finalizer (default:
         the ``cleanup_timeout_seconds`` setting; 0: release at once). ``events``: post a
-        CleanupIncomplete Event when releasing anyway."""
+        CleanupIncomplete Event when releasing anyway. ``finalizers``: those of a run's the
+        sweep releases (:func:`release` adds kopf's, which no running kopf will)."""
         if patience is None:
             patience = float(self.reconciler.settings.cleanup_timeout_seconds)
         done = Sweep()
@@ -200,9 +208,9 @@ class Janitor:
         live = {str(r["metadata"]["uid"]) for r in runs if not _deleting(r)}
         cleaned: set[str] = set()
         for run in runs:
-            if not _deleting(run) or s.RUN_FINALIZER not in _finalizers(run):
+            if not _deleting(run) or not set(finalizers) & set(_finalizers(run)):
                 continue
-            if self._finish_run(run, patience, events, done):
+            if self._finish_run(run, patience, events, done, finalizers):
                 cleaned.add(str(run["metadata"]["uid"]))
         for job in step_jobs:
             # Its run is its controller: a label anyone who may edit the Job may change.
@@ -218,8 +226,20 @@ class Janitor:
             done.jobs_released.append(_key(job))
         return done
 
-    def _finish_run(self, run: Body, patience: float, events: bool, done: Sweep) -> bool:
-        """Clean up after one run being deleted and release its finalizer when it may go.
+    def finish_deletion(self, run: Mapping[str, Any]) -> bool:
+        """Clean up after run ``run`` (as watched: being deleted) and release its finalizer
+        when it may go, as a sweep does; the deletion's own task calls it when the watch
+        shows the deletion, and again while it returns True: something is left within the
+        deletion's patience, or the cleanup or the release failed."""
+        done = Sweep()
+        patience = float(self.reconciler.settings.cleanup_timeout_seconds)
+        self._finish_run(dict(run), patience, True, done, (s.RUN_FINALIZER,))
+        return bool(done.runs_waiting or done.failures)
+
+    def _finish_run(
+        self, run: Body, patience: float, events: bool, done: Sweep, finalizers: tuple[str, ...]
+    ) -> bool:
+        """Clean up after one run being deleted and release ``finalizers`` when it may go.
         True when its cleanup ran (its Jobs were seen to)."""
         meta = run["metadata"]
         ns, name, uid = str(meta["namespace"]), str(meta["name"]), str(meta["uid"])
@@ -246,7 +266,7 @@ class Janitor:
             if events:
                 self._post_event(ns, name, uid, EmitEvent("Warning", "CleanupIncomplete", message))
         try:
-            released = self.release_run(ns, name, uid)
+            released = self.release_run(ns, name, uid, finalizers)
         except Exception as error:
             done.failures.append(f"run {ns}/{name}: finalizer not released: {error}")
             return True
@@ -256,28 +276,37 @@ class Janitor:
         self.reconciler.forget(ns, name)
         return True
 
-    def release_run(self, namespace: str, name: str, uid: str, tries: int = 3) -> bool:
-        """Remove the run finalizer from run ``uid`` (a JSON patch guarded by a ``test`` op
-        on it, read fresh each try). True when this call removed it."""
+    def release_run(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        finalizers: tuple[str, ...] = (s.RUN_FINALIZER,),
+        tries: int = 3,
+    ) -> bool:
+        """Remove ``finalizers`` (the run finalizer) from run ``uid``, one JSON patch each,
+        guarded by a ``test`` op on it, read fresh each try. True when this call removed
+        one."""
         custom = self.apis.custom
-        for _ in range(tries):
+        released = False
+        for _ in range(tries + len(finalizers)):
             with tolerate(404) as gone:
                 body: Body = custom.get_namespaced_custom_object(
                     m.GROUP, m.VERSION, namespace, m.PLURAL, name
                 )
             if gone or str(body["metadata"].get("uid")) != uid:
-                return False
-            patch = finalizer_removal(_finalizers(body), s.RUN_FINALIZER)
+                return released
+            held = [f for f in finalizers if f in _finalizers(body)]
+            patch = finalizer_removal(_finalizers(body), held[0]) if held else None
             if patch is None:
-                return False
+                return released
             with tolerate(404, 409, 422) as moved:
                 custom.patch_namespaced_custom_object(
                     m.GROUP, m.VERSION, namespace, m.PLURAL, name, patch, _content_type=JSON_PATCH
                 )
-            if not moved:
-                return True
-            if moved.status == 404:
-                return False
+            if moved and moved.status == 404:
+                return released
+            released = released or not moved
         raise RuntimeError(f"the finalizers of agentrun {namespace}/{name} kept changing")
 
     def _post_event(self, namespace: str, name: str, uid: str, event: EmitEvent) -> None:
@@ -307,6 +336,10 @@ async def keep_sweeping(janitor: Janitor, period: float) -> None:
 
 
 # -- uninstalling ---------------------------------------------------------------------------
+
+RUN_FINALIZERS = (s.RUN_FINALIZER, s.DAEMON_FINALIZER)
+"""Every finalizer a run may carry for the operator: its own, and kopf's while a kopf daemon
+drives the run (with peering)."""
 
 
 @dataclass
@@ -348,7 +381,7 @@ def release(
     for attempt in range(max_passes):
         if attempt:
             time.sleep(interval)
-        done = janitor.sweep(patience=0, events=False)
+        done = janitor.sweep(patience=0, events=False, finalizers=RUN_FINALIZERS)
         for key in done.runs_released:
             say(f"released agentrun {key}")
         for key in done.jobs_released:
@@ -367,10 +400,10 @@ def release(
 def leftovers(janitor: Janitor) -> Leftovers:
     """Runs and step Jobs in scope that still carry the operator's finalizer."""
     return Leftovers(
-        runs=_holding(janitor.list_runs(), s.RUN_FINALIZER),
+        runs=_holding(janitor.list_runs(), *RUN_FINALIZERS),
         jobs=_holding(janitor.list_step_jobs(), s.JOB_FINALIZER),
     )
 
 
-def _holding(bodies: Iterable[Body], finalizer: str) -> list[str]:
-    return [_key(b) for b in bodies if finalizer in _finalizers(b)]
+def _holding(bodies: Iterable[Body], *finalizers: str) -> list[str]:
+    return [_key(b) for b in bodies if set(finalizers) & set(_finalizers(b))]

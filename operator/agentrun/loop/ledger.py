@@ -4,6 +4,11 @@ A write that meets 409 Conflict means someone else moved the run since it was re
 re-reads the run, re-derives the next status from the core and tries again. Conflicts are
 counted. The ledger owns ``.status`` of AgentRuns; nothing else in the operator writes it
 (kopf keeps its own bookkeeping in annotations).
+
+It also puts the run finalizer on a run that lacks it (:meth:`Ledger.hold`), guarded by the
+same resourceVersion: before a run's first status write, which then carries the version that
+patch returned (no write meets a version moved by another), and on a finished run found
+without it (runs created by hand as finished, or by an older operator).
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.api import models as m
-from agentrun.kubeapi import tolerate
-from agentrun.settings import FIELD_MANAGER
+from agentrun.kubeapi import JSON_PATCH, finalizer_addition, tolerate
+from agentrun.settings import FIELD_MANAGER, RUN_FINALIZER
 from agentrun.telemetry import metrics
 
 log = logging.getLogger("agentrun.ledger")
@@ -55,6 +60,35 @@ class Ledger:
         if gone:
             return None
         return body
+
+    def hold(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The run read as ``body`` with the run finalizer added (itself if it has it), as
+        stored then; None when it is gone. Raises :class:`Conflict` when the run moved on
+        since ``body`` was read (the patch's ``test`` op on its resourceVersion failed)."""
+        meta = body["metadata"]
+        finalizers = meta.get("finalizers")
+        if RUN_FINALIZER in (finalizers or []):
+            return body
+        patch = finalizer_addition(finalizers, RUN_FINALIZER, str(meta["resourceVersion"]))
+        with tolerate(404, 409, 422) as refused:
+            stored: dict[str, Any] = self.custom.patch_namespaced_custom_object(
+                m.GROUP,
+                m.VERSION,
+                meta["namespace"],
+                m.PLURAL,
+                meta["name"],
+                patch,
+                field_manager=FIELD_MANAGER,
+                _content_type=JSON_PATCH,
+            )
+        if refused and refused.status == 404:
+            return None
+        if refused:
+            # 422: the test op failed; 409: the object changed while it was patched. Also
+            # 422 when the run is being deleted: no finalizer may be added then.
+            self.stats.add(conflicts=1)
+            raise Conflict(f"{meta['namespace']}/{meta['name']}") from refused.error
+        return stored
 
     def commit(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Write ``status`` (in its wire form, :meth:`~agentrun.api.base.ApiModel.to_wire`)

@@ -127,7 +127,16 @@ class Reconciler:
             if body is None:
                 return Outcome(None, None, conflicts)
             if (body.get("metadata") or {}).get("deletionTimestamp"):
-                return Outcome(None, None, conflicts)  # the deletion handler cleans up
+                return Outcome(None, None, conflicts)  # the deletion's own task cleans up
+            try:
+                held = self._held(body)
+            except Conflict:
+                conflicts += 1
+                quorum = True
+                continue
+            if held is None:
+                return Outcome(None, None, conflicts)
+            body = held
             run = m.AgentRun.model_validate(body)
             observed = self.observer.observe(run)
             decision = self.decider.decide(run, observed)
@@ -179,6 +188,34 @@ class Reconciler:
         if body is not None and self.bodies is not None:
             self.bodies.offer(body)
         return body, True
+
+    def _held(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """``body`` with the run finalizer on it (:meth:`Ledger.hold`), before anything is
+        written or made for the run; None when the run is gone."""
+        if s.RUN_FINALIZER in (body["metadata"].get("finalizers") or []):
+            return body
+        held = self.ledger.hold(body)
+        if held is not None and self.bodies is not None:
+            self.bodies.offer(held)
+        return held
+
+    def hold(self, body: dict[str, Any]) -> None:
+        """Put the run finalizer on run ``body`` (as watched), found without it (a finished
+        run: unfinished ones get it from their first pass); read again after a conflict.
+        Nothing when it is gone or being deleted."""
+        meta = body["metadata"]
+        namespace, name = str(meta["namespace"]), str(meta["name"])
+        with self.lock_for(namespace, name):
+            current: dict[str, Any] | None = body
+            for _ in range(self.settings.max_conflict_retries):
+                if current is None or current["metadata"].get("deletionTimestamp"):
+                    return
+                try:
+                    self._held(current)
+                    return
+                except Conflict:
+                    current, _ = self._run_body(namespace, name, True)
+            raise Conflict(f"{namespace}/{name}: the run kept changing")
 
     def due_in(self, body: dict[str, Any], found: list[dict[str, Any]]) -> float | None:
         """Seconds until finished run ``body`` with Jobs ``found`` needs a pass (0: now),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from agentrun import settings as s
@@ -39,8 +39,12 @@ log = logging.getLogger("agentrun.handlers")
 
 FINISHED = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
 SETTLE_SECONDS = 1.0
-FINALIZER_WAIT_SECONDS = 2.0
-"""How long a new run's first pass waits for kopf to have added the run's finalizer."""
+DELETION_RETRY_SECONDS = 2.0
+"""How soon a deletion whose cleanup left something (or failed) is tried again."""
+
+Deleter = Callable[[Mapping[str, Any]], bool]
+"""Cleans up after a run being deleted and releases its finalizer when it may go; True while
+it must be tried again (:meth:`agentrun.loop.janitor.Janitor.finish_deletion`)."""
 
 
 class Stopped(Protocol):
@@ -70,11 +74,25 @@ class Stop:
 class Scheduler:
     """Decides when each run's next pass runs, and runs it."""
 
-    def __init__(self, reconciler: Reconciler, view: ClusterView, readiness: Readiness) -> None:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        view: ClusterView,
+        readiness: Readiness,
+        delete: Deleter | None = None,
+    ) -> None:
         self.reconciler = reconciler
         self.view = view
         self.readiness = readiness
         """Told when the watches have listed (/readyz waits for them too)."""
+        self.delete = delete
+        """What a run's deletion runs (None: the janitor's sweeps alone finish deletions)."""
+        self.deleting: set[tuple[str, str]] = set()
+        """Runs whose deletion has a task here (until it ends)."""
+        self.holding: set[tuple[str, str]] = set()
+        """Finished runs found without the run finalizer, being given it."""
+        self.hold_slots: asyncio.Semaphore | None = None
+        """How many of those patches run at once: half the workers (made in the loop)."""
         self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
         """One per running daemon (unfinished run)."""
         self.timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
@@ -127,12 +145,6 @@ class Scheduler:
             stop.set()
             self.wake(namespace, name)
 
-    def stop_driving_soon(self, namespace: str, name: str) -> None:
-        """:meth:`stop_driving` from another thread."""
-        loop = self.loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.stop_driving, namespace, name)
-
     async def stop_all(self, timeout: float) -> None:
         """End every run's task, waiting up to ``timeout`` seconds for the passes in flight
         (they run in threads, and cannot be cancelled)."""
@@ -150,7 +162,6 @@ class Scheduler:
         try:
             if self.synced is not None:
                 await self.synced.wait()
-            await self._until_finalized(namespace, name, wake, stopped)
             while not stopped:
                 wake.clear()
                 try:
@@ -159,7 +170,7 @@ class Scheduler:
                         self.after_pass(namespace, name, outcome)
                         return
                     if outcome.gone:
-                        return  # deleted, or being deleted: the deletion handler cleans up
+                        return  # deleted, or being deleted: the deletion's task cleans up
                     delay = min(outcome.requeue_after or resync, resync)
                 except Exception:
                     log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
@@ -167,26 +178,6 @@ class Scheduler:
                 await _sleep(wake, stopped, delay)
         finally:
             self.wakeups.pop((namespace, name), None)
-
-    async def _until_finalized(
-        self, namespace: str, name: str, wake: asyncio.Event, stopped: Stopped
-    ) -> None:
-        """A new run's daemon starts while kopf adds the run's finalizer: a first pass then
-        would write status from the body before that patch, and fail (409) and pass again.
-        So it waits for the run as patched (its event wakes the daemon), at most
-        :data:`FINALIZER_WAIT_SECONDS`."""
-        bodies = self.reconciler.bodies
-        loop = asyncio.get_running_loop()
-        until = loop.time() + FINALIZER_WAIT_SECONDS
-        while bodies is not None and not stopped and loop.time() < until:
-            wake.clear()  # before the body is read: an event offers its body, then wakes
-            body = bodies.get(namespace, name)
-            meta = (body or {}).get("metadata") or {}
-            if body is None or meta.get("deletionTimestamp"):
-                return
-            if s.RUN_FINALIZER in (meta.get("finalizers") or []):
-                return
-            await _sleep(wake, stopped, until - loop.time())
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
@@ -200,9 +191,14 @@ class Scheduler:
         self, namespace: str, name: str, phase: str | None, body: Mapping[str, Any]
     ) -> None:
         """An event on the run: its driver passes now (started first, for an unfinished run
-        not driven yet; stopped, for a run being deleted); a finished run without one, if
-        due."""
-        deleting = bool((body.get("metadata") or {}).get("deletionTimestamp"))
+        not driven yet; stopped, for a run being deleted, whose deletion then runs); a
+        finished run without one, if due."""
+        meta = body.get("metadata") or {}
+        deleting = bool(meta.get("deletionTimestamp"))
+        if deleting:
+            self.cancel_timer(namespace, name)
+            if s.RUN_FINALIZER in (meta.get("finalizers") or []):
+                self.start_deletion(namespace, name, body)
         if self.own_drivers and deleting:
             self.stop_driving(namespace, name)
         elif self.own_drivers and phase not in FINISHED:
@@ -210,6 +206,33 @@ class Scheduler:
         self.wake(namespace, name)
         if phase in FINISHED and (namespace, name) not in self.wakeups:
             self.finished_run_seen(body)
+
+    # -- deletion: a task each ----------------------------------------------------------
+
+    def start_deletion(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        """Clean up after a run being deleted, in a task of its own, until its finalizer is
+        released (unless one does already; called in the loop)."""
+        key = (namespace, name)
+        if self.delete is None or key in self.deleting or self.loop is None:
+            return
+        self.deleting.add(key)
+        self.spawn(self._deletion(key, dict(body)))
+
+    async def _deletion(self, key: tuple[str, str], body: dict[str, Any]) -> None:
+        delete = self.delete
+        assert delete is not None
+        try:
+            while True:
+                try:
+                    again = await asyncio.to_thread(delete, body)
+                except Exception:
+                    log.exception("cleanup after the run's deletion failed", extra=_ctx(*key))
+                    again = True
+                if not again:
+                    return
+                await asyncio.sleep(DELETION_RETRY_SECONDS)
+        finally:
+            self.deleting.discard(key)
 
     def observed(self, namespace: str, name: str, uid: str) -> None:
         """A watched object of the run changed (called in the loop)."""
@@ -244,12 +267,6 @@ class Scheduler:
         pending = self.timers.pop((namespace, name), None)
         if pending is not None:
             pending.cancel()
-
-    def cancel_timer_soon(self, namespace: str, name: str) -> None:
-        """:meth:`cancel_timer` from another thread (kopf's sync handlers run in threads)."""
-        loop = self.loop
-        if loop is not None:
-            loop.call_soon_threadsafe(self.cancel_timer, namespace, name)
 
     def cancel_timers(self) -> None:
         for key in list(self.timers):
@@ -288,10 +305,13 @@ class Scheduler:
         watched Jobs or the run ask for one; otherwise nothing."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if meta.get("deletionTimestamp"):
+            return
+        if s.RUN_FINALIZER not in (meta.get("finalizers") or []) and key not in self.holding:
+            self.holding.add(key)
+            self.spawn(self._hold(key, dict(body)))
         if self.synced is None or not self.synced.is_set():
             self.unchecked[key] = dict(body)
-            return
-        if meta.get("deletionTimestamp"):
             return
         jobs_of_run = self.view.jobs_of_run(str(meta.get("uid", "")))
         status = body.get("status") or {}
@@ -300,6 +320,20 @@ class Scheduler:
         if not jobs_of_run and retention.get("ttlSecondsAfterFinished") is None and not edited:
             return
         self.spawn(self._check_finished(key, dict(body), jobs_of_run))
+
+    async def _hold(self, key: tuple[str, str], body: dict[str, Any]) -> None:
+        """The run finalizer patched onto a finished run, at most :attr:`hold_slots` at
+        once: a start that finds thousands of runs without it leaves the other workers to
+        passes (a new run's first among them)."""
+        if self.hold_slots is None:
+            self.hold_slots = asyncio.Semaphore(max(1, self.reconciler.settings.workers // 2))
+        try:
+            async with self.hold_slots:
+                await asyncio.to_thread(self.reconciler.hold, body)
+        except Exception:
+            log.exception("could not add the run finalizer", extra=_ctx(*key))
+        finally:
+            self.holding.discard(key)
 
     async def _check_finished(
         self, key: tuple[str, str], body: dict[str, Any], found: list[dict[str, Any]]
