@@ -51,7 +51,9 @@ def _run(args: argparse.Namespace) -> int:
         overrides["peering"] = args.peering
     chosen = dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
     logs.configure()
-    from agentrun.loop import handlers
+    from agentrun.loop import handlers, memory
+
+    memory.limit_arenas(chosen.malloc_arenas)
 
     handlers.run_operator(chosen, liveness_host=args.liveness_host, checkpoint=args.checkpoint)
     return 0

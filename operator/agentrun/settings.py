@@ -160,8 +160,12 @@ class Settings:
         default_factory=lambda: _env_int("AGENTRUN_MAX_CONFLICT_RETRIES", 8)
     )
     workers: int = field(default_factory=lambda: _env_int("AGENTRUN_WORKERS", 8))
-    """Reconcile passes (and janitor sweeps) run at once, at most; so do deletion handlers.
+    """Reconcile passes (with janitor sweeps, deletions and finalizer patches) run at once,
+    at most.
     The API client keeps as many connections (agentrun/loop/concurrency.py)."""
+    malloc_arenas: int = field(default_factory=lambda: _env_int("AGENTRUN_MALLOC_ARENAS", 2))
+    """Most arenas glibc's allocator keeps (agentrun/loop/memory.py); 0 leaves its default,
+    eight per core."""
     cleanup_timeout_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_CLEANUP_TIMEOUT_SECONDS", 60)
     )
