@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -21,6 +22,7 @@ from agentrun_devcluster.bench.audit import (
     step_commits,
     step_marks,
 )
+from agentrun_devcluster.bench.cases import AgentResult
 from agentrun_devcluster.bench.procstat import parse_cpu_seconds, parse_rss_bytes
 from agentrun_devcluster.bench.report import requests_breakdown
 from agentrun_devcluster.bench.stats import percentile, ratio, summarize
@@ -325,3 +327,9 @@ def test_quick_is_small_and_flags_win() -> None:
     assert quick.env()["AGENTRUN_JOB_DELETION_GRACE_SECONDS"] == "5"
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--operator-env", "NOPE"])
+
+
+def test_the_slowest_model_request_is_named_by_its_turn() -> None:
+    agent = AgentResult(mock.Mock(), 4, [0.1, 0.9, 0.2], [], into_turns=[2, 3, 4])
+    assert agent.slowest_into == 3
+    assert AgentResult(mock.Mock(), 1, [], []).slowest_into is None

@@ -317,6 +317,15 @@ class AgentResult:
     out_of_model: list[float]
     """For each turn that called the tool: seconds from the model's answer to the commit of
     the intent of its call."""
+    into_turns: list[int] = field(default_factory=list)
+    """The turn whose model request each of :attr:`into_model` timed."""
+
+    @property
+    def slowest_into(self) -> int | None:
+        """The turn whose request came slowest after the previous turn's result."""
+        if not self.into_model or len(self.into_turns) != len(self.into_model):
+            return None
+        return self.into_turns[self.into_model.index(max(self.into_model))]
 
 
 def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> AgentResult:
@@ -337,6 +346,7 @@ def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> A
         if ours and turn is not None and not is_model_turn(step):
             calls[turn] = mark
     into: list[float] = []
+    into_turns: list[int] = []
     out: list[float] = []
     for turn in sorted(calls):
         intent, done = calls[turn]
@@ -344,7 +354,10 @@ def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> A
             out.append(intent - answered[turn - 1])
         if done is not None and turn < len(asked):
             into.append(asked[turn] - done)
-    return AgentResult(run=result, turns=len(asked), into_model=into, out_of_model=out)
+            into_turns.append(turn + 1)
+    return AgentResult(
+        run=result, turns=len(asked), into_model=into, out_of_model=out, into_turns=into_turns
+    )
 
 
 def wait_operator_done(bench: BenchCluster, namespace: str, timeout: float) -> bool:

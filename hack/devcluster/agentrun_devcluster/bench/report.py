@@ -305,6 +305,8 @@ class Report:
                     f"    {label:<58}{s.count:>5}{fmt(s.p50, 's'):>10}{fmt(s.p99, 's'):>10}"
                     f"{fmt(s.max, 's'):>10}"
                 )
+        if agent.slowest_into is not None:
+            lines.append(f"    the slowest model request after a result: turn {agent.slowest_into}")
         return lines
 
     def _targets(self) -> list[str]:
