@@ -92,7 +92,8 @@ class Scheduler:
         self.holding: set[tuple[str, str]] = set()
         """Finished runs found without the run finalizer, being given it."""
         self.hold_slots: asyncio.Semaphore | None = None
-        """How many of those patches run at once: half the workers (made in the loop)."""
+        """How many of those patches are handed to the workers at once: half as many as
+        there are workers (made in the loop)."""
         self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
         """One per running daemon (unfinished run)."""
         self.timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
@@ -323,8 +324,9 @@ class Scheduler:
 
     async def _hold(self, key: tuple[str, str], body: dict[str, Any]) -> None:
         """The run finalizer patched onto a finished run, at most :attr:`hold_slots` at
-        once: a start that finds thousands of runs without it leaves the other workers to
-        passes (a new run's first among them)."""
+        once: at a start that finds thousands of runs without it, a pass (a new run's first
+        among them) waits behind one round of patches at most, not behind all of them (the
+        workers take what they are given in turn)."""
         if self.hold_slots is None:
             self.hold_slots = asyncio.Semaphore(max(1, self.reconciler.settings.workers // 2))
         try:
