@@ -33,7 +33,12 @@ from agentrun.loop.observe import Observer
 SEND_SECONDS = 300.0
 """How long connections a pod refuses are tried again (it is still starting)."""
 RETRY_SECONDS = 0.05
-"""The first wait before a refused connection is tried again; it doubles up to 1 s."""
+"""The first wait before a refused connection is tried again; it doubles up to
+:data:`RETRY_MAX_SECONDS`."""
+RETRY_MAX_SECONDS = 0.2
+"""The longest wait between tries: a pod still importing its clients starts listening at any
+moment, and each second waited past it is a second of the turn (a refused connection to a
+pod's own address costs next to nothing)."""
 REMEMBERED = 20_000
 """Requests sent (and Jobs made ahead) remembered, newest kept."""
 
@@ -158,7 +163,7 @@ def _post(url: str, body: bytes) -> tuple[int, str | None] | None:
             if time.monotonic() >= deadline:
                 return None
             time.sleep(wait)
-            wait = min(wait * 2, 1.0)
+            wait = min(wait * 2, RETRY_MAX_SECONDS)
 
 
 def _taken(data: bytes) -> str | None:
