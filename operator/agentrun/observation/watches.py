@@ -61,6 +61,10 @@ Wake = Callable[[str, str, str], None]
 PAGE = 500
 WATCH_SECONDS = 300
 """How long one watch request lasts before the server ends it and it is resumed."""
+RETRY_MAX_SECONDS = 10.0
+"""The longest wait before a failed list or watch is tried again (from 1 s, doubling): a
+watch that is down leaves steps unrecorded, so it is tried again soon after the API server
+answers again (three watches, one request each per try)."""
 
 
 def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -383,7 +387,7 @@ class Reflector:
                     return
                 log.warning("%s failed (%s); retrying in %.0fs", self._name(), error, backoff)
                 self.stopping.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, RETRY_MAX_SECONDS)
 
     def _name(self) -> str:
         return f"watch of {self.source.kind} in {self.source.namespace or 'all namespaces'}"
