@@ -164,6 +164,16 @@ def without_event_watch(
     full = list(events["verbs"])
     events["verbs"] = [v for v in full if v not in ("list", "watch")]
     assert events["verbs"] != full
+    # The operator below watches one namespace: the chart then grants kopf's discovery too
+    # (rbac.kopfDiscovery), without which kopf retries it for about a minute at its start.
+    role["rules"] += [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list", "watch"],
+        },
+    ]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(rbac))
 
     def grant() -> None:
