@@ -271,7 +271,7 @@ class Janitor:
             done.failures.append(f"run {ns}/{name}: finalizer not released: {error}")
             return True
         if released:
-            log.info("finished the deletion of a run nobody was watching", extra=ctx)
+            log.info("cleaned up after the run and released its finalizer", extra=ctx)
             done.runs_released.append(f"{ns}/{name}")
         self.reconciler.forget(ns, name)
         return True
