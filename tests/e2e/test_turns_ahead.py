@@ -144,10 +144,18 @@ def _answered(kube: KubeClients, namespace: str, model: ScriptedModel, name: str
 def _waiting_for_turn_2(
     kube: KubeClients, namespace: str, model: ScriptedModel, name: str, tmp_path: Path
 ) -> tuple[Path, str, Any]:
-    """A run of :func:`_start` whose search is held, once turn 2's pod waits: the hold, the
-    run's uid and that pod."""
+    """A run of :func:`_start` whose search is held, once the search's pod runs and turn 2's
+    pod waits: the hold, the run's uid and that pod. (Turn 2's Job is made during turn 1's
+    model call, so its pod may wait before the search is even launched.)"""
     hold = tmp_path / "search"
     uid = _start(kube, namespace, model, name, hold)
+    wait_for(
+        "the search's pod to run",
+        lambda: any(
+            p.status.phase == "Running" for p in _pods(kube, namespace, uid, "t1-0-search")
+        ),
+        timeout=180,
+    )
     return hold, uid, _waiting_pod(kube, namespace, uid, "t2-model")
 
 
