@@ -61,14 +61,54 @@ class Cluster:
         return str(self.configuration.host)
 
     def api_client(self, user_agent: str | None = None) -> Any:
-        """A new ``kubernetes.client.ApiClient`` for the cluster. The API server records a
+        """A new ``kubernetes.client.ApiClient`` for the cluster, whose connections find out
+        that the API server went silent (:func:`dead_peer_options`). The API server records a
         write that names no field manager under the User-Agent's first word."""
         from kubernetes import client as kube_client
 
+        if self.configuration.socket_options is None:
+            self.configuration.socket_options = dead_peer_options()
         client = kube_client.ApiClient(self.configuration)
         if user_agent:
             client.user_agent = user_agent
         return client
+
+
+KEEPALIVE_IDLE_SECONDS = 10
+"""How long a connection to the API server may carry nothing before TCP asks the server
+whether it is still there (then every :data:`KEEPALIVE_INTERVAL_SECONDS`)."""
+KEEPALIVE_INTERVAL_SECONDS = 5
+KEEPALIVE_PROBES = 3
+UNACKNOWLEDGED_SECONDS = 20
+"""How long what was sent to the API server (a request, a keepalive probe, a connection's
+first packet) may stay unacknowledged before the connection is given up (TCP_USER_TIMEOUT)."""
+
+
+def dead_peer_options() -> list[tuple[int, int, int]]:
+    """Socket options (urllib3's own defaults, then TCP keepalive and TCP_USER_TIMEOUT) under
+    which a connection whose packets are dropped on the way (a network partition, a peer
+    that vanished without a reset) fails within about half a minute, idle or not, instead of
+    after the kernel's defaults: two hours for an idle connection, about fifteen minutes for
+    one waiting on an acknowledgement. A watch that waits on such a connection would
+    otherwise never deliver again, and a pass would hold its worker as long. Answers that are
+    only slow are not cut short: the server's kernel acknowledges the probes."""
+    import socket
+
+    import urllib3
+
+    options: list[tuple[int, int, int]] = list(
+        urllib3.connection.HTTPConnection.default_socket_options
+    )
+    options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_SECONDS),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_SECONDS),
+        ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+        ("TCP_USER_TIMEOUT", UNACKNOWLEDGED_SECONDS * 1000),
+    ):
+        if hasattr(socket, name):  # Linux has them all; other systems some
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
 
 
 def kubeconfig_paths(explicit: str | None = None) -> str | None:

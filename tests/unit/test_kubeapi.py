@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,11 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
 from agentrun.kubeapi import (
+    UNACKNOWLEDGED_SECONDS,
+    Cluster,
     KubeconfigError,
     api_message,
+    dead_peer_options,
     finalizer_addition,
     finalizer_removal,
     kubeconfig_paths,
@@ -210,3 +214,23 @@ def test_without_a_kubeconfig_only_the_service_account_is_left(nowhere: Path) ->
     )
     with pytest.raises(KubeconfigError, match=r"^--context c: no kubeconfig found$"):
         load_cluster(context="c")
+
+
+def test_connections_to_the_api_server_give_up_on_a_silent_peer() -> None:
+    from kubernetes import client as kube_client
+
+    options = dead_peer_options()
+    assert (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in options
+    assert (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1) in options  # urllib3's own default
+    user_timeout = (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, UNACKNOWLEDGED_SECONDS * 1000)
+    assert user_timeout in options
+    with socket.socket() as sock:  # the kernel takes every one of them
+        for level, name, value in options:
+            sock.setsockopt(level, name, value)
+        assert sock.getsockopt(*user_timeout[:2]) == UNACKNOWLEDGED_SECONDS * 1000
+    cluster = Cluster(kube_client.Configuration())
+    client = cluster.api_client("agentrun/test")
+    try:
+        assert cluster.configuration.socket_options == options
+    finally:
+        client.close()
