@@ -18,7 +18,12 @@ from prometheus_client import REGISTRY
 from agentrun.api import models as m
 from agentrun.telemetry import metrics
 from agentrun.telemetry.changes import ApprovalDecided, AttemptEnded, Changes
-from agentrun.telemetry.endpoints import Endpoints, Readiness, watch_kopf_listings
+from agentrun.telemetry.endpoints import (
+    SILENT_SECONDS,
+    Endpoints,
+    Readiness,
+    watch_kopf_listings,
+)
 from tests.support.sim import T0
 
 
@@ -226,6 +231,26 @@ def test_readyz_answers_503_until_every_watch_has_listed(served: tuple[Readiness
     ]
     readiness.runs_listed("team-b")
     assert get(f"{url}/readyz") == (200, '{"ready": true, "waitingFor": []}\n')
+
+
+def test_once_listed_readyz_names_a_dead_watch_until_it_is_heard_again() -> None:
+    now = [100.0]
+    troubles: list[str] = []
+    readiness = Readiness(("team-a",), clock=lambda: now[0])
+    readiness.watch_troubles(lambda: list(troubles))
+    readiness.runs_listed("team-a")
+    readiness.informer_listed()
+    assert readiness.ready()
+    now[0] += SILENT_SECONDS + 1
+    assert readiness.waiting_for() == [
+        f"kopf's watch of AgentRuns in namespace team-a: nothing heard for {SILENT_SECONDS + 1}s"
+    ]
+    readiness.runs_heard("team-a")  # a bookmark
+    assert readiness.ready()
+    troubles.append("the watch of jobs in team-a failed (timed out); trying again")
+    assert readiness.waiting_for() == troubles
+    troubles.clear()
+    assert readiness.ready()
 
 
 def test_metrics_are_served_in_the_prometheus_text_format(served: tuple[Readiness, str]) -> None:

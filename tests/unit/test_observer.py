@@ -11,12 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from urllib3.exceptions import ReadTimeoutError
 
 from agentrun import settings as s
 from agentrun.observation.watches import (
     EVENTS,
     JOBS,
     PODS,
+    SILENT_SECONDS,
     ClusterView,
     Reflector,
     Source,
@@ -246,15 +248,24 @@ def test_only_changes_that_can_move_a_run_wake_it() -> None:
 
 
 class FakeResponse:
-    def __init__(self, data: bytes = b"", lines: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        data: bytes = b"",
+        lines: list[dict[str, Any]] | None = None,
+        then: Exception | None = None,
+    ) -> None:
         self.data = data
         self.lines = lines or []
+        self.then = then
+        """Raised once the lines are read (a read that timed out, a connection reset)."""
         self.closed = False
 
     def stream(self, amt: Any = None, decode_content: bool = False) -> Iterator[bytes]:
         text = "".join(json.dumps(line) + "\n" for line in self.lines).encode()
         for i in range(0, len(text), 7):  # split lines across chunks
             yield text[i : i + 7]
+        if self.then is not None:
+            raise self.then
 
     def close(self) -> None:
         self.closed = True
@@ -355,3 +366,35 @@ def test_a_failed_first_list_is_retried_and_the_view_stays_unsynced_until_then(
     reflector.stop()
     reflector.join(5)
     assert reflector.lists == 1
+
+
+def test_a_watch_silent_for_too_long_is_made_again_from_its_last_version_without_a_relist() -> None:
+    silent = ReadTimeoutError(None, "/apis/batch/v1/jobs", "Read timed out.")  # type: ignore[arg-type]
+    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}}
+    api = FakeApi([page([], "10"), FakeResponse(lines=[bookmark], then=silent), FakeResponse()])
+    reflector = Reflector(ClusterView(), Source(JOBS, "ns"), api, lambda *run: None)
+    reflector.start()
+    assert api.done.wait(10), "the reflector did not use up its answers"
+    reflector.stop()
+    reflector.join(5)
+    watches = [c["resource_version"] for c in api.calls if c.get("watch")]
+    assert watches[:2] == ["10", "15"] and reflector.lists >= 1
+    assert api.calls[1]["_request_timeout"] == (10, SILENT_SECONDS)
+
+
+def test_a_watch_is_trouble_while_its_requests_fail_or_it_hears_nothing() -> None:
+    api = FakeApi([page([], "10"), FakeResponse()])  # then every request fails
+    reflector = Reflector(ClusterView(), Source(PODS, "ns"), api, lambda *run: None)
+    reflector.start()
+    assert api.done.wait(10)
+    failed = reflector.trouble(reflector.heard)
+    reflector.stop()
+    reflector.join(5)
+    assert failed == "the watch of pods in ns failed (no more answers); trying again"
+
+    answered = Reflector(ClusterView(), Source(JOBS, None), FakeApi([]), lambda *run: None)
+    assert answered.trouble(answered.heard + SILENT_SECONDS) is None
+    assert answered.trouble(answered.heard + SILENT_SECONDS + 5) == (
+        f"the watch of jobs in all namespaces has heard nothing from the API server for "
+        f"{SILENT_SECONDS + 5}s"
+    )

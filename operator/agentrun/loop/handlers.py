@@ -43,6 +43,9 @@ from agentrun.telemetry.endpoints import Endpoints, Readiness, watch_kopf_listin
 
 log = logging.getLogger("agentrun.handlers")
 
+CONNECT_SECONDS = 10.0
+"""How long kopf waits for a connection to the API server before it tries again."""
+
 
 @dataclass
 class OperatorState:
@@ -94,6 +97,7 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
     )
     informer = Informer(apis, settings.namespaces, waker, view)
     readiness = Readiness(settings.namespaces)
+    readiness.watch_troubles(informer.troubles)
     janitor = Janitor(reconciler, settings.namespaces)
     scheduler = Scheduler(reconciler, view, readiness, janitor.finish_deletion)
     waker.scheduler = scheduler
@@ -132,6 +136,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = _NoDiffBase()
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # A connection to an API server that cannot be reached is given up after 10 s and tried
+    # again (kopf waits five minutes by default), so that kopf's watch of runs is back soon
+    # after a partition heals.
+    settings.networking.connect_timeout = CONNECT_SECONDS
+    settings.watching.connect_timeout = CONNECT_SECONDS
     # A run's daemon ends by itself with the pass that finishes the run; that pass may still
     # be writing when the finished run's own event tells kopf to stop the daemon. Waiting up
     # to a second for it spares kopf's delayed re-check, which costs a patch of the run.

@@ -16,9 +16,11 @@ What is watched, in each watched namespace (or in all of them):
 
 Each (kind, namespace) pair has a reflector thread: it lists (in pages), replaces its part of
 the view at once, then watches from the list's resourceVersion with bookmarks, resuming from
-the last version seen each time the server ends the watch, and lists again when that version
-is too old (410 Gone). Every change wakes the run it belongs to (``wake(namespace, name,
-uid)``); a relist wakes the runs whose objects changed, appeared or vanished.
+the last version seen each time the server ends the watch or the watch hears nothing for
+:data:`SILENT_SECONDS` (the server sends a bookmark about once a minute), and lists again when
+that version is too old (410 Gone) or a request failed. Every change wakes the run it belongs
+to (``wake(namespace, name, uid)``); a relist wakes the runs whose objects changed, appeared or
+vanished. :meth:`Informer.troubles` says which watches are dead now (for /readyz).
 
 A pass must never derive from a view that has not been listed yet: a running step whose Job
 is not in the view would be taken for a lost one. :meth:`ClusterView.wait_synced` blocks until
@@ -35,9 +37,12 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from urllib3.exceptions import ReadTimeoutError
 
 from agentrun import settings as s
 from agentrun.execution.jobs import is_gated, job_state, pod_essentials, step_terminated
@@ -61,6 +66,11 @@ Wake = Callable[[str, str, str], None]
 PAGE = 500
 WATCH_SECONDS = 300
 """How long one watch request lasts before the server ends it and it is resumed."""
+SILENT_SECONDS = 70
+"""How long a watch may deliver nothing, not even a bookmark, before it is taken for dead and
+made again (from the last version seen). The API server sends watchers that ask for them a
+bookmark about once a minute; kopf's watch of runs waits as long
+(``settings.watching.inactivity_timeout``)."""
 RETRY_MAX_SECONDS = 10.0
 """The longest wait before a failed list or watch is tried again (from 1 s, doubling): a
 watch that is down leaves steps unrecorded, so it is tried again soon after the API server
@@ -348,6 +358,11 @@ class Reflector:
         self.stopping = threading.Event()
         self.lists = 0
         """How many times the source was listed (1 + relists)."""
+        self.failing: str | None = None
+        """What the last list or watch request failed with, until one is answered again."""
+        self.heard = time.monotonic()
+        """When the API server last answered this source (a list, a watch's answer, an event
+        or a bookmark), by the monotonic clock."""
         self._response: Any = None
         self._thread: threading.Thread | None = None
         view.expect(source)
@@ -385,12 +400,27 @@ class Reflector:
             except Exception as error:
                 if self.stopping.is_set():
                     return
+                self.failing = str(error) or type(error).__name__
                 log.warning("%s failed (%s); retrying in %.0fs", self._name(), error, backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, RETRY_MAX_SECONDS)
 
     def _name(self) -> str:
         return f"watch of {self.source.kind} in {self.source.namespace or 'all namespaces'}"
+
+    def _answered(self) -> None:
+        self.heard = time.monotonic()
+        self.failing = None
+
+    def trouble(self, now: float) -> str | None:
+        """What is wrong with this watch at ``now`` (monotonic): its last request failed, or
+        it has heard nothing for longer than :data:`SILENT_SECONDS`; None while it works."""
+        failing, silent = self.failing, now - self.heard
+        if failing is not None:
+            return f"the {self._name()} failed ({failing}); trying again"
+        if silent > SILENT_SECONDS:
+            return f"the {self._name()} has heard nothing from the API server for {silent:.0f}s"
+        return None
 
     def relist(self) -> str:
         """List the source (in pages) and replace it in the view; the list's version."""
@@ -415,6 +445,7 @@ class Reflector:
             if not token:
                 break
         self.lists += 1
+        self._answered()
         self._wake_all(self.view.replace(self.source, items))
         return version
 
@@ -427,7 +458,8 @@ class Reflector:
                 resource_version=version,
                 allow_watch_bookmarks=True,
                 timeout_seconds=self.watch_seconds,
-                _request_timeout=(10, self.watch_seconds + 30),
+                # A read that waits longer than that for a byte fails: the watch is dead.
+                _request_timeout=(10, SILENT_SECONDS),
                 **self.selectors,
             )
         except Exception as error:
@@ -435,8 +467,10 @@ class Reflector:
                 raise Expired() from error
             raise
         self._response = response
+        self._answered()
         try:
-            for line in _lines(response):
+            for line in _silent_ends(_lines(response)):
+                self.heard = time.monotonic()
                 if self.stopping.is_set():
                     break
                 event = json.loads(line)
@@ -465,6 +499,16 @@ class Reflector:
                     self.wake(*run)
                 except Exception:
                     log.exception("waking run %s/%s failed", run[0], run[1])
+
+
+def _silent_ends(lines: Iterator[str]) -> Iterator[str]:
+    """``lines``, ending quietly when a read waited :data:`SILENT_SECONDS` for nothing: the
+    watch is made again from the last version seen, on a new connection, which fails at
+    once (and is counted as failing) if the API server cannot be reached."""
+    try:
+        yield from lines
+    except ReadTimeoutError:
+        log.info("a watch heard nothing for %ds; watching again", SILENT_SECONDS)
 
 
 def _lines(response: Any) -> Iterator[str]:
@@ -517,6 +561,11 @@ class Informer:
     def start(self) -> None:
         for reflector in self.reflectors:
             reflector.start()
+
+    def troubles(self) -> list[str]:
+        """What is wrong with the watches now (:meth:`Reflector.trouble`), for /readyz."""
+        now = time.monotonic()
+        return [t for r in self.reflectors if (t := r.trouble(now)) is not None]
 
     def stop(self, timeout: float = 5.0) -> None:
         for reflector in self.reflectors:

@@ -14,8 +14,14 @@ before, with a JSON body naming what it still waits for:
 * the operator's own watches of step Jobs, their pods and pod refusals
   (:mod:`agentrun.observation.watches`), once each has completed its first list.
 
-Once ready it stays ready: later relists happen while the operator keeps working from what it
-has seen.
+Once everything has listed, ``/readyz`` goes on answering 503 while a watch is dead, naming
+it: one of the operator's own watches whose last request failed (until one is answered again)
+or that has heard nothing for :data:`SILENT_SECONDS` (the API server sends a bookmark about once
+a minute), and kopf's watch of runs in a namespace when it has delivered nothing, not even a
+bookmark, for as long. So a partition from the API server, or an API server that stopped
+answering, shows as not ready within about a minute, and ready again once the watches are
+answered; the operator itself needs no restart (its liveness endpoint is kopf's and stays
+up), and it goes on working from what it has seen meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from socketserver import ThreadingMixIn
@@ -38,19 +45,45 @@ log = logging.getLogger("agentrun.endpoints")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
+SILENT_SECONDS = 75
+"""How long kopf's watch of runs in a namespace may deliver nothing, not even a bookmark
+(sent about once a minute), before /readyz names it as dead."""
+
 
 class Readiness:
     """What the operator waits for before it is ready; thread-safe."""
 
-    def __init__(self, namespaces: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        namespaces: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._lock = threading.Lock()
         self._runs_unlisted: set[str | None] = set(namespaces) if namespaces else {None}
         self._informer_listed = False
+        self._clock = clock
+        self._runs_heard: dict[str | None, float] = {}
+        """When kopf's watch of runs in each namespace last delivered something."""
+        self._troubles: Callable[[], list[str]] = list
+        """What is wrong with the operator's own watches now."""
+
+    def watch_troubles(self, troubles: Callable[[], list[str]]) -> None:
+        """Ask ``troubles`` what is wrong with the operator's own watches at each question
+        (:meth:`agentrun.observation.watches.Informer.troubles`)."""
+        self._troubles = troubles
+
+    def runs_heard(self, namespace: str | None) -> None:
+        """kopf's watch of AgentRuns in ``namespace`` delivered an event or a bookmark."""
+        now = self._clock()
+        with self._lock:
+            self._runs_heard[namespace] = now
 
     def runs_listed(self, namespace: str | None) -> None:
         """kopf's watch of AgentRuns in ``namespace`` (None: cluster-wide) has listed them."""
+        now = self._clock()
         with self._lock:
             self._runs_unlisted.discard(namespace)
+            self._runs_heard[namespace] = now
 
     def runs_listed_everywhere(self) -> None:
         with self._lock:
@@ -62,26 +95,37 @@ class Readiness:
             self._informer_listed = True
 
     def waiting_for(self) -> list[str]:
-        """What is not listed yet; empty once ready."""
+        """What is not listed yet, or listed but dead now; empty when ready."""
+        now = self._clock()
         with self._lock:
-            waiting = [
-                f"kopf's watch of AgentRuns in namespace {ns}"
-                if ns is not None
-                else "kopf's watch of AgentRuns (all namespaces)"
-                for ns in sorted(self._runs_unlisted, key=lambda n: n or "")
+            waiting = [_runs_watch(ns) for ns in sorted(self._runs_unlisted, key=lambda n: n or "")]
+            waiting += [
+                f"{_runs_watch(ns)}: nothing heard for {now - heard:.0f}s"
+                for ns, heard in sorted(self._runs_heard.items(), key=lambda i: i[0] or "")
+                if now - heard > SILENT_SECONDS
             ]
-            if not self._informer_listed:
-                waiting.append("the watches of step Jobs, their pods and pod refusals")
+            listed = self._informer_listed
+        if not listed:
+            waiting.append("the watches of step Jobs, their pods and pod refusals")
+        else:
+            waiting += self._troubles()
         return waiting
 
     def ready(self) -> bool:
         return not self.waiting_for()
 
 
+def _runs_watch(namespace: str | None) -> str:
+    if namespace is None:
+        return "kopf's watch of AgentRuns (all namespaces)"
+    return f"kopf's watch of AgentRuns in namespace {namespace}"
+
+
 def watch_kopf_listings(readiness: Readiness) -> Callable[[], None]:
-    """Tell ``readiness`` when kopf's watch of AgentRuns has listed them (see the module
-    docstring); returns the function that undoes it. If kopf no longer has the stream this
-    relies on, readiness says so in the log and counts kopf's watch as listed at once."""
+    """Tell ``readiness`` when kopf's watch of AgentRuns has listed them, and each time it
+    delivers something (see the module docstring); returns the function that undoes it. If
+    kopf no longer has the stream this relies on, readiness says so in the log and counts
+    kopf's watch as listed at once."""
     try:
         from kopf._cogs.clients import watching
 
@@ -105,8 +149,11 @@ def watch_kopf_listings(readiness: Readiness) -> Callable[[], None]:
         )
         async with aclosing(events) as stream:
             async for event in stream:
-                if runs and event is listed:
-                    readiness.runs_listed(namespace)
+                if runs:
+                    if event is listed:
+                        readiness.runs_listed(namespace)
+                    else:
+                        readiness.runs_heard(namespace)
                 yield event
 
     watching.infinite_watch = infinite_watch
