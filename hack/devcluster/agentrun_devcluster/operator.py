@@ -17,6 +17,18 @@ output (stdout and stderr) appended to a log file, and waits until ``/healthz`` 
 Inherited ``AGENTRUN_*`` variables are dropped (so a stray ``AGENTRUN_CRASH_AT`` or
 ``AGENTRUN_NAMESPACES`` in the test runner's environment cannot change the operator under
 test) unless ``inherit_agentrun_env`` is true; ``env`` is added on top.
+
+With a started :class:`~agentrun_devcluster.partition.Partition` (``partition=``) the operator
+runs in the partition's network namespace (``ip netns exec``, which keeps the pid, so signals
+reach the operator itself) with the partition's copy of the kubeconfig, and binds its endpoints
+on :attr:`~agentrun_devcluster.partition.Partition.operator_host`, where the URLs point: the
+test cuts and heals the operator's path to the API server and still reaches ``/metrics``,
+``/readyz`` and ``/healthz``::
+
+    with Partition(cp.server, cp.kubeconfig, tmp_path) as partition:
+        with OperatorProcess(cp.kubeconfig, namespaces=[ns], partition=partition) as op:
+            partition.cut()
+            ...
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from typing import IO, Self
 from .controlplane import tail
 from .faults import CRASH_ENV
 from .lifecycle import StartStop, http_answer, wait_answer
+from .partition import Partition
 from .ports import PortLease, lease_ports, port_clash, retry_port_clash
 
 __all__ = ["OperatorError", "OperatorProcess"]
@@ -55,7 +68,9 @@ class OperatorProcess(StartStop):
     ``--namespace`` each; ``all_namespaces`` passes ``--all-namespaces`` instead.
     ``peering``: ``--peering NAME`` (default: standalone). ``env``: extra environment.
     ``extra_args``: appended to the command line. ``log_path``: where output goes (appended
-    across restarts, each start marked by a ``--- start`` line).
+    across restarts, each start marked by a ``--- start`` line). ``partition``: run in that
+    (started) partition's network namespace, with its kubeconfig (instead of ``kubeconfig``)
+    and endpoints on its :attr:`~agentrun_devcluster.partition.Partition.operator_host`.
     """
 
     def __init__(
@@ -72,6 +87,7 @@ class OperatorProcess(StartStop):
         ready_timeout: float = 60.0,
         stop_timeout: float = 20.0,
         inherit_agentrun_env: bool = False,
+        partition: Partition | None = None,
     ) -> None:
         if not namespaces and not all_namespaces:
             raise ValueError("give namespaces or all_namespaces=True")
@@ -90,6 +106,7 @@ class OperatorProcess(StartStop):
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
         self.inherit_agentrun_env = inherit_agentrun_env
+        self.partition = partition
         self.liveness_port = 0
         self.metrics_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -103,16 +120,27 @@ class OperatorProcess(StartStop):
     # -- lifecycle ----------------------------------------------------------------------------
 
     @property
+    def host(self) -> str:
+        """Where the operator binds its endpoints and the test reaches them: 127.0.0.1, or in
+        a partition its :attr:`~agentrun_devcluster.partition.Partition.operator_host`."""
+        return "127.0.0.1" if self.partition is None else self.partition.operator_host
+
+    @property
+    def operator_kubeconfig(self) -> Path:
+        """The kubeconfig the operator gets: ``kubeconfig``, or the partition's copy."""
+        return self.kubeconfig if self.partition is None else self.partition.kubeconfig
+
+    @property
     def liveness_url(self) -> str:
-        return f"http://127.0.0.1:{self.liveness_port}/healthz"
+        return f"http://{self.host}:{self.liveness_port}/healthz"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     @property
     def readiness_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/readyz"
+        return f"http://{self.host}:{self.metrics_port}/readyz"
 
     @property
     def pid(self) -> int | None:
@@ -130,16 +158,19 @@ class OperatorProcess(StartStop):
         """The command line of the next start."""
         # With a crash point set, the same CLI runs with the fault-injection hook passed in.
         module = "agentrun_devcluster.faults" if self.env.get(CRASH_ENV) else "agentrun.cli"
-        argv = [self.python, "-m", module, "run", "--kubeconfig", str(self.kubeconfig)]
+        argv = [self.python, "-m", module, "run", "--kubeconfig", str(self.operator_kubeconfig)]
         if self.all_namespaces:
             argv.append("--all-namespaces")
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
         argv += ["--liveness-port", str(self.liveness_port)]
-        argv += ["--metrics-port", str(self.metrics_port), "--metrics-host", "127.0.0.1"]
+        if self.partition is not None:
+            argv += ["--liveness-host", self.host]
+        argv += ["--metrics-port", str(self.metrics_port), "--metrics-host", self.host]
         if self.peering:
             argv += ["--peering", self.peering]
-        return [*argv, *self.extra_args]
+        argv += self.extra_args
+        return argv if self.partition is None else self.partition.wrap(argv)
 
     def process_env(self) -> dict[str, str]:
         """The environment of the next start."""
@@ -148,7 +179,7 @@ class OperatorProcess(StartStop):
             for k, v in os.environ.items()
             if k != "KUBECONFIG" and (self.inherit_agentrun_env or not k.startswith("AGENTRUN_"))
         }
-        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["KUBECONFIG"] = str(self.operator_kubeconfig)
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.env)
         return env
@@ -159,6 +190,8 @@ class OperatorProcess(StartStop):
         process exits because a port was taken before it bound it."""
         if self.alive():
             raise OperatorError(f"the operator is already running (pid {self.pid})")
+        if self.partition is not None and self.partition.index is None:
+            raise OperatorError(f"{self.partition!r} is not started")
         if not wait_ready:
             self._start_once(wait_ready=False)
         else:
