@@ -70,6 +70,10 @@ soak: sync controlplane ## the crash test with 100 operator kills (AGENTRUN_CRAS
 	AGENTRUN_CRASH_KILLS=$${AGENTRUN_CRASH_KILLS:-100} $(RUN) pytest tests/e2e/test_crash.py -s \
 		-k test_runs_survive_an_operator_killed_at_every_crash_point
 
+.PHONY: faults
+faults: sync controlplane ## the partition tests with a further 5 minute cut (AGENTRUN_LONG_CUT_SECONDS), not in CI
+	AGENTRUN_LONG_CUT_SECONDS=$${AGENTRUN_LONG_CUT_SECONDS:-300} $(RUN) pytest tests/e2e/test_partition.py -s
+
 .PHONY: bench
 bench: sync controlplane ## the operator beside bare Jobs, P1-P5 of docs/benchmarks.md (BENCH_ARGS=--quick: small)
 	$(RUN) python hack/bench/bench.py $(BENCH_ARGS)
