@@ -294,8 +294,15 @@ def test_kopf_listing_of_runs_marks_readiness_and_passes_every_event_on() -> Non
 
         assert asyncio.run(drain(other, "ns")) == events
         assert readiness.waiting_for()[0] == "kopf's watch of AgentRuns in namespace ns"
+        relists = (
+            REGISTRY.get_sample_value("agentrun_watch_relists_total", {"resource": m.PLURAL}) or 0.0
+        )
         assert asyncio.run(drain(runs, "ns")) == events
         assert readiness.waiting_for() == ["the watches of step Jobs, their pods and pod refusals"]
+        events.append(listed)  # kopf listed again (its version had expired)
+        assert asyncio.run(drain(runs, "ns")) == events
+        after = REGISTRY.get_sample_value("agentrun_watch_relists_total", {"resource": m.PLURAL})
+        assert after == relists + 1
     finally:
         undo()
         assert watching.infinite_watch is stream

@@ -330,12 +330,14 @@ def test_the_reflector_lists_in_pages_watches_from_the_lists_version_and_relists
     api = FakeApi(answers)
     woken: list[tuple[str, str, str]] = []
     view = ClusterView()
+    relisted: list[str] = []
     reflector = Reflector(
         view,
         Source(JOBS, "ns"),
         api,
         lambda *run: woken.append(run),
         label_selector=s.LABEL_RUN_UID,
+        relisted=relisted.append,
     )
     assert not view.synced
     reflector.start()
@@ -348,7 +350,7 @@ def test_the_reflector_lists_in_pages_watches_from_the_lists_version_and_relists
     assert lists[1]["_continue"] == "more" and all(c["limit"] == 500 for c in lists)
     assert all(c["label_selector"] == s.LABEL_RUN_UID for c in api.calls)
     assert [w["resource_version"] for w in watches[:3]] == ["10", "15", "20"]
-    assert reflector.lists == 3
+    assert reflector.lists == 3 and relisted == [JOBS, JOBS]
     assert view.synced
     assert [j["metadata"]["name"] for j in view.jobs_of_run(RUN_UID)] == ["j1"]
     assert ("ns", "demo", RUN_UID) in woken

@@ -95,7 +95,13 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         if checkpoint is None
         else Reconciler(apis, settings, checkpoint=checkpoint, view=view, wake=waker, bodies=bodies)
     )
-    informer = Informer(apis, settings.namespaces, waker, view)
+    informer = Informer(
+        apis,
+        settings.namespaces,
+        waker,
+        view,
+        relisted=lambda kind: metrics.WATCH_RELISTS.labels(kind).inc(),
+    )
     readiness = Readiness(settings.namespaces)
     readiness.watch_troubles(informer.troubles)
     janitor = Janitor(reconciler, settings.namespaces)

@@ -344,7 +344,9 @@ class Reflector:
         label_selector: str | None = None,
         field_selector: str | None = None,
         watch_seconds: int = WATCH_SECONDS,
+        relisted: Callable[[str], None] = lambda kind: None,
     ) -> None:
+        """``relisted(kind)`` is told of every list after the first (for a metric)."""
         self.view = view
         self.source = source
         self.call = call
@@ -355,6 +357,7 @@ class Reflector:
         if field_selector:
             self.selectors["field_selector"] = field_selector
         self.watch_seconds = watch_seconds
+        self.relisted = relisted
         self.stopping = threading.Event()
         self.lists = 0
         """How many times the source was listed (1 + relists)."""
@@ -444,6 +447,8 @@ class Reflector:
             token = meta.get("continue")
             if not token:
                 break
+        if self.lists:
+            self.relisted(self.source.kind)
         self.lists += 1
         self._answered()
         self._wake_all(self.view.replace(self.source, items))
@@ -527,9 +532,15 @@ class Informer:
     """The reflectors of every watched namespace (or of all namespaces) and one view."""
 
     def __init__(
-        self, apis: Any, namespaces: Sequence[str], wake: Wake, view: ClusterView | None = None
+        self,
+        apis: Any,
+        namespaces: Sequence[str],
+        wake: Wake,
+        view: ClusterView | None = None,
+        relisted: Callable[[str], None] = lambda kind: None,
     ) -> None:
-        """``apis``: an object with ``.core`` (CoreV1Api) and ``.batch`` (BatchV1Api)."""
+        """``apis``: an object with ``.core`` (CoreV1Api) and ``.batch`` (BatchV1Api);
+        ``relisted``: see :class:`Reflector`."""
         self.view = view or ClusterView()
         self.reflectors: list[Reflector] = []
         scopes: Sequence[str | None] = list(namespaces) or [None]
@@ -541,6 +552,7 @@ class Informer:
                     _scoped(apis.batch, "job", ns),
                     wake,
                     label_selector=STEP_SELECTOR,
+                    relisted=relisted,
                 ),
                 Reflector(
                     self.view,
@@ -548,6 +560,7 @@ class Informer:
                     _scoped(apis.core, "pod", ns),
                     wake,
                     label_selector=STEP_SELECTOR,
+                    relisted=relisted,
                 ),
                 Reflector(
                     self.view,
@@ -555,6 +568,7 @@ class Informer:
                     _scoped(apis.core, "event", ns),
                     wake,
                     field_selector=REFUSAL_SELECTOR,
+                    relisted=relisted,
                 ),
             ]
 

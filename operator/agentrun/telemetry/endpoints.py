@@ -40,6 +40,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import REGISTRY, make_wsgi_app
 
 from agentrun.api import models as m
+from agentrun.telemetry import metrics
 
 log = logging.getLogger("agentrun.endpoints")
 
@@ -147,11 +148,15 @@ def watch_kopf_listings(readiness: Readiness) -> Callable[[], None]:
             AsyncGenerator[Any, None],
             original(resource=resource, namespace=namespace, **kwargs),
         )
+        lists = 0
         async with aclosing(events) as stream:
             async for event in stream:
                 if runs:
                     if event is listed:
                         readiness.runs_listed(namespace)
+                        if lists:
+                            metrics.WATCH_RELISTS.labels(m.PLURAL).inc()
+                        lists += 1
                     else:
                         readiness.runs_heard(namespace)
                 yield event

@@ -90,6 +90,13 @@ API_REQUESTS = Counter(
     "status code ('error': no response).",
     ["verb", "resource", "code"],
 )
+WATCH_RELISTS = Counter(
+    "agentrun_watch_relists",
+    "Lists of a watched resource after its first one in a namespace: its watch had to list "
+    "again (its version too old, 410 Gone, or a request failed), by resource (agentruns: "
+    "kopf's watch of runs; jobs, pods, events: the operator's own).",
+    ["resource"],
+)
 TOKENS = Counter(
     "agentrun_tokens",
     "Tokens reported by step attempts (model turns, steps that report usage), by the run's "
