@@ -9,6 +9,12 @@ finished meanwhile within a bounded time (the waits' timeouts: a stuck run fails
 hanging; no timing is asserted). A cut long enough to kill its watches (60 s) shows as not
 ready on /readyz, naming a dead watch, and ready again after the heal; a 10 s cut is ridden out
 by TCP's retransmissions and need not show. ``make faults`` adds a 5 minute cut.
+
+One more cut lasts while the API server's watch cache moves past the version kopf's watch of
+runs would resume from (runs elsewhere changed again and again, etcd compacted and
+defragmented): healed, that watch meets 410 Gone and lists again, as the operator's own
+watches do after their failed requests (``agentrun_watch_relists_total``), and the same checks
+hold.
 """
 
 from __future__ import annotations
@@ -20,16 +26,18 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.partition import Partition, partition_unavailable
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
-from tests.support.cluster import StartOperator
+from tests.support.cluster import TEST_LABELS, StartOperator, create_namespace, delete_namespace
 from tests.support.runs import agentrun, create, envelope, get, status_of, step
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +46,11 @@ RUNS = 4
 STEPS = 3
 STEP_SECONDS = 3
 """Each step sleeps this long, so that steps start and end while the operator is cut."""
+CHURN = 300
+"""Changes of a run in another namespace, twice during the cut, that push the version kopf's
+watch of runs would resume from out of the API server's watch cache."""
+CACHE_SECONDS = 80
+"""The API server's watch cache keeps events younger than 75 s whatever their number."""
 LONG_CUT_SECONDS = int(os.environ.get("AGENTRUN_LONG_CUT_SECONDS") or 0)
 """A further cut of this many seconds (``make faults``: 300); 0, in CI: none."""
 
@@ -105,18 +118,8 @@ def _finished(kube: KubeClients, namespace: str, names: list[str]) -> list[str]:
     return [] if unfinished else [f"{n}: {p}" for n, p in phases.items()]
 
 
-@pytest.mark.parametrize("cut", CUTS, ids=lambda c: c.name.replace(" ", "-"))
-def test_a_cut_from_the_api_server_loses_nothing_and_runs_nothing_twice(
-    partition: Partition,
-    start_operator: StartOperator,
-    kube: KubeClients,
-    cluster: TestCluster,
-    namespace: str,
-    tmp_path: Path,
-    cut: Cut,
-) -> None:
-    op = start_operator(partition=partition)
-    ledger = tmp_path / "executions.log"
+def _start_runs(kube: KubeClients, namespace: str, ledger: Path) -> list[str]:
+    """The runs, once each has its first step running; their names."""
     names = [f"cut-{i}" for i in range(RUNS)]
     for name in names:
         create(kube, namespace, _plan(name, ledger))
@@ -125,21 +128,50 @@ def test_a_cut_from_the_api_server_loses_nothing_and_runs_nothing_twice(
         lambda: ledger.exists() and len(ledger.read_text().split()) >= RUNS,
         timeout=120,
     )
+    return names
+
+
+def _nothing() -> None:
+    return None
+
+
+def _cut_for(
+    partition: Partition, op: OperatorProcess, cut: Cut, meanwhile: Callable[[], None] = _nothing
+) -> list[str]:
+    """Cut, run ``meanwhile`` (in a thread) while /readyz is asked every second, heal once
+    ``cut.seconds`` have passed and ``meanwhile`` is done; what /readyz first named when it
+    said not ready (empty: it never did)."""
     not_ready: list[str] = []
     partition.cut(to_server=cut.to_server, to_operator=cut.to_operator)
     try:
-        end = time.monotonic() + cut.seconds
-        while time.monotonic() < end:
-            code, waiting = _readyz(op)
-            if code == 503 and not not_ready:
-                not_ready = waiting
-            time.sleep(1)
+        with ThreadPoolExecutor(1) as pool:
+            done = pool.submit(meanwhile)
+            end = time.monotonic() + cut.seconds
+            while time.monotonic() < end or not done.done():
+                code, waiting = _readyz(op)
+                if code == 503 and not not_ready:
+                    not_ready = waiting
+                time.sleep(1)
+            done.result()
     finally:
         partition.heal()
-    healed = time.monotonic()
     if cut.dead_watches:
         assert not_ready, f"/readyz said ready all through a cut {cut.name}"
         assert any("watch" in w for w in not_ready), not_ready
+    return not_ready
+
+
+def _nothing_lost_nothing_twice(
+    kube: KubeClients,
+    cluster: TestCluster,
+    namespace: str,
+    op: OperatorProcess,
+    names: list[str],
+    ledger: Path,
+) -> float:
+    """Every run succeeds with every result, no step attempt ran twice, no Job was created
+    twice, and the operator was never started again; seconds until every run finished."""
+    since = time.monotonic()
     wait_for("/readyz to say ready after the heal", lambda: _readyz(op)[0] == 200, timeout=120)
     phases = wait_for(
         "every run to finish after the heal",
@@ -147,9 +179,7 @@ def test_a_cut_from_the_api_server_loses_nothing_and_runs_nothing_twice(
         timeout=240,
         interval=1,
     )
-    recovered = time.monotonic() - healed
-    print(f"cut {cut.name}: runs finished {recovered:.1f}s after the heal; not ready: {not_ready}")
-
+    recovered = time.monotonic() - since
     assert op.alive() and op.starts == 1, "the operator had to be started again"
     assert phases == [f"{n}: Succeeded" for n in names]
     for name in names:
@@ -163,3 +193,79 @@ def test_a_cut_from_the_api_server_loses_nothing_and_runs_nothing_twice(
     assert set(ran) == want and max(ran.values()) == 1, ran
     created = job_creations(cluster, namespace)
     assert len(created) == RUNS * STEPS and max(created.values()) == 1, created
+    return recovered
+
+
+@pytest.mark.parametrize("cut", CUTS, ids=lambda c: c.name.replace(" ", "-"))
+def test_a_cut_from_the_api_server_loses_nothing_and_runs_nothing_twice(
+    partition: Partition,
+    start_operator: StartOperator,
+    kube: KubeClients,
+    cluster: TestCluster,
+    namespace: str,
+    tmp_path: Path,
+    cut: Cut,
+) -> None:
+    op = start_operator(partition=partition)
+    ledger = tmp_path / "executions.log"
+    names = _start_runs(kube, namespace, ledger)
+    not_ready = _cut_for(partition, op, cut)
+    recovered = _nothing_lost_nothing_twice(kube, cluster, namespace, op, names, ledger)
+    print(f"cut {cut.name}: runs finished {recovered:.1f}s after the heal; not ready: {not_ready}")
+
+
+def _relists(op: OperatorProcess) -> dict[str, float]:
+    """agentrun_watch_relists_total by resource, from the operator's /metrics."""
+    with urllib.request.urlopen(op.metrics_url, timeout=5) as answer:
+        text = answer.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("agentrun_watch_relists_total{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('resource="', 1)[1].split('"', 1)[0]] = float(value)
+    return found
+
+
+def test_history_compacted_during_a_cut_is_listed_again_and_nothing_is_decided_twice(
+    partition: Partition,
+    start_operator: StartOperator,
+    kube: KubeClients,
+    cluster: TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """While the operator is cut off, runs in another namespace change again and again and
+    etcd's history is compacted and defragmented, until the API server's watch cache no longer
+    holds the version kopf's watch of runs would resume from: healed, it gets 410 Gone and
+    lists again, as the operator's own watches do after their failed requests, and decides
+    from what it lists now."""
+    assert cluster.control_plane is not None  # the partition fixture skips else
+    control_plane = cluster.control_plane
+    op = start_operator(partition=partition)
+    ledger = tmp_path / "executions.log"
+    names = _start_runs(kube, namespace, ledger)
+    before = _relists(op)
+    elsewhere = create_namespace(kube, f"{namespace[:50]}-churn", labels=TEST_LABELS)
+    churned = create(kube, elsewhere, agentrun("churn", [step("s", "true")]))["metadata"]["name"]
+    began = time.monotonic()
+
+    def churn() -> None:
+        for round_ in range(2):
+            for i in range(CHURN):
+                kube.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, elsewhere, PLURAL, churned,
+                    {"metadata": {"annotations": {"test.agentrun.dev/churn": f"{round_}-{i}"}}},
+                )  # fmt: skip
+            control_plane.compact_etcd()
+            if not round_:  # the cache keeps what is younger than 75 s
+                time.sleep(max(0.0, began + CACHE_SECONDS - time.monotonic()))
+
+    try:
+        _cut_for(partition, op, Cut(CACHE_SECONDS + 10, dead_watches=True), churn)
+        recovered = _nothing_lost_nothing_twice(kube, cluster, namespace, op, names, ledger)
+    finally:
+        delete_namespace(kube, elsewhere)
+    after = _relists(op)
+    grew = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in ("agentruns", "jobs", "pods")}
+    print(f"history compacted during a cut: finished {recovered:.1f}s after the heal; {grew}")
+    assert all(n >= 1 for n in grew.values()), f"a watch did not list again: {grew}"
