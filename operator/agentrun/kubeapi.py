@@ -206,6 +206,24 @@ def _from_kubeconfig(paths: str, context: str | None, persist: bool) -> Cluster:
     return Cluster(configuration, namespace)
 
 
+RETRY_AFTER_MAX_SECONDS = 60.0
+"""The longest wait a Retry-After of the API server is taken at."""
+
+
+def throttled(error: BaseException) -> float | None:
+    """For a refusal with 429 Too Many Requests (API Priority and Fairness shedding load, or a
+    request that must wait), the seconds its Retry-After asks to wait (1 when it names none,
+    at most :data:`RETRY_AFTER_MAX_SECONDS`); None for anything else."""
+    if getattr(error, "status", None) != 429:
+        return None
+    headers = getattr(error, "headers", None) or {}
+    try:
+        wait = float(headers.get("Retry-After") or 1)
+    except (TypeError, ValueError):  # an HTTP date, or nonsense: wait the least
+        wait = 1.0
+    return min(max(wait, 1.0), RETRY_AFTER_MAX_SECONDS)
+
+
 def api_message(error: ApiException) -> str:
     """The API server's own words (the ``message`` of its Status), else the HTTP reason."""
     body = getattr(error, "body", None)

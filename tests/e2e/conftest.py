@@ -1,9 +1,10 @@
 """Fixtures of the end-to-end suite: the operator as a real process against the session
 cluster (see tests/conftest.py). Every test under tests/e2e is marked ``e2e``.
 
-* ``start_operator`` (function): ``start_operator(*, namespaces=None, env=None, **kwargs) ->
-  OperatorProcess``: starts an ``agentrun run`` process watching the test's namespace (or
-  ``namespaces``), with :data:`tests.support.cluster.OPERATOR_TEST_ENV` plus ``env``,
+* ``start_operator`` (function): ``start_operator(*, namespaces=None, env=None,
+  kubeconfig=None, **kwargs) -> OperatorProcess``: starts an ``agentrun run`` process watching
+  the test's namespace (or ``namespaces``), as the cluster's admin (or whom ``kubeconfig``
+  names), with :data:`tests.support.cluster.OPERATOR_TEST_ENV` plus ``env``,
   logging under ``tmp_path``, and waits until its liveness endpoint answers. At teardown the
   namespace's AgentRuns are deleted while an operator still runs (so it cleans up and releases
   their finalizers), then every process started is stopped, and any finalizer left is
@@ -92,10 +93,11 @@ def start_operator(
         *,
         namespaces: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
+        kubeconfig: Path | None = None,
         **kwargs: Any,
     ) -> OperatorProcess:
         op = OperatorProcess(
-            cluster.kubeconfig,
+            kubeconfig or cluster.kubeconfig,
             namespaces=list(namespaces) if namespaces is not None else [namespace],
             env={**OPERATOR_TEST_ENV, **(env or {})},
             log_path=tmp_path / f"operator-{len(started) + 1}.log",

@@ -42,6 +42,7 @@ class StartOperator(Protocol):
         *,
         namespaces: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
+        kubeconfig: Path | None = None,
         **kwargs: Any,
     ) -> OperatorProcess: ...
 

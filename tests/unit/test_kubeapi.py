@@ -25,6 +25,7 @@ from agentrun.kubeapi import (
     kubeconfig_paths,
     list_items,
     load_cluster,
+    throttled,
     tolerate,
 )
 
@@ -234,3 +235,18 @@ def test_connections_to_the_api_server_give_up_on_a_silent_peer() -> None:
         assert cluster.configuration.socket_options == options
     finally:
         client.close()
+
+
+def test_a_429_is_waited_out_as_its_retry_after_asks_within_bounds() -> None:
+    def refusal(status: int, retry_after: str | None = None) -> ApiException:
+        error = ApiException(status=status, reason="Too Many Requests")
+        error.headers = {"Retry-After": retry_after} if retry_after is not None else {}
+        return error
+
+    assert throttled(refusal(429, "3")) == 3.0
+    assert throttled(refusal(429)) == 1.0
+    assert throttled(refusal(429, "0")) == 1.0
+    assert throttled(refusal(429, "Wed, 21 Oct 2026 07:28:00 GMT")) == 1.0
+    assert throttled(refusal(429, "3600")) == 60.0
+    assert throttled(refusal(409)) is None
+    assert throttled(RuntimeError("connection reset")) is None

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.execution import jobs
+from agentrun.kubeapi import api_message, throttled
 from agentrun.loop.reconciler import Outcome, Reconciler
 from agentrun.observation.watches import ClusterView
 from agentrun.telemetry import metrics
@@ -173,9 +174,8 @@ class Scheduler:
                     if outcome.gone:
                         return  # deleted, or being deleted: the deletion's task cleans up
                     delay = min(outcome.requeue_after or resync, resync)
-                except Exception:
-                    log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
-                    delay = 5.0
+                except Exception as error:
+                    delay = _failed("reconcile", error, namespace, name)
                 await _sleep(wake, stopped, delay)
         finally:
             self.wakeups.pop((namespace, name), None)
@@ -290,9 +290,8 @@ class Scheduler:
             await self.synced.wait()
         try:
             outcome = await asyncio.to_thread(_pass, self.reconciler, namespace, name)
-        except Exception:
-            log.exception("reconcile failed; retrying", extra=_ctx(namespace, name))
-            self.schedule_pass(namespace, name, 5.0)
+        except Exception as error:
+            self.schedule_pass(namespace, name, _failed("reconcile", error, namespace, name))
             return
         self.after_pass(namespace, name, outcome)
 
@@ -379,6 +378,29 @@ def _pass(reconciler: Reconciler, namespace: str, name: str) -> Outcome:
     """One reconcile pass, timed (agentrun_reconcile_duration_seconds)."""
     with metrics.reconcile_pass():
         return reconciler.reconcile(namespace, name)
+
+
+FAILED_PASS_RETRY_SECONDS = 5.0
+"""When a pass that failed is tried again, unless the API server asked for another wait."""
+
+
+def _failed(what: str, error: Exception, namespace: str, name: str) -> float:
+    """Log a failed pass; the seconds until it is tried again: what a 429's Retry-After asks
+    (the API server is shedding load: one line, no traceback), else
+    :data:`FAILED_PASS_RETRY_SECONDS`."""
+    wait = throttled(error)
+    if wait is None:
+        log.exception("%s failed; retrying", what, extra=_ctx(namespace, name))
+        return FAILED_PASS_RETRY_SECONDS
+    metrics.THROTTLED_PASSES.inc()
+    log.warning(
+        "%s throttled by the API server (429: %s); retrying in %.0fs",
+        what,
+        api_message(error),  # type: ignore[arg-type]
+        wait,
+        extra=_ctx(namespace, name),
+    )
+    return wait
 
 
 def _ctx(namespace: str, name: str) -> dict[str, Any]:

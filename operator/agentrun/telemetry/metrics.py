@@ -90,6 +90,11 @@ API_REQUESTS = Counter(
     "status code ('error': no response).",
     ["verb", "resource", "code"],
 )
+THROTTLED_PASSES = Counter(
+    "agentrun_throttled_passes",
+    "Reconcile passes cut short by 429 Too Many Requests (API Priority and Fairness shedding "
+    "load); each is tried again after the wait its Retry-After asks.",
+)
 WATCH_RELISTS = Counter(
     "agentrun_watch_relists",
     "Lists of a watched resource after its first one in a namespace: its watch had to list "

@@ -1,0 +1,174 @@
+"""The API server shedding the operator's load: API Priority and Fairness puts the operator's
+user in a priority level of its own with the fewest seats there can be and no queue, so that
+requests beyond them are refused at once with 429 Too Many Requests while many runs go.
+
+What must hold: every run succeeds with every result, no step attempt runs twice and no Job is
+created twice, the throttled passes are tried again after the Retry-After the API server asks
+(``agentrun_throttled_passes_total``), and ``/metrics`` shows the refusals
+(``agentrun_api_requests_total{code="429"}``). No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
+from tests.support.cluster import StartOperator
+from tests.support.runs import agentrun, create, envelope, get, status_of, step
+
+pytestmark = pytest.mark.e2e
+
+FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
+RUNS = 12
+BRANCHES = 3
+"""Steps of a run that go at once, then one that joins them."""
+
+
+@pytest.fixture
+def throttled(kube: KubeClients, cluster: TestCluster) -> Iterator[Path]:
+    """A kubeconfig of a user with cluster-admin rights whose requests APF gives one
+    share of the API server's seats (about 3 of 600) and no queue: what does not fit is refused
+    with 429."""
+    if cluster.control_plane is None:
+        pytest.skip("the priority level is made on the local control plane, not another cluster")
+    user = f"agentrun-throttled-{secrets.token_hex(3)}"
+    kubeconfig = cluster.mint_user_kubeconfig(user)
+    group, version = FLOWCONTROL
+    level: dict[str, Any] = {
+        "apiVersion": f"{group}/{version}",
+        "kind": "PriorityLevelConfiguration",
+        "metadata": {"name": user},
+        "spec": {
+            "type": "Limited",
+            "limited": {
+                "nominalConcurrencyShares": 1,
+                "lendablePercent": 0,
+                "borrowingLimitPercent": 0,
+                "limitResponse": {"type": "Reject"},
+            },
+        },
+    }
+    schema: dict[str, Any] = {
+        "apiVersion": f"{group}/{version}",
+        "kind": "FlowSchema",
+        "metadata": {"name": user},
+        "spec": {
+            "priorityLevelConfiguration": {"name": user},
+            "matchingPrecedence": 100,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [
+                {
+                    "subjects": [{"kind": "User", "user": {"name": user}}],
+                    "resourceRules": [
+                        {
+                            "verbs": ["*"],
+                            "apiGroups": ["*"],
+                            "resources": ["*"],
+                            "clusterScope": True,
+                            "namespaces": ["*"],
+                        }
+                    ],
+                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                }
+            ],
+        },
+    }
+    binding = {
+        "metadata": {"name": user},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "cluster-admin",
+        },
+        "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+    }
+    kube.rbac.create_cluster_role_binding(binding)
+    made: list[tuple[str, str]] = []
+    try:
+        for obj, kind_plural in ((level, "prioritylevelconfigurations"), (schema, "flowschemas")):
+            kube.custom.create_cluster_custom_object(group, version, kind_plural, obj)
+            made.append((kind_plural, obj["metadata"]["name"]))
+        yield kubeconfig
+    finally:
+        for kind_plural, name in reversed(made):
+            try:
+                kube.custom.delete_cluster_custom_object(group, version, kind_plural, name)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+        kube.rbac.delete_cluster_role_binding(user)
+
+
+def _metric(op: OperatorProcess, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    with urllib.request.urlopen(op.metrics_url, timeout=5) as answer:
+        text = answer.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if head != name and not head.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def _plan(name: str, ledger: Path) -> dict[str, Any]:
+    record = f'echo "$AGENTRUN_RUN/$AGENTRUN_STEP/$AGENTRUN_ATTEMPT" >> {shlex.quote(str(ledger))}'
+    branches = [
+        step(f"b{i}", f"{record}; {envelope(f'branch {i}', {'branch': i})}")
+        for i in range(BRANCHES)
+    ]
+    join = step("join", f"{record}; {envelope('joined')}", after=[b["name"] for b in branches])
+    return agentrun(name, [*branches, join])
+
+
+def test_a_throttled_operator_waits_as_asked_and_loses_nothing(
+    throttled: Path,
+    start_operator: StartOperator,
+    kube: KubeClients,
+    cluster: TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    op = start_operator(kubeconfig=throttled)
+    ledger = tmp_path / "executions.log"
+    names = [f"busy-{i}" for i in range(RUNS)]
+    for name in names:
+        create(kube, namespace, _plan(name, ledger))
+
+    def finished() -> bool:
+        phases = [status_of(get(kube, namespace, n)).get("phase") for n in names]
+        return all(p in ("Succeeded", "Failed", "Cancelled") for p in phases)
+
+    wait_for("every run to finish", finished, timeout=300, interval=1)
+    refused = _metric(op, "agentrun_api_requests_total", code="429")
+    waited = _metric(op, "agentrun_throttled_passes_total")
+    print(f"throttled: {refused:.0f} requests refused with 429, {waited:.0f} passes waited")
+    for name in names:
+        run = get(kube, namespace, name)
+        assert status_of(run).get("phase") == "Succeeded", status_of(run)
+        results = {s["name"]: s.get("result") for s in status_of(run).get("steps") or []}
+        assert {k: json.loads(v) for k, v in results.items() if k != "join"} == {
+            f"b{i}": {"branch": i} for i in range(BRANCHES)
+        }
+    ran = Counter(ledger.read_text().split())
+    want = {f"{n}/{s}/1" for n in names for s in [*(f"b{i}" for i in range(BRANCHES)), "join"]}
+    assert set(ran) == want and max(ran.values()) == 1, ran
+    created = job_creations(cluster, namespace)
+    assert len(created) == RUNS * (BRANCHES + 1) and max(created.values()) == 1, created
+    assert refused >= 1, "the API server refused none of the operator's requests: no overload"
+    assert op.alive() and op.starts == 1
