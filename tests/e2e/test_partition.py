@@ -74,8 +74,8 @@ class Cut:
 CUTS = [
     Cut(10),
     Cut(60, dead_watches=True),
-    Cut(40, to_operator=False),
-    Cut(40, to_server=False),
+    Cut(30, to_operator=False),
+    Cut(30, to_server=False),
     *([Cut(LONG_CUT_SECONDS, dead_watches=True)] if LONG_CUT_SECONDS else []),
 ]
 
