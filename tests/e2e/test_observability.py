@@ -11,52 +11,22 @@ and /readyz names it until the rule is granted.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.cluster import OPERATOR_TEST_ENV
 from tests.support.helm import Helm, without_hooks
 from tests.support.runs import agentrun, create, envelope, step
+from tests.support.scraping import Samples, http_get, scrape, value
 from tests.support.waiting import assert_holds, wait_phase
 
 INFORMER = "the watches of step Jobs, their pods and pod refusals"
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def http_get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-def scrape(op: OperatorProcess) -> tuple[Samples, str]:
-    """Every sample /metrics serves, by name and labels; and the text itself."""
-    code, text = http_get(op.metrics_url)
-    assert code == 200, text
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return samples, text
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of ``name`` over the samples whose labels include ``labels``."""
-    return sum(
-        v for (n, have), v in samples.items() if n == name and labels.items() <= dict(have).items()
-    )
 
 
 def ready(op: OperatorProcess) -> bool:

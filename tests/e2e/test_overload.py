@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +21,10 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from tests.support.cluster import StartOperator
 from tests.support.runs import agentrun, create, envelope, get, status_of, step
+from tests.support.scraping import scrape, value
 
 pytestmark = pytest.mark.e2e
 
@@ -110,22 +109,6 @@ def throttled(kube: KubeClients, cluster: TestCluster) -> Iterator[Path]:
         kube.rbac.delete_cluster_role_binding(user)
 
 
-def _metric(op: OperatorProcess, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    with urllib.request.urlopen(op.metrics_url, timeout=5) as answer:
-        text = answer.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, value = line.rsplit(" ", 1)
-        if head != name and not head.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
 def _plan(name: str, ledger: Path) -> dict[str, Any]:
     record = f'echo "$AGENTRUN_RUN/$AGENTRUN_STEP/$AGENTRUN_ATTEMPT" >> {shlex.quote(str(ledger))}'
     branches = [
@@ -155,8 +138,9 @@ def test_a_throttled_operator_waits_as_asked_and_loses_nothing(
         return all(p in ("Succeeded", "Failed", "Cancelled") for p in phases)
 
     wait_for("every run to finish", finished, timeout=300, interval=1)
-    refused = _metric(op, "agentrun_api_requests_total", code="429")
-    waited = _metric(op, "agentrun_throttled_passes_total")
+    samples, _ = scrape(op)
+    refused = value(samples, "agentrun_api_requests_total", code="429")
+    waited = value(samples, "agentrun_throttled_passes_total")
     print(f"throttled: {refused:.0f} requests refused with 429, {waited:.0f} passes waited")
     for name in names:
         run = get(kube, namespace, name)

@@ -23,8 +23,6 @@ import json
 import os
 import shlex
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +37,7 @@ from agentrun_devcluster.partition import Partition, partition_unavailable
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from tests.support.cluster import TEST_LABELS, StartOperator, create_namespace, delete_namespace
 from tests.support.runs import agentrun, create, envelope, get, status_of, step
+from tests.support.scraping import readiness, scrape, value
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +50,8 @@ CHURN = 300
 watch of runs would resume from out of the API server's watch cache."""
 CACHE_SECONDS = 80
 """The API server's watch cache keeps events younger than 75 s whatever their number."""
+RELISTED = ("agentruns", "jobs", "pods")
+"""The watches that must list again after the history test's cut."""
 LONG_CUT_SECONDS = int(os.environ.get("AGENTRUN_LONG_CUT_SECONDS") or 0)
 """A further cut of this many seconds (``make faults``: 300); 0, in CI: none."""
 
@@ -89,14 +90,6 @@ def partition(cluster: TestCluster, tmp_path: Path) -> Iterator[Partition]:
         pytest.skip(f"no network partition can be made here: {reason}")
     with Partition(cluster.control_plane.server, cluster.kubeconfig, tmp_path) as made:
         yield made
-
-
-def _readyz(op: OperatorProcess) -> tuple[int, list[str]]:
-    try:
-        with urllib.request.urlopen(op.readiness_url, timeout=5) as answer:
-            return int(answer.status), list(json.loads(answer.read())["waitingFor"])
-    except urllib.error.HTTPError as error:
-        return int(error.code), list(json.loads(error.read())["waitingFor"])
 
 
 def _plan(name: str, ledger: Path) -> dict[str, object]:
@@ -148,7 +141,7 @@ def _cut_for(
             done = pool.submit(meanwhile)
             end = time.monotonic() + cut.seconds
             while time.monotonic() < end or not done.done():
-                code, waiting = _readyz(op)
+                code, waiting = readiness(op)
                 if code == 503 and not not_ready:
                     not_ready = waiting
                 time.sleep(1)
@@ -172,7 +165,7 @@ def _nothing_lost_nothing_twice(
     """Every run succeeds with every result, no step attempt ran twice, no Job was created
     twice, and the operator was never started again; seconds until every run finished."""
     since = time.monotonic()
-    wait_for("/readyz to say ready after the heal", lambda: _readyz(op)[0] == 200, timeout=120)
+    wait_for("/readyz to say ready after the heal", lambda: readiness(op)[0] == 200, timeout=120)
     phases = wait_for(
         "every run to finish after the heal",
         lambda: _finished(kube, namespace, names),
@@ -215,15 +208,8 @@ def test_a_cut_from_the_api_server_loses_nothing_and_runs_nothing_twice(
 
 
 def _relists(op: OperatorProcess) -> dict[str, float]:
-    """agentrun_watch_relists_total by resource, from the operator's /metrics."""
-    with urllib.request.urlopen(op.metrics_url, timeout=5) as answer:
-        text = answer.read().decode()
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("agentrun_watch_relists_total{"):
-            labels, value = line.rsplit(" ", 1)
-            found[labels.split('resource="', 1)[1].split('"', 1)[0]] = float(value)
-    return found
+    samples, _ = scrape(op)
+    return {r: value(samples, "agentrun_watch_relists_total", resource=r) for r in RELISTED}
 
 
 def test_history_compacted_during_a_cut_is_listed_again_and_nothing_is_decided_twice(
@@ -266,6 +252,6 @@ def test_history_compacted_during_a_cut_is_listed_again_and_nothing_is_decided_t
     finally:
         delete_namespace(kube, elsewhere)
     after = _relists(op)
-    grew = {r: after.get(r, 0.0) - before.get(r, 0.0) for r in ("agentruns", "jobs", "pods")}
+    grew = {r: after[r] - before[r] for r in RELISTED}
     print(f"history compacted during a cut: finished {recovered:.1f}s after the heal; {grew}")
     assert all(n >= 1 for n in grew.values()), f"a watch did not list again: {grew}"

@@ -13,6 +13,7 @@ __all__ = [
     "read_server",
     "request_serviceaccount_kubeconfig",
     "write_kubeconfig",
+    "write_private_yaml",
     "write_token_kubeconfig",
 ]
 
@@ -60,6 +61,12 @@ def write_kubeconfig(
         "current-context": f"{user}@{cluster_name}",
         "preferences": {},
     }
+    return write_private_yaml(path, doc)
+
+
+def write_private_yaml(path: Path, doc: Any) -> Path:
+    """Write ``doc`` as YAML at ``path``, readable by its owner only (mode 0600), at once (a
+    reader never sees half of it); ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

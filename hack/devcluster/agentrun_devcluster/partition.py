@@ -43,8 +43,6 @@ removes what a killed process left of that index's partition.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import functools
 import os
 import shlex
@@ -59,7 +57,9 @@ from typing import Any, Self, cast
 
 import yaml
 
+from .kubeconfig import write_private_yaml
 from .lifecycle import StartStop
+from .ports import exclusive_lock
 
 __all__ = [
     "SERVICE_NAME",
@@ -177,13 +177,7 @@ def redirect_kubeconfig(source: Path, dest: Path, server: str) -> Path:
             value = entry.get(key)
             if isinstance(value, str) and value and not Path(value).is_absolute():
                 entry[key] = str((source.parent / value).resolve())
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(doc, f, sort_keys=False)
-    os.replace(tmp, dest)
-    return dest
+    return write_private_yaml(dest, doc)
 
 
 class _Forwarder:
@@ -289,16 +283,7 @@ class _Forwarder:
 def _lock(index: int) -> int | None:
     """An open descriptor holding partition index ``index``'s lock, or None if another process
     holds it."""
-    LOCK_DIR.mkdir(mode=0o1777, parents=True, exist_ok=True)
-    fd = os.open(LOCK_DIR / f"{index}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return None
-        raise
-    return fd
+    return exclusive_lock(LOCK_DIR / f"{index}.lock")
 
 
 class Partition(StartStop):

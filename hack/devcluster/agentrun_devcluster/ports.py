@@ -125,8 +125,15 @@ class PortLease:
 
 def _lock(port: int) -> int | None:
     """An open descriptor holding the port's lock, or None if another lease holds it."""
-    LOCK_DIR.mkdir(mode=0o1777, parents=True, exist_ok=True)
-    fd = os.open(LOCK_DIR / f"{port}.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    return exclusive_lock(LOCK_DIR / f"{port}.lock")
+
+
+def exclusive_lock(path: Path) -> int | None:
+    """An open descriptor holding an exclusive ``flock`` on ``path`` (made, with its
+    directory, if missing: a directory every user may write in), or None if another open
+    descriptor holds it. The lock lasts until the descriptor is closed, or the process ends."""
+    path.parent.mkdir(mode=0o1777, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
