@@ -1,26 +1,35 @@
-"""The API server shedding the operator's load: API Priority and Fairness puts the operator's
-user in a priority level of its own with the fewest seats there can be and no queue, so that
-requests beyond them are refused at once with 429 Too Many Requests while many runs go.
+"""An API server that cannot keep up while many runs go.
 
-What must hold: every run succeeds with every result, no step attempt runs twice and no Job is
-created twice, the throttled passes are tried again after the Retry-After the API server asks
-(``agentrun_throttled_passes_total``), and ``/metrics`` shows the refusals
-(``agentrun_api_requests_total{code="429"}``). No timing is asserted.
+* Shedding load: API Priority and Fairness puts the operator's user in a priority level of its
+  own with the fewest seats there can be and no queue, so that requests beyond them are
+  refused at once with 429 Too Many Requests. The throttled passes are tried again after the
+  Retry-After the API server asks (``agentrun_throttled_passes_total``), and ``/metrics``
+  shows the refusals (``agentrun_api_requests_total{code="429"}``).
+* A slow etcd: stopped for 300 ms of every 400 ms (:class:`agentrun_devcluster.faults.Stutter`),
+  so that every write waits. The runs take longer, and the operator passes over them about as
+  often per step as with etcd at full speed: no storm of passes.
+
+What must hold in both: every run succeeds with every result, no step attempt runs twice and
+no Job is created twice. No timing is asserted; the slow leg's figures are printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import shlex
+import time
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from agentrun_devcluster.faults import Stutter
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from tests.support.cluster import StartOperator
 from tests.support.runs import agentrun, create, envelope, get, status_of, step
@@ -30,6 +39,11 @@ pytestmark = pytest.mark.e2e
 
 FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
 RUNS = 12
+SLOW_RUNS = 6
+"""Runs of each leg of the slow-etcd test (at full speed, then slowed)."""
+STORM = 3.0
+"""How many times as many passes per run the slow leg may take as the fast one: more would
+be passes that wake one another, not the runs' own steps."""
 BRANCHES = 3
 """Steps of a run that go at once, then one that joins them."""
 
@@ -119,6 +133,30 @@ def _plan(name: str, ledger: Path) -> dict[str, Any]:
     return agentrun(name, [*branches, join])
 
 
+def _finished(kube: KubeClients, namespace: str, names: list[str]) -> bool:
+    phases = [status_of(get(kube, namespace, n)).get("phase") for n in names]
+    return all(p in ("Succeeded", "Failed", "Cancelled") for p in phases)
+
+
+def _all_once(
+    kube: KubeClients, cluster: TestCluster, namespace: str, names: list[str], ledger: Path
+) -> None:
+    """Every run succeeded with every branch's result; every step ran once, in one Job."""
+    steps = [*(f"b{i}" for i in range(BRANCHES)), "join"]
+    for name in names:
+        run = get(kube, namespace, name)
+        assert status_of(run).get("phase") == "Succeeded", status_of(run)
+        results = {s["name"]: s.get("result") for s in status_of(run).get("steps") or []}
+        assert {k: json.loads(v) for k, v in results.items() if k != "join"} == {
+            f"b{i}": {"branch": i} for i in range(BRANCHES)
+        }
+    ran = Counter(ledger.read_text().split())
+    assert set(ran) == {f"{n}/{s}/1" for n in names for s in steps}, ran
+    assert max(ran.values()) == 1, ran
+    created = job_creations(cluster, namespace)
+    assert len(created) == len(ran) and max(created.values()) == 1, created
+
+
 def test_a_throttled_operator_waits_as_asked_and_loses_nothing(
     throttled: Path,
     start_operator: StartOperator,
@@ -132,27 +170,48 @@ def test_a_throttled_operator_waits_as_asked_and_loses_nothing(
     names = [f"busy-{i}" for i in range(RUNS)]
     for name in names:
         create(kube, namespace, _plan(name, ledger))
-
-    def finished() -> bool:
-        phases = [status_of(get(kube, namespace, n)).get("phase") for n in names]
-        return all(p in ("Succeeded", "Failed", "Cancelled") for p in phases)
-
-    wait_for("every run to finish", finished, timeout=300, interval=1)
+    wait_for("every run to finish", lambda: _finished(kube, namespace, names), timeout=300)
     samples, _ = scrape(op)
     refused = value(samples, "agentrun_api_requests_total", code="429")
     waited = value(samples, "agentrun_throttled_passes_total")
     print(f"throttled: {refused:.0f} requests refused with 429, {waited:.0f} passes waited")
-    for name in names:
-        run = get(kube, namespace, name)
-        assert status_of(run).get("phase") == "Succeeded", status_of(run)
-        results = {s["name"]: s.get("result") for s in status_of(run).get("steps") or []}
-        assert {k: json.loads(v) for k, v in results.items() if k != "join"} == {
-            f"b{i}": {"branch": i} for i in range(BRANCHES)
-        }
-    ran = Counter(ledger.read_text().split())
-    want = {f"{n}/{s}/1" for n in names for s in [*(f"b{i}" for i in range(BRANCHES)), "join"]}
-    assert set(ran) == want and max(ran.values()) == 1, ran
-    created = job_creations(cluster, namespace)
-    assert len(created) == RUNS * (BRANCHES + 1) and max(created.values()) == 1, created
+    _all_once(kube, cluster, namespace, names, ledger)
     assert refused >= 1, "the API server refused none of the operator's requests: no overload"
     assert op.alive() and op.starts == 1
+
+
+def test_a_slow_etcd_slows_the_runs_without_a_storm_of_passes(
+    start_operator: StartOperator,
+    kube: KubeClients,
+    cluster: TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    if cluster.control_plane is None:
+        pytest.skip("etcd is slowed on the local control plane, not another cluster's")
+    op = start_operator()
+    ledger = tmp_path / "executions.log"
+    legs: dict[str, tuple[float, float]] = {}
+    everyone: list[str] = []
+    for leg in ("fast", "slow"):
+        names = [f"{leg}-{i}" for i in range(SLOW_RUNS)]
+        everyone += names
+        before = value(scrape(op)[0], "agentrun_reconcile_duration_seconds_count")
+        began = time.monotonic()
+        with contextlib.ExitStack() as slowed:
+            if leg == "slow":
+                etcd = cluster.control_plane.pids()["etcd"]
+                slowed.enter_context(Stutter(etcd, pause=0.3, period=0.4))
+            for name in names:
+                create(kube, namespace, _plan(name, ledger))
+            wait_for(f"the {leg} runs to finish", partial(_finished, kube, namespace, names),
+                     timeout=300, interval=1)  # fmt: skip
+        passes = value(scrape(op)[0], "agentrun_reconcile_duration_seconds_count") - before
+        legs[leg] = (time.monotonic() - began, passes / len(names))
+    print(
+        "slow etcd: makespan {:.1f}s against {:.1f}s, passes per run {:.1f} against {:.1f}".format(
+            legs["slow"][0], legs["fast"][0], legs["slow"][1], legs["fast"][1]
+        )
+    )
+    _all_once(kube, cluster, namespace, everyone, ledger)
+    assert legs["slow"][1] <= STORM * legs["fast"][1], f"a storm of passes: {legs}"
