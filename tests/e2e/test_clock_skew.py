@@ -1,18 +1,19 @@
 """The operator's wall clock minutes ahead of the API server's, or behind it (libfaketime,
 installed by hack/faketime-up.sh), while runs use every timer the operator keeps: a run
-deadline that must not pass, one that must, a retry's backoff, an approval with a timeout, and
-retention after the run ends (docs/design.md, "Clocks").
+deadline that must not pass, one that must, a retry's backoff, an approval given within its
+timeout and one never given, and retention after the run ends (docs/design.md, "Clocks").
 
 The operator measures each of these on its own clock from a timestamp it wrote itself, so a
-steady skew moves nothing: a deadline neither fires minutes early nor minutes late, a backoff
-of a second stays a second. The checks are of that kind: a deadline passes no earlier than its
-length after the run was made (by this test's clock), and everything ends within the waits'
-timeouts, well under the skew (a timer read against the API server's timestamps would be four
-minutes off). No timing is asserted beyond that.
+steady skew moves nothing: a deadline or an approval's timeout neither fires minutes early nor
+minutes late, a backoff of a second stays a second. The checks are of that kind: a deadline
+or a timeout passes no earlier than its length after the run was made (by this test's clock),
+and everything ends within the waits' timeouts, well under the skew (a timer read against
+the API server's timestamps would be four minutes off). No timing is asserted beyond that.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ made), so that TLS still works behind."""
 DEADLINE_SECONDS = 8
 RETRY = {"limit": 2, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 2}}
 RETENTION_SECONDS = 15
+EXPIRY_SECONDS = 10
 WAIT = 90
 """Seconds each run may take to get where it must: well under the skew."""
 
@@ -82,7 +84,7 @@ def _approval(step_name: str, args_hash: str) -> dict[str, Any]:
             "reason": "looked at it"}  # fmt: skip
 
 
-def test_a_skewed_clock_moves_no_deadline_backoff_approval_or_retention(
+def test_a_skewed_clock_moves_no_deadline_backoff_approval_expiry_or_retention(
     kube: KubeClients, kubectl: Kubectl, namespace: str, skew: int
 ) -> None:
     flaky = 'if [ "$AGENTRUN_ATTEMPT" = 1 ]; then exit 1; fi; ' + envelope("second time")
@@ -100,6 +102,15 @@ def test_a_skewed_clock_moves_no_deadline_backoff_approval_or_retention(
         ),
     )
     create(kube, namespace, agentrun("retried", [step("flaky", flaky, retry=RETRY)]))
+    create(
+        kube,
+        namespace,
+        agentrun(
+            "unanswered",
+            [step("deploy", envelope("deployed"), approval="required")],
+            policy={"approvalTimeoutSeconds": EXPIRY_SECONDS},
+        ),
+    )
     create(
         kube,
         namespace,
@@ -125,6 +136,11 @@ def test_a_skewed_clock_moves_no_deadline_backoff_approval_or_retention(
     patch_spec(kubectl, namespace, "gated", approvals=[_approval("deploy", args_hash)])
     gated = wait_phase(kube, namespace, "gated", "Succeeded", timeout=WAIT)
     assert step_status(gated, "deploy")["decidedBy"] == "admin"
+
+    # An approval nobody gives expires, no earlier than its timeout after the run was made.
+    unanswered = wait_phase(kube, namespace, "unanswered", "Failed", timeout=WAIT)
+    assert time.monotonic() - made >= EXPIRY_SECONDS
+    assert "ApprovalExpired" in json.dumps(status_of(unanswered)), status_of(unanswered)
 
     # The retry waits its second of backoff, not minutes.
     retried = wait_phase(kube, namespace, "retried", "Succeeded", timeout=WAIT)
