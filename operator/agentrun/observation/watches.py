@@ -71,6 +71,8 @@ SILENT_SECONDS = 70
 made again (from the last version seen). The API server sends watchers that ask for them a
 bookmark about once a minute; kopf's watch of runs waits as long
 (``settings.watching.inactivity_timeout``)."""
+TROUBLE_CHARS = 200
+"""How much of a failed request's error /readyz repeats."""
 RETRY_MAX_SECONDS = 10.0
 """The longest wait before a failed list or watch is tried again (from 1 s, doubling): a
 watch that is down leaves steps unrecorded, so it is tried again soon after the API server
@@ -403,7 +405,7 @@ class Reflector:
             except Exception as error:
                 if self.stopping.is_set():
                     return
-                self.failing = str(error) or type(error).__name__
+                self.failing = (str(error) or type(error).__name__)[:TROUBLE_CHARS]
                 log.warning("%s failed (%s); retrying in %.0fs", self._name(), error, backoff)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, RETRY_MAX_SECONDS)
