@@ -47,9 +47,7 @@ import functools
 import os
 import shlex
 import shutil
-import socket
 import subprocess
-import threading
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,6 +55,7 @@ from typing import Any, Self, cast
 
 import yaml
 
+from .forwarder import Forwarder
 from .kubeconfig import write_private_yaml
 from .lifecycle import StartStop
 from .ports import exclusive_lock
@@ -180,106 +179,6 @@ def redirect_kubeconfig(source: Path, dest: Path, server: str) -> Path:
     return write_private_yaml(dest, doc)
 
 
-class _Forwarder:
-    """Accepts TCP connections on ``host`` (a port of its own, :attr:`port`) and joins each to
-    a new connection to ``upstream``, bytes passed both ways unchanged; when either side ends
-    or fails, both are closed. :meth:`close` ends the listener and every connection."""
-
-    def __init__(self, host: str, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self._listener = socket.create_server((host, 0))
-        self._listener.settimeout(0.2)  # so that the accept loop sees close() soon
-        self.port: int = self._listener.getsockname()[1]
-        self.accepted = 0
-        """How many connections were accepted."""
-        self._lock = threading.Lock()
-        self._closed = False
-        self._sockets: set[socket.socket] = set()
-        self._threads: set[threading.Thread] = set()
-        self._acceptor = threading.Thread(
-            target=self._accept_loop, name=f"partition-forwarder-{host}", daemon=True
-        )
-        self._acceptor.start()
-
-    def _accept_loop(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(None)
-            with self._lock:
-                if self._closed:
-                    conn.close()
-                    return
-                self.accepted += 1
-                self._sockets.add(conn)
-                thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-                self._threads.add(thread)
-            thread.start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        """Join ``conn`` to a new upstream connection until either ends; then close both."""
-        pair = [conn]
-        try:
-            try:
-                upstream = socket.create_connection(self.upstream, timeout=10)
-            except OSError:
-                return
-            upstream.settimeout(None)
-            pair.append(upstream)
-            with self._lock:
-                self._sockets.add(upstream)
-                closed = self._closed
-            if closed:
-                return
-            for sock in pair:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            back = threading.Thread(target=self._pump, args=(upstream, conn, pair), daemon=True)
-            back.start()
-            self._pump(conn, upstream, pair)
-            back.join()
-        finally:
-            for sock in pair:
-                self._shutdown(sock)
-                sock.close()
-            with self._lock:
-                self._sockets.difference_update(pair)
-                self._threads.discard(threading.current_thread())
-
-    def _pump(self, src: socket.socket, dst: socket.socket, pair: list[socket.socket]) -> None:
-        """Copy ``src`` to ``dst`` until ``src`` ends or either fails; then shut both
-        connections of ``pair`` down (which wakes the pump of the other direction)."""
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in pair:
-                self._shutdown(sock)
-
-    @staticmethod
-    def _shutdown(sock: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop accepting, end every connection, wait (up to ``timeout`` each) for the
-        threads."""
-        with self._lock:
-            self._closed = True
-            sockets, threads = list(self._sockets), list(self._threads)
-        self._acceptor.join(timeout)
-        self._listener.close()
-        for sock in sockets:
-            self._shutdown(sock)
-        for thread in threads:
-            thread.join(timeout)
-
-
 def _lock(index: int) -> int | None:
     """An open descriptor holding partition index ``index``'s lock, or None if another process
     holds it."""
@@ -312,7 +211,7 @@ class Partition(StartStop):
         """Whether the namespace's packets to the server are lost."""
         self.cut_to_operator = False
         """Whether the host's packets to the namespace (the server's answers) are lost."""
-        self._forwarder: _Forwarder | None = None
+        self._forwarder: Forwarder | None = None
         self._lock_fd: int | None = None
 
     # -- names and addresses --------------------------------------------------------------------
@@ -388,7 +287,7 @@ class Partition(StartStop):
             raise PartitionError(f"the partition is already started ({self.name})")
         try:
             self._claim()
-            self._forwarder = _Forwarder(self.server_host, self.upstream)
+            self._forwarder = Forwarder(self.server_host, self.upstream)
             scheme = urllib.parse.urlsplit(self.server).scheme or "https"
             redirect_kubeconfig(
                 self.source_kubeconfig,
