@@ -310,3 +310,29 @@ def test_crds_establish(crd_installed: list[str], kube: KubeClients) -> None:
     for name in crd_installed:
         crd = kube.apiext.read_custom_resource_definition(name)
         assert any(c.type == "Established" and c.status == "True" for c in crd.status.conditions)
+
+
+def test_a_second_api_server_shares_the_cluster_and_leaves_the_first_intact(
+    cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    control_plane = cluster.control_plane
+    assert control_plane is not None, "the test cluster is a local control plane"
+    first_log = control_plane.logs_dir / "kube-apiserver.log"
+    logged = first_log.stat().st_size
+    issued = {
+        p: p.stat().st_mtime_ns for p in control_plane.pki.directory.rglob("*") if p.is_file()
+    }
+    with control_plane.add_apiserver() as second:
+        assert second.server != control_plane.server
+        name = f"via-{secrets.token_hex(3)}"
+        cluster.kubectl("-n", namespace, "create", "configmap", name, "--from-literal=k=v",
+                        kubeconfig=second.kubeconfig)  # fmt: skip
+        assert kube.core.read_namespaced_config_map(name, namespace).data == {"k": "v"}
+    # The first API server still serves, with the certificates it started with: none was
+    # issued again (it reloads changed files, and a key and certificate written apart fail).
+    assert {p: p.stat().st_mtime_ns for p in issued} == issued
+    kube.core.read_namespaced_config_map(name, namespace)
+    with first_log.open("rb") as log:
+        log.seek(logged)
+        assert b"private key does not match" not in log.read()
+    assert cluster.kubectl("get", "--raw=/readyz").stdout.strip() == "ok"

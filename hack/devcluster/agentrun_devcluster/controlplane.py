@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_CONTROLLERS",
     "SERVICE_ACCOUNT_ISSUER",
     "SERVICE_CLUSTER_IP_RANGE",
+    "ApiServer",
     "ControlPlane",
     "ControlPlaneError",
     "apiserver_flags",
@@ -210,6 +211,37 @@ class _Component:
         return f"--- {self.name} ({state}); last lines of {self.log_path}:\n{tail(self.log_path)}"
 
 
+@dataclass(frozen=True)
+class _ApiServerPki:
+    """The certificates every kube-apiserver of a control plane serves and trusts."""
+
+    serving: CertPair
+    service_account: CertPair
+    admin: CertPair
+    front_proxy: CertPair
+
+
+@dataclass
+class ApiServer:
+    """A kube-apiserver added to a running control plane (:meth:`ControlPlane.add_apiserver`):
+    its URL, an admin kubeconfig naming it, and :meth:`stop`."""
+
+    name: str
+    server: str
+    kubeconfig: Path
+    _stop: Callable[[], None] = field(repr=False)
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM, then SIGKILL); the control plane's other components go on."""
+        self._stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 class ControlPlane(StartStop):
     """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1, as a context manager.
 
@@ -282,6 +314,7 @@ class ControlPlane(StartStop):
         self.timings: dict[str, float] = {}
         self.time_to_ready = 0.0
         self._components: list[_Component] = []
+        self._apiserver_pki: _ApiServerPki | None = None
         self._started = False
         self._failed = False
 
@@ -352,6 +385,41 @@ class ControlPlane(StartStop):
             call("/v3/maintenance/defragment", {})
         return revision
 
+    def add_apiserver(self, etcd_url: str | None = None) -> ApiServer:
+        """Start one more kube-apiserver beside the first, as in a highly available control
+        plane: the same certificates, flags and audit log, a port of its own, on this control
+        plane's etcd or on ``etcd_url`` (a :class:`~agentrun_devcluster.forwarder.Forwarder`
+        in front of etcd makes a slow link to etcd for this API server alone). Returns it once
+        ready, with an admin kubeconfig naming it; the controller manager and the node stay on
+        the first. Stopped by its :meth:`ApiServer.stop` (or ``with`` block) or by
+        :meth:`stop`."""
+        self._require_started()
+        index = 2
+        while any(c.name == f"kube-apiserver-{index}" for c in self._components):
+            index += 1
+        name = f"kube-apiserver-{index}"
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+
+        # The first API server's certificates, not new ones: it watches its files and would
+        # serve a key that no longer matches its certificate if they were issued again.
+        pki = self._apiserver_pki
+        assert pki is not None  # set when the first API server started
+
+        def launch() -> str:
+            try:
+                return self._launch_apiserver(
+                    env, etcd_url or self.etcd_url, name, f"{name}-certs", pki
+                )
+            except BaseException:
+                self._drop_component(name)  # and its port lease
+                raise
+
+        server = retry_port_clash(launch, what=name)
+        kubeconfig = self._write_kubeconfig(
+            self.state_dir / f"admin-{index}.kubeconfig", "admin", pki.admin, server=server
+        )
+        return ApiServer(name, server, kubeconfig, lambda: self._drop_component(name))
+
     def check_alive(self) -> None:
         """Raise :class:`ControlPlaneError` if a component has exited."""
         dead = [c for c in self._components if c.exited() is not None]
@@ -397,6 +465,12 @@ class ControlPlane(StartStop):
     def _require_started(self) -> None:
         if not self._started:
             raise ControlPlaneError("the control plane is not running")
+
+    def _drop_component(self, name: str) -> None:
+        """Stop every component called ``name`` and forget it."""
+        for comp in [c for c in self._components if c.name == name]:
+            comp.stop(self.stop_timeout)
+            self._components.remove(comp)
 
     def _stop_components(self) -> None:
         for comp in reversed(self._components):
@@ -464,33 +538,45 @@ class ControlPlane(StartStop):
     def _start_apiserver(self, env: Mapping[str, str], etcd_url: str) -> None:
         """Start kube-apiserver on etcd at ``etcd_url``; set :attr:`server` and write the
         admin kubeconfig once it is ready."""
-        serving = self.pki.apiserver_cert()
-        sa = self.pki.service_account_keys()
-        admin = self.pki.client_cert("admin", ["system:masters"])
-        # Front-proxy (request-header) client, as kubeadm sets up: enables aggregated APIs,
-        # and delegated authentication in the controller-manager finds a CA bundle.
-        front_proxy = self.pki.client_cert("front-proxy-client")
+        self._apiserver_pki = _ApiServerPki(
+            serving=self.pki.apiserver_cert(),
+            service_account=self.pki.service_account_keys(),
+            admin=self.pki.client_cert("admin", ["system:masters"]),
+            # Front-proxy (request-header) client, as kubeadm sets up: enables aggregated
+            # APIs, and delegated authentication in the controller-manager finds a CA bundle.
+            front_proxy=self.pki.client_cert("front-proxy-client"),
+        )
         self.audit_policy.write_text(self.audit_policy_text)
+        self.server = self._launch_apiserver(
+            env, etcd_url, "kube-apiserver", "apiserver-certs", self._apiserver_pki
+        )
+        self._write_kubeconfig(self.kubeconfig, "admin", self._apiserver_pki.admin)
+
+    def _launch_apiserver(
+        self, env: Mapping[str, str], etcd_url: str, name: str, cert_dir: str, pki: _ApiServerPki
+    ) -> str:
+        """Start a kube-apiserver component ``name`` on etcd at ``etcd_url`` and a port of its
+        own with the certificates ``pki``; return its URL once it is ready."""
         lease = lease_ports(1)
         port = lease.port
-        self.server = f"https://127.0.0.1:{port}"
+        server = f"https://127.0.0.1:{port}"
         flags = apiserver_flags(
             etcd_url,
             port=port,
-            cert_dir=self.state_dir / "apiserver-certs",
-            serving=serving,
+            cert_dir=self.state_dir / cert_dir,
+            serving=pki.serving,
             client_ca=self.pki.ca.cert,
-            service_account=sa,
-            front_proxy=front_proxy,
+            service_account=pki.service_account,
+            front_proxy=pki.front_proxy,
             audit_policy=self.audit_policy,
             audit_log=self.audit_log,
         )
         argv = [str(self.bin_dir / "kube-apiserver"), *flags, *self.extra_apiserver_args]
         ctx = ssl.create_default_context(cafile=str(self.pki.ca.cert))
-        ctx.load_cert_chain(str(admin.cert), str(admin.key))
-        ready = _Probe(f"{self.server}/readyz", ctx, lambda body: body.strip() == b"ok")
-        self._start_component("kube-apiserver", argv, env, ready, lease)
-        self._write_kubeconfig(self.kubeconfig, "admin", admin)
+        ctx.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
+        ready = _Probe(f"{server}/readyz", ctx, lambda body: body.strip() == b"ok")
+        self._start_component(name, argv, env, ready, lease)
+        return server
 
     def _start_controller_manager(self, env: Mapping[str, str]) -> None:
         """Start kube-controller-manager against the running API server."""
@@ -529,10 +615,12 @@ class ControlPlane(StartStop):
             lease,
         )
 
-    def _write_kubeconfig(self, path: Path, user: str, cert: CertPair) -> Path:
+    def _write_kubeconfig(
+        self, path: Path, user: str, cert: CertPair, server: str | None = None
+    ) -> Path:
         return write_kubeconfig(
             path,
-            server=self.server,
+            server=server or self.server,
             ca_pem=self.pki.ca_pem,
             user=user,
             client_cert_pem=cert.cert.read_bytes(),
