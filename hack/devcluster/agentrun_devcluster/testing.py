@@ -293,6 +293,8 @@ def _count_by_name(events: list[dict[str, Any]], code: int, api_group: str) -> C
     for event in events:
         ref = event.get("objectRef") or {}
         status = event.get("responseStatus") or {}
+        if "dryRun=" in str(event.get("requestURI", "")):
+            continue  # a dry run stores nothing
         if ref.get("apiGroup") == api_group and status.get("code") == code and ref.get("name"):
             counts[str(ref["name"])] += 1
     return counts
@@ -302,7 +304,7 @@ def job_creations(cluster: TestCluster, namespace: str | None = None) -> Counter
     """How often each Job (by name) was created successfully (HTTP 201), per the audit log.
 
     Every successful create counts, also of a Job deleted and created again under the same
-    name; a create refused with AlreadyExists (409) does not. Raises
+    name; a create refused with AlreadyExists (409) does not, nor a dry run. Raises
     :class:`AuditLogUnavailable` for an external cluster.
 
     A create whose client was killed mid-request can be stored by the API server yet audited
