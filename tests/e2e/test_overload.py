@@ -5,11 +5,13 @@
   refused at once with 429 Too Many Requests. The throttled passes are tried again after the
   Retry-After the API server asks (``agentrun_throttled_passes_total``), and ``/metrics``
   shows the refusals (``agentrun_api_requests_total{code="429"}``).
-* A slow etcd: stopped for 300 ms of every 400 ms (:class:`agentrun_devcluster.faults.Stutter`),
-  so that every write waits. The runs take longer, and the operator passes over them about as
-  often per step as with etcd at full speed: no storm of passes.
+* A slow API server, three ways (:func:`slowdown`): etcd stopped for 300 ms of every 400 ms
+  (:class:`agentrun_devcluster.faults.Stutter`); etcd 50 ms away from the operator's API
+  server (a second API server whose link to etcd is delayed); an admission policy (CEL, no
+  webhook) that costs CPU on every write. The runs take longer, and the operator passes over
+  them about as often per run as at full speed: no storm of passes.
 
-What must hold in both: every run succeeds with every result, no step attempt runs twice and
+What must hold in all: every run succeeds with every result, no step attempt runs twice and
 no Job is created twice. No timing is asserted; the slow leg's figures are printed.
 """
 
@@ -20,16 +22,21 @@ import json
 import secrets
 import shlex
 import time
+import urllib.parse
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
+from agentrun.api.models import GROUP
 from agentrun_devcluster.faults import Stutter
+from agentrun_devcluster.forwarder import Forwarder
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from tests.support.cluster import StartOperator
 from tests.support.runs import agentrun, create, envelope, get, status_of, step
@@ -40,7 +47,18 @@ pytestmark = pytest.mark.e2e
 FLOWCONTROL = ("flowcontrol.apiserver.k8s.io", "v1")
 RUNS = 12
 SLOW_RUNS = 6
-"""Runs of each leg of the slow-etcd test (at full speed, then slowed)."""
+"""Runs of each leg of the slow API server test (at full speed, then slowed)."""
+ETCD_PAUSE, ETCD_PERIOD = 0.3, 0.4
+"""etcd is stopped for ETCD_PAUSE seconds of every ETCD_PERIOD."""
+ETCD_DELAY = 0.05
+"""Seconds each chunk between an API server and etcd is held, each way."""
+ADMISSION_LOOP, ADMISSION_RULES = 100, 8
+"""The heavy policy's rules: ADMISSION_RULES of them, each ADMISSION_LOOP squared steps (within
+the API server's cost budget of a request: 150 and 8 pass, 400 and 8 are refused)."""
+ADMISSION_PROBE = "agentrun-slow-admission-probe"
+"""The Job name the heavy policy refuses: a dry run of it tells that the policy is in force."""
+ADMISSION_SAMPLES = 5
+"""Dry-run Job creates timed with and without the heavy policy."""
 STORM = 3.0
 """How many times as many passes per run the slow leg may take as the fast one: more would
 be passes that wake one another, not the runs' own steps."""
@@ -180,16 +198,168 @@ def test_a_throttled_operator_waits_as_asked_and_loses_nothing(
     assert op.alive() and op.starts == 1
 
 
-def test_a_slow_etcd_slows_the_runs_without_a_storm_of_passes(
+@dataclass
+class Slowdown:
+    """A way to make the API server answer the operator slowly, switched on for a leg."""
+
+    slow: Callable[[], contextlib.AbstractContextManager[object]]
+    """The slow leg runs inside it."""
+    kubeconfig: Path | None = None
+    """The operator's (None: the cluster's admin kubeconfig)."""
+
+
+@contextlib.contextmanager
+def _stuttering(pid: int) -> Iterator[object]:
+    with Stutter(pid, pause=ETCD_PAUSE, period=ETCD_PERIOD) as stutter:
+        yield stutter
+
+
+@contextlib.contextmanager
+def _delayed(link: Forwarder) -> Iterator[object]:
+    link.delay = ETCD_DELAY
+    try:
+        yield link
+    finally:
+        link.delay = 0.0
+
+
+def _probe_job(namespace: str, name: str) -> dict[str, Any]:
+    container = {"name": "c", "image": "busybox", "command": ["true"]}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [container]}}},
+    }
+
+
+def _admission_seconds(kube: KubeClients, namespace: str) -> float:
+    """Mean seconds of a dry-run Job create in ``namespace`` (admission included)."""
+    began = time.monotonic()
+    for i in range(ADMISSION_SAMPLES):
+        job = _probe_job(namespace, f"agentrun-admission-timing-{i}")
+        kube.batch.create_namespaced_job(namespace, job, dry_run="All")
+    return (time.monotonic() - began) / ADMISSION_SAMPLES
+
+
+def _denied(kube: KubeClients, namespace: str) -> bool:
+    try:
+        kube.batch.create_namespaced_job(
+            namespace, _probe_job(namespace, ADMISSION_PROBE), dry_run="All"
+        )
+    except ApiException as error:
+        # A ValidatingAdmissionPolicy's denial is 422 Invalid by default (403 with reason
+        # Forbidden in its validation); either way the body names the policy.
+        if error.status in (403, 422) and "agentrun-slow-" in str(error.body):
+            return True
+        raise
+    return False
+
+
+@contextlib.contextmanager
+def _heavy_admission(kube: KubeClients, namespace: str) -> Iterator[object]:
+    """A ValidatingAdmissionPolicy (CEL, no webhook) on the namespace's Jobs and runs (their
+    status too) whose rules cost the API server real CPU on every create and update; each
+    allows everything but a probe Job's name, which tells when the policy is in force."""
+    admission = kube_client.AdmissionregistrationV1Api(kube.api_client)
+    name = f"agentrun-slow-{secrets.token_hex(3)}"
+    numbers = "[" + ",".join(str(i) for i in range(ADMISSION_LOOP)) + "]"
+    heavy = f"{numbers}.all(i, {numbers}.all(j, i + j >= 0))"
+    policy: Any = {
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["batch"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["jobs"],
+                    },
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["agentruns", "agentruns/status"],
+                    },
+                ]
+            },
+            "validations": [
+                *({"expression": heavy} for _ in range(ADMISSION_RULES)),
+                {
+                    "expression": f"object.metadata.name != '{ADMISSION_PROBE}'",
+                    "message": "the probe of a slow admission policy",
+                },
+            ],
+        },
+    }
+    binding: Any = {
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    fast = _admission_seconds(kube, namespace)
+    admission.create_validating_admission_policy(policy)
+    try:
+        admission.create_validating_admission_policy_binding(binding)
+        try:
+            wait_for("the slow admission policy to be in force",
+                     partial(_denied, kube, namespace), timeout=60)  # fmt: skip
+            slow = _admission_seconds(kube, namespace)
+            print(f"admission of a Job: {slow:.3f}s with the policy, {fast:.3f}s without")
+            yield policy
+        finally:
+            admission.delete_validating_admission_policy_binding(name)
+    finally:
+        admission.delete_validating_admission_policy(name)
+
+
+@pytest.fixture(params=["etcd-stopped-300-of-400-ms", "etcd-50-ms-away", "admission-cel-heavy"])
+def slowdown(
+    request: pytest.FixtureRequest, cluster: TestCluster, kube: KubeClients, namespace: str
+) -> Iterator[Slowdown]:
+    """How the slow leg is slowed:
+
+    * ``etcd-stopped-300-of-400-ms``: etcd itself stalls (:class:`Stutter`), for every client;
+    * ``etcd-50-ms-away``: the operator talks to a second API server of the control plane
+      whose link to etcd holds every chunk 50 ms each way (a
+      :class:`~agentrun_devcluster.forwarder.Forwarder`, as ``tc netem delay`` would on etcd's
+      port); the controller manager and the node keep the first, at full speed;
+    * ``admission-cel-heavy``: an admission policy that costs CPU on every write of the
+      namespace's Jobs and runs (webhook-less: CEL in the API server).
+    """
+    control_plane = cluster.control_plane
+    if control_plane is None:
+        pytest.skip("the API server is slowed on the local control plane, not another cluster")
+    if request.param == "etcd-stopped-300-of-400-ms":
+        yield Slowdown(partial(_stuttering, control_plane.pids()["etcd"]))
+    elif request.param == "etcd-50-ms-away":
+        etcd = urllib.parse.urlsplit(control_plane.etcd_url)
+        assert etcd.hostname and etcd.port, control_plane.etcd_url
+        with (
+            Forwarder("127.0.0.1", (etcd.hostname, etcd.port), delay=0.0) as link,
+            control_plane.add_apiserver(f"http://127.0.0.1:{link.port}") as api,
+        ):
+            yield Slowdown(partial(_delayed, link), api.kubeconfig)
+    else:
+        yield Slowdown(partial(_heavy_admission, kube, namespace))
+
+
+def test_a_slow_api_server_slows_the_runs_without_a_storm_of_passes(
+    slowdown: Slowdown,
     start_operator: StartOperator,
     kube: KubeClients,
     cluster: TestCluster,
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    if cluster.control_plane is None:
-        pytest.skip("etcd is slowed on the local control plane, not another cluster's")
-    op = start_operator()
+    op = start_operator(kubeconfig=slowdown.kubeconfig)
     ledger = tmp_path / "executions.log"
     legs: dict[str, tuple[float, float]] = {}
     everyone: list[str] = []
@@ -198,10 +368,7 @@ def test_a_slow_etcd_slows_the_runs_without_a_storm_of_passes(
         everyone += names
         before = value(scrape(op)[0], "agentrun_reconcile_duration_seconds_count")
         began = time.monotonic()
-        with contextlib.ExitStack() as slowed:
-            if leg == "slow":
-                etcd = cluster.control_plane.pids()["etcd"]
-                slowed.enter_context(Stutter(etcd, pause=0.3, period=0.4))
+        with slowdown.slow() if leg == "slow" else contextlib.nullcontext():
             for name in names:
                 create(kube, namespace, _plan(name, ledger))
             wait_for(f"the {leg} runs to finish", partial(_finished, kube, namespace, names),
@@ -209,9 +376,10 @@ def test_a_slow_etcd_slows_the_runs_without_a_storm_of_passes(
         passes = value(scrape(op)[0], "agentrun_reconcile_duration_seconds_count") - before
         legs[leg] = (time.monotonic() - began, passes / len(names))
     print(
-        "slow etcd: makespan {:.1f}s against {:.1f}s, passes per run {:.1f} against {:.1f}".format(
+        "slowed: makespan {:.1f}s against {:.1f}s, passes per run {:.1f} against {:.1f}".format(
             legs["slow"][0], legs["fast"][0], legs["slow"][1], legs["fast"][1]
         )
     )
     _all_once(kube, cluster, namespace, everyone, ledger)
     assert legs["slow"][1] <= STORM * legs["fast"][1], f"a storm of passes: {legs}"
+    assert op.alive() and op.starts == 1
