@@ -111,6 +111,24 @@ def dead_peer_options() -> list[tuple[int, int, int]]:
     return options
 
 
+def dead_peer_socket(addr_info: tuple[Any, ...]) -> Any:
+    """A new socket for ``addr_info`` (``(family, type, proto, ...)``, as ``getaddrinfo``
+    gives) with :func:`dead_peer_options` when it is TCP: a ``socket_factory`` for aiohttp,
+    the client kopf's own requests and watches use."""
+    import socket
+
+    family, type_, proto = addr_info[:3]
+    sock = socket.socket(family, type_, proto)
+    if family in (socket.AF_INET, socket.AF_INET6) and type_ == socket.SOCK_STREAM:
+        try:
+            for level, option, value in dead_peer_options():
+                sock.setsockopt(level, option, value)
+        except OSError:
+            sock.close()
+            raise
+    return sock
+
+
 def kubeconfig_paths(explicit: str | None = None) -> str | None:
     """The kubeconfig file(s) kubectl would read: ``explicit``, $KUBECONFIG (paths joined by
     ``os.pathsep``), ~/.kube/config; None when there is none. A file named that does not

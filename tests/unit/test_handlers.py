@@ -4,6 +4,7 @@ when, and that a run with nothing due gets neither a pass nor a timer, at startu
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.loop import scheduler
+from agentrun.loop import handlers, scheduler
 from agentrun.loop.reconciler import Apis, Outcome, Reconciler
 from agentrun.loop.scheduler import Scheduler
 from agentrun.observation.watches import ClusterView, Informer
@@ -260,3 +261,50 @@ def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(
     sched = asyncio.run(main())
     assert not sched.drivers and not sched.driving, "the deleted run's task did not end"
     assert passes == ["demo"], passes
+
+
+def test_kopfs_connections_to_the_api_server_give_up_on_a_silent_peer() -> None:
+    """A request kopf makes goes over a socket with the operator's dead-peer options, and the
+    undo gives kopf back aiohttp as it was."""
+    import aiohttp
+    from kopf._cogs.clients import auth
+    from kopf._cogs.structs.credentials import ConnectionInfo
+
+    from agentrun.kubeapi import UNACKNOWLEDGED_SECONDS
+
+    async def user_timeout_of_a_request() -> int:
+        looked = asyncio.Event()  # the body waits for it: the connection is held till then
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+            await writer.drain()
+            await looked.wait()
+            writer.write(b"ok")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        context = auth.APIContext(ConnectionInfo(server=f"http://127.0.0.1:{port}"))
+        try:
+            async with context.session.get(f"http://127.0.0.1:{port}/") as response:
+                assert response.connection is not None
+                transport = response.connection.transport
+                assert transport is not None
+                sock = transport.get_extra_info("socket")
+                value: int = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+                looked.set()
+                assert await response.text() == "ok"
+                return value
+        finally:
+            await context.close()
+            server.close()
+
+    undo = handlers._kopf_detects_dead_peers()
+    try:
+        assert asyncio.run(user_timeout_of_a_request()) == UNACKNOWLEDGED_SECONDS * 1000
+    finally:
+        undo()
+    assert vars(auth)["aiohttp"] is aiohttp
+    assert asyncio.run(user_timeout_of_a_request()) == 0  # the kernel's default

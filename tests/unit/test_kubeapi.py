@@ -20,6 +20,7 @@ from agentrun.kubeapi import (
     KubeconfigError,
     api_message,
     dead_peer_options,
+    dead_peer_socket,
     finalizer_addition,
     finalizer_removal,
     kubeconfig_paths,
@@ -235,6 +236,16 @@ def test_connections_to_the_api_server_give_up_on_a_silent_peer() -> None:
         assert cluster.configuration.socket_options == options
     finally:
         client.close()
+
+
+def test_sockets_made_for_aiohttp_carry_the_same_options() -> None:
+    tcp = socket.getaddrinfo("127.0.0.1", 0, type=socket.SOCK_STREAM)[0]
+    with dead_peer_socket(tcp) as sock:
+        for level, name, value in dead_peer_options():
+            assert sock.getsockopt(level, name) == value
+    udp = socket.getaddrinfo("127.0.0.1", 0, type=socket.SOCK_DGRAM)[0]
+    with dead_peer_socket(udp) as sock:  # not TCP: left as it is
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
 
 
 def test_a_429_is_waited_out_as_its_retry_after_asks_within_bounds() -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from kubernetes import client as kube_client
 
 from agentrun import settings as s
 from agentrun.api import models as m
+from agentrun.kubeapi import dead_peer_socket
 from agentrun.loop import concurrency
 from agentrun.loop.janitor import Janitor, keep_sweeping
 from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
@@ -131,6 +132,51 @@ class _NoDiffBase(kopf.DiffBaseStorage):
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         return None
+
+
+def _kopf_detects_dead_peers() -> Callable[[], None]:
+    """Give kopf's connections to the API server the operator's own dead-peer socket options
+    (:func:`agentrun.kubeapi.dead_peer_options`); returns the function that undoes it.
+
+    kopf's watch of runs reads a stream the API server writes: cut off from the API server
+    (packets dropped, no reset), the operator's side sends nothing, so without keepalive the
+    watch would wait on a connection nobody answers until its ``server_timeout`` (300 s) and
+    deliver nothing meanwhile. With the options the connection fails within about half a
+    minute; kopf watches again from the version it had (and, if that version has left the
+    API server's history by then, gets 410 Gone and lists again). kopf makes its aiohttp
+    connector in one place; the operator hands that place a connector with a socket factory.
+    If kopf no longer has it, the log says so and kopf keeps aiohttp's default sockets."""
+    try:
+        import aiohttp
+        from kopf._cogs.clients import auth
+
+        kopf_names = vars(auth)
+        original = kopf_names["aiohttp"]
+        original.TCPConnector  # noqa: B018 (the attribute kopf calls)
+    except (ImportError, KeyError, AttributeError):
+        log.warning(
+            "this kopf makes its connections elsewhere than expected; its watch of runs may "
+            "wait up to its server timeout on a connection the API server no longer answers"
+        )
+        return lambda: None
+
+    class _Aiohttp:
+        """aiohttp, as kopf's client module sees it, but for the connector's sockets."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(aiohttp, name)
+
+        @staticmethod
+        def TCPConnector(*args: Any, **kwargs: Any) -> aiohttp.TCPConnector:
+            kwargs.setdefault("socket_factory", dead_peer_socket)
+            return aiohttp.TCPConnector(*args, **kwargs)
+
+    kopf_names["aiohttp"] = _Aiohttp()
+
+    def undo() -> None:
+        kopf_names["aiohttp"] = original
+
+    return undo
 
 
 @kopf.on.startup()
@@ -295,6 +341,7 @@ def run_operator(
             ) from error
         endpoints.start()
     unwatch = watch_kopf_listings(state.readiness)
+    undo_sockets = _kopf_detects_dead_peers()
     tracing.install(settings)
     try:
         kopf.run(
@@ -307,6 +354,7 @@ def run_operator(
         )
     finally:
         tracing.shutdown()
+        undo_sockets()
         unwatch()
         if endpoints is not None:
             endpoints.stop()
