@@ -71,7 +71,7 @@ soak: sync controlplane ## the crash test with 100 operator kills (AGENTRUN_CRAS
 		-k test_runs_survive_an_operator_killed_at_every_crash_point
 
 .PHONY: faults
-faults: sync controlplane ## the partition tests with a further 5 minute cut (AGENTRUN_LONG_CUT_SECONDS), not in CI
+faults: sync controlplane ## the partition tests with a further 5 minute cut with no churn (AGENTRUN_LONG_CUT_SECONDS), not in CI
 	AGENTRUN_LONG_CUT_SECONDS=$${AGENTRUN_LONG_CUT_SECONDS:-300} $(RUN) pytest tests/e2e/test_partition.py -s
 
 .PHONY: bench

@@ -8,13 +8,14 @@ every step's result), the operator is never restarted, and once healed it record
 finished meanwhile within a bounded time (the waits' timeouts: a stuck run fails instead of
 hanging; no timing is asserted). A cut long enough to kill its watches (60 s) shows as not
 ready on /readyz, naming a dead watch, and ready again after the heal; a 10 s cut is ridden out
-by TCP's retransmissions and need not show. ``make faults`` adds a 5 minute cut.
+by TCP's retransmissions and need not show.
 
-One more cut lasts while the API server's watch cache moves past the version kopf's watch of
+One more cut, of 5 minutes (``HISTORY_CUT_SECONDS``), lasts while the API server's watch
+cache moves past the version kopf's watch of
 runs would resume from (runs elsewhere changed again and again, etcd compacted and
 defragmented): healed, that watch meets 410 Gone and lists again, as the operator's own
 watches do after their failed requests (``agentrun_watch_relists_total``), and the same checks
-hold.
+hold. ``make faults`` adds a 5 minute cut with no churn.
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ CACHE_SECONDS = 80
 """The API server's watch cache keeps events younger than 75 s whatever their number."""
 RELISTED = ("agentruns", "jobs", "pods")
 """The watches that must list again after the history test's cut."""
+HISTORY_CUT_SECONDS = int(os.environ.get("AGENTRUN_HISTORY_CUT_SECONDS") or 300)
+"""How long the history test's cut lasts: 5 minutes, the longest cut in CI (at least
+CACHE_SECONDS + 10, so that the churn's second round and the compaction fall inside it)."""
 LONG_CUT_SECONDS = int(os.environ.get("AGENTRUN_LONG_CUT_SECONDS") or 0)
-"""A further cut of this many seconds (``make faults``: 300); 0, in CI: none."""
+"""A further cut of this many seconds with no churn (``make faults``: 300); 0, in CI: none."""
 
 
 @dataclass(frozen=True)
@@ -252,14 +256,16 @@ def test_history_compacted_during_a_cut_is_listed_again_and_nothing_is_decided_t
                 time.sleep(max(0.0, began + CACHE_SECONDS - time.monotonic()))
 
     try:
-        _cut_for(partition, op, Cut(CACHE_SECONDS + 10, dead_watches=True), churn)
+        cut = Cut(max(HISTORY_CUT_SECONDS, CACHE_SECONDS + 10), dead_watches=True)
+        _cut_for(partition, op, cut, churn)
         ready, finished = _nothing_lost_nothing_twice(kube, cluster, namespace, op, names, ledger)
     finally:
         delete_namespace(kube, elsewhere)
     after = _relists(op)
     grew = {r: after[r] - before[r] for r in RELISTED}
     print(
-        f"history compacted during a cut: ready {ready:.1f}s and runs finished {finished:.1f}s "
+        f"history compacted during a cut {cut.name}: ready {ready:.1f}s and runs finished "
+        f"{finished:.1f}s "
         f"after the heal; lists again: {grew}"
     )
     assert all(n >= 1 for n in grew.values()), f"a watch did not list again: {grew}"
