@@ -10,10 +10,10 @@ hanging; no timing is asserted). A cut long enough to kill its watches (60 s) sh
 ready on /readyz, naming a dead watch, and ready again after the heal; a 10 s cut is ridden out
 by TCP's retransmissions and need not show.
 
-One more cut, of 5 minutes (``HISTORY_CUT_SECONDS``), lasts while the API server's watch
-cache moves past the version kopf's watch of
-runs would resume from (runs elsewhere changed again and again, etcd compacted and
-defragmented): healed, that watch meets 410 Gone and lists again, as the operator's own
+One more cut, of 5 minutes (``HISTORY_CUT_SECONDS``), lasts while etcd's history moves past
+the version kopf's watch of runs would resume from (a run elsewhere changed again and again,
+etcd compacted and defragmented; the operator's API server keeps no watch cache of runs, so
+etcd answers that watch): healed, that watch meets 410 Gone and lists again, as the operator's own
 watches do after their failed requests (``agentrun_watch_relists_total``), and the same checks
 hold. ``make faults`` adds a 5 minute cut with no churn.
 """
@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
+from agentrun_devcluster.controlplane import ControlPlane
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.partition import Partition, partition_unavailable
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
@@ -47,15 +48,12 @@ STEPS = 3
 STEP_SECONDS = 3
 """Each step sleeps this long, so that steps start and end while the operator is cut."""
 CHURN = 300
-"""Changes of a run in another namespace, twice during the cut, that push the version kopf's
-watch of runs would resume from out of the API server's watch cache."""
-CACHE_SECONDS = 80
-"""The API server's watch cache keeps events younger than 75 s whatever their number."""
+"""Changes of a run in another namespace, twice during the history test's cut, each round
+followed by a compaction of etcd."""
 RELISTED = ("agentruns", "jobs", "pods")
 """The watches that must list again after the history test's cut."""
 HISTORY_CUT_SECONDS = int(os.environ.get("AGENTRUN_HISTORY_CUT_SECONDS") or 300)
-"""How long the history test's cut lasts: 5 minutes, the longest cut in CI (at least
-CACHE_SECONDS + 10, so that the churn's second round and the compaction fall inside it)."""
+"""How long the history test's cut lasts: 5 minutes, the longest cut in CI."""
 LONG_CUT_SECONDS = int(os.environ.get("AGENTRUN_LONG_CUT_SECONDS") or 0)
 """A further cut of this many seconds with no churn (``make faults``: 300); 0, in CI: none."""
 
@@ -85,14 +83,36 @@ CUTS = [
 ]
 
 
-@pytest.fixture
-def partition(cluster: TestCluster, tmp_path: Path) -> Iterator[Partition]:
+def _partitionable(cluster: TestCluster) -> ControlPlane:
+    """The local control plane, once a partition can be made around it; skips, saying why,
+    where none can."""
     if cluster.control_plane is None:
         pytest.skip("the partition is made around the local control plane's API server")
     reason = partition_unavailable()
     if reason is not None:
         pytest.skip(f"no network partition can be made here: {reason}")
-    with Partition(cluster.control_plane.server, cluster.kubeconfig, tmp_path) as made:
+    return cluster.control_plane
+
+
+@pytest.fixture
+def partition(cluster: TestCluster, tmp_path: Path) -> Iterator[Partition]:
+    control_plane = _partitionable(cluster)
+    with Partition(control_plane.server, cluster.kubeconfig, tmp_path) as made:
+        yield made
+
+
+@pytest.fixture
+def uncached_partition(cluster: TestCluster, tmp_path: Path) -> Iterator[Partition]:
+    """A partition around a second API server of the control plane that keeps no watch cache
+    of runs, so that kopf's watch of runs is served by etcd: a watch resumed from a version
+    etcd has compacted away meets 410 Gone, whatever the rest of the cluster does (a watch
+    cache grows while the cluster is busy and may then still hold that version)."""
+    control_plane = _partitionable(cluster)
+    uncached = f"--watch-cache-sizes={PLURAL}.{GROUP}#0"
+    with (
+        control_plane.add_apiserver(extra_args=[uncached]) as api,
+        Partition(api.server, api.kubeconfig, tmp_path) as made,
+    ):
         yield made
 
 
@@ -222,27 +242,25 @@ def _relists(op: OperatorProcess) -> dict[str, float]:
 
 
 def test_history_compacted_during_a_cut_is_listed_again_and_nothing_is_decided_twice(
-    partition: Partition,
+    uncached_partition: Partition,
     start_operator: StartOperator,
     kube: KubeClients,
     cluster: TestCluster,
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    """While the operator is cut off, runs in another namespace change again and again and
-    etcd's history is compacted and defragmented, until the API server's watch cache no longer
-    holds the version kopf's watch of runs would resume from: healed, it gets 410 Gone and
-    lists again, as the operator's own watches do after their failed requests, and decides
-    from what it lists now."""
+    """While the operator is cut off, a run in another namespace changes again and again and
+    etcd's history is compacted and defragmented past the version kopf's watch of runs would
+    resume from: healed, that watch gets 410 Gone and lists again, as the operator's own
+    watches do after their failed requests, and decides from what it lists now."""
     assert cluster.control_plane is not None  # the partition fixture skips else
     control_plane = cluster.control_plane
-    op = start_operator(partition=partition)
+    op = start_operator(partition=uncached_partition)
     ledger = tmp_path / "executions.log"
     names = _start_runs(kube, namespace, ledger)
     before = _relists(op)
     elsewhere = create_namespace(kube, f"{namespace[:50]}-churn", labels=TEST_LABELS)
     churned = create(kube, elsewhere, agentrun("churn", [step("s", "true")]))["metadata"]["name"]
-    began = time.monotonic()
 
     def churn() -> None:
         for round_ in range(2):
@@ -252,12 +270,10 @@ def test_history_compacted_during_a_cut_is_listed_again_and_nothing_is_decided_t
                     {"metadata": {"annotations": {"test.agentrun.dev/churn": f"{round_}-{i}"}}},
                 )  # fmt: skip
             control_plane.compact_etcd()
-            if not round_:  # the cache keeps what is younger than 75 s
-                time.sleep(max(0.0, began + CACHE_SECONDS - time.monotonic()))
 
     try:
-        cut = Cut(max(HISTORY_CUT_SECONDS, CACHE_SECONDS + 10), dead_watches=True)
-        _cut_for(partition, op, cut, churn)
+        cut = Cut(HISTORY_CUT_SECONDS, dead_watches=True)
+        _cut_for(uncached_partition, op, cut, churn)
         ready, finished = _nothing_lost_nothing_twice(kube, cluster, namespace, op, names, ledger)
     finally:
         delete_namespace(kube, elsewhere)

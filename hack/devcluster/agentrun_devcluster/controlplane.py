@@ -385,11 +385,14 @@ class ControlPlane(StartStop):
             call("/v3/maintenance/defragment", {})
         return revision
 
-    def add_apiserver(self, etcd_url: str | None = None) -> ApiServer:
+    def add_apiserver(
+        self, etcd_url: str | None = None, extra_args: Sequence[str] = ()
+    ) -> ApiServer:
         """Start one more kube-apiserver beside the first, as in a highly available control
         plane: the same certificates, flags and audit log, a port of its own, on this control
         plane's etcd or on ``etcd_url`` (a :class:`~agentrun_devcluster.forwarder.Forwarder`
-        in front of etcd makes a slow link to etcd for this API server alone). Returns it once
+        in front of etcd makes a slow link to etcd for this API server alone), with
+        ``extra_args`` after the control plane's own flags. Returns it once
         ready, with an admin kubeconfig naming it; the controller manager and the node stay on
         the first. Stopped by its :meth:`ApiServer.stop` (or ``with`` block) or by
         :meth:`stop`."""
@@ -408,7 +411,7 @@ class ControlPlane(StartStop):
         def launch() -> str:
             try:
                 return self._launch_apiserver(
-                    env, etcd_url or self.etcd_url, name, f"{name}-certs", pki
+                    env, etcd_url or self.etcd_url, name, f"{name}-certs", pki, extra_args
                 )
             except BaseException:
                 self._drop_component(name)  # and its port lease
@@ -553,10 +556,17 @@ class ControlPlane(StartStop):
         self._write_kubeconfig(self.kubeconfig, "admin", self._apiserver_pki.admin)
 
     def _launch_apiserver(
-        self, env: Mapping[str, str], etcd_url: str, name: str, cert_dir: str, pki: _ApiServerPki
+        self,
+        env: Mapping[str, str],
+        etcd_url: str,
+        name: str,
+        cert_dir: str,
+        pki: _ApiServerPki,
+        extra_args: Sequence[str] = (),
     ) -> str:
         """Start a kube-apiserver component ``name`` on etcd at ``etcd_url`` and a port of its
-        own with the certificates ``pki``; return its URL once it is ready."""
+        own with the certificates ``pki`` (and ``extra_args`` last); return its URL once it
+        is ready."""
         lease = lease_ports(1)
         port = lease.port
         server = f"https://127.0.0.1:{port}"
@@ -571,7 +581,12 @@ class ControlPlane(StartStop):
             audit_policy=self.audit_policy,
             audit_log=self.audit_log,
         )
-        argv = [str(self.bin_dir / "kube-apiserver"), *flags, *self.extra_apiserver_args]
+        argv = [
+            str(self.bin_dir / "kube-apiserver"),
+            *flags,
+            *self.extra_apiserver_args,
+            *extra_args,
+        ]
         ctx = ssl.create_default_context(cafile=str(self.pki.ca.cert))
         ctx.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
         ready = _Probe(f"{server}/readyz", ctx, lambda body: body.strip() == b"ok")
