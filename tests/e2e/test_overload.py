@@ -39,6 +39,7 @@ from agentrun_devcluster.faults import Stutter
 from agentrun_devcluster.forwarder import Forwarder
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from tests.support.cluster import StartOperator
+from tests.support.jobs import job_manifest
 from tests.support.runs import agentrun, create, envelope, get, status_of, step
 from tests.support.scraping import scrape, value
 
@@ -209,12 +210,6 @@ class Slowdown:
 
 
 @contextlib.contextmanager
-def _stuttering(pid: int) -> Iterator[object]:
-    with Stutter(pid, pause=ETCD_PAUSE, period=ETCD_PERIOD) as stutter:
-        yield stutter
-
-
-@contextlib.contextmanager
 def _delayed(link: Forwarder) -> Iterator[object]:
     link.delay = ETCD_DELAY
     try:
@@ -223,21 +218,11 @@ def _delayed(link: Forwarder) -> Iterator[object]:
         link.delay = 0.0
 
 
-def _probe_job(namespace: str, name: str) -> dict[str, Any]:
-    container = {"name": "c", "image": "busybox", "command": ["true"]}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [container]}}},
-    }
-
-
 def _admission_seconds(kube: KubeClients, namespace: str) -> float:
     """Mean seconds of a dry-run Job create in ``namespace`` (admission included)."""
     began = time.monotonic()
     for i in range(ADMISSION_SAMPLES):
-        job = _probe_job(namespace, f"agentrun-admission-timing-{i}")
+        job = job_manifest(f"agentrun-admission-timing-{i}", ["true"])
         kube.batch.create_namespaced_job(namespace, job, dry_run="All")
     return (time.monotonic() - began) / ADMISSION_SAMPLES
 
@@ -245,7 +230,7 @@ def _admission_seconds(kube: KubeClients, namespace: str) -> float:
 def _denied(kube: KubeClients, namespace: str) -> bool:
     try:
         kube.batch.create_namespaced_job(
-            namespace, _probe_job(namespace, ADMISSION_PROBE), dry_run="All"
+            namespace, job_manifest(ADMISSION_PROBE, ["true"]), dry_run="All"
         )
     except ApiException as error:
         # A ValidatingAdmissionPolicy's denial is 422 Invalid by default (403 with reason
@@ -338,7 +323,8 @@ def slowdown(
     if control_plane is None:
         pytest.skip("the API server is slowed on the local control plane, not another cluster")
     if request.param == "etcd-stopped-300-of-400-ms":
-        yield Slowdown(partial(_stuttering, control_plane.pids()["etcd"]))
+        etcd_pid = control_plane.pids()["etcd"]
+        yield Slowdown(partial(Stutter, etcd_pid, pause=ETCD_PAUSE, period=ETCD_PERIOD))
     elif request.param == "etcd-50-ms-away":
         etcd = urllib.parse.urlsplit(control_plane.etcd_url)
         assert etcd.hostname and etcd.port, control_plane.etcd_url

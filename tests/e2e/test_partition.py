@@ -13,9 +13,9 @@ by TCP's retransmissions and need not show.
 One more cut, of 5 minutes (``HISTORY_CUT_SECONDS``), lasts while etcd's history moves past
 the version kopf's watch of runs would resume from (a run elsewhere changed again and again,
 etcd compacted and defragmented; the operator's API server keeps no watch cache of runs, so
-etcd answers that watch): healed, that watch meets 410 Gone and lists again, as the operator's own
-watches do after their failed requests (``agentrun_watch_relists_total``), and the same checks
-hold. ``make faults`` adds a 5 minute cut with no churn.
+etcd answers that watch): healed, that watch meets 410 Gone and lists again, as the
+operator's own watches do after their failed requests (``agentrun_watch_relists_total``),
+and the same checks hold. ``make faults`` adds a 5 minute cut with no churn.
 """
 
 from __future__ import annotations
