@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -619,3 +620,49 @@ def test_a_job_the_watch_lost_is_read_again_so_its_end_is_seen(
     clock[0] += adoption.READ_FRESH_SECONDS + 0.1
     (seen,) = taker.observe(run)
     assert seen.state == JobState.SUCCEEDED and api.reads == [name, name]
+
+
+# -- the cost of a pass: a Job unchanged since the last pass is not checked again -------------
+
+
+def _versioned(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    changed = copy.deepcopy(obj)
+    changed["metadata"]["resourceVersion"] = version
+    return changed
+
+
+def test_a_job_and_pods_unchanged_since_the_last_pass_are_not_checked_again() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = _versioned(operators_job(run), "5")
+    view.apply(JOBS, "ADDED", job)
+    view.apply(PODS, "ADDED", _versioned(job_pod(job, None), "6"))
+    taker = adopter(view, api)
+    with mock.patch.object(jobs, "pod_problem", wraps=jobs.pod_problem) as checked:
+        (first,) = taker.observe(run)
+        calls = checked.call_count
+        assert calls > 0
+        (again,) = taker.observe(run)
+        assert checked.call_count == calls, "an unchanged Job's pods were checked again"
+        assert again == first
+        # The Job ends (new versions of both): observed anew, with the pod's outcome.
+        done = _versioned(finished(job), "8")
+        view.apply(PODS, "MODIFIED", _versioned(job_pod(done, '{"ok":true,"summary":"s"}'), "7"))
+        view.apply(JOBS, "MODIFIED", done)
+        (seen,) = taker.observe(run)
+        assert checked.call_count > calls
+        assert seen.termination_message == '{"ok":true,"summary":"s"}'
+
+
+def test_objects_without_a_version_are_checked_on_every_pass() -> None:
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    view.apply(JOBS, "ADDED", job)
+    view.apply(PODS, "ADDED", job_pod(job, None))
+    taker = adopter(view, api)
+    with mock.patch.object(jobs, "pod_problem", wraps=jobs.pod_problem) as checked:
+        taker.observe(run)
+        calls = checked.call_count
+        taker.observe(run)
+        assert checked.call_count == 2 * calls

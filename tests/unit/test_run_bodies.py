@@ -5,13 +5,14 @@ it is taken again from a quorum read."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 from unittest import mock
 
 from agentrun import settings as s
 from agentrun.core import Decision, DeleteJob
 from agentrun.loop.act import Actor
-from agentrun.loop.commit import AuditRecord
+from agentrun.loop.commit import AuditRecord, commit
 from agentrun.loop.observe import Observer
 from agentrun.loop.reconciler import Apis, Reconciler, RunBodies
 from agentrun.observation.watches import ClusterView
@@ -89,3 +90,52 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
         after = [c.args[1] for c in act.call_args_list if c.args[1]]
         assert after == [deleting.after_commit]
     mock.patch.stopall()
+
+
+def _run_body(rv: str) -> dict[str, Any]:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    run = sim.run.to_wire()
+    run["metadata"].update(namespace="default", resourceVersion=rv)
+    return run
+
+
+def test_what_a_pass_derives_from_a_kept_body_is_made_once_per_version() -> None:
+    bodies = RunBodies()
+    first = _run_body("7")
+    bodies.offer(first)
+    model = bodies.model(first)
+    assert bodies.model(first) is model, "validated again"
+    wire = bodies.status_wire(first, model)
+    assert wire == model.status.to_wire() if model.status else wire == {}
+    assert bodies.status_wire(first, model) is wire
+    # The watch event of the write that returned ``first``: the same version, kept as is.
+    bodies.offer(copy.deepcopy(first))
+    assert bodies.get("default", "demo") is first
+    assert bodies.model(first) is model
+    # A new version: derived anew; a body not kept is validated every time.
+    newer = _run_body("8")
+    bodies.offer(newer)
+    assert bodies.model(newer) is not model
+    assert bodies.model(first) is not bodies.model(first)
+    bodies.drop("default", "demo")
+    assert bodies.model(newer) is not bodies.model(newer)
+
+
+def test_a_decision_equal_to_the_status_read_writes_nothing_and_one_that_differs_does() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    run = sim.run
+    assert run.status is not None
+    ledger = mock.Mock()
+    body = _run_body("7")
+    same = Decision(status=run.status.model_copy(deep=True))
+    with mock.patch.object(type(run.status), "to_wire") as to_wire:
+        assert commit(ledger, lambda _: None, body, run, same) is None
+        to_wire.assert_not_called()
+    ledger.commit.assert_not_called()
+    moved = run.status.model_copy(deep=True)
+    moved.message = "something else"
+    commit(ledger, lambda _: None, body, run, Decision(status=moved))
+    ledger.commit.assert_called_once()
+    assert ledger.commit.call_args.args[1]["message"] == "something else"

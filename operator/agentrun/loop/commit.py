@@ -34,13 +34,19 @@ def commit(
     body: dict[str, Any],
     run: m.AgentRun,
     decision: Decision,
+    old: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The status write when needed, onto the run read as ``body``; the run as stored by
-    that write (None when nothing was written). Raises :class:`~agentrun.loop.ledger.Conflict`
-    when the run moved on since it was read."""
-    # Each status is turned into its wire form once: on a run of many steps, that is most of
-    # what deciding whether to write costs.
-    old = run.status.to_wire() if run.status is not None else {}
+    that write (None when nothing was written). ``old``: ``run.status`` in wire form, when
+    known. Raises :class:`~agentrun.loop.ledger.Conflict` when the run moved on since it was
+    read."""
+    # Turning a status into its wire form is most of what deciding whether to write costs on
+    # a run of many steps: a decision equal to the status read needs neither, and each status
+    # is turned into it once at most.
+    if decision.status == run.status and not decision.needs_fence:
+        return None
+    if old is None:
+        old = run.status.to_wire() if run.status is not None else {}
     new = decision.status.to_wire()
     changed = old != new and not _only_record_progress(old, new, decision.status.phase)
     if not changed and not decision.needs_fence:

@@ -513,11 +513,17 @@ def launching_jobs(run: m.AgentRun) -> set[str]:
 class RunBodies:
     """The latest known body of each unfinished run: as kopf's watch delivered it, or as a
     status write of this process returned it, whichever is newer (resourceVersions compared
-    as the integers etcd makes them; one that is not taken as newer). Safe across threads."""
+    as the integers etcd makes them; one that is not taken as newer). Safe across threads.
+
+    With each body it keeps what passes derive from it alone, once: the body validated into
+    the run's model and that model's status in wire form. A run of many steps is passed many
+    times per status write (each change of its Jobs and pods brings one), so this is most of
+    what would otherwise grow with its size on every pass. Passes only read the model."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._bodies: dict[tuple[str, str], dict[str, Any]] = {}
+        self._derived: dict[tuple[str, str], _Derived] = {}
 
     def offer(self, body: dict[str, Any]) -> None:
         """Keep ``body`` unless a newer one is known. A finished run's is not kept: such a
@@ -527,10 +533,11 @@ class RunBodies:
         finished = (body.get("status") or {}).get("phase") in FINISHED_PHASES
         with self._lock:
             known = self._bodies.get(key)
-            if known is not None and _older(body, known):
-                return
+            if known is not None and (_older(body, known) or _same_version(body, known)):
+                return  # the one kept is as new (then what is derived from it is kept too)
             if finished:
                 self._bodies.pop(key, None)
+                self._derived.pop(key, None)
             else:
                 self._bodies[key] = body
 
@@ -541,9 +548,55 @@ class RunBodies:
     def drop(self, namespace: str, name: str) -> None:
         with self._lock:
             self._bodies.pop((namespace, name), None)
+            self._derived.pop((namespace, name), None)
+
+    def model(self, body: dict[str, Any]) -> m.AgentRun:
+        """``body`` validated: made once for the body kept here, else made now."""
+        return self._derive(body).run
+
+    def status_wire(self, body: dict[str, Any], run: m.AgentRun) -> dict[str, Any]:
+        """``run.status`` (``run`` being :meth:`model` of ``body``) in wire form."""
+        derived = self._derive(body)
+        if derived.run is not run:
+            return run.status.to_wire() if run.status is not None else {}
+        if derived.wire is None:
+            derived.wire = run.status.to_wire() if run.status is not None else {}
+        return derived.wire
+
+    def _derive(self, body: dict[str, Any]) -> _Derived:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        with self._lock:
+            known = self._derived.get(key)
+            if known is not None and known.body is body:
+                return known
+        made = _Derived(body, m.AgentRun.model_validate(body))
+        with self._lock:
+            if self._bodies.get(key) is body:  # kept: so is what is derived from it
+                self._derived[key] = made
+        return made
+
+
+@dataclasses.dataclass
+class _Derived:
+    body: dict[str, Any]
+    run: m.AgentRun
+    wire: dict[str, Any] | None = None
 
 
 FINISHED_PHASES = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
+
+
+def _same_version(body: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether the two are the same run at the same resourceVersion: the same object (a
+    status write's answer, and the watch event of that write)."""
+    mine, theirs = body.get("metadata") or {}, other.get("metadata") or {}
+    version = mine.get("resourceVersion")
+    return (
+        bool(version)
+        and version == theirs.get("resourceVersion")
+        and (mine.get("uid") == theirs.get("uid"))
+    )
 
 
 def _older(body: dict[str, Any], than: dict[str, Any]) -> bool:

@@ -137,7 +137,10 @@ class Reconciler:
             if held is None:
                 return Outcome(None, None, conflicts)
             body = held
-            run = m.AgentRun.model_validate(body)
+            if self.bodies is not None:
+                run = self.bodies.model(body)
+            else:
+                run = m.AgentRun.model_validate(body)
             observed = self.observer.observe(run)
             decision = self.decider.decide(run, observed)
             self.record.anchor(run, decision.status)
@@ -145,7 +148,8 @@ class Reconciler:
                 quorum = True  # a result could not be stored: derive again, failing it
                 continue
             try:
-                stored = commit(self.ledger, self.checkpoint, body, run, decision)
+                old = self.bodies.status_wire(body, run) if self.bodies is not None else None
+                stored = commit(self.ledger, self.checkpoint, body, run, decision, old)
             except Conflict:
                 conflicts += 1
                 quorum = True

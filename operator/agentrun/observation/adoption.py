@@ -45,7 +45,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from agentrun import settings as s
 from agentrun.api import models as m
@@ -82,6 +82,9 @@ DERIVED_LABELS = (
 """Pod template labels the API server sets from the Job's uid and name."""
 
 CACHE_LIMIT = 20_000
+OBSERVED_LIMIT = 4_096
+"""Jobs whose last observation is kept: those of the runs in progress, with room to spare
+(only a pass's cost depends on it: a Job not kept is checked again)."""
 FRESH_SECONDS = 30.0
 READ_FRESH_SECONDS = 2.0
 """How long a Job read directly stands in for the view. Short: a Job the watch no longer
@@ -194,6 +197,24 @@ def _released_and_going(job: Mapping[str, Any]) -> bool:
     )
 
 
+def _observed_key(
+    job: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    refused: str | None,
+    started: str | None,
+) -> str | None:
+    """What an observation of ``job`` is a function of: the versions of the Job and of its
+    pods, the pod refusal and the pod let start; None when an object has no version."""
+    versions = []
+    for obj in (job, *pods):
+        meta = obj.get("metadata") or {}
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not uid or not version:
+            return None
+        versions.append(f"{uid}@{version}")
+    return "|".join((*versions, f"refused={refused}", f"started={started}"))
+
+
 def _uid(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("uid") or "")
 
@@ -207,10 +228,14 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 class _Lru(OrderedDict[str, Any]):
+    def __init__(self, limit: int = CACHE_LIMIT) -> None:
+        super().__init__()
+        self.limit = limit
+
     def remember(self, key: str, value: Any) -> None:
         self[key] = value
         self.move_to_end(key)
-        while len(self) > CACHE_LIMIT:
+        while len(self) > self.limit:
             self.popitem(last=False)
 
 
@@ -244,6 +269,9 @@ class Adoption:
         """uid -> (generation, :class:`Verdict`) of a dry-run comparison. A Job whose spec
         changed since (a new generation) is checked again."""
         self._reported = _Lru()
+        self._observed = _Lru(OBSERVED_LIMIT)
+        """Job uid -> (:func:`_observed_key`, the :class:`ObservedJob` or None made of the
+        objects of that key), the last observation of each Job."""
         self._started = _Lru()
         """Job uid -> uid of the pod this process let start (its gate removed): no other pod
         of that Job starts, even before the view shows that one started."""
@@ -430,19 +458,32 @@ class Adoption:
     def _observe_verified(self, run: m.AgentRun, job: Obj) -> ObservedJob | None:
         job_uid = _uid(job)
         pods = self.view.pods_of_job(job_uid)
+        refused = None if pods else self.view.pod_refusal(job_uid)
+        with self._lock:
+            started: str | None = self._started.get(job_uid)
+        # What follows depends on these objects' versions only: a pass over a run whose
+        # Jobs did not change since the last one costs a lookup per Job, not their checks.
+        memo = _observed_key(job, pods, refused, started)
+        if memo is not None:
+            with self._lock:
+                last = self._observed.get(job_uid)
+            if last is not None and last[0] == memo:
+                return cast(ObservedJob | None, last[1])
         if jobs.is_finished(job) and not any(
             jobs.step_terminated(p) and jobs.pod_problem(job, p) is None for p in pods
         ):
             # Its own pod's last change may not have reached the view yet: read them now.
             listed = self.list_pods(run.metadata.namespace, run.metadata.uid)
             pods = [p for p in listed if _controlled_by(p, job_uid)]
+            refused = None if pods else self.view.pod_refusal(job_uid)
+            memo = None  # read now, not the view's: the next pass looks again
         self._report_foreign_pods(run, job, pods)
-        refused = None if pods else self.view.pod_refusal(job_uid)
-        with self._lock:
-            started: str | None = self._started.get(job_uid)
         observed = jobs.observe_job(job, pods, pod_refused=refused, started=started)
         if observed is not None:
             self._report_held_pods(run, job, observed.held_pods)
+        if memo is not None:
+            with self._lock:
+                self._observed.remember(job_uid, (memo, observed))
         return observed
 
     def _report_held_pods(self, run: m.AgentRun, job: Obj, held: Iterable[str]) -> None:
