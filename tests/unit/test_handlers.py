@@ -4,6 +4,7 @@ when, and that a run with nothing due gets neither a pass nor a timer, at startu
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
 from collections.abc import Callable
 from datetime import timedelta
@@ -160,6 +161,50 @@ def test_at_startup_only_finished_runs_with_something_due_get_a_timer(listed_fir
     assert not sched.unchecked
 
 
+def test_before_the_jobs_are_listed_a_quiet_finished_run_is_kept_as_its_identity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At a start that finds thousands of finished runs, those that are not due by
+    themselves wait for the Jobs' list as their identity only; one whose Job then asks for a
+    pass (held still: it must be released) is read again, and gets its pass."""
+    quiet, job_name = finished_run()
+    other = copy.deepcopy(quiet)
+    other["metadata"]["name"] = "other"
+    other["metadata"]["uid"] = "uid-other"
+    passes: list[str] = []
+
+    def fake_pass(rec: Reconciler, namespace: str, name: str) -> Outcome:
+        passes.append(name)
+        return Outcome(None, "Succeeded", 0)
+
+    monkeypatch.setattr(scheduler, "_pass", fake_pass)
+
+    async def main() -> tuple[Scheduler, mock.Mock]:
+        view = ClusterView()
+        rec = reconciler(5)
+        rec.ledger.read = mock.Mock(return_value=quiet)  # type: ignore[method-assign]
+        sched, informer = make_scheduler(view, rec)
+        sched.start()
+        assert sched.synced is not None
+        sched.spawn(sched.watches_listed())
+        sched.finished_run_seen(quiet)
+        sched.finished_run_seen(other)
+        kept = sched.unchecked[("default", "demo")]
+        assert set(kept) == {"metadata"} and kept["metadata"]["uid"] == UID
+        for reflector in informer.reflectors:
+            view.replace(
+                reflector.source, [job(job_name)] if reflector.source.kind == "jobs" else []
+            )
+        await asyncio.wait_for(sched.synced.wait(), 5)
+        await until(lambda: not sched.tasks, 0.5)
+        return sched, rec.ledger.read
+
+    sched, read = asyncio.run(main())
+    read.assert_called_once_with("default", "demo")  # its Job asked; the other run is quiet
+    assert passes == ["demo"]
+    assert not sched.unchecked
+
+
 def new_run_body(finalized: bool, version: str) -> dict[str, Any]:
     body = make_run([step("a")]).to_wire()
     meta = body["metadata"]
@@ -202,12 +247,16 @@ def test_a_deletion_event_starts_one_task_that_tries_again_until_the_run_may_go(
 
 def test_a_finished_run_found_without_the_run_finalizer_is_given_it_once() -> None:
     held: list[tuple[str, str]] = []
+    given: list[dict[str, Any]] = []
 
     async def main() -> None:
         rec = reconciler(3600)
-        rec.hold = lambda body: held.append(  # type: ignore[method-assign]
-            (body["metadata"]["namespace"], body["metadata"]["name"])
-        )
+
+        def hold(body: dict[str, Any]) -> None:
+            given.append(body)
+            held.append((body["metadata"]["namespace"], body["metadata"]["name"]))
+
+        rec.hold = hold  # type: ignore[method-assign]
         sched, _ = make_scheduler(ClusterView(), rec)
         sched.start()
         bare, _ = finished_run()
@@ -222,6 +271,12 @@ def test_a_finished_run_found_without_the_run_finalizer_is_given_it_once() -> No
 
     asyncio.run(main())
     assert held == [("default", "demo")]
+    # Thousands may wait for their turn at a start: each with its identity, not its body.
+    (body,) = given
+    assert set(body) == {"metadata"}
+    assert {"namespace", "name", "uid"} <= set(body["metadata"])
+    assert set(body["metadata"]) <= {"namespace", "name", "uid", "resourceVersion",
+                                     "finalizers", "deletionTimestamp"}  # fmt: skip
 
 
 def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(

@@ -8,9 +8,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jsonschema
-import jsonschema.exceptions
-
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
@@ -49,6 +46,11 @@ def _allowed(run: m.AgentRun, image: str) -> bool:
 
 
 def schema_problem(schema: dict[str, Any], arguments: Any) -> str | None:
+    # Imported on first use: only agent runs whose model calls a tool need it, and it holds
+    # several MiB the operator would otherwise carry at rest.
+    import jsonschema
+    import jsonschema.exceptions
+
     try:
         validator_class = jsonschema.validators.validator_for(schema)
         validator_class.check_schema(schema)

@@ -309,15 +309,15 @@ class Scheduler:
             return
         if s.RUN_FINALIZER not in (meta.get("finalizers") or []) and key not in self.holding:
             self.holding.add(key)
-            self.spawn(self._hold(key, dict(body)))
+            self.spawn(self._hold(key, _identity(body)))
         if self.synced is None or not self.synced.is_set():
-            self.unchecked[key] = dict(body)
+            # Until the Jobs are listed: the body only if the run itself may be due, else its
+            # identity (read again should its Jobs ask for a check). At a start that finds
+            # thousands of finished runs, this is most of what it holds meanwhile.
+            self.unchecked[key] = dict(body) if _may_be_due(body) else _identity(body)
             return
         jobs_of_run = self.view.jobs_of_run(str(meta.get("uid", "")))
-        status = body.get("status") or {}
-        retention = (body.get("spec") or {}).get("retention") or {}
-        edited = meta.get("generation") != status.get("observedGeneration")
-        if not jobs_of_run and retention.get("ttlSecondsAfterFinished") is None and not edited:
+        if not jobs_of_run and not _may_be_due(body):
             return
         self.spawn(self._check_finished(key, dict(body), jobs_of_run))
 
@@ -340,6 +340,11 @@ class Scheduler:
         self, key: tuple[str, str], body: dict[str, Any], found: list[dict[str, Any]]
     ) -> None:
         try:
+            if "spec" not in body:  # kept as its identity only: read it now
+                read = await asyncio.to_thread(self.reconciler.ledger.read, *key)
+                if read is None:
+                    return
+                body = read
             delay = await asyncio.to_thread(self.reconciler.due_in, body, found)
         except Exception:
             log.exception("could not check a finished run; passing it", extra=_ctx(*key))
@@ -429,3 +434,24 @@ async def _sleep(wake: asyncio.Event, stopped: Stopped, delay: float) -> None:
     finally:
         for task in tasks:
             task.cancel()
+
+
+_IDENTITY = ("namespace", "name", "uid", "resourceVersion", "finalizers", "deletionTimestamp")
+
+
+def _identity(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What adding the run finalizer needs of run ``body``: its metadata's identity and
+    version. A start that finds thousands of runs without it waits with this much of each,
+    not with whole bodies."""
+    meta = body.get("metadata") or {}
+    return {"metadata": {k: meta[k] for k in _IDENTITY if k in meta}}
+
+
+def _may_be_due(body: Mapping[str, Any]) -> bool:
+    """Whether finished run ``body`` may need a pass whatever its Jobs: it has a retention
+    time, or its spec changed since its status was derived."""
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    retention = (body.get("spec") or {}).get("retention") or {}
+    edited = meta.get("generation") != status.get("observedGeneration")
+    return retention.get("ttlSecondsAfterFinished") is not None or edited
