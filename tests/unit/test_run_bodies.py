@@ -120,6 +120,11 @@ def test_what_a_pass_derives_from_a_kept_body_is_made_once_per_version() -> None
     assert bodies.model(first) is not bodies.model(first)
     bodies.drop("default", "demo")
     assert bodies.model(newer) is not bodies.model(newer)
+    # The wire form of a body not kept is made from its model, not from another validation.
+    loose = bodies.model(newer)
+    with mock.patch.object(type(loose), "model_validate") as validate:
+        assert bodies.status_wire(newer, loose) == (loose.status.to_wire() if loose.status else {})
+        validate.assert_not_called()
 
 
 def test_a_decision_equal_to_the_status_read_writes_nothing_and_one_that_differs_does() -> None:

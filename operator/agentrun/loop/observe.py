@@ -528,12 +528,11 @@ class RunBodies:
     def offer(self, body: dict[str, Any]) -> None:
         """Keep ``body`` unless a newer one is known. A finished run's is not kept: such a
         run is rarely passed again (and then read), and thousands of them would cost memory."""
-        meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        key = _key(body)
         finished = (body.get("status") or {}).get("phase") in FINISHED_PHASES
         with self._lock:
             known = self._bodies.get(key)
-            if known is not None and (_older(body, known) or _same_version(body, known)):
+            if known is not None and _not_newer(body, known):
                 return  # the one kept is as new (then what is derived from it is kept too)
             if finished:
                 self._bodies.pop(key, None)
@@ -555,17 +554,18 @@ class RunBodies:
         return self._derive(body).run
 
     def status_wire(self, body: dict[str, Any], run: m.AgentRun) -> dict[str, Any]:
-        """``run.status`` (``run`` being :meth:`model` of ``body``) in wire form."""
-        derived = self._derive(body)
-        if derived.run is not run:
+        """``run.status`` (``run`` being :meth:`model` of ``body``) in wire form: made once
+        for the body kept here, else made now."""
+        with self._lock:
+            derived = self._derived.get(_key(body))
+        if derived is None or derived.body is not body or derived.run is not run:
             return run.status.to_wire() if run.status is not None else {}
         if derived.wire is None:
             derived.wire = run.status.to_wire() if run.status is not None else {}
         return derived.wire
 
     def _derive(self, body: dict[str, Any]) -> _Derived:
-        meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        key = _key(body)
         with self._lock:
             known = self._derived.get(key)
             if known is not None and known.body is body:
@@ -587,24 +587,20 @@ class _Derived:
 FINISHED_PHASES = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
 
 
-def _same_version(body: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether the two are the same run at the same resourceVersion: the same object (a
-    status write's answer, and the watch event of that write)."""
-    mine, theirs = body.get("metadata") or {}, other.get("metadata") or {}
-    version = mine.get("resourceVersion")
-    return (
-        bool(version)
-        and version == theirs.get("resourceVersion")
-        and (mine.get("uid") == theirs.get("uid"))
-    )
+def _key(body: dict[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
-def _older(body: dict[str, Any], than: dict[str, Any]) -> bool:
-    def version(b: dict[str, Any]) -> int | None:
-        text = str((b.get("metadata") or {}).get("resourceVersion") or "")
-        return int(text) if text.isdigit() else None
-
-    mine, theirs = version(body), version(than)
-    if (body.get("metadata") or {}).get("uid") != (than.get("metadata") or {}).get("uid"):
+def _not_newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Whether ``body`` is the run ``than`` is, at an older resourceVersion (a late watch
+    event) or at the same one (the same object: a status write's answer, and the watch event
+    of that write)."""
+    mine_meta, their_meta = body.get("metadata") or {}, than.get("metadata") or {}
+    if mine_meta.get("uid") != their_meta.get("uid"):
         return False  # another run of that name: the newer one
-    return mine is not None and theirs is not None and mine < theirs
+    mine = str(mine_meta.get("resourceVersion") or "")
+    theirs = str(their_meta.get("resourceVersion") or "")
+    if mine and mine == theirs:
+        return True
+    return mine.isdigit() and theirs.isdigit() and int(mine) < int(theirs)
