@@ -4,7 +4,7 @@ client's connections.
 Reconcile passes are blocking code (the kubernetes client is synchronous), so the handlers run
 them with ``asyncio.to_thread``: on the event loop's default executor. Left alone, that
 executor has ``min(32, CPUs + 4)`` threads, whatever the load; here it has ``workers``
-(``AGENTRUN_WORKERS``), shared by passes, deletions, the run finalizer's patches and janitor
+(``AGENTRUN_WORKERS``), shared by passes, deletions and janitor
 sweeps; kopf's own executor has as many (it runs no handler of the operator's but, with
 peering, the runs' daemons). With hundreds of runs due at once, passes queue for a worker:
 each waits its turn instead of all of them sharing the CPU and the API server at once, which

@@ -6,9 +6,9 @@ counted. The ledger owns ``.status`` of AgentRuns; nothing else in the operator 
 (kopf keeps its own bookkeeping in annotations).
 
 It also puts the run finalizer on a run that lacks it (:meth:`Ledger.hold`), guarded by the
-same resourceVersion: before a run's first status write, which then carries the version that
-patch returned (no write meets a version moved by another), and on a finished run found
-without it (runs created by hand as finished, or by an older operator).
+same resourceVersion: before a pass's first write or object for the run, which then carries
+the version that patch returned (no write meets a version moved by another). A finished run
+found without it is given it only by a pass that has something of it to clean up.
 """
 
 from __future__ import annotations

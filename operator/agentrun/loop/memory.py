@@ -1,6 +1,6 @@
 """Giving freed memory back to the system.
 
-Listing thousands of runs at startup, or adding the run finalizer to each of them, allocates
+Listing thousands of runs at startup allocates
 a burst of memory that is freed again within seconds. Python hands the freed blocks back to
 the C allocator, but glibc's keeps most of them mapped (they are spread over its heap among
 blocks still in use), so the process's resident memory stays at the burst's peak for good.

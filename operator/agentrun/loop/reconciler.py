@@ -203,24 +203,6 @@ class Reconciler:
             self.bodies.offer(held)
         return held
 
-    def hold(self, body: dict[str, Any]) -> None:
-        """Put the run finalizer on run ``body`` (as watched), found without it (a finished
-        run: unfinished ones get it from their first pass); read again after a conflict.
-        Nothing when it is gone or being deleted."""
-        meta = body["metadata"]
-        namespace, name = str(meta["namespace"]), str(meta["name"])
-        with self.lock_for(namespace, name):
-            current: dict[str, Any] | None = body
-            for _ in range(self.settings.max_conflict_retries):
-                if current is None or current["metadata"].get("deletionTimestamp"):
-                    return
-                try:
-                    self._held(current)
-                    return
-                except Conflict:
-                    current, _ = self._run_body(namespace, name, True)
-            raise Conflict(f"{namespace}/{name}: the run kept changing")
-
     def due_in(self, body: dict[str, Any], found: list[dict[str, Any]]) -> float | None:
         """Seconds until finished run ``body`` with Jobs ``found`` needs a pass (0: now),
         None if never (see :meth:`~agentrun.loop.decide.Decider.due_in`)."""

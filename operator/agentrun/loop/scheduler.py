@@ -90,11 +90,6 @@ class Scheduler:
         """What a run's deletion runs (None: the janitor's sweeps alone finish deletions)."""
         self.deleting: set[tuple[str, str]] = set()
         """Runs whose deletion has a task here (until it ends)."""
-        self.holding: set[tuple[str, str]] = set()
-        """Finished runs found without the run finalizer, being given it."""
-        self.hold_slots: asyncio.Semaphore | None = None
-        """How many of those patches are handed to the workers at once: half as many as
-        there are workers (made in the loop)."""
         self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
         """One per running daemon (unfinished run)."""
         self.timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
@@ -302,14 +297,17 @@ class Scheduler:
 
     def finished_run_seen(self, body: Mapping[str, Any]) -> None:
         """A finished run was listed or changed: a pass now or at its next timer, if the
-        watched Jobs or the run ask for one; otherwise nothing."""
+        watched Jobs or the run ask for one; otherwise nothing, even when it lacks the run
+        finalizer (an older operator's run, or one whose finalizer an editor removed). A
+        finished run needs that finalizer only while something of it is left to clean up: a
+        Job still running, or still holding its outcome finalizer. Each such Job asks for a
+        pass, and a pass adds the finalizer before anything else (:meth:`Reconciler._held`);
+        the rest of what a finished run owns goes with it by its owner references (the
+        garbage collector), and the janitor releases any Job whose run is gone."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         if meta.get("deletionTimestamp"):
             return
-        if s.RUN_FINALIZER not in (meta.get("finalizers") or []) and key not in self.holding:
-            self.holding.add(key)
-            self.spawn(self._hold(key, _identity(body)))
         if self.synced is None or not self.synced.is_set():
             # Until the Jobs are listed: the body only if the run itself may be due, else its
             # identity (read again should its Jobs ask for a check). At a start that finds
@@ -320,21 +318,6 @@ class Scheduler:
         if not jobs_of_run and not _may_be_due(body):
             return
         self.spawn(self._check_finished(key, dict(body), jobs_of_run))
-
-    async def _hold(self, key: tuple[str, str], body: dict[str, Any]) -> None:
-        """The run finalizer patched onto a finished run, at most :attr:`hold_slots` at
-        once: at a start that finds thousands of runs without it, a pass (a new run's first
-        among them) waits behind one round of patches at most, not behind all of them (the
-        workers take what they are given in turn)."""
-        if self.hold_slots is None:
-            self.hold_slots = asyncio.Semaphore(max(1, self.reconciler.settings.workers // 2))
-        try:
-            async with self.hold_slots:
-                await asyncio.to_thread(self.reconciler.hold, body)
-        except Exception:
-            log.exception("could not add the run finalizer", extra=_ctx(*key))
-        finally:
-            self.holding.discard(key)
 
     async def _check_finished(
         self, key: tuple[str, str], body: dict[str, Any], found: list[dict[str, Any]]
@@ -440,9 +423,9 @@ _IDENTITY = ("namespace", "name", "uid", "resourceVersion", "finalizers", "delet
 
 
 def _identity(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What adding the run finalizer needs of run ``body``: its metadata's identity and
-    version. A start that finds thousands of runs without it waits with this much of each,
-    not with whole bodies."""
+    """Run ``body``'s metadata identity and version: what a start that finds thousands of
+    finished runs keeps of each until the Jobs are listed (read again should one need a
+    check), not whole bodies."""
     meta = body.get("metadata") or {}
     return {"metadata": {k: meta[k] for k in _IDENTITY if k in meta}}
 

@@ -32,6 +32,7 @@ from agentrun.api import models as m
 from agentrun.core.turns import is_model_turn, turn_of_step
 from agentrun.kubeapi import METADATA_ONLY
 from agentrun.settings import RUN_FINALIZER
+from agentrun_devcluster.lifecycle import http_answer
 from agentrun_devcluster.modelserver import ScriptedModel
 
 from . import procstat
@@ -458,7 +459,8 @@ class RestResult:
 
     finished: int
     without_finalizer: int
-    """Runs without the operator's run finalizer when it started (it adds it to each)."""
+    """Runs without the operator's run finalizer when it started (a finished run with nothing
+    left to clean up needs none, and is left without it)."""
     created_in: float
     """Seconds the benchmark took to create the finished runs (not a figure of the operator)."""
     ready: float
@@ -466,8 +468,12 @@ class RestResult:
     first_job: float | None
     """Seconds from the operator's start until it created the Job of a run created the
     moment /healthz answered."""
+    ready_runs: float | None
+    """Seconds from the operator's start until its /readyz answered 200: its watches of runs,
+    Jobs, pods and pod refusals have listed, so every run listed has been checked."""
     handled: float | None
-    """Seconds from the operator's start until every run carried its finalizer."""
+    """Seconds from the operator's start until it was ready (/readyz) and its last write to
+    a run of the case (the probe run's aside) was made, the later of the two."""
     startup_requests: list[Request]
     """The operator's requests from its start until that Job."""
     startup_cpu: float | None
@@ -512,14 +518,38 @@ def create_finished_runs(bench: BenchCluster, count: int, case: str, bare: int =
         list(pool.map(make, range(count)))
 
 
-def _finalized(bench: BenchCluster) -> int:
-    """Runs in :data:`REST_NAMESPACE` that carry the operator's run finalizer."""
+def _rest_runs(bench: BenchCluster) -> list[dict[str, Any]]:
+    """The runs in :data:`REST_NAMESPACE`, metadata only."""
     listed = bench.admin.custom.list_namespaced_custom_object(
         m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, _preload_content=False,
         _headers=METADATA_ONLY,
     )  # fmt: skip
-    items = json.loads(listed.data).get("items") or []
-    return sum(1 for r in items if RUN_FINALIZER in (r["metadata"].get("finalizers") or []))
+    items: list[dict[str, Any]] = json.loads(listed.data).get("items") or []
+    return items
+
+
+def _unfinalized(runs: list[dict[str, Any]]) -> list[str]:
+    """The names of ``runs`` without the operator's run finalizer."""
+    return [
+        r["metadata"]["name"]
+        for r in runs
+        if RUN_FINALIZER not in (r["metadata"].get("finalizers") or [])
+    ]
+
+
+def finalize_all(bench: BenchCluster) -> None:
+    """Put the operator's run finalizer on every run in :data:`REST_NAMESPACE` lacking it, as
+    the operator leaves the runs it ran (no operator must be running)."""
+    custom = bench.admin.custom
+
+    def add(name: str) -> None:
+        custom.patch_namespaced_custom_object(
+            m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, name,
+            {"metadata": {"finalizers": [RUN_FINALIZER]}},
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(add, _unfinalized(_rest_runs(bench))))
 
 
 def at_rest(
@@ -534,14 +564,16 @@ def at_rest(
     """Start the operator (no operator must be running) with finished runs present, time its
     start, then watch it do nothing for ``rest_seconds``. With ``bare``, ``finished`` runs
     are created first, ``bare`` of them without the run finalizer; without it, the runs of
-    the case before are reused as that operator left them."""
+    the case before are reused, each given the finalizer first (as runs the operator ran
+    carry it)."""
     case = "rest"
     began = time.monotonic()
     if bare is not None:
         create_finished_runs(bench, finished, case, bare)
+    else:
+        finalize_all(bench)
     created_in = time.monotonic() - began
-    total = finished + (0 if bare is not None else 1)  # and the probe run of the case before
-    missing = total - _finalized(bench)
+    missing = len(_unfinalized(_rest_runs(bench)))
     say(f"  {finished} finished runs ({missing} without the finalizer) ready in "
         f"{created_in:.1f}s; starting the operator")  # fmt: skip
     custom = bench.admin.custom
@@ -558,13 +590,13 @@ def at_rest(
         m.GROUP, m.VERSION, REST_NAMESPACE, m.PLURAL, chain_run(probe, 1, f"{case}-probe")
     )
     first_job: float | None = None
-    handled: float | None = None
+    ready_runs: float | None = None
     startup_requests: list[Request] = []
     deadline = time.monotonic() + 600.0
-    while (first_job is None or handled is None) and time.monotonic() < deadline:
+    while (first_job is None or ready_runs is None) and time.monotonic() < deadline:
         time.sleep(0.2)
-        if handled is None and _finalized(bench) >= total:
-            handled = time.monotonic() - started
+        if ready_runs is None and http_answer(operator.readiness_url, timeout=2) is None:
+            ready_runs = time.monotonic() - started
         if first_job is not None:
             continue
         requests = bench.audit.read(start_offset)
@@ -585,6 +617,18 @@ def at_rest(
     settled = wait_operator_done(bench, REST_NAMESPACE, timeout=300.0)
     if not settled:
         say("  the operator did not go quiet within 300s; measuring at rest anyway")
+    run_writes = [
+        r.received - started_wall
+        for r in bench.audit.read(start_offset)
+        if r.user == OPERATOR_USER
+        and r.write
+        and r.resource.startswith(m.PLURAL)
+        and r.namespace == REST_NAMESPACE
+        and not (r.name or "").startswith(probe)
+    ]
+    handled = None if ready_runs is None else max([ready_runs, *run_writes])
+    say(f"  {len(run_writes)} writes to the finished runs; every run handled after "
+        f"{'-' if handled is None else f'{handled:.1f}s'}")  # fmt: skip
     rest_offset = bench.audit.mark()
     cpu_before = _cpu_or_none(pid)
     rss: list[int] = []
@@ -609,6 +653,7 @@ def at_rest(
         created_in=created_in,
         ready=ready,
         first_job=first_job,
+        ready_runs=ready_runs,
         handled=handled,
         startup_requests=startup_requests,
         startup_cpu=startup_cpu,

@@ -13,7 +13,8 @@ with, and prints the report (:mod:`agentrun_devcluster.bench.report`):
 5. plan size: one run of each ``--chains`` length (operator CPU per step);
 6. P5: the operator restarted with ``--finished`` finished runs present, then at rest for
    ``--rest-seconds``: first with three in four of them lacking the run finalizer (as runs
-   created while the operator was down), then once more on the same runs.
+   created while the operator was down), then once more on the same runs, all given the
+   finalizer first (as the operator leaves the runs it ran).
 
 Everything stays on 127.0.0.1, every wait is bounded, and the cluster is removed at the end
 (``--keep-state`` keeps its directory: logs, audit log, operator logs).
@@ -395,7 +396,7 @@ def run(config: BenchConfig) -> int:
         # P5
         if "p5" in config.only:
             # First as after runs were created while the operator was down (most lack its
-            # finalizer), then restarted on the same runs, which that start finalized.
+            # finalizer), then restarted on the same runs, all given the finalizer first.
             unfinalized = config.finished * 3 // 4
             for label, without in (
                 ("most without the finalizer", unfinalized),

@@ -229,8 +229,9 @@ class Report:
                 f"{rest.without_finalizer} of them without its finalizer "
                 f"(made as finished runs are left, in {rest.created_in:.0f} s)",
                 f"    startup: /healthz answered after {rest.ready:.2f} s; the first Job of a "
-                f"run created at that moment after {fmt(rest.first_job, 's')}; every run "
-                f"finalized after {fmt(rest.handled, 's')}",
+                f"run created at that moment after {fmt(rest.first_job, 's')}; /readyz after "
+                f"{fmt(rest.ready_runs, 's')}; every run handled (ready, and its last write "
+                f"to them made) after {fmt(rest.handled, 's')}",
                 f"    startup cost until that Job: {len(rest.startup_requests)} requests, "
                 f"{fmt(rest.startup_cpu, 'CPU s', 1)}",
             ]
