@@ -180,8 +180,9 @@ class Settings:
     running_after_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_RUNNING_AFTER_SECONDS", 2)
     )
-    """A step shows Running once its Job has been active this long; shorter steps go from
-    Launching straight to their outcome (a status write fewer per step)."""
+    """A step shows Running once its command has run this long in the attempt's pod (from
+    the step container's start); shorter commands go from Launching straight to their
+    outcome (a status write fewer per step), however long their pods took to start."""
     rights_ttl_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_RIGHTS_TTL_SECONDS", 60)
     )

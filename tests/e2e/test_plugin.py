@@ -156,7 +156,7 @@ def test_approve_lets_the_gated_step_run_and_status_and_history_show_it(
         "MESSAGE",
     ]
     assert line_with(timeline, "restart-service", "WaitingForApproval -> Launching", "alice")
-    # A step shorter than AGENTRUN_RUNNING_AFTER_SECONDS goes from Launching to Succeeded.
+    # A command shorter than AGENTRUN_RUNNING_AFTER_SECONDS goes from Launching to Succeeded.
     assert line_with(timeline, "check-health", "-> Succeeded")
     assert line_with(timeline, "(run)", "-> Succeeded")
 

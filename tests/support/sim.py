@@ -68,6 +68,8 @@ class SimJob:
     env: dict[str, str] = field(default_factory=dict)
     deleting: bool = False
     deleted_at: datetime | None = None
+    running_since: datetime | None = None
+    """When its command started running: the sim's Jobs run from their creation."""
     ttl: int | None = None
     """Set by a ReleaseJob (which also drops the operator's finalizer): the TTL controller
     deletes the Job this long after it finished (see :meth:`Sim.advance`)."""
@@ -113,6 +115,7 @@ class Sim:
                     deleted_at=j.deleted_at,
                     held=j.ttl is None,
                     expires=j.ttl is not None,
+                    running_since=j.running_since if j.state == JobState.ACTIVE else None,
                 )
                 for j in self.jobs.values()
             ),
@@ -188,6 +191,7 @@ class Sim:
                 action.step.name,
                 action.attempt,
                 env={e.name: e.value or "" for e in action.input_env},
+                running_since=self.now,
             )
         elif isinstance(action, DeleteJob):
             job = self.jobs.get(action.job_name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 from agentrun import settings as s
@@ -168,6 +169,34 @@ def test_failures_and_doubtful_jobs_wait_for_the_job_controller() -> None:
     gated["status"]["phase"] = "Succeeded"
     held = jobs.observe_job(_job([]), [gated])
     assert held is not None and held.state == JobState.ACTIVE
+
+
+def test_a_job_runs_its_step_from_the_moment_its_own_pods_step_container_runs() -> None:
+    """``running_since`` (what the Running note waits on) is the step container's start in
+    the attempt's own running pod: not the Job's startTime, not a pod still held, starting,
+    being deleted or running something else."""
+    started = "2026-11-22T09:00:07Z"
+    running = _pod(None, 0, schedulingGates=[], nodeName="node")
+    running["status"] = {
+        "phase": "Running",
+        "podIP": "10.0.0.7",
+        "containerStatuses": [{"name": "step", "state": {"running": {"startedAt": started}}}],
+    }
+    seen = jobs.observe_job(_job([]), [running])
+    assert seen is not None and seen.running_since == datetime(2026, 11, 22, 9, 0, 7, tzinfo=UTC)
+    waiting = copy.deepcopy(running)
+    waiting["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "Pulling"}}
+    held = _pod(None, 0)  # still behind the scheduling gate
+    held["status"] = copy.deepcopy(running["status"])
+    going = copy.deepcopy(running)
+    going["metadata"]["deletionTimestamp"] = "2026-11-22T09:01:00Z"
+    foreign = copy.deepcopy(running)
+    foreign["spec"]["containers"][0]["image"] = "evil"
+    for pods in ([], [waiting], [held], [going], [foreign]):
+        observed = jobs.observe_job(_job([]), pods)
+        assert observed is not None and observed.running_since is None, pods
+    done = jobs.observe_job(_job([{"type": "Complete", "status": "True"}]), [running])
+    assert done is not None and done.running_since is None
 
 
 def test_a_started_pod_that_ended_or_went_while_the_job_runs_is_lost() -> None:

@@ -1103,20 +1103,47 @@ def test_a_gated_step_removed_and_added_back_weaker_still_needs_approval() -> No
     assert "b" not in [s.step.name for s in sim.created_specs.values()]
 
 
-def test_a_step_shows_running_once_its_job_has_been_active_a_while_and_short_ones_skip_it() -> None:
-    sim = Sim(make_run([step("slow"), step("quick")]))
+def test_a_step_shows_running_once_its_command_has_run_a_while_and_short_ones_skip_it() -> None:
+    sim = Sim(make_run([step("slow"), step("quick"), step("unstarted")]))
     sim.tick()
-    decision = sim.tick()  # both Jobs active (the sim's Jobs start when seen)
+    sim.jobs[sim.job_of("unstarted").name].running_since = None  # its pod is still starting
+    decision = sim.tick()  # the other Jobs' commands run (the sim's start when created)
     assert sim.step_status("slow").phase == m.StepPhase.LAUNCHING
     assert decision.requeue_after == sim.config.running_after_seconds
     sim.finish(sim.job_of("quick").name)
-    sim.advance(sim.config.running_after_seconds)
+    sim.advance(sim.config.running_after_seconds * 10)
     sim.tick()
     assert sim.step_status("slow").phase == m.StepPhase.RUNNING
+    # However long a pod takes to start, the step is Launching until its command runs.
+    assert sim.step_status("unstarted").phase == m.StepPhase.LAUNCHING
     quick = [(t.from_phase, t.to_phase) for t in sim.status.history or [] if t.step == "quick"]
     assert (m.StepPhase.LAUNCHING, m.StepPhase.SUCCEEDED) in quick and m.StepPhase.RUNNING not in {
         p for _, p in quick
     }
+
+
+def test_while_no_pod_runs_the_command_the_next_look_comes_twice_as_late() -> None:
+    """A pod's start wakes no pass: a Job whose command does not run yet is looked at again
+    when it has waited twice as long, and its step shows Running ``running_after_seconds``
+    after its command started."""
+    sim = Sim(make_run([step("slow")]))
+    sim.tick()
+    job = sim.jobs[sim.job_of("slow").name]
+    job.running_since = None
+    after = sim.config.running_after_seconds
+    looks = []
+    for _ in range(4):
+        decision = sim.tick()
+        assert decision.requeue_after is not None
+        looks.append(decision.requeue_after)
+        sim.advance(decision.requeue_after)
+    assert looks == [after, after, 2 * after, 4 * after]
+    assert sim.step_status("slow").phase == m.StepPhase.LAUNCHING
+    job.running_since = sim.now
+    assert sim.tick().requeue_after == after
+    sim.advance(after)
+    sim.tick()
+    assert sim.step_status("slow").phase == m.StepPhase.RUNNING
 
 
 def test_a_launching_job_that_vanished_is_lost_and_one_never_seen_is_created_again() -> None:

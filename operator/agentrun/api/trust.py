@@ -805,7 +805,10 @@ TABLE: tuple[Entry, ...] = (
             Expect(
                 Outcome.FAILED_CLOSED,
                 "RetryScheduled: the attempt whose pod is gone fails, the step's retry policy "
-                "applies (a pod that does not run its Job's template never counts)",
+                "applies (a pod that does not run its Job's template never counts); a command "
+                "that ends within its pod's grace period was the approved one, run once, and "
+                "its result counts",
+                alternative=Outcome.UNAFFECTED,
             ),
             pending=NO_POD,
             waiting=NO_POD,

@@ -105,11 +105,21 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
 
 
 def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
-    """Launching becomes Running once the Job has been active ``running_after_seconds``
-    (a timer brings the pass that sees it); a Job that ends sooner skips Running."""
-    started = job.started_at or st.attempt_started_at  # the Job's startTime, else the intent's
-    since = min(floor_seconds(started), b.now) if started else b.now
-    due = since + timedelta(seconds=b.config.running_after_seconds)
+    """Launching becomes Running once the step's command has run ``running_after_seconds``
+    in the attempt's pod; a command that ends sooner skips Running, however long its pod took
+    to start (a status write fewer: most steps under load). A timer brings the pass that sees
+    it. A pod's start wakes no pass, so while none runs the command yet, the next look comes
+    when the Job has waited twice as long as now (at most a few looks, however slow the
+    pod's start; Running shows at most that much late)."""
+    after = b.config.running_after_seconds
+    if job.running_since is None:
+        started = job.started_at or st.attempt_started_at  # the Job's startTime, else the intent's
+        since = min(floor_seconds(started), b.now) if started else b.now
+        waited = (b.now - since).total_seconds()
+        b.timer(since + timedelta(seconds=max(after, 2 * waited, 1)))
+        return
+    since = min(floor_seconds(job.running_since), b.now)
+    due = since + timedelta(seconds=after)
     if b.now >= due:
         b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
     else:

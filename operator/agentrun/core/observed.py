@@ -81,6 +81,9 @@ class ObservedJob:
     address: str | None = None
     """The address (``status.podIP``) of the attempt's one started pod while it runs: where a
     model turn's pod takes its request (:class:`agentrun.core.actions.SendTurn`)."""
+    running_since: datetime | None = None
+    """When the step container of that pod started running (its ``state.running.startedAt``,
+    the kubelet's clock); None while no pod of the attempt runs its command."""
     held_pods: tuple[str, ...] = ()
     """Other pods of the Job that run its template and are held for good: duplicates of the
     attempt, which never start."""

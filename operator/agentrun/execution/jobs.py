@@ -429,18 +429,25 @@ def _ended_early(
     return JobState.SUCCEEDED, None, None, succeeded
 
 
-def _address(job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> str | None:
-    """The address of the Job's own pod that was let start and runs."""
+def _running_pod(job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The Job's own pod that was let start and runs (its status), or an empty mapping."""
     for pod in pods:
         status = pod.get("status") or {}
         if (
             status.get("phase") == "Running"
-            and status.get("podIP")
             and not is_gated(pod)
             and not (pod.get("metadata") or {}).get("deletionTimestamp")
             and pod_problem(job, pod) is None
         ):
-            return str(status["podIP"])
+            return status
+    return {}
+
+
+def _step_running_since(pod_status: Mapping[str, Any]) -> datetime | None:
+    """When the step container of a running pod started running (the kubelet's clock)."""
+    for cs in pod_status.get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER_NAME:
+            return _time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
     return None
 
 
@@ -481,6 +488,7 @@ def observe_job(
     state, reason, message, terminated = _own_outcome(job, listed)
     choice = choose_pod(job, listed, started) if listed is not None else PodChoice()
     status = job.get("status") or {}
+    running = _running_pod(job, listed) if state == JobState.ACTIVE and listed else {}
     return ObservedJob(
         name=meta.get("name", ""),
         step=step,
@@ -499,7 +507,8 @@ def observe_job(
         deleted_at=_time(meta.get("deletionTimestamp")),
         pod_refused=pod_refused if state == JobState.ACTIVE else None,
         start_pod=choice.start if state == JobState.ACTIVE else None,
-        address=_address(job, listed) if state == JobState.ACTIVE and listed else None,
+        address=str(running["podIP"]) if running.get("podIP") else None,
+        running_since=_step_running_since(running),
         held_pods=choice.held,
         pod_lost=state == JobState.ACTIVE and listed is not None and _pod_lost(listed, started),
     )
