@@ -293,6 +293,11 @@ def tolerate(*statuses: int) -> Iterator[Tolerated]:
 METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
 """A list call's headers (``_headers=``) asking for the objects' metadata only: their items
 are then ``PartialObjectMetadata`` (apiVersion, kind, metadata), for :func:`list_items`."""
+METADATA_ANSWER = {
+    "Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
+}
+"""A single object's call's headers asking for its metadata only in the answer (an API server
+that cannot answer so answers with the whole object, whose ``metadata`` is the same)."""
 
 
 def list_items(response: Any) -> list[dict[str, Any]]:
@@ -327,3 +332,64 @@ def finalizer_removal(finalizers: Sequence[str], finalizer: str) -> list[dict[st
         {"op": "test", "path": f"/metadata/finalizers/{index}", "value": finalizer},
         {"op": "remove", "path": f"/metadata/finalizers/{index}"},
     ]
+
+
+def json_patch(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
+    """A JSON patch (RFC 6902) that turns document ``old`` into ``new``, each at ``path``:
+    objects are compared key by key, lists element by element (a list that lost elements at
+    its front and gained some at its end, as a ring does, as removals and additions), and
+    what differs below is replaced where it differs. Equal subtrees cost one comparison and
+    no op, so the patch is as large as the change, not as the document. Leaves compare as
+    Python does (``1 == True``): a value that changes only between such twins is not
+    written (typed models never do that)."""
+    ops: list[dict[str, Any]] = []
+    _diff(old, new, path, ops)
+    return ops
+
+
+def _pointer(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def _diff(old: Any, new: Any, path: str, ops: list[dict[str, Any]]) -> None:
+    if old == new:
+        return
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in old:
+            if key not in new:
+                ops.append({"op": "remove", "path": f"{path}/{_pointer(key)}"})
+        for key, value in new.items():
+            if key in old:
+                _diff(old[key], value, f"{path}/{_pointer(key)}", ops)
+            else:
+                ops.append({"op": "add", "path": f"{path}/{_pointer(key)}", "value": value})
+        return
+    if isinstance(old, list) and isinstance(new, list) and path:
+        _diff_list(old, new, path, ops)
+        return
+    ops.append({"op": "replace" if path else "add", "path": path, "value": new})
+
+
+def _diff_list(old: list[Any], new: list[Any], path: str, ops: list[dict[str, Any]]) -> None:
+    shift = _shift(old, new)
+    for _ in range(shift):
+        ops.append({"op": "remove", "path": f"{path}/0"})
+    kept = old[shift:]
+    for index, value in enumerate(new[: len(kept)]):
+        _diff(kept[index], value, f"{path}/{index}", ops)
+    for index in range(len(kept) - 1, len(new) - 1, -1):
+        ops.append({"op": "remove", "path": f"{path}/{index}"})
+    for value in new[len(kept) :]:
+        ops.append({"op": "add", "path": f"{path}/-", "value": value})
+
+
+def _shift(old: list[Any], new: list[Any]) -> int:
+    """How many elements ``old`` lost at its front to become a prefix of ``new`` (a ring
+    that dropped its oldest entries); 0 when it did not."""
+    if not old or not new or old[0] == new[0]:
+        return 0
+    for shift in range(1, len(old)):
+        if old[shift] == new[0]:
+            rest = old[shift:]
+            return shift if rest == new[: len(rest)] else 0
+    return 0

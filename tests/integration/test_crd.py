@@ -229,3 +229,65 @@ def test_status_written_by_the_core_is_accepted_by_the_schema(
         m.GROUP, m.VERSION, namespace, m.PLURAL, "core", body
     )
     assert stored["status"] == decision.status.to_wire()
+
+
+def test_the_ledgers_status_patch_is_fenced_and_stores_exactly_the_status_it_was_given(
+    kube: KubeClients, namespace: str
+) -> None:
+    """The ledger writes a status as a JSON patch of what changed, fenced by the version
+    read: the API server refuses it from a stale read (409, a Conflict) even when it changes
+    nothing, stores exactly the status given (keys removed, list elements changed, a ring's
+    oldest entries dropped), and answers with the run's metadata, as the ledger says."""
+    from datetime import UTC, datetime, timedelta
+
+    from agentrun.core import Observed, reconcile
+    from agentrun.loop.ledger import Conflict, Ledger
+
+    def read() -> dict[str, Any]:
+        got: dict[str, Any] = kube.custom.get_namespaced_custom_object(
+            m.GROUP, m.VERSION, namespace, m.PLURAL, "patched"
+        )
+        return got
+
+    ledger = Ledger(kube.custom)
+    created = create(kube, namespace, _run("patched", [step("a"), step("b", after=["a"])]))
+    first = reconcile(m.AgentRun.model_validate(created), Observed(), datetime.now(UTC))
+    stored = ledger.commit(created, first.status.to_wire())
+    current = read()
+    assert stored["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"]
+    assert stored["status"] == current["status"] == first.status.to_wire()
+    assert stored["spec"] == current["spec"]
+
+    with pytest.raises(Conflict):  # from the version before that write, even unchanged
+        ledger.commit(created, first.status.to_wire())
+
+    second = copy.deepcopy(first.status.to_wire())
+    second["steps"][0]["phase"] = "Running"
+    second["steps"][1]["message"] = "waits for a"
+    second["message"] = "changed"
+    second.pop("progress", None)
+    history = second.get("history") or []
+    later = [{**history[-1], "seq": history[-1]["seq"] + i, "reason": f"Later{i}"} for i in (1, 2)]
+    second["history"] = [*history[1:], *later]
+    stored = ledger.commit(stored, second)
+    current = read()
+    assert current["status"] == second == stored["status"]
+    assert stored["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"]
+
+    # The answer the ledger asks for is the run's metadata only, not the whole run.
+    from agentrun.kubeapi import JSON_PATCH, METADATA_ANSWER
+
+    fence = {"op": "replace", "path": "/metadata/resourceVersion"}
+    answer = kube.custom.patch_namespaced_custom_object_status(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "patched",
+        [{**fence, "value": stored["metadata"]["resourceVersion"]}],
+        _content_type=JSON_PATCH, _headers=METADATA_ANSWER, _preload_content=False,
+    )  # fmt: skip
+    assert set(json.loads(answer.data)) == {"kind", "apiVersion", "metadata"}
+
+    # A status read with a field the API server does not hold (pruned) is written whole.
+    drifted = {**stored, "status": {**stored["status"], "pruned": {"x": 1}}}
+    third = {**second, "message": "third", "startedAt": (
+        datetime.now(UTC) + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}  # fmt: skip
+    stored = ledger.commit(drifted, third)
+    assert read()["status"] == third == stored["status"]

@@ -84,7 +84,7 @@ def event(
     code: int = 200,
     received: str = "2026-01-02T03:04:05.000000Z",
     done: str = "2026-01-02T03:04:05.250000Z",
-    body: dict[str, Any] | None = None,
+    body: dict[str, Any] | list[dict[str, Any]] | None = None,
 ) -> str:
     ref: dict[str, Any] = {"resource": resource, "apiGroup": group}
     if namespace:
@@ -212,6 +212,36 @@ def test_step_commit_and_run_finish_from_the_operators_status_writes() -> None:
     assert step_commits(requests, "agentrun-operator") == {"ns/r-a-1": at}
     assert run_finishes(requests, "agentrun-operator") == {"ns/r": at}
     assert step_commits(requests) == {"ns/r-a-1": parse_time("2026-01-02T03:04:05.600000Z")}
+
+
+def test_step_marks_follow_the_operators_status_patches_in_the_order_they_were_made() -> None:
+    """The operator writes status as JSON patches: each is applied to what the run's writes
+    before it left, in the order of the versions they were fenced by (not as logged), and a
+    run whose first write is missing from the log is left out rather than guessed."""
+    launching = {"name": "a", "phase": "Launching", "jobName": "r-a-1"}
+
+    def patch(audit_id: str, version: str, done: str, *ops: dict[str, Any], name: str = "r") -> str:
+        fence = {"op": "replace", "path": "/metadata/resourceVersion", "value": version}
+        return event(
+            audit_id, "patch", "agentruns", group="agentrun.dev", name=name,
+            subresource="status", done=done, body=[fence, *ops],
+        )  # fmt: skip
+
+    whole = {"op": "add", "path": "/status", "value": {"phase": "Running", "steps": [launching]}}
+    lines = [
+        patch("2", "11", "2026-01-02T03:04:06.000000Z",
+              {"op": "replace", "path": "/status/steps/0/phase", "value": "Succeeded"},
+              {"op": "add", "path": "/status/steps/0/finishedAt", "value": "2026-01-02T03:04:06Z"},
+              {"op": "replace", "path": "/status/phase", "value": "Succeeded"}),
+        patch("1", "10", "2026-01-02T03:04:05.500000Z", whole),
+        patch("3", "20", "2026-01-02T03:04:07.000000Z",
+              {"op": "replace", "path": "/status/phase", "value": "Succeeded"}, name="unseen"),
+    ]  # fmt: skip
+    requests = parse_requests(lines)
+    intent, done = parse_time("2026-01-02T03:04:05.500000Z"), parse_time("2026-01-02T03:04:06Z")
+    assert step_marks(requests, "agentrun-operator") == {("ns", "r", "a"): (intent, done)}
+    assert run_finishes(requests) == {"ns/r": done}
+    assert step_commits(requests) == {"ns/r-a-1": done}
 
 
 def test_audit_log_reads_slices_and_leaves_a_cut_line_out(tmp_path: Path) -> None:

@@ -13,13 +13,14 @@ found without it is given it only by a pass that has something of it to clean up
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.api import models as m
-from agentrun.kubeapi import JSON_PATCH, finalizer_addition, tolerate
+from agentrun.kubeapi import JSON_PATCH, METADATA_ANSWER, finalizer_addition, json_patch, tolerate
 from agentrun.settings import FIELD_MANAGER, RUN_FINALIZER
 from agentrun.telemetry import metrics
 
@@ -92,37 +93,60 @@ class Ledger:
 
     def commit(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Write ``status`` (in its wire form, :meth:`~agentrun.api.base.ApiModel.to_wire`)
-        onto the run read as ``body``, guarded by its resourceVersion.
+        onto the run read as ``body``, guarded by its resourceVersion; the run as stored then.
+
+        One JSON patch of the status subresource: the resourceVersion read (the API server
+        compares it with the stored one, 409 when they differ, as for a PUT), then only what
+        changed between ``body``'s status and ``status`` (:func:`~agentrun.kubeapi.json_patch`),
+        so that a write costs what changed, not the run's size, to make and to send. The
+        answer is asked for as metadata only: the run as stored is ``body`` with that
+        metadata and ``status``. A patch the API server cannot apply as made (422: a path it
+        does not hold, e.g. a field it pruned) is made once more as the whole status.
 
         Raises :class:`Conflict` when the run moved on since ``body`` was read. Also the fence
-        before creating a Job: a PUT carrying the old resourceVersion fails even when it
+        before creating a Job: a write carrying the old resourceVersion fails even when it
         changes nothing.
         """
         meta = body["metadata"]
-        update = {
-            "apiVersion": body["apiVersion"],
-            "kind": body["kind"],
-            "metadata": {
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "resourceVersion": meta["resourceVersion"],
-            },
-            "spec": body["spec"],
-            "status": status,
-        }
-        with tolerate(409) as moved_on:
-            stored: dict[str, Any] = self.custom.replace_namespaced_custom_object_status(
+        old = body.get("status")
+        changes = (
+            json_patch(old, status, "/status")
+            if isinstance(old, dict)
+            else [{"op": "add", "path": "/status", "value": status}]
+        )
+        try:
+            answer = self._patch_status(meta, changes)
+        except _Unapplied:
+            answer = self._patch_status(meta, [{"op": "add", "path": "/status", "value": status}])
+        self.stats.add(commits=1)
+        return {**body, "metadata": answer["metadata"], "status": status}
+
+    def _patch_status(self, meta: dict[str, Any], changes: list[dict[str, Any]]) -> Any:
+        version = meta["resourceVersion"]
+        fence = {"op": "replace", "path": "/metadata/resourceVersion", "value": version}
+        with tolerate(409, 422) as refused:
+            response = self.custom.patch_namespaced_custom_object_status(
                 m.GROUP,
                 m.VERSION,
                 meta["namespace"],
                 m.PLURAL,
                 meta["name"],
-                update,
+                [fence, *changes],
                 field_manager=FIELD_MANAGER,
+                _content_type=JSON_PATCH,
+                _headers=METADATA_ANSWER,
+                _preload_content=False,
             )
-        if moved_on:
+        if refused and refused.status == 409:
             self.stats.add(conflicts=1)
             metrics.STATUS_CONFLICTS.inc()
-            raise Conflict(f"{meta['namespace']}/{meta['name']}") from moved_on.error
-        self.stats.add(commits=1)
-        return stored
+            raise Conflict(f"{meta['namespace']}/{meta['name']}") from refused.error
+        if refused.error is not None:
+            if len(changes) == 1 and changes[0]["path"] == "/status":
+                raise refused.error  # the whole status refused: invalid, said as the API says
+            raise _Unapplied()
+        return json.loads(response.data)
+
+
+class _Unapplied(Exception):
+    """The API server could not apply a status patch as made."""

@@ -512,7 +512,7 @@ def launching_jobs(run: m.AgentRun) -> set[str]:
 
 class RunBodies:
     """The latest known body of each unfinished run: as kopf's watch delivered it, or as a
-    status write of this process returned it, whichever is newer (resourceVersions compared
+    status write of this process left it, whichever is newer (resourceVersions compared
     as the integers etcd makes them; one that is not taken as newer). Safe across threads.
 
     With each body it keeps what passes derive from it alone, once: the body validated into
@@ -525,9 +525,11 @@ class RunBodies:
         self._bodies: dict[tuple[str, str], dict[str, Any]] = {}
         self._derived: dict[tuple[str, str], _Derived] = {}
 
-    def offer(self, body: dict[str, Any]) -> None:
+    def offer(self, body: dict[str, Any], run: m.AgentRun | None = None) -> None:
         """Keep ``body`` unless a newer one is known. A finished run's is not kept: such a
-        run is rarely passed again (and then read), and thousands of them would cost memory."""
+        run is rarely passed again (and then read), and thousands of them would cost memory.
+        ``run``: ``body`` as a model, when known (a status write's: the model written, whose
+        status in wire form is ``body``'s), kept as derived from it."""
         key = _key(body)
         finished = (body.get("status") or {}).get("phase") in FINISHED_PHASES
         with self._lock:
@@ -539,6 +541,8 @@ class RunBodies:
                 self._derived.pop(key, None)
             else:
                 self._bodies[key] = body
+                if run is not None:
+                    self._derived[key] = _Derived(body, run, body.get("status") or {})
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -594,7 +598,7 @@ def _key(body: dict[str, Any]) -> tuple[str, str]:
 
 def _not_newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
     """Whether ``body`` is the run ``than`` is, at an older resourceVersion (a late watch
-    event) or at the same one (the same object: a status write's answer, and the watch event
+    event) or at the same one (the same object: a status write's result, and the watch event
     of that write)."""
     mine_meta, their_meta = body.get("metadata") or {}, than.get("metadata") or {}
     if mine_meta.get("uid") != their_meta.get("uid"):

@@ -156,7 +156,7 @@ class Reconciler:
                 log.info("status conflict: re-reading and re-deriving", extra=run_fields(run))
                 continue
             if stored is not None and self.bodies is not None:
-                self.bodies.offer(stored)
+                self.bodies.offer(stored, _as_written(run, decision.status, stored))
             elif not quorum and any(isinstance(a, DeleteJob) for a in decision.after_commit):
                 # Nothing written, so nothing proved the body current: a Job is deleted only
                 # on a decision from a quorum read (or one a commit fenced).
@@ -223,3 +223,13 @@ class Reconciler:
     def post_event(self, namespace: str, name: str, uid: str, action: EmitEvent) -> None:
         """An events.k8s.io/v1 Event on the run (see :mod:`agentrun.telemetry.events`)."""
         self.events.post(namespace, name, uid, action)
+
+
+def _as_written(run: m.AgentRun, status: m.AgentRunStatus, stored: dict[str, Any]) -> m.AgentRun:
+    """Run ``run`` as its status write ``stored`` it: with ``status`` (the model the write's
+    wire form was made from: it comes back equal from that form) and the version the write
+    made, not validated again from the body. Nothing else of a run changes with a status
+    write that its resourceVersion fenced."""
+    version = str(stored["metadata"].get("resourceVersion") or "")
+    metadata = run.metadata.model_copy(update={"resource_version": version})
+    return run.model_copy(update={"metadata": metadata, "status": status})

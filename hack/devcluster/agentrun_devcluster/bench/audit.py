@@ -14,6 +14,7 @@ at ``ResponseComplete`` (when it ends), any other request at ``ResponseComplete`
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections import Counter
@@ -29,6 +30,7 @@ __all__ = [
     "WRITE_VERBS",
     "AuditLog",
     "Request",
+    "apply_json_patch",
     "by_verb_and_resource",
     "job_completions",
     "parse_requests",
@@ -86,8 +88,9 @@ class Request:
     """When the API server received it (epoch seconds)."""
     completed: float | None
     """When the response was complete (epoch seconds); for a watch, when it ended."""
-    body: Mapping[str, Any] | None = None
-    """The request's body, for the status writes logged at Request level."""
+    body: Any = None
+    """The request's body, for the status writes logged at Request level: an object, or a
+    JSON patch's list of operations."""
 
     @property
     def write(self) -> bool:
@@ -122,7 +125,7 @@ def _request(event: Mapping[str, Any]) -> Request | None:
         code=status.get("code") if complete else None,
         received=parse_time(received),
         completed=parse_time(stage_time) if complete and isinstance(stage_time, str) else None,
-        body=body if isinstance(body, dict) else None,
+        body=body if isinstance(body, dict | list) else None,
     )
 
 
@@ -196,6 +199,84 @@ def _status_writes(requests: Iterable[Request], group: str, resource: str) -> li
     return sorted(writes, key=lambda r: r.completed or 0.0)
 
 
+def apply_json_patch(document: Any, ops: Iterable[Mapping[str, Any]]) -> Any:
+    """``document`` (not changed) with JSON patch ``ops`` (RFC 6902: add, remove, replace;
+    the operator's status writes use no other) applied, strictly: a path that is not there
+    raises ``KeyError``, ``IndexError`` or ``ValueError``."""
+    document = copy.deepcopy(document)
+    for op in ops:
+        tokens = [t.replace("~1", "/").replace("~0", "~") for t in str(op["path"]).split("/")[1:]]
+        if not tokens:
+            document = copy.deepcopy(op["value"])
+            continue
+        parent = document
+        for token in tokens[:-1]:
+            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+        last, kind = tokens[-1], op["op"]
+        if isinstance(parent, list):
+            if kind == "add" and last == "-":
+                parent.append(copy.deepcopy(op["value"]))
+                continue
+            index = int(last)
+            if not 0 <= index < len(parent) + (kind == "add"):
+                raise IndexError(f"{op['path']}: no such element")
+            if kind == "remove":
+                del parent[index]
+            elif kind == "add":
+                parent.insert(index, copy.deepcopy(op["value"]))
+            else:
+                parent[index] = copy.deepcopy(op["value"])
+        elif kind == "remove":
+            del parent[last]
+        elif kind == "add" or last in parent:
+            parent[last] = copy.deepcopy(op["value"])
+        else:
+            raise KeyError(f"{op['path']}: no such member")
+    return document
+
+
+def _written_statuses(
+    requests: Iterable[Request], user: str | None
+) -> list[tuple[Request, Mapping[str, Any]]]:
+    """Each successful status write of AgentRuns (by ``user``, when given), in the order they
+    were made, with the run's status as that write left it: a PUT's body carries it whole;
+    a JSON patch (the operator's) is applied to what the writes before it left. A run's
+    patches are put in order by the version each was made at (its ``replace`` of
+    ``/metadata/resourceVersion``: the version the write before it made); a patch that does
+    not apply (a run whose first write this slice of the log lacks) is left out."""
+    writes = [
+        r
+        for r in _status_writes(requests, "agentrun.dev", "agentruns")
+        if user is None or r.user == user
+    ]
+    current: dict[str, Any] = {}
+    made: list[tuple[Request, Mapping[str, Any]]] = []
+    for r in sorted(writes, key=lambda r: (f"{r.namespace}/{r.name}", _fenced_version(r))):
+        key = f"{r.namespace}/{r.name}"
+        if isinstance(r.body, list):
+            try:
+                ops = [o for o in r.body if str(o.get("path", "")).startswith("/status")]
+                status = apply_json_patch({"status": current.get(key)}, ops)["status"]
+            except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+                current.pop(key, None)
+                continue
+        else:
+            status = (r.body or {}).get("status")
+        current[key] = status
+        if isinstance(status, dict):
+            made.append((r, status))
+    return sorted(made, key=lambda m: m[0].completed or 0.0)
+
+
+def _fenced_version(r: Request) -> int:
+    """The resourceVersion a JSON patch write was made at; 0 for any other write."""
+    if isinstance(r.body, list):
+        for op in r.body:
+            if isinstance(op, dict) and op.get("path") == "/metadata/resourceVersion":
+                return int(str(op.get("value") or 0))
+    return 0
+
+
 def job_completions(requests: Iterable[Request]) -> dict[str, float]:
     """When each Job (``namespace/name``) was marked finished: the end of the first status
     write whose body sets its ``Complete`` or ``Failed`` condition to True."""
@@ -204,7 +285,9 @@ def job_completions(requests: Iterable[Request]) -> dict[str, float]:
         key = f"{r.namespace}/{r.name}"
         if key in done or r.completed is None:
             continue
-        conditions = ((r.body or {}).get("status") or {}).get("conditions") or []
+        if not isinstance(r.body, dict):
+            continue
+        conditions = (r.body.get("status") or {}).get("conditions") or []
         if any(
             c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
             for c in conditions
@@ -219,10 +302,10 @@ def step_commits(requests: Iterable[Request], user: str | None = None) -> dict[s
     the first status write of its run (by ``user``, when given) whose body shows the step
     with that Job finished (``finishedAt`` set)."""
     committed: dict[str, float] = {}
-    for r in _status_writes(requests, "agentrun.dev", "agentruns"):
-        if (user is not None and r.user != user) or r.completed is None:
+    for r, status in _written_statuses(requests, user):
+        if r.completed is None:
             continue
-        for st in ((r.body or {}).get("status") or {}).get("steps") or []:
+        for st in status.get("steps") or []:
             if not isinstance(st, dict) or not st.get("jobName") or not st.get("finishedAt"):
                 continue
             key = f"{r.namespace}/{st['jobName']}"
@@ -237,10 +320,10 @@ def step_marks(
     write (by ``user``, when given) that shows it with a Job named (its intent committed), and
     of the first that shows it finished (its result committed); None when none did."""
     marks: dict[tuple[str, str, str], tuple[float | None, float | None]] = {}
-    for r in _status_writes(requests, "agentrun.dev", "agentruns"):
-        if (user is not None and r.user != user) or r.completed is None:
+    for r, status in _written_statuses(requests, user):
+        if r.completed is None:
             continue
-        for st in ((r.body or {}).get("status") or {}).get("steps") or []:
+        for st in status.get("steps") or []:
             if not isinstance(st, dict) or not st.get("name"):
                 continue
             key = (str(r.namespace), str(r.name), str(st["name"]))
@@ -257,9 +340,9 @@ def run_finishes(requests: Iterable[Request], user: str | None = None) -> dict[s
     """When each run (``namespace/name``) was committed in a terminal phase: the end of the
     first status write (by ``user``, when given) with phase Succeeded, Failed or Cancelled."""
     finished: dict[str, float] = {}
-    for r in _status_writes(requests, "agentrun.dev", "agentruns"):
-        if (user is not None and r.user != user) or r.completed is None:
+    for r, status in _written_statuses(requests, user):
+        if r.completed is None:
             continue
-        if ((r.body or {}).get("status") or {}).get("phase") in _TERMINAL_RUN_PHASES:
+        if status.get("phase") in _TERMINAL_RUN_PHASES:
             finished.setdefault(f"{r.namespace}/{r.name}", r.completed)
     return finished
