@@ -283,6 +283,32 @@ def test_a_job_the_operator_created_is_observed_without_a_dry_run() -> None:
     assert seen.state == JobState.ACTIVE and api.dry_runs == [] and api.reads == []
 
 
+def test_a_job_the_view_shows_before_the_operators_own_patch_needs_no_dry_run() -> None:
+    """The operator's release (a patch: its finalizer off, a TTL on) makes a new generation;
+    the view may still show the one before. Both are the operator's: no dry run for either.
+    A generation someone else made is checked."""
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run)
+    taker = adopter(view, api)
+    taker.created(job)
+    released = copy.deepcopy(job)
+    released["metadata"]["generation"] = 2
+    released["spec"]["ttlSecondsAfterFinished"] = 30
+    taker.created(released)  # the patch's answer
+    view.apply(JOBS, "ADDED", job)  # the view, a moment behind
+    (seen,) = taker.observe(run)
+    assert seen.name_taken is None and api.dry_runs == []
+    view.apply(JOBS, "MODIFIED", released)
+    (seen,) = taker.observe(run)
+    assert seen.name_taken is None and api.dry_runs == []
+    edited = copy.deepcopy(released)
+    edited["metadata"]["generation"] = 3
+    view.apply(JOBS, "MODIFIED", edited)
+    taker.observe(run)
+    assert len(api.dry_runs) == 1
+
+
 def test_a_job_found_after_a_restart_is_verified_once_by_a_dry_run() -> None:
     run = launched(step("a"))
     view, api = ClusterView(), FakeApi()

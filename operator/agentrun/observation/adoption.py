@@ -264,7 +264,8 @@ class Adoption:
         self.report = report
         self._lock = threading.Lock()
         self._created = _Lru()
-        """uid -> generation of the Jobs this process created, as created."""
+        """uid -> the generations of the Jobs this process created that it made: as created,
+        and as its own patches left them (the release to the TTL controller)."""
         self._verdicts = _Lru()
         """uid -> (generation, :class:`Verdict`) of a dry-run comparison. A Job whose spec
         changed since (a new generation) is checked again."""
@@ -284,10 +285,20 @@ class Adoption:
     # -- what the shell tells it -------------------------------------------------------------
 
     def created(self, job: Obj) -> None:
-        """The operator created ``job`` (the create's answer): it is the attempt's."""
+        """The operator created ``job``, or changed it (the create's or the patch's answer):
+        it is the attempt's at that generation. Each generation this process made is kept:
+        the view may still hold the Job at an earlier one of them (a release's patch seen
+        before the watch delivers it), which is no less the operator's."""
+        uid = _uid(job)
         with self._lock:
-            self._created.remember(_uid(job), _generation(job))
+            made: frozenset[int] = self._created.get(uid) or frozenset()
+            self._created.remember(uid, made | {_generation(job)})
             self._remember_fresh(job, FRESH_SECONDS)
+
+    def _made_here(self, job: Obj) -> bool:
+        """Whether this process created ``job`` and made its current generation (call with
+        the lock held)."""
+        return _generation(job) in (self._created.get(_uid(job)) or ())
 
     def started(self, pod: Obj) -> None:
         """The operator let ``pod`` start (the answer to removing its gate)."""
@@ -334,7 +345,7 @@ class Adoption:
         cannot be told (no such step, or the step changed since: no intent to compare)."""
         job_uid, generation = _uid(job), _generation(job)
         with self._lock:
-            if self._created.get(job_uid, -1) == generation:
+            if self._made_here(job):
                 # This process created it: its uid is the proof, whatever labels or owner
                 # references someone gave it since.
                 return VERIFIED
@@ -436,7 +447,7 @@ class Adoption:
         if job is None or not _controlled_by(job, run.metadata.uid):
             return None
         with self._lock:
-            here = self._created.get(_uid(job), -1) == _generation(job)
+            here = self._made_here(job)
         observed = self._observe_verified(run, job) if here else jobs.observe_job(job, None)
         return None if observed is None else AheadJob(observed, here)
 
