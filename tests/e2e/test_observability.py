@@ -82,7 +82,7 @@ def test_metrics_count_a_run_carried_to_succeeded(
     # Every request of the operator's client is counted: each step's Job created, the run's
     # status written, the informer's lists and watches.
     assert value(samples, "agentrun_api_requests_total", verb="create", resource="jobs") >= 2
-    assert value(samples, "agentrun_api_requests_total", verb="update", resource="agentruns/status")
+    assert value(samples, "agentrun_api_requests_total", verb="patch", resource="agentruns/status")
     assert value(samples, "agentrun_api_requests_total", verb="watch", resource="pods") >= 1
     # No run or step names in any label: only the namespace, where documented.
     for name in ("observed-run-7f3a", "collect-evidence", "summarize-evidence"):

@@ -237,7 +237,7 @@ def test_charts_cluster_role_grants_nothing_more(
         ("watch", "events", "--all-namespaces"),
         ("create", "jobs.batch", ns),
         ("create", "events.events.k8s.io", ns),  # the operator's Events (agentrun.telemetry.events)
-        ("update", "agentruns.agentrun.dev", "--subresource=status", ns),
+        ("patch", "agentruns.agentrun.dev", "--subresource=status", ns),  # the ledger's write
         # Asking whether a run's creator may use what its steps reference (agentrun.access.authz).
         ("create", "localsubjectaccessreviews.authorization.k8s.io", ns),
         # A sub-agent's call makes its child run (whose steps act for the parent's creator).
@@ -254,6 +254,7 @@ def test_charts_cluster_role_grants_nothing_more(
         ("delete", "namespaces"),
         ("create", "namespaces"),
         ("update", "agentruns.agentrun.dev", ns),  # the spec belongs to users
+        ("update", "agentruns.agentrun.dev", "--subresource=status", ns),  # patched only
         ("create", "serviceaccounts", "--subresource=token", ns),
         ("create", "rolebindings.rbac.authorization.k8s.io", ns),
         ("create", "deployments.apps", ns),

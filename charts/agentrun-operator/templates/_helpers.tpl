@@ -65,10 +65,10 @@ and allows no 403.
 - apiGroups: [agentrun.dev]
   resources: [agentruns]
   verbs: [get, list, watch, create, patch, delete]
-# Status is written only by the ledger: a PUT carrying the resourceVersion it read.
+# Status is written only by the ledger: a JSON patch carrying the resourceVersion it read.
 - apiGroups: [agentrun.dev]
   resources: [agentruns/status]
-  verbs: [update]
+  verbs: [patch]
 # Step Jobs and result ConfigMaps are owned by their run with blockOwnerDeletion, which
 # clusters with the OwnerReferencesPermissionEnforcement admission plugin only allow to
 # someone who may update the owner's finalizers.
