@@ -28,6 +28,11 @@ def _run(args: argparse.Namespace) -> int:
     import dataclasses
     import os
 
+    from agentrun.loop import memory
+
+    if getattr(args, "own_process", False):
+        memory.use_c_allocator()  # returns only when the allocator is chosen already
+
     from agentrun import settings
     from agentrun.telemetry import logs
 
@@ -51,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
         overrides["peering"] = args.peering
     chosen = dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
     logs.configure()
-    from agentrun.loop import handlers, memory
+    from agentrun.loop import handlers
 
     memory.limit_arenas(chosen.malloc_arenas)
 
@@ -263,6 +268,9 @@ def main(argv: Sequence[str] | None = None, *, checkpoint: Checkpoint | None = N
         parser = build_parser()
     args = parser.parse_args(given)
     args.checkpoint = checkpoint
+    # The process is the command's own (not a caller's, e.g. a test calling main): `run` may
+    # start it again with other interpreter settings (agentrun.loop.memory.use_c_allocator).
+    args.own_process = argv is None and checkpoint is None
     result: int = args.func(args)
     return result
 

@@ -26,3 +26,19 @@ def test_an_operator_whose_port_was_taken_starts_on_new_ports_and_runs(
     assert "address already in use" in op.log_text().lower()
     create(kube, namespace, agentrun("after-clash", [step("one", envelope("ran"))]))
     wait_phase(kube, namespace, "after-clash", "Succeeded")
+
+
+def test_the_operator_runs_on_the_c_allocator_in_the_process_it_was_started_as(
+    start_operator: StartOperator, kube: KubeClients, namespace: str
+) -> None:
+    """``agentrun run`` starts itself again with ``PYTHONMALLOC=malloc`` (memory it frees can
+    go back to the system), as the same process: the pid its starter knows runs it."""
+    op = start_operator()
+    pid = op.pid
+    assert pid is not None
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        environ = handle.read().split(b"\0")
+    assert b"PYTHONMALLOC=malloc" in environ
+    create(kube, namespace, agentrun("on-malloc", [step("one", envelope("ran"))]))
+    wait_phase(kube, namespace, "on-malloc", "Succeeded")
+    assert op.pid == pid and op.alive()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes.util
+import os
 import subprocess
 import sys
 from typing import Any
@@ -65,3 +66,37 @@ def test_agentrun_run_limits_the_arenas_before_the_operator_starts(
     args.checkpoint = None
     assert args.func(args) == 0
     assert order == [("arenas", 3), ("operator", None)]
+
+
+def test_the_operators_own_process_starts_again_on_the_c_allocator_unless_one_is_chosen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[str, list[str], dict[str, str]]] = []
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        calls.append((path, list(argv), dict(env)))
+
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.delenv("PYTHONMALLOC", raising=False)
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "agentrun", "run", "-A"])
+    memory.use_c_allocator()
+    ((path, argv, env),) = calls
+    assert path == sys.executable and argv == ["python", "-m", "agentrun", "run", "-A"]
+    assert env["PYTHONMALLOC"] == "malloc"
+    monkeypatch.setenv("PYTHONMALLOC", "pymalloc")  # chosen: kept, no new start
+    memory.use_c_allocator()
+    assert len(calls) == 1
+
+
+def test_agentrun_run_starts_again_only_as_its_own_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main()`` as the command (no argv given) may start the process again; ``main(argv)``
+    from a caller's process (a test) never does."""
+    started: list[str] = []
+    monkeypatch.setattr(memory, "use_c_allocator", lambda: started.append("again"))
+    monkeypatch.setattr(memory, "limit_arenas", lambda arenas: True)
+    monkeypatch.setattr(handlers, "run_operator", lambda settings, **_: None)
+    assert cli.main(["run", "--standalone"]) == 0
+    assert started == []
+    monkeypatch.setattr(sys, "argv", ["agentrun", "run", "--standalone"])
+    assert cli.main() == 0
+    assert started == ["again"]

@@ -14,6 +14,15 @@ fragment one, and the free pages among their blocks stay resident. :func:`limit_
 caps them (``mallopt(M_ARENA_MAX)``, ``AGENTRUN_MALLOC_ARENAS``, 2 by default); ``agentrun
 run`` calls it before any thread starts. Passes spend their time waiting on the API server,
 so threads seldom contend for an arena.
+
+Python's own allocator (pymalloc) serves small objects from arenas of its own, which it gives
+back only when every object in one is gone: the objects a start makes for thousands of runs
+and keeps (a few per run) are spread over the arenas the burst made, and keep them all
+resident. :func:`use_c_allocator` has ``agentrun run`` start again with ``PYTHONMALLOC=malloc``
+(every allocation from glibc, whose free pages ``malloc_trim`` can return) unless
+``PYTHONMALLOC`` is set already: 141 MiB at rest with 2,000 finished runs against 153 MiB with
+pymalloc, for about a tenth more CPU per step (docs/benchmarks.md). ``PYTHONMALLOC=pymalloc``
+keeps Python's allocator.
 """
 
 from __future__ import annotations
@@ -22,6 +31,8 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import os
+import sys
 from collections.abc import Callable
 from typing import cast
 
@@ -76,3 +87,16 @@ def give_back() -> bool:
     except OSError:
         log.debug("malloc_trim failed", exc_info=True)
         return False
+
+
+def use_c_allocator() -> None:
+    """Start this process again, the same command with the same arguments and the same pid
+    (``execve``), with ``PYTHONMALLOC=malloc``, unless ``PYTHONMALLOC`` is set (then return):
+    the allocator is chosen before the interpreter starts. Call it first thing, before any
+    thread or file is opened."""
+    if os.environ.get("PYTHONMALLOC"):
+        return
+    env = {**os.environ, "PYTHONMALLOC": "malloc"}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
