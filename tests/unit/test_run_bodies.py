@@ -144,38 +144,3 @@ def test_a_decision_equal_to_the_status_read_writes_nothing_and_one_that_differs
     commit(ledger, lambda _: None, body, run, Decision(status=moved))
     ledger.commit.assert_called_once()
     assert ledger.commit.call_args.args[1]["message"] == "something else"
-
-
-def test_the_watch_event_of_a_runs_own_status_write_brings_no_pass() -> None:
-    """The event of a status write this process made (a body no newer than the one kept)
-    wakes nobody: the pass that wrote it acted on it. A newer body, a new run's first, or a
-    finished run's does."""
-    import asyncio
-    from types import SimpleNamespace
-
-    from agentrun.loop import handlers
-
-    bodies = RunBodies()
-    scheduler = mock.Mock()
-    memo = SimpleNamespace(state=SimpleNamespace(reconciler=SimpleNamespace(bodies=bodies),
-                                                 scheduler=scheduler))  # fmt: skip
-
-    handler: Any = handlers.run_changed  # as kopf calls it, with the keywords it passes
-
-    def event(given: dict[str, Any]) -> None:
-        status = given.get("status") or {}
-        asyncio.run(
-            handler(
-                name="demo", namespace="default", body=given, status=status, memo=memo,
-                type="MODIFIED",
-            )
-        )  # fmt: skip
-
-    assert bodies.offer(body("10")) is True  # as the write left it
-    event(body("10"))  # that write's own event
-    event(body("9"))  # a late one
-    assert not scheduler.run_changed.called
-    event(body("11"))  # someone else's change
-    assert scheduler.run_changed.call_count == 1
-    event({**body("12"), "status": {"phase": "Succeeded"}})
-    assert scheduler.run_changed.call_count == 2

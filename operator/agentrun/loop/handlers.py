@@ -300,10 +300,8 @@ async def run_changed(
     if bodies is not None:
         if type == "DELETED":
             bodies.drop(namespace or "", name)
-        elif not bodies.offer(dict(body)):  # before the wake: the pass starts from it
-            # The run as this process's own status write left it (or older): the pass that
-            # wrote it has acted on it, and nothing else of it changed. No pass for it.
-            return
+        else:
+            bodies.offer(dict(body))  # before the wake: the pass starts from it
     if type == "DELETED":
         state.scheduler.stop_driving(namespace or "", name)
     else:

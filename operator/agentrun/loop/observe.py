@@ -525,18 +525,17 @@ class RunBodies:
         self._bodies: dict[tuple[str, str], dict[str, Any]] = {}
         self._derived: dict[tuple[str, str], _Derived] = {}
 
-    def offer(self, body: dict[str, Any], run: m.AgentRun | None = None) -> bool:
-        """Keep ``body`` unless one as new is known; whether it was newer than the one kept.
-        A finished run's is not kept: such a run is rarely passed again (and then read), and
-        thousands of them would cost memory. ``run``: ``body`` as a model, when known (a
-        status write's: the model written, whose status in wire form is ``body``'s), kept as
-        derived from it."""
+    def offer(self, body: dict[str, Any], run: m.AgentRun | None = None) -> None:
+        """Keep ``body`` unless a newer one is known. A finished run's is not kept: such a
+        run is rarely passed again (and then read), and thousands of them would cost memory.
+        ``run``: ``body`` as a model, when known (a status write's: the model written, whose
+        status in wire form is ``body``'s), kept as derived from it."""
         key = _key(body)
         finished = (body.get("status") or {}).get("phase") in FINISHED_PHASES
         with self._lock:
             known = self._bodies.get(key)
             if known is not None and _not_newer(body, known):
-                return False  # the one kept is as new (and what is derived from it is kept)
+                return  # the one kept is as new (then what is derived from it is kept too)
             if finished:
                 self._bodies.pop(key, None)
                 self._derived.pop(key, None)
@@ -544,7 +543,6 @@ class RunBodies:
                 self._bodies[key] = body
                 if run is not None:
                     self._derived[key] = _Derived(body, run, body.get("status") or {})
-            return True
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
