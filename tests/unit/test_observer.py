@@ -242,6 +242,16 @@ def test_only_changes_that_can_move_a_run_wake_it() -> None:
     assert matters(PODS, started, ended)
     assert not matters(PODS, ended, None)
     assert matters(EVENTS, None, refusal("e1", "u1", "no", "t"))
+    # A model turn's pod starting to run wakes its run (its request goes to it); a plan
+    # step's does not (its Running note comes by a timer).
+    for step_name, wakes in (("t3-model", True), ("build", False)):
+        pending = pod("p3", "pu3", job_uid="u1")
+        pending["metadata"].setdefault("labels", {})[s.LABEL_STEP] = step_name
+        pending["status"] = {"phase": "Pending", "podIP": "10.0.0.9"}
+        up = json.loads(json.dumps(pending))
+        up["status"]["phase"] = "Running"
+        assert matters(PODS, pending, up) is wakes, step_name
+        assert not matters(PODS, up, json.loads(json.dumps(up)))
 
 
 # -- the reflector against a fake API ---------------------------------------------------------

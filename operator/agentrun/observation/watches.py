@@ -45,6 +45,7 @@ from typing import Any
 from urllib3.exceptions import ReadTimeoutError
 
 from agentrun import settings as s
+from agentrun.core.turns import is_model_turn
 from agentrun.execution.jobs import is_gated, job_state, pod_essentials, step_terminated
 
 log = logging.getLogger("agentrun.observer")
@@ -291,8 +292,10 @@ def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any
     """Whether a change can make a pass decide differently, so is worth waking the run for:
     a Job appearing, vanishing, finishing, starting, being deleted or changing its spec or
     owner; a pod appearing held by the operator's gate (it waits to be let start), or going
-    before it ended; a pod's step container terminating (its outcome); any pod refusal.
-    Other changes (a pod being scheduled, a finalizer removed, counters) wake nobody."""
+    before it ended; a pod's step container terminating (its outcome); a model turn's pod
+    starting to run (its turn's request goes to it); any pod refusal.
+    Other changes (a pod being scheduled, a finalizer removed, counters; a plan step's pod
+    starting, whose Running note a timer brings) wake nobody."""
     if kind == EVENTS:
         return True
     if kind == PODS:
@@ -300,10 +303,27 @@ def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any
             return True  # a new pod waiting for the operator to let it start
         if after is None and before is not None and step_terminated(before) is None:
             return True  # gone before it ended: another pod of its attempt may be let start
+        if _turn_pod_running(after) and not _turn_pod_running(before):
+            return True
         return step_terminated(after) is not None and step_terminated(before) is None
     if before is None or after is None:
         return True
     return _essence(before) != _essence(after)
+
+
+def _turn_pod_running(pod: Mapping[str, Any] | None) -> bool:
+    """Whether ``pod`` is a model turn's (by its step label: a label only wakes a pass) and
+    runs with an address."""
+    if pod is None:
+        return False
+    step = (_meta(pod).get("labels") or {}).get(s.LABEL_STEP)
+    status = pod.get("status") or {}
+    return (
+        isinstance(step, str)
+        and is_model_turn(step)
+        and status.get("phase") == "Running"
+        and bool(status.get("podIP"))
+    )
 
 
 def _essence(job: Mapping[str, Any]) -> tuple[Any, ...]:
