@@ -86,6 +86,13 @@ def test_the_operators_own_process_starts_again_on_the_c_allocator_unless_one_is
     monkeypatch.setenv("PYTHONMALLOC", "pymalloc")  # chosen: kept, no new start
     memory.use_c_allocator()
     assert len(calls) == 1
+    monkeypatch.delenv("PYTHONMALLOC")
+
+    def refused(path: str, argv: list[str], env: dict[str, str]) -> None:
+        raise PermissionError("no exec here")
+
+    monkeypatch.setattr(os, "execve", refused)
+    memory.use_c_allocator()  # goes on as it is
 
 
 def test_agentrun_run_starts_again_only_as_its_own_process(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -93,10 +93,13 @@ def use_c_allocator() -> None:
     """Start this process again, the same command with the same arguments and the same pid
     (``execve``), with ``PYTHONMALLOC=malloc``, unless ``PYTHONMALLOC`` is set (then return):
     the allocator is chosen before the interpreter starts. Call it first thing, before any
-    thread or file is opened."""
+    thread or file is opened. A process that cannot be started again goes on as it is."""
     if os.environ.get("PYTHONMALLOC"):
         return
     env = {**os.environ, "PYTHONMALLOC": "malloc"}
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, env)
+    try:
+        os.execve(sys.executable, sys.orig_argv, env)
+    except OSError as error:
+        log.warning("staying on Python's allocator: could not start again: %s", error)
