@@ -109,19 +109,22 @@ class Ledger:
         """
         meta = body["metadata"]
         old = body.get("status")
-        changes = (
-            json_patch(old, status, "/status")
-            if isinstance(old, dict)
-            else [{"op": "add", "path": "/status", "value": status}]
-        )
-        try:
-            answer = self._patch_status(meta, changes)
-        except _Unapplied:
-            answer = self._patch_status(meta, [{"op": "add", "path": "/status", "value": status}])
+        whole = [{"op": "add", "path": "/status", "value": status}]
+        if not isinstance(old, dict):
+            answer = self._patch_status(meta, whole, partial=False)
+        else:
+            try:
+                changes = json_patch(old, status, "/status")
+                answer = self._patch_status(meta, changes, partial=True)
+            except _Unapplied:
+                answer = self._patch_status(meta, whole, partial=False)
         self.stats.add(commits=1)
         return {**body, "metadata": answer["metadata"], "status": status}
 
-    def _patch_status(self, meta: dict[str, Any], changes: list[dict[str, Any]]) -> Any:
+    def _patch_status(self, meta: dict[str, Any], ops: list[dict[str, Any]], partial: bool) -> Any:
+        """Send ``ops`` behind the fence. ``partial``: they patch what changed, and a 422
+        raises :class:`_Unapplied` (the whole status is sent instead); else they are the whole
+        status, and a 422 is the API's refusal, raised as it is."""
         version = meta["resourceVersion"]
         fence = {"op": "replace", "path": "/metadata/resourceVersion", "value": version}
         with tolerate(409, 422) as refused:
@@ -131,7 +134,7 @@ class Ledger:
                 meta["namespace"],
                 m.PLURAL,
                 meta["name"],
-                [fence, *changes],
+                [fence, *ops],
                 field_manager=FIELD_MANAGER,
                 _content_type=JSON_PATCH,
                 _headers=METADATA_ANSWER,
@@ -142,7 +145,7 @@ class Ledger:
             metrics.STATUS_CONFLICTS.inc()
             raise Conflict(f"{meta['namespace']}/{meta['name']}") from refused.error
         if refused.error is not None:
-            if len(changes) == 1 and changes[0]["path"] == "/status":
+            if not partial:
                 raise refused.error  # the whole status refused: invalid, said as the API says
             raise _Unapplied()
         return json.loads(response.data)
