@@ -54,7 +54,13 @@ def _run(args: argparse.Namespace) -> int:
         overrides["peering"] = None
     elif args.peering:
         overrides["peering"] = args.peering
+    if args.shards is not None:
+        overrides["shards"] = args.shards
     chosen = dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+    problem = settings.sharding_problem(chosen)
+    if problem:
+        sys.stderr.write(f"agentrun run: {problem}\n")
+        return 2
     logs.configure()
     from agentrun.loop import handlers
 
@@ -176,6 +182,14 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
         help="coordinate with other operator replicas through this kopf peering object",
     )
     peering.add_argument("--standalone", action="store_true", help="no peering (the default)")
+    run_parser.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="share the runs with the other replicas given the same N: runs fall into N shards, "
+        "each decided by one replica at a time through a Lease in the operator's namespace "
+        "(default $AGENTRUN_SHARDS or 0: this process decides every run)",
+    )
     run_parser.set_defaults(func=_run)
 
     release_parser = sub.add_parser(

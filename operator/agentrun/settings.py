@@ -148,6 +148,25 @@ class Settings:
     OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none says otherwise. Needs the ``otel`` extra."""
     peering: str | None = field(default_factory=lambda: os.environ.get("AGENTRUN_PEERING"))
     """kopf peering object name; None runs standalone (no peering)."""
+    shards: int = field(default_factory=lambda: _env_int("AGENTRUN_SHARDS", 0))
+    """Shards the runs fall into, each decided by one replica at a time through a Lease in
+    the operator's namespace (agentrun/loop/shards.py); 0: not sharded, this process decides
+    every run in its namespaces. Every replica must be given the same number."""
+    shard_lease_seconds: int = field(
+        default_factory=lambda: _env_int("AGENTRUN_SHARD_LEASE_SECONDS", 15)
+    )
+    """How long a shard Lease nobody renews stays its holder's: a replica that dies loses
+    its shards to the others this long after its last renewal (it renews every third)."""
+    identity: str = field(
+        default_factory=lambda: (
+            os.environ.get("AGENTRUN_IDENTITY")
+            or os.environ.get("POD_NAME")
+            or f"{os.uname().nodename}-{os.getpid()}"
+        )
+    )
+    """This replica among those sharing the runs, as its Leases name it: AGENTRUN_IDENTITY,
+    else the pod's name (POD_NAME), else the host's name and process id. A process started
+    again under the same identity takes its Leases back at once."""
     instance: str = field(default_factory=lambda: os.environ.get("POD_NAME") or os.uname().nodename)
     """This operator process, as Events name it (reportingInstance): the pod's name (POD_NAME,
     from the downward API in the chart and manifests), else the host's name."""
@@ -200,3 +219,21 @@ class Settings:
     turns_ahead: int = field(default_factory=lambda: _env_int("AGENTRUN_TURNS_AHEAD", 2))
     """How many turns ahead an agent run's model turn Jobs are made, so that their pods have
     started when their turn begins (0 to 4; 0: each at its turn). Each is a pod that waits."""
+
+
+def sharding_problem(settings: Settings) -> str | None:
+    """What is wrong with the sharding settings, said for the person who set them; None if
+    nothing."""
+    if settings.shards < 0:
+        return f"--shards (AGENTRUN_SHARDS) must be 0 or more, not {settings.shards}"
+    if settings.shards and settings.peering is not None:
+        return (
+            "--shards (AGENTRUN_SHARDS) and --peering (AGENTRUN_PEERING) exclude each other: "
+            "sharded replicas are all active, kopf peering keeps one active; choose one"
+        )
+    if settings.shards and settings.shard_lease_seconds < 3:
+        return (
+            "AGENTRUN_SHARD_LEASE_SECONDS must be 3 or more (Leases are renewed every third "
+            f"of it), not {settings.shard_lease_seconds}"
+        )
+    return None

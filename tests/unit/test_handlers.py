@@ -331,6 +331,60 @@ def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(
     assert passes == ["demo"], passes
 
 
+def test_with_shards_a_run_is_driven_only_while_its_shard_is_held_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run of a shard held elsewhere is only remembered; its shard coming here starts its
+    driver; a late renewal (owns False, holds True) pauses its passes without ending the
+    driver, which goes on once the renewal is in; its shard told lost ends it."""
+    monkeypatch.setattr(scheduler, "OWNERSHIP_RECHECK_SECONDS", 0.02)
+    passes: list[str] = []
+    state = {"holds": False, "owns": False}
+
+    def fake_pass(rec: Reconciler, namespace: str, name: str) -> Outcome:
+        passes.append(name)
+        return Outcome(3600.0, "Running", 0)
+
+    monkeypatch.setattr(scheduler, "_pass", fake_pass)
+    rec = reconciler(3600)
+    rec.settings = s.Settings(namespaces=("default",), shards=4)
+
+    async def main() -> Scheduler:
+        sched, _ = make_scheduler(ClusterView(), rec)
+        sched.own_drivers = True
+        sched.owns = lambda namespace, name: state["owns"]
+        sched.holds = lambda namespace, name: state["holds"]
+        sched.start()
+        assert sched.synced is not None
+        sched.synced.set()
+        sched.run_changed("default", "demo", "Running", new_run_body(True, "1"))
+        await until(lambda: bool(passes), 0.2)
+        assert not passes and not sched.drivers, "a run of a shard held elsewhere was driven"
+        assert ("default", "demo") in sched.known
+
+        state.update(holds=True, owns=True)
+        sched.shards_changed(lambda namespace, name: True, lambda namespace, name: False)
+        await until(lambda: bool(passes), 1.0)
+        assert passes == ["demo"] and list(sched.drivers) == [("default", "demo")]
+
+        state["owns"] = False  # the renewal is late
+        sched.wake("default", "demo")
+        await until(lambda: False, 0.2)
+        assert passes == ["demo"], "a pass ran while the shard's renewal was late"
+        assert list(sched.drivers) == [("default", "demo")], "a late renewal ended the driver"
+        state["owns"] = True
+        await until(lambda: len(passes) > 1, 1.0)
+        assert passes == ["demo", "demo"], "the pass did not come back with the renewal"
+
+        state.update(holds=False, owns=False)
+        sched.shards_changed(lambda namespace, name: False, lambda namespace, name: True)
+        await until(lambda: not sched.driving, 1.0)
+        return sched
+
+    sched = asyncio.run(main())
+    assert not sched.drivers and not sched.driving, "the driver of a run let go did not end"
+
+
 def test_kopfs_connections_to_the_api_server_give_up_on_a_silent_peer() -> None:
     """A request kopf makes goes over a socket with the operator's dead-peer options, and the
     undo gives kopf back aiohttp as it was."""

@@ -33,11 +33,13 @@ from kubernetes import client as kube_client
 
 from agentrun import settings as s
 from agentrun.api import models as m
+from agentrun.core.shards import shard_of
 from agentrun.kubeapi import dead_peer_socket
 from agentrun.loop import concurrency
 from agentrun.loop.janitor import Janitor, keep_sweeping
 from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
 from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
+from agentrun.loop.shards import ShardKeeper
 from agentrun.observation.watches import ClusterView, Informer
 from agentrun.telemetry import metrics, tracing
 from agentrun.telemetry.endpoints import Endpoints, Readiness, watch_kopf_listings
@@ -60,6 +62,8 @@ class OperatorState:
     readiness: Readiness
     """What /readyz waits for: kopf's watch of runs and the watches below having listed."""
     janitor_task: asyncio.Task[None] | None = None
+    shards: ShardKeeper | None = None
+    """With ``AGENTRUN_SHARDS``: the Leases of the shards this replica decides."""
 
 
 def api_client() -> Any:
@@ -108,7 +112,25 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
     janitor = Janitor(reconciler, settings.namespaces)
     scheduler = Scheduler(reconciler, view, readiness, janitor.finish_deletion)
     waker.scheduler = scheduler
-    return OperatorState(reconciler, settings, janitor, informer, scheduler, readiness)
+    keeper = None
+    if settings.shards:
+        keeper = ShardKeeper(
+            kube_client.CoordinationV1Api(client),
+            settings.operator_namespace,
+            settings.identity,
+            settings.shards,
+            settings.shard_lease_seconds,
+            busy=lambda shards: scheduler.busy(_in_shards(shards, settings.shards)),
+        )
+        scheduler.owns = janitor.owns = keeper.owns
+        scheduler.holds = keeper.holds
+    return OperatorState(
+        reconciler, settings, janitor, informer, scheduler, readiness, shards=keeper
+    )
+
+
+def _in_shards(shards: frozenset[int], count: int) -> Callable[[str, str], bool]:
+    return lambda namespace, name: shard_of(namespace, name, count) in shards
 
 
 def _state(memo: Any) -> OperatorState:
@@ -220,6 +242,19 @@ async def start_watching(memo: kopf.Memo, **_: Any) -> None:
     state.scheduler.start()
     state.informer.start()
     state.scheduler.spawn(state.scheduler.watches_listed())
+    keeper = state.shards
+    if keeper is not None:
+        loop = asyncio.get_running_loop()
+        scheduler, count = state.scheduler, state.settings.shards
+
+        def changed(gained: frozenset[int], lost: frozenset[int]) -> None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(
+                    scheduler.shards_changed, _in_shards(gained, count), _in_shards(lost, count)
+                )
+
+        keeper.on_change = changed
+        keeper.start()
 
 
 @kopf.on.cleanup()
@@ -227,6 +262,8 @@ async def stop_watching(memo: kopf.Memo, **_: Any) -> None:
     state = _state(memo)
     state.scheduler.cancel_timers()
     await state.scheduler.stop_all(STOP_TIMEOUT_SECONDS)
+    if state.shards is not None:  # after the passes in flight: the others take over now
+        await asyncio.to_thread(state.shards.stop)
     await asyncio.to_thread(state.informer.stop)
 
 
@@ -298,12 +335,12 @@ async def run_changed(
     state = _state(memo)
     bodies = state.reconciler.bodies
     if bodies is not None:
-        if type == "DELETED":
+        if type == "DELETED" or not state.scheduler.holds(namespace or "", name):
             bodies.drop(namespace or "", name)
         else:
             bodies.offer(dict(body))  # before the wake: the pass starts from it
     if type == "DELETED":
-        state.scheduler.stop_driving(namespace or "", name)
+        state.scheduler.run_gone(namespace or "", name)
     else:
         state.scheduler.run_changed(namespace or "", name, status.get("phase"), body)
     # A sub-agent's run changed: its parent reads the child's phase, tokens and answer.

@@ -131,6 +131,10 @@ class Janitor:
         self.apis = reconciler.apis
         self.namespaces = tuple(namespaces)
         self.clock = clock
+        self.owns: Callable[[str, str], bool] = lambda namespace, name: True
+        """Whether this replica decides a run (with shards, agentrun/loop/shards.py): a
+        sweep finishes the deletions of those runs only, and releases the Jobs of gone runs
+        only when it decides their run's name."""
 
     @classmethod
     def connect(cls, api_client: Any, namespaces: Sequence[str] = ()) -> Janitor:
@@ -210,6 +214,8 @@ class Janitor:
         for run in runs:
             if not _deleting(run) or not set(finalizers) & set(_finalizers(run)):
                 continue
+            if not self.owns(run["metadata"]["namespace"], run["metadata"]["name"]):
+                continue
             if self._finish_run(run, patience, events, done, finalizers):
                 cleaned.add(str(run["metadata"]["uid"]))
         for job in step_jobs:
@@ -217,6 +223,9 @@ class Janitor:
             labels = (job.get("metadata") or {}).get("labels") or {}
             uid = controller_uid(job) or labels.get(s.LABEL_RUN_UID)
             if uid in live or uid in cleaned or s.JOB_FINALIZER not in _finalizers(job):
+                continue
+            run_name = labels.get(s.LABEL_RUN)
+            if run_name and not self.owns(job["metadata"]["namespace"], str(run_name)):
                 continue
             try:
                 self.reconciler.release_job(job["metadata"]["namespace"], job["metadata"]["name"])

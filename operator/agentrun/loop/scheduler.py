@@ -14,7 +14,10 @@
   TTL) runs as a timer at the moment it is due, as does a pass for a change seen later (a Job
   of it being deleted, an edit of its spec). At startup, a finished run is checked in memory
   against the watched Jobs and gets a timer only when something is due;
-* no pass runs before those watches have listed once.
+* no pass runs before those watches have listed once;
+* with shards (``AGENTRUN_SHARDS``, agentrun/loop/shards.py), only runs of the shards this
+  replica owns get passes, timers and deletions here; of the others it keeps their identity
+  and phase (:attr:`Scheduler.known`), to take them up when their shard comes to it.
 
 Everything here runs in the event loop but :class:`Waker` (any thread); passes run in threads.
 """
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -40,8 +45,13 @@ log = logging.getLogger("agentrun.handlers")
 
 FINISHED = frozenset(str(p) for p in m.TERMINAL_RUN_PHASES)
 SETTLE_SECONDS = 1.0
+OWNERSHIP_RECHECK_SECONDS = 1.0
+"""With shards: how soon a pass that found its shard's renewal late is tried again."""
 DELETION_RETRY_SECONDS = 2.0
 """How soon a deletion whose cleanup left something (or failed) is tried again."""
+
+Owns = Callable[[str, str], bool]
+"""Whether this replica decides run ``(namespace, name)`` now."""
 
 Deleter = Callable[[Mapping[str, Any]], bool]
 """Cleans up after a run being deleted and releases its finalizer when it may go; True while
@@ -107,6 +117,22 @@ class Scheduler:
         """The stop of each unfinished run's task here."""
         self.driving: set[asyncio.Task[None]] = set()
         """Those tasks (until they end)."""
+        self.owns: Owns = lambda namespace, name: True
+        """Whether this replica decides a run now (with shards: it owns the run's shard, its
+        Lease renewed in time); checked before every pass."""
+        self.holds: Owns = lambda namespace, name: True
+        """Whether this replica means to decide a run (with shards: it holds the run's shard,
+        though its renewal may be late): its driver, timers and deletion stay here, and wait
+        for :attr:`owns` while it is late, until the shard is told lost
+        (:meth:`shards_changed`)."""
+        self.known: dict[tuple[str, str], tuple[str | None, dict[str, Any], bool]] = {}
+        """With shards, every run the watch delivered and not seen deleted: its phase, its
+        identity (:func:`_identity`) and whether it may be due whatever its Jobs
+        (:func:`_may_be_due`), to take it up when its shard comes here."""
+        self.in_flight: Counter[tuple[str, str]] = Counter()
+        """Passes running now, per run (a shard is given away only once none of its runs has
+        one)."""
+        self._flight_lock = threading.Lock()
 
     def start(self) -> None:
         """In the event loop, before the watches start: passes wait for them to list."""
@@ -162,7 +188,12 @@ class Scheduler:
             while not stopped:
                 wake.clear()
                 try:
-                    outcome = await asyncio.to_thread(_pass, self.reconciler, namespace, name)
+                    outcome = await self._owned_pass(namespace, name)
+                    if outcome is None:
+                        if not self.holds(namespace, name):
+                            return  # its shard went elsewhere
+                        await _sleep(wake, stopped, OWNERSHIP_RECHECK_SECONDS)
+                        continue  # the shard's renewal is late: wait for it
                     if outcome.phase in FINISHED:
                         self.after_pass(namespace, name, outcome)
                         return
@@ -174,6 +205,26 @@ class Scheduler:
                 await _sleep(wake, stopped, delay)
         finally:
             self.wakeups.pop((namespace, name), None)
+
+    async def _owned_pass(self, namespace: str, name: str) -> Outcome | None:
+        """A pass of the run, if this replica decides it now (None if not)."""
+        key = (namespace, name)
+        with self._flight_lock:
+            self.in_flight[key] += 1  # first: a shard given away waits for this pass
+        try:
+            if not self.owns(namespace, name):
+                return None
+            return await asyncio.to_thread(_pass, self.reconciler, namespace, name)
+        finally:
+            with self._flight_lock:
+                self.in_flight[key] -= 1
+                if self.in_flight[key] <= 0:
+                    del self.in_flight[key]
+
+    def busy(self, runs: Owns) -> bool:
+        """Whether a pass of a run ``runs`` selects is running (any thread)."""
+        with self._flight_lock:
+            return any(runs(*key) for key in self.in_flight)
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self.wakeups.setdefault((namespace, name), asyncio.Event())
@@ -190,6 +241,10 @@ class Scheduler:
         not driven yet; stopped, for a run being deleted, whose deletion then runs); a
         finished run without one, if due."""
         meta = body.get("metadata") or {}
+        if self.sharded:
+            self.known[(namespace, name)] = (phase, _identity(body), _may_be_due(body))
+            if not self.holds(namespace, name):
+                return
         deleting = bool(meta.get("deletionTimestamp"))
         if deleting:
             self.cancel_timer(namespace, name)
@@ -202,6 +257,50 @@ class Scheduler:
         self.wake(namespace, name)
         if phase in FINISHED and (namespace, name) not in self.wakeups:
             self.finished_run_seen(body)
+
+    def run_gone(self, namespace: str, name: str) -> None:
+        """The watch showed the run deleted."""
+        self.known.pop((namespace, name), None)
+        self.stop_driving(namespace, name)
+
+    # -- shards: taken up and let go ------------------------------------------------------
+
+    @property
+    def sharded(self) -> bool:
+        return self.reconciler.settings.shards > 0
+
+    def shards_changed(self, gained: Owns, lost: Owns) -> None:
+        """This replica began deciding the runs ``gained`` selects and stopped deciding those
+        ``lost`` selects (called in the loop). A run let go keeps nothing here but its
+        identity; a pass of it already running ends by itself, and so does its deletion's
+        task. A run taken up is handled as if the watch had just delivered it: an unfinished
+        one is driven, one being deleted is cleaned up after, a finished one is checked (and
+        read) only if its Jobs or its retention ask for it."""
+        bodies = self.reconciler.bodies
+        for key in [k for k in self.drivers if lost(*k)]:
+            self.stop_driving(*key)
+        for key in [k for k in self.timers if lost(*k)]:
+            self.cancel_timer(*key)
+        for key in [k for k in self.known if lost(*k)]:
+            if bodies is not None:
+                bodies.drop(*key)
+        for key, (phase, identity, due) in list(self.known.items()):
+            if not gained(*key) or not self.holds(*key):
+                continue
+            meta = identity["metadata"]
+            if meta.get("deletionTimestamp") or phase not in FINISHED:
+                self.run_changed(*key, phase, identity)
+                continue
+            self.spawn(self._take_up_finished(key, identity, due))
+
+    async def _take_up_finished(
+        self, key: tuple[str, str], identity: dict[str, Any], due: bool
+    ) -> None:
+        if self.synced is not None:
+            await self.synced.wait()
+        found = self.view.jobs_of_run(str(identity["metadata"].get("uid", "")))
+        if found or due:
+            await self._check_finished(key, identity, found)
 
     # -- deletion: a task each ----------------------------------------------------------
 
@@ -218,7 +317,10 @@ class Scheduler:
         delete = self.delete
         assert delete is not None
         try:
-            while True:
+            while self.holds(*key):
+                if not self.owns(*key):  # its shard's renewal is late
+                    await asyncio.sleep(OWNERSHIP_RECHECK_SECONDS)
+                    continue
                 try:
                     again = await asyncio.to_thread(delete, body)
                 except Exception:
@@ -232,6 +334,8 @@ class Scheduler:
 
     def observed(self, namespace: str, name: str, uid: str) -> None:
         """A watched object of the run changed (called in the loop)."""
+        if not self.holds(namespace, name):
+            return
         if (namespace, name) in self.wakeups:
             self.wake(namespace, name)
         elif self.loop is not None and _needs_pass(self.view.jobs_of_run(uid)):
@@ -284,11 +388,14 @@ class Scheduler:
         if self.synced is not None:
             await self.synced.wait()
         try:
-            outcome = await asyncio.to_thread(_pass, self.reconciler, namespace, name)
+            outcome = await self._owned_pass(namespace, name)
         except Exception as error:
             self.schedule_pass(namespace, name, _failed("reconcile", error, namespace, name))
             return
-        self.after_pass(namespace, name, outcome)
+        if outcome is not None:
+            self.after_pass(namespace, name, outcome)
+        elif self.holds(namespace, name):  # its shard's renewal is late: try again soon
+            self.schedule_pass(namespace, name, OWNERSHIP_RECHECK_SECONDS)
 
     def after_pass(self, namespace: str, name: str, outcome: Outcome) -> None:
         """A finished run's next pass is due only at its next timer, if it has one."""

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -94,6 +94,18 @@ THROTTLED_PASSES = Counter(
     "agentrun_throttled_passes",
     "Reconcile passes cut short by 429 Too Many Requests (API Priority and Fairness shedding "
     "load); each is tried again after the wait its Retry-After asks.",
+)
+SHARDS_OWNED = Gauge(
+    "agentrun_shards_owned",
+    "Shards whose runs this replica decides now (with AGENTRUN_SHARDS; 0 otherwise): it holds "
+    "their Leases, renewed in time, and is not giving them back.",
+)
+SHARD_CHANGES = Counter(
+    "agentrun_shard_changes",
+    "Shards this replica began (gained) or stopped (lost) deciding: taken or given back at a "
+    "rebalance, taken from a replica that stopped renewing, or lapsed while its own renewals "
+    "failed.",
+    ["change"],
 )
 WATCH_RELISTS = Counter(
     "agentrun_watch_relists",
