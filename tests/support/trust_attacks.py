@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client as kube_client
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
@@ -407,6 +408,12 @@ def _signing_key(t: Target, c: KubeClients) -> None:
     )
 
 
+def _shard_lease(t: Target, c: KubeClients) -> None:
+    kube_client.CoordinationV1Api(c.api_client).patch_namespaced_lease(
+        "agentrun-shard-0", "agentrun-system", {"spec": {"holderIdentity": "attacker"}}
+    )
+
+
 def _crd(t: Target, c: KubeClients) -> None:
     c.apiext.patch_custom_resource_definition(
         f"{m.PLURAL}.{m.GROUP}", {"metadata": {"labels": {"forged": "true"}}}
@@ -539,6 +546,7 @@ ATTACKS: dict[str, Mutation] = {
     "referenced-configmap": _referenced_configmap,
     "referenced-secret": _referenced_secret,
     "signing-key": _signing_key,
+    "shard-leases": _shard_lease,
     "crd": _crd,
     "namespaces": _namespace,
 }

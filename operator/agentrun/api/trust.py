@@ -178,6 +178,7 @@ EVENTS = ("", "events")
 SIGNING_KEY = ("", "secrets (operator's namespace)")
 NEW_RUNS = ("agentrun.dev", "agentruns (a new one)")
 """A run made anew, which everyone in the trust model may create (a run-only user too)."""
+SHARD_LEASES = ("coordination.k8s.io", "leases (operator's namespace)")
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
 
@@ -998,6 +999,20 @@ TABLE: tuple[Entry, ...] = (
         resource=SIGNING_KEY,
         writers=(Writer.OPERATOR, Writer.CLUSTER_ADMIN),
         frozen=Frozen.CREATION,
+        checks=(Check.RBAC,),
+        outcomes=_every(
+            Expect(Outcome.REFUSED_RBAC, "it lives in the operator's namespace, not the run's")
+        ),
+    ),
+    Entry(
+        id="shard-leases",
+        object="Lease agentrun-shard-N, agentrun-member-ID",
+        path="spec.holderIdentity, in the operator's namespace",
+        decides="which replica decides a shard's runs (never what a step runs: a run decided "
+        "by a stale holder is fenced by its resourceVersion, a Job by its name)",
+        resource=SHARD_LEASES,
+        writers=(Writer.OPERATOR, Writer.CLUSTER_ADMIN),
+        frozen=Frozen.NEVER,
         checks=(Check.RBAC,),
         outcomes=_every(
             Expect(Outcome.REFUSED_RBAC, "it lives in the operator's namespace, not the run's")
