@@ -4,7 +4,8 @@
   generated crds/ (``hack/helm/sync-crds.sh`` refreshes them); the chart's admission policies
   are manifests/admission itself (a symlink), not a copy. These need no cluster.
 * ``helm lint``, ``helm template`` for the default (cluster-wide) and the namespaced mode,
-  bad values refused by values.schema.json with a message that names the mistake.
+  ``replicas`` (and its older name ``replicaCount``) with ``shards``, bad values refused by
+  values.schema.json with a message that names the mistake.
 * Every rendered object, and ``kubectl apply -k manifests/``, accepted by the real API server
   (``--dry-run=server``: admission and validation run, nothing is stored).
 * ``helm install`` into the cluster, both modes, then ``helm uninstall``. The operator pod is not
@@ -93,6 +94,7 @@ def test_helm_lint(helm: Helm) -> None:
     helm.run("lint", "--strict", str(CHART))
     helm.run("lint", "--strict", str(CHART), "--set", "watchNamespaces={team-a,team-b}")
     helm.run("lint", "--strict", str(CHART), "--set", "metrics.serviceMonitor.enabled=true")
+    helm.run("lint", "--strict", str(CHART), "--set", "replicas=3")
 
 
 def test_template_default_is_cluster_wide(helm: Helm) -> None:
@@ -135,6 +137,7 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["AGENTRUN_LIVENESS_PORT"] == "8080"
     assert env["AGENTRUN_METRICS_PORT"] == "8081"
+    assert "AGENTRUN_SHARDS" not in env  # one replica, not sharded
     (pod_name,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
     assert pod_name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     (pod_ns,) = [e for e in container["env"] if e["name"] == "POD_NAMESPACE"]
@@ -149,6 +152,11 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
             "verbs": ["get"],
         },
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "list", "create", "update", "delete"],
+        },
     ]
     assert env["AGENTRUN_RESYNC_SECONDS"] == "30"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -225,11 +233,95 @@ def test_template_values_reach_the_deployment(helm: Helm) -> None:
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert deployment["spec"]["replicas"] == 0
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "AGENTRUN_SHARDS" not in {e["name"] for e in container["env"]}
     assert container["image"] == "registry.example/agentrun:1.2.3"
     assert container["imagePullPolicy"] == "Always"
     assert {"name": "AGENTRUN_RESYNC_SECONDS", "value": "7"} in container["env"]
     assert pod["nodeSelector"] == {"disk": "ssd"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+
+
+def _replicas_and_env(docs: Docs) -> tuple[int, str, dict[str, str | None]]:
+    """The Deployment's replicas, strategy type and container env (name -> value)."""
+    spec = one(docs, "Deployment")["spec"]
+    container = spec["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    return spec["replicas"], spec["strategy"]["type"], env
+
+
+@pytest.mark.parametrize(
+    ("values", "replicas", "shards"),
+    [
+        ([], 1, None),
+        (["--set", "replicas=3"], 3, "12"),
+        (["--set", "replicas=2", "--set", "shards=6"], 2, "6"),
+        (["--set", "replicaCount=3"], 3, "12"),  # the older name
+        (["--set", "replicaCount=0"], 0, None),
+        (["--set", "replicas=1", "--set", "shards=6"], 1, None),  # shards only with > 1
+        (["--set", "replicas=4", "--set", "replicaCount=1"], 4, "12"),  # replicas wins
+        (["--set", "replicas=0", "--set", "replicaCount=3"], 0, None),  # ... also with 0
+    ],
+    ids=[
+        "default",
+        "replicas-3",
+        "replicas-2-shards-6",
+        "replica-count-3",
+        "replica-count-0",
+        "replicas-1-shards-6",
+        "replicas-wins",
+        "replicas-0-wins",
+    ],
+)
+def test_replicas_share_the_runs_by_shards(
+    helm: Helm, values: Sequence[str], replicas: int, shards: str | None
+) -> None:
+    # More than one replica: AGENTRUN_SHARDS on every replica, and a rolling update (each run
+    # is decided by one replica at a time). 0 or 1: unsharded and Recreate, as before.
+    got_replicas, strategy, env = _replicas_and_env(helm.template(*values))
+    assert got_replicas == replicas
+    assert env.get("AGENTRUN_SHARDS") == shards
+    assert strategy == ("RollingUpdate" if shards else "Recreate")
+    # Leases are named after the pod (AGENTRUN_IDENTITY defaults to POD_NAME), set either way.
+    assert "POD_NAME" in env
+
+
+def test_replica_count_from_a_values_file(helm: Helm, tmp_path: Path) -> None:
+    # Numbers from a values file reach templates as floats, not as --set's integers.
+    values = tmp_path / "values.yaml"
+    values.write_text("replicaCount: 0\nshards: 4\n")
+    assert _replicas_and_env(helm.template("-f", str(values)))[:2] == (0, "Recreate")
+    values.write_text("replicas: 3\nreplicaCount: 1\nshards: 4\n")
+    replicas, strategy, env = _replicas_and_env(helm.template("-f", str(values)))
+    assert (replicas, strategy, env["AGENTRUN_SHARDS"]) == (3, "RollingUpdate", "4")
+
+
+def test_the_operator_role_grants_leases_and_nothing_more(helm: Helm) -> None:
+    # In the operator's own namespace only, whatever the mode: get, list, create, update,
+    # delete on Leases (agentrun/loop/shards.py), no watch, no patch, no deletecollection.
+    for values in ([], ["--set", "replicas=3"], ["--set", "watchNamespaces={team-a,team-b}"]):
+        docs = without_hooks(helm.template(*values))
+        lease_rules = [
+            (doc["kind"], doc["metadata"].get("namespace"), rule)
+            for doc in docs
+            if doc["kind"] in ("Role", "ClusterRole")
+            for rule in doc["rules"]
+            if "leases" in rule["resources"] or "coordination.k8s.io" in rule["apiGroups"]
+        ]
+        assert lease_rules == [
+            (
+                "Role",
+                "agentrun-system",
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["get", "list", "create", "update", "delete"],
+                },
+            )
+        ], values
+    # The Role is granted even unsharded (scaling with AGENTRUN_SHARDS set needs no new RBAC).
+    role = one(without_hooks(helm.template("--set", "replicaCount=0")), "Role")
+    assert any(r["resources"] == ["leases"] for r in role["rules"])
 
 
 def test_manifests_and_chart_grant_the_same_rules(helm: Helm) -> None:
@@ -364,8 +456,12 @@ def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        (["--set-string", "replicaCount=two"], "at '/replicaCount': got string, want integer"),
-        (["--set", "replicaCount=2"], "at '/replicaCount': value must be one of 0, 1"),
+        (["--set-string", "replicaCount=two"], "at '/replicaCount': got string, want"),
+        (["--set-string", "replicas=two"], "at '/replicas': got string, want"),
+        (["--set", "replicas=-1"], "at '/replicas': minimum: got -1, want 0"),
+        (["--set", "replicaCount=-1"], "at '/replicaCount': minimum: got -1, want 0"),
+        (["--set", "shards=0"], "at '/shards': minimum: got 0, want 1"),
+        (["--set-string", "shards=12"], "at '/shards': got string, want integer"),
         (["--set", "replicCount=1"], "additional properties 'replicCount' not allowed"),
         (["--set", "image.tga=x"], "at '/image': additional properties 'tga' not allowed"),
         (["--set", "watchNamespaces={Team_A}"], "at '/watchNamespaces/0'"),
@@ -379,8 +475,12 @@ def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
         ),
     ],
     ids=[
+        "replica-count-string",
         "replicas-string",
-        "replicas-two",
+        "replicas-negative",
+        "replica-count-negative",
+        "shards-zero",
+        "shards-string",
         "unknown-key",
         "unknown-nested",
         "bad-namespace",
@@ -440,7 +540,11 @@ def _create_service_accounts(cluster: TestCluster, docs: Docs) -> None:
 def test_rendered_objects_are_accepted_by_the_api_server(
     cluster: TestCluster, crd_installed: list[str], helm: Helm, namespace: str, other_namespace: str
 ) -> None:
-    for args in ([], ["--set", f"watchNamespaces={{{namespace},{other_namespace}}}"]):
+    for args in (
+        [],
+        ["--set", f"watchNamespaces={{{namespace},{other_namespace}}}"],
+        ["--set", "replicas=3"],
+    ):
         docs = helm.template(
             *args, "--set", f"fullnameOverride=ar-{namespace}", namespace=namespace
         )
@@ -536,6 +640,23 @@ def test_helm_install_cluster_wide(
         assert binding.subjects[0].name == release
         assert binding.subjects[0].namespace == namespace
         assert kube.apiext.read_custom_resource_definition(CRD_NAME)
+        # Shard Leases: what the operator does with them, in its own namespace only.
+        operator = f"system:serviceaccount:{namespace}:{release}"
+
+        def can(verb: str, where: str) -> bool:
+            proc = cluster.kubectl(
+                "auth", "can-i", verb, "leases.coordination.k8s.io", "-n", where,
+                f"--as={operator}", check=False,
+            )  # fmt: skip
+            return proc.stdout.strip() == "yes"
+
+        # The authorizer learns of new Roles by a watch.
+        wait_for("the operator's Role to take effect", lambda: can("get", namespace))
+        for verb in ("list", "create", "update", "delete"):
+            assert can(verb, namespace), verb
+        for verb in ("watch", "patch", "deletecollection"):
+            assert not can(verb, namespace), verb
+        assert not can("get", "default")
     finally:
         cluster_helm.uninstall(release, namespace)
     assert read_or_none(kube.rbac.read_cluster_role, release) is None

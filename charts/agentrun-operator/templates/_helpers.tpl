@@ -44,6 +44,23 @@ app.kubernetes.io/part-of: agentrun
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* How many operator pods: `replicas`, else its older name `replicaCount`, else 1. A value of 0
+is kept (0 stops the operator), so this tests for null rather than for emptiness. */}}
+{{- define "agentrun-operator.replicas" -}}
+{{- if not (kindIs "invalid" .Values.replicas) }}
+{{- int .Values.replicas }}
+{{- else if not (kindIs "invalid" .Values.replicaCount) }}
+{{- int .Values.replicaCount }}
+{{- else }}
+{{- 1 }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the replicas share the runs by shards (more than one replica), else empty. */}}
+{{- define "agentrun-operator.sharded" -}}
+{{- if gt (include "agentrun-operator.replicas" . | int) 1 }}true{{ end }}
+{{- end }}
+
 {{/* The namespace the helm test run goes to: one the operator watches. */}}
 {{- define "agentrun-operator.testNamespace" -}}
 {{- if .Values.watchNamespaces }}{{ first .Values.watchNamespaces }}{{ else }}{{ .Release.Namespace }}{{ end }}
