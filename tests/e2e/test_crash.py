@@ -9,6 +9,10 @@ result and still carry every run to the end.
 * :func:`test_two_operators_at_once_create_every_job_once_and_resolve_conflicts`: two
   standalone operators drive the same runs at once; their status writes collide (409) and are
   re-derived.
+* :func:`test_three_sharded_replicas_with_one_killed_at_every_crash_point` and
+  :func:`test_rolling_restarts_of_every_sharded_replica_lose_nothing`: three replicas share
+  the runs by shards (``AGENTRUN_SHARDS``); one of them dies again and again at the crash
+  points, or all of them are restarted in turn.
 
 Both check invariant 1 of docs/design.md twice over, so they need the local control plane:
 
@@ -56,6 +60,7 @@ from tests.support.agents import tool
 from tests.support.cluster import StartOperator
 from tests.support.plugin import LLM_COMMAND
 from tests.support.runs import TERMINAL, Run, agentrun, create, get, status_of, step
+from tests.support.scraping import scrape
 from tests.support.waiting import assert_holds
 
 pytestmark = pytest.mark.e2e
@@ -458,14 +463,17 @@ class Life:
 
 
 def choose(
-    rng: random.Random, hits: Counter[str], points: tuple[str, ...] = POINTS
+    rng: random.Random,
+    hits: Counter[str],
+    points: tuple[str, ...] = POINTS,
+    enough: int = MIN_HITS_PER_POINT,
 ) -> tuple[str, float]:
     """The next life's ``point:n`` and the moment it is killed from outside if it is still
-    alive (seconds after it is ready); points not yet hit often enough are six times as
+    alive (seconds after it is ready); points not yet hit ``enough`` times are six times as
     likely and fire sooner."""
-    weights = [6 if hits[p] < MIN_HITS_PER_POINT else 1 for p in points]
+    weights = [6 if hits[p] < enough else 1 for p in points]
     point = rng.choices(points, weights=weights)[0]
-    n = rng.randint(1, 2) if hits[point] < MIN_HITS_PER_POINT else rng.randint(1, 3)
+    n = rng.randint(1, 2) if hits[point] < enough else rng.randint(1, 3)
     return f"{point}:{n}", rng.uniform(0.5, 3.0)
 
 
@@ -478,19 +486,24 @@ class CrashDriver:
     lives: list[Life] = field(default_factory=list)
     hits: Counter[str] = field(default_factory=Counter)
     points: tuple[str, ...] = POINTS
+    min_kills: int = MIN_KILLS
+    min_hits: int = MIN_HITS_PER_POINT
+    later: float = 0.0
+    """Added to each life's outside SIGKILL moment (a replica must first take shards)."""
 
     @property
     def kills(self) -> int:
         return sum(1 for life in self.lives if life.returncode == -9)
 
     def satisfied(self) -> bool:
-        return self.kills >= MIN_KILLS and all(
-            self.hits[p] >= MIN_HITS_PER_POINT for p in self.points
+        return self.kills >= self.min_kills and all(
+            self.hits[p] >= self.min_hits for p in self.points
         )
 
     def next_life(self) -> Life:
         """Choose the next crash point from the seed, start the operator with it, live."""
-        crash_at, kill_after = choose(self.rng, self.hits, self.points)
+        crash_at, kill_after = choose(self.rng, self.hits, self.points, self.min_hits)
+        kill_after += self.later
         offset = self.op.log_path.stat().st_size if self.op.log_path.exists() else 0
         self.op.env["AGENTRUN_CRASH_AT"] = crash_at
         self.op.start(wait_ready=False)  # a crash point may fire before it is ready
@@ -1000,3 +1013,167 @@ def test_sub_agents_survive_an_operator_killed_at_every_crash_point(
     )
     assert driver.kills >= CHILD_MIN_KILLS, f"{context}: too few kills\n{lives}"
     assert driver.hits[CHILD_POINT], f"{context}: never killed right after a child's create"
+
+
+# -- replicas sharing the runs ---------------------------------------------------------------
+
+SHARDS = 6
+SHARD_LEASE_SECONDS = 4
+"""Short, so that a dead replica's shards move within seconds (the default is 15)."""
+SHARDED_MIN_KILLS = int(os.environ.get("AGENTRUN_SHARDED_CRASH_KILLS") or 8)
+SHARDED_PHASE_BUDGET = 300.0
+
+
+def sharded_env(namespace: str, identity: str) -> dict[str, str]:
+    """A replica sharing the test's runs: its Leases in the test's namespace."""
+    return {
+        **OPERATOR_ENV,
+        "AGENTRUN_SHARDS": str(SHARDS),
+        "AGENTRUN_SHARD_LEASE_SECONDS": str(SHARD_LEASE_SECONDS),
+        "AGENTRUN_OPERATOR_NAMESPACE": namespace,
+        "AGENTRUN_IDENTITY": identity,
+    }
+
+
+def shards_owned(ops: Iterable[OperatorProcess]) -> list[float]:
+    return [scrape(op)[0].get(("agentrun_shards_owned", ()), -1.0) for op in ops]
+
+
+def wait_shards_settled(ops: Iterable[OperatorProcess], context: str) -> list[float]:
+    """Every shard owned by exactly one of ``ops``, and each of them owns some."""
+    ops = list(ops)
+
+    def settled() -> list[float] | None:
+        owned = shards_owned(ops)
+        return owned if sum(owned) == SHARDS and min(owned) > 0 else None
+
+    try:
+        return wait_for("the shards to settle among the replicas", settled, timeout=30)
+    except TimeoutError:
+        raise AssertionError(f"{context}: shards owned per replica {shards_owned(ops)}") from None
+
+
+def sharded_wave(plans: list[PlanSpec]) -> list[PlanSpec]:
+    """Eight runs of every kind (spread over the shards by their names)."""
+    wave = len(plans) // 8 + 1
+    return [
+        make(f"{kind}-{wave}-{i}")
+        for i in (1, 2)
+        for kind, make in (
+            ("seq", sequential), ("dag", dag), ("retry", retried), ("big", big_results)
+        )
+    ]  # fmt: skip
+
+
+def test_three_sharded_replicas_with_one_killed_at_every_crash_point(
+    start_operator: StartOperator,
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Two replicas live throughout; the third dies at a crash point (or from outside) in each
+    life and starts again, half the time as the same pod (its Leases taken back at once),
+    half as a new one (its old shards taken by the others a lease duration later, then
+    shared out again)."""
+    cluster.require_audit_log()
+    began = time.monotonic()
+    rng = random.Random(SEED)
+    ledger = tmp_path / "executions.log"
+    plans: list[PlanSpec] = []
+    uids: dict[str, str] = {}
+
+    def next_wave() -> None:
+        new = sharded_wave(plans)
+        uids.update(create_runs(kube, namespace, new, ledger))
+        plans.extend(new)
+
+    steady = [start_operator(env=sharded_env(namespace, f"steady-{i}")) for i in (1, 2)]
+    hits: Counter[str] = Counter()
+    crash_at, kill_after = choose(rng, hits)
+    victim = start_operator(
+        env={**sharded_env(namespace, "victim-1"), "AGENTRUN_CRASH_AT": crash_at}
+    )
+    wait_shards_settled([*steady, victim], "three replicas starting")
+    driver = CrashDriver(
+        op=victim, rng=rng, hits=hits, min_kills=SHARDED_MIN_KILLS, min_hits=1, later=3.0
+    )
+    next_wave()
+    driver.live(crash_at, kill_after + driver.later, offset=0)
+    while (
+        not driver.satisfied()
+        and len(driver.lives) < MAX_CRASH_LIVES
+        and time.monotonic() - began < SHARDED_PHASE_BUDGET
+    ):
+        if all_terminal(kube, namespace, uids):
+            next_wave()
+        if rng.random() < 0.5:  # a new pod; else the same pod's container again
+            victim.env["AGENTRUN_IDENTITY"] = f"victim-{len(driver.lives) + 1}"
+        driver.next_life()
+    lives = "\n".join(map(str, driver.lives))
+    context = f"SEED={SEED}, sharded: {driver.summary()}"
+
+    victim.env.pop("AGENTRUN_CRASH_AT", None)
+    victim.start()
+    replicas = [*steady, victim]
+    wait_all_terminal(kube, namespace, uids, FINISH_TIMEOUT, f"{context}\n{lives}")
+    assert_settled(cluster, namespace, replicas, f"{context} (the last life)\n{lives}")
+    creations = check_job_creations(cluster, namespace, plans, uids, f"{context}\n{lives}")
+    executions = check_executions(ledger, plans, f"{context}\n{lives}")
+    check_results(kube, namespace, plans, f"{context}\n{lives}")
+    owned = wait_shards_settled(replicas, context)
+    conflicts = [count_lines(op.log_text(), CONFLICT_LINE) for op in replicas]
+    print(
+        f"\nsharded crash test summary: SEED={SEED}; {len(plans)} runs, {executions} step "
+        f"executions; {driver.summary()}; duplicates found: {creations.duplicates}; creates "
+        f"answered otherwise: {creations.response_lost}; conflicts per replica {conflicts}; "
+        f"shards owned at the end {owned}; total {time.monotonic() - began:.0f}s\n{lives}"
+    )
+    assert driver.kills >= SHARDED_MIN_KILLS, f"{context}: too few kills\n{lives}"
+    missed = [p for p in POINTS if not driver.hits[p]]
+    assert not missed, f"{context}: crash points never hit: {missed}\n{lives}"
+
+
+def test_rolling_restarts_of_every_sharded_replica_lose_nothing(
+    start_operator: StartOperator,
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Three replicas share the runs; twice over, each is stopped (SIGTERM: it gives its
+    shards back) and started as a new pod while runs go, as a Deployment's rolling update
+    does; a new wave of runs comes with each round."""
+    cluster.require_audit_log()
+    began = time.monotonic()
+    ledger = tmp_path / "executions.log"
+    plans: list[PlanSpec] = []
+    uids: dict[str, str] = {}
+    replicas = [start_operator(env=sharded_env(namespace, f"r{i}-a")) for i in (1, 2, 3)]
+    wait_shards_settled(replicas, "three replicas starting")
+    restarts = 0
+    for round_ in ("b", "c"):
+        new = sharded_wave(plans)
+        uids.update(create_runs(kube, namespace, new, ledger))
+        plans.extend(new)
+        for i, op in enumerate(replicas, start=1):
+            time.sleep(1.0)  # let steps move between restarts
+            op.restart(env={"AGENTRUN_IDENTITY": f"r{i}-{round_}"})
+            restarts += 1
+    wait_all_terminal(kube, namespace, uids, FINISH_TIMEOUT, "rolling restarts")
+    assert_settled(cluster, namespace, replicas, "rolling restarts")
+    creations = check_job_creations(cluster, namespace, plans, uids, "rolling restarts")
+    executions = check_executions(ledger, plans, "rolling restarts")
+    check_results(kube, namespace, plans, "rolling restarts")
+    owned = wait_shards_settled(replicas, "rolling restarts")
+    handed = [
+        count_lines(op.log_text(), "given back") for op in replicas
+    ]  # shards released at each clean stop, and at rebalances
+    print(
+        f"\nrolling restart summary: {len(plans)} runs, {executions} step executions, "
+        f"{restarts} restarts; duplicates found: {creations.duplicates}; shards given back "
+        f"per replica {handed}; shards owned at the end {owned}; "
+        f"total {time.monotonic() - began:.0f}s"
+    )
+    assert not creations.response_lost, f"rolling restarts: creates without 201: {creations}"
+    assert all(handed), f"rolling restarts: a replica never gave a shard back: {handed}"
