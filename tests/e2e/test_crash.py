@@ -436,6 +436,34 @@ def assert_settled(
     assert_holds(settled, seconds=SETTLE_SECONDS, interval=1.0)
 
 
+@dataclass(frozen=True)
+class Ledgers:
+    """Where a test's runs are recorded: the plans, their uids, the steps' own ledger."""
+
+    plans: list[PlanSpec]
+    uids: Mapping[str, str]
+    ledger: Path
+
+
+def check_everything(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    operators: Iterable[OperatorProcess],
+    runs: Ledgers,
+    context: str,
+) -> tuple[Creations, int]:
+    """Every run ended, the operators stay alive and create nothing more, every Job was
+    created once, every attempt ran once, every result was committed; returns the audit
+    log's creations and the number of executions."""
+    wait_all_terminal(kube, namespace, runs.uids, FINISH_TIMEOUT, context)
+    assert_settled(cluster, namespace, operators, f"{context} (after the runs ended)")
+    creations = check_job_creations(cluster, namespace, runs.plans, runs.uids, context)
+    executions = check_executions(runs.ledger, runs.plans, context)
+    check_results(kube, namespace, runs.plans, context)
+    return creations, executions
+
+
 def count_lines(text: str, needle: str) -> int:
     return sum(1 for line in text.splitlines() if needle in line)
 
@@ -601,12 +629,9 @@ def test_runs_survive_an_operator_killed_at_every_crash_point(
     # The last life: no crash points, until every run has ended.
     driver.op.env.pop("AGENTRUN_CRASH_AT", None)
     driver.op.start()
-    wait_all_terminal(kube, namespace, uids, FINISH_TIMEOUT, f"{context}\n{lives}")
-    assert_settled(cluster, namespace, [driver.op], f"{context} (the last life)\n{lives}")
-
-    creations = check_job_creations(cluster, namespace, plans, uids, f"{context}\n{lives}")
-    executions = check_executions(ledger, plans, f"{context}\n{lives}")
-    check_results(kube, namespace, plans, f"{context}\n{lives}")
+    creations, executions = check_everything(
+        cluster, kube, namespace, [driver.op], Ledgers(plans, uids, ledger), f"{context}\n{lives}"
+    )
     conflicts = count_lines(driver.op.log_text(), CONFLICT_LINE)
     duration = time.monotonic() - began
     print(
@@ -1116,11 +1141,9 @@ def test_three_sharded_replicas_with_one_killed_at_every_crash_point(
     victim.env.pop("AGENTRUN_CRASH_AT", None)
     victim.start()
     replicas = [*steady, victim]
-    wait_all_terminal(kube, namespace, uids, FINISH_TIMEOUT, f"{context}\n{lives}")
-    assert_settled(cluster, namespace, replicas, f"{context} (the last life)\n{lives}")
-    creations = check_job_creations(cluster, namespace, plans, uids, f"{context}\n{lives}")
-    executions = check_executions(ledger, plans, f"{context}\n{lives}")
-    check_results(kube, namespace, plans, f"{context}\n{lives}")
+    creations, executions = check_everything(
+        cluster, kube, namespace, replicas, Ledgers(plans, uids, ledger), f"{context}\n{lives}"
+    )
     owned = wait_shards_settled(replicas, context)
     conflicts = [count_lines(op.log_text(), CONFLICT_LINE) for op in replicas]
     print(
@@ -1160,11 +1183,9 @@ def test_rolling_restarts_of_every_sharded_replica_lose_nothing(
             time.sleep(1.0)  # let steps move between restarts
             op.restart(env={"AGENTRUN_IDENTITY": f"r{i}-{round_}"})
             restarts += 1
-    wait_all_terminal(kube, namespace, uids, FINISH_TIMEOUT, "rolling restarts")
-    assert_settled(cluster, namespace, replicas, "rolling restarts")
-    creations = check_job_creations(cluster, namespace, plans, uids, "rolling restarts")
-    executions = check_executions(ledger, plans, "rolling restarts")
-    check_results(kube, namespace, plans, "rolling restarts")
+    creations, executions = check_everything(
+        cluster, kube, namespace, replicas, Ledgers(plans, uids, ledger), "rolling restarts"
+    )
     owned = wait_shards_settled(replicas, "rolling restarts")
     handed = [
         count_lines(op.log_text(), "given back") for op in replicas
