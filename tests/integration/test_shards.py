@@ -217,3 +217,28 @@ def test_a_replica_that_lost_a_runs_shard_mid_pass_cannot_commit_what_it_read(
     with pytest.raises(Conflict):
         ledger.commit(read_by_a, {**decided.status.to_wire(), "message": "decided by a"})
     assert get(kube, namespace, "fenced")["status"]["message"] == "decided by b"
+
+
+def test_replicas_that_disagree_on_the_shard_count_decide_nothing_until_they_agree(
+    kube: KubeClients, namespace: str, keepers: dict[str, ShardKeeper], clock: Clock
+) -> None:
+    """Replicas splitting the runs differently would each decide some runs of the other's
+    shards: while a live Lease shows another count, a replica gives back all it holds and
+    takes nothing; once the odd one is gone, the others take everything back."""
+    a = keepers["a"]
+    api = kube_client.CoordinationV1Api(kube.api_client)
+    odd = ShardKeeper(api, namespace, "odd", COUNT - 2, DURATION, clock=clock)
+    a.tick()
+    assert a.owned() == frozenset(range(COUNT))
+    odd.tick()
+    assert odd.owned() == frozenset(), "a replica with another count took shards"
+    clock.now += 1
+    a.tick()
+    assert a.owned() == frozenset(), "a replica went on deciding beside another count"
+    assert set(holders(kube, namespace).values()) == {""}
+    odd.tick()  # every shard is free now: still none for a replica that disagrees
+    assert odd.owned() == frozenset(), "a replica with another count took free shards"
+    odd.stop(release=True)  # the odd one leaves (its member Lease is deleted)
+    clock.now += 1
+    a.tick()
+    assert a.owned() == frozenset(range(COUNT))

@@ -38,6 +38,10 @@ log = logging.getLogger("agentrun.shards")
 
 LEASE_LABEL = f"{GROUP}/lease"
 """On every Lease the keepers write: ``shard`` or ``member``; they list by it."""
+COUNT_LABEL = f"{GROUP}/shards"
+"""On every Lease the keepers write: the shard count of the replica that wrote it. While a
+live Lease shows another count than a replica's own, that replica decides nothing: replicas
+that split the runs differently would each decide some runs of the other's shards."""
 
 FORGET_DURATIONS = 10
 """A member Lease left unrenewed this many lease durations is deleted by the others."""
@@ -167,6 +171,15 @@ class ShardKeeper:
         live = sh.live_members(members, now, self.duration)
         self._forget_members(members, now)
         decided = sh.plan(self.identity, self.count, shards, live, now, self.duration)
+        others = self._other_counts(now)
+        if others:
+            log.error(
+                "replicas disagree on the shard count: this one has AGENTRUN_SHARDS=%d, live "
+                "Leases in %s show %s; deciding no run until every replica has the same",
+                self.count, self.namespace, ", ".join(others),
+            )  # fmt: skip
+            mine = [i for i, seen in shards.items() if seen.holder == self.identity]
+            decided = sh.ShardPlan(give=tuple(sorted(mine)))
         with self._lock:
             self._giving = set(decided.give)
             # A shard the Leases show held by another is not this replica's, whatever it wrote.
@@ -184,6 +197,15 @@ class ShardKeeper:
             for shard in giving:
                 self._release(shard)
         self._tell()
+
+    def _other_counts(self, now: float) -> list[str]:
+        """The shard counts other than this replica's on Leases someone holds and renews."""
+        found = {
+            str(((body.get("metadata") or {}).get("labels") or {}).get(COUNT_LABEL) or "")
+            for _, seen, body in self._seen.values()
+            if not sh.expired(seen, now, self.duration)
+        }
+        return sorted(c for c in found - {"", str(self.count)})
 
     def _forget_members(self, members: Mapping[str, sh.Seen], now: float) -> None:
         """Delete member Leases nobody renewed for :data:`FORGET_DURATIONS` durations (a
@@ -244,7 +266,7 @@ class ShardKeeper:
             body: dict[str, Any] = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": name, "labels": {LEASE_LABEL: kind}},
+                "metadata": {"name": name, "labels": self._labels(kind, {})},
                 "spec": {**spec, "acquireTime": now, "leaseTransitions": 0},
             }
             with tolerate(409) as taken:
@@ -257,7 +279,9 @@ class ShardKeeper:
             if not (keep_holder or old_spec.get("holderIdentity") == self.identity):
                 old_spec["acquireTime"] = now
                 old_spec["leaseTransitions"] = int(old_spec.get("leaseTransitions") or 0) + 1
-            body = {**old, "spec": {**old_spec, **spec}}
+            meta = dict(old.get("metadata") or {})
+            meta["labels"] = self._labels(kind, meta.get("labels") or {})
+            body = {**old, "metadata": meta, "spec": {**old_spec, **spec}}
             with tolerate(409, 404) as taken:
                 answer = self.api.replace_namespaced_lease(
                     name, self.namespace, body, _preload_content=False
@@ -267,6 +291,9 @@ class ShardKeeper:
             return False
         self._note(name, json.loads(answer.data), self.clock())
         return True
+
+    def _labels(self, kind: str, labels: Mapping[str, str]) -> dict[str, str]:
+        return {**labels, LEASE_LABEL: kind, COUNT_LABEL: str(self.count)}
 
     def _release(self, shard: int) -> None:
         name = sh.shard_lease(shard)
