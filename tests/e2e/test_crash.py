@@ -240,6 +240,10 @@ def all_terminal(kube: KubeClients, namespace: str, names: Iterable[str]) -> boo
     return all(p in TERMINAL for p in phases(kube, namespace, names).values())
 
 
+def unfinished(kube: KubeClients, namespace: str, names: Iterable[str]) -> int:
+    return sum(1 for p in phases(kube, namespace, names).values() if p not in TERMINAL)
+
+
 def wait_all_terminal(
     kube: KubeClients, namespace: str, names: Iterable[str], timeout: float, context: str
 ) -> None:
@@ -517,7 +521,10 @@ class CrashDriver:
     min_kills: int = MIN_KILLS
     min_hits: int = MIN_HITS_PER_POINT
     later: float = 0.0
-    """Added to each life's outside SIGKILL moment (a replica must first take shards)."""
+    """Added to each life's outside SIGKILL moment."""
+    working: Callable[[OperatorProcess], None] | None = None
+    """Waits, once a life is ready, until it has work of its own (a sharded replica: until
+    it owns shards); the outside SIGKILL's moment counts from then."""
 
     @property
     def kills(self) -> int:
@@ -544,6 +551,9 @@ class CrashDriver:
         begin = time.monotonic()
         with contextlib.suppress(OperatorError):  # it may die before it is ready
             self.op.wait_ready(READY_TIMEOUT)
+        if self.working is not None and self.op.alive():
+            with contextlib.suppress(TimeoutError, OSError, AssertionError):  # it may die
+                self.working(self.op)
         if self.op.alive():
             try:
                 self.op.wait_exit(kill_after)
@@ -706,7 +716,9 @@ AGENT_TURNS = 4
 answer."""
 AGENT_CALLS = 2
 AGENT_MIN_KILLS = 12
-AGENT_CRASH_PHASE_BUDGET = 150.0
+AGENT_CRASH_PHASE_BUDGET = 240.0
+"""Seconds of crash lives at most: a cap for a loaded machine (on an idle one the phase ends
+as soon as the kills and points are in)."""
 
 
 @dataclass
@@ -1046,7 +1058,7 @@ SHARDS = 6
 SHARD_LEASE_SECONDS = 4
 """Short, so that a dead replica's shards move within seconds (the default is 15)."""
 SHARDED_MIN_KILLS = int(os.environ.get("AGENTRUN_SHARDED_CRASH_KILLS") or 8)
-SHARDED_PHASE_BUDGET = 300.0
+SHARDED_PHASE_BUDGET = 360.0
 
 
 def sharded_env(namespace: str, identity: str) -> dict[str, str]:
@@ -1076,6 +1088,16 @@ def wait_shards_settled(ops: Iterable[OperatorProcess], context: str) -> list[fl
         return wait_for("the shards to settle among the replicas", settled, timeout=30)
     except TimeoutError:
         raise AssertionError(f"{context}: shards owned per replica {shards_owned(ops)}") from None
+
+
+def owning_shards(op: OperatorProcess) -> None:
+    """Until ``op`` owns a shard (a replica started anew waits for the others to give)."""
+    wait_for(
+        "the replica to own shards",
+        lambda: shards_owned([op])[0] > 0,
+        timeout=SHARD_LEASE_SECONDS * 5,
+        interval=0.2,
+    )
 
 
 def sharded_wave(plans: list[PlanSpec]) -> list[PlanSpec]:
@@ -1121,7 +1143,13 @@ def test_three_sharded_replicas_with_one_killed_at_every_crash_point(
     )
     wait_shards_settled([*steady, victim], "three replicas starting")
     driver = CrashDriver(
-        op=victim, rng=rng, hits=hits, min_kills=SHARDED_MIN_KILLS, min_hits=1, later=3.0
+        op=victim,
+        rng=rng,
+        hits=hits,
+        min_kills=SHARDED_MIN_KILLS,
+        min_hits=1,
+        later=1.0,
+        working=owning_shards,
     )
     next_wave()
     driver.live(crash_at, kill_after + driver.later, offset=0)
@@ -1130,7 +1158,7 @@ def test_three_sharded_replicas_with_one_killed_at_every_crash_point(
         and len(driver.lives) < MAX_CRASH_LIVES
         and time.monotonic() - began < SHARDED_PHASE_BUDGET
     ):
-        if all_terminal(kube, namespace, uids):
+        if unfinished(kube, namespace, uids) < 8:  # the victim's shards need steps in flight
             next_wave()
         if rng.random() < 0.5:  # a new pod; else the same pod's container again
             victim.env["AGENTRUN_IDENTITY"] = f"victim-{len(driver.lives) + 1}"
