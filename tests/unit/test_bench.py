@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 
+from agentrun_devcluster.bench import cpulimit
 from agentrun_devcluster.bench import main as bench_main
 from agentrun_devcluster.bench.audit import (
     AuditLog,
@@ -22,9 +23,10 @@ from agentrun_devcluster.bench.audit import (
     step_commits,
     step_marks,
 )
-from agentrun_devcluster.bench.cases import AgentResult
+from agentrun_devcluster.bench.cases import AgentResult, CaseResult, ReplicaResult
 from agentrun_devcluster.bench.procstat import parse_cpu_seconds, parse_rss_bytes
-from agentrun_devcluster.bench.report import requests_breakdown
+from agentrun_devcluster.bench.report import requests_breakdown, speedups
+from agentrun_devcluster.bench.session import sample, shard_env
 from agentrun_devcluster.bench.stats import percentile, ratio, summarize
 from agentrun_devcluster.bench.workloads import (
     AGENT_TOOL,
@@ -363,3 +365,120 @@ def test_the_slowest_model_request_is_named_by_its_turn() -> None:
     agent = AgentResult(mock.Mock(), 4, [0.1, 0.9, 0.2], [], into_turns=[2, 3, 4])
     assert agent.slowest_into == 3
     assert AgentResult(mock.Mock(), 1, [], []).slowest_into is None
+
+
+# -- replicas sharing the runs ----------------------------------------------------------------
+
+
+def test_replica_options_and_their_quick_defaults() -> None:
+    full = bench_main.parse_args(["--only", "replicas", "--replica-runs", "100"])
+    assert (full.only, full.replica_runs, full.replicas) == (
+        frozenset({"replicas"}),
+        100,
+        (1, 2, 3),
+    )
+    assert (full.replica_cpu, full.shards) == (bench_main.REPLICA_CPU, bench_main.SHARDS)
+    quick = bench_main.parse_args(["--quick", "--replicas", "1,3", "--replica-cpu", "0"])
+    assert (quick.replica_runs, quick.replicas, quick.replica_cpu) == (20, (1, 3), 0.0)
+    assert "replicas" in bench_main.parse_args([]).only, "the full run has the case"
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--shards", "0"])
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--replicas", "0,2"])
+
+
+def test_a_replica_shares_the_runs_with_its_leases_in_one_namespace() -> None:
+    assert shard_env(12, "bench-2x-1") == {
+        "AGENTRUN_SHARDS": "12",
+        "AGENTRUN_IDENTITY": "bench-2x-1",
+        "AGENTRUN_OPERATOR_NAMESPACE": "default",
+    }
+
+
+def test_a_gauge_is_read_from_metrics_text() -> None:
+    text = (
+        "# HELP agentrun_shards_owned Shards.\n# TYPE agentrun_shards_owned gauge\n"
+        "agentrun_shards_owned 4.0\n"
+        "# HELP agentrun_shard_changes_total C.\n# TYPE agentrun_shard_changes_total counter\n"
+        'agentrun_shard_changes_total{change="gained"} 4.0\n'
+    )
+    assert sample(text, "agentrun_shards_owned") == 4.0
+    assert sample(text, "agentrun_shard_changes_total") is None, "labelled samples are not it"
+    assert sample(text, "agentrun_shard_changes_total", {"change": "gained"}) == 4.0
+    assert sample(text, "agentrun_shard_changes_total", {"change": "lost"}) is None
+    assert sample("", "agentrun_shards_owned") is None
+
+
+def test_speedups_are_over_the_fewest_replicas() -> None:
+    assert speedups({1: 5.0, 2: 9.0, 3: None}) == {1: 1.0, 2: 1.8, 3: None}
+    assert speedups({3: 6.0, 2: 4.0}) == {3: 1.5, 2: 1.0}
+    assert speedups({1: None, 2: 3.0}) == {1: None, 2: None}
+    assert speedups({}) == {}
+
+
+def test_a_replica_case_sums_the_cpu_of_its_replicas() -> None:
+    cpu = {"replica 1": 30.0, "replica 2": 10.0, "kube-apiserver": 99.0}
+    run = CaseResult("r", "operator", 10, 10, 100.0, 10, 0, cpu)
+    result = ReplicaResult(2, run, [6.0, 6.0], 0.4)
+    assert run.operator_cpu == 40.0
+    assert result.cores_per_replica == pytest.approx(0.2)
+    unfinished = ReplicaResult(2, CaseResult("r", "operator", 10, 10, None, 3, 0, {}), [], None)
+    assert (unfinished.run.operator_cpu, unfinished.cores_per_replica) == (None, None)
+    assert CaseResult("o", "operator", 1, 1, 1.0, 1, 0, {"operator": 2.5}).operator_cpu == 2.5
+
+
+def test_the_cpu_hierarchy_is_v1s_cpu_first_then_v2s_root(tmp_path: Path) -> None:
+    assert cpulimit.find_hierarchy(tmp_path) is None
+    (tmp_path / "cgroup.controllers").write_text("memory pids\n")
+    assert cpulimit.find_hierarchy(tmp_path) is None, "v2 without the cpu controller"
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    assert cpulimit.find_hierarchy(tmp_path) == cpulimit.Hierarchy(2, tmp_path)
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpulimit.find_hierarchy(tmp_path) == cpulimit.Hierarchy(1, tmp_path / "cpu")
+
+
+def test_throttled_periods_from_cpu_stat_of_v1_and_v2() -> None:
+    v1 = "nr_periods 31\nnr_throttled 30\nthrottled_time 2365914760\nnr_bursts 0\n"
+    v2 = "usage_usec 1\nuser_usec 1\nsystem_usec 0\nnr_periods 8\nnr_throttled 2\n"
+    assert cpulimit.parse_cpu_stat(v1) == (31, 30)
+    assert cpulimit.parse_cpu_stat(v2 + "throttled_usec 5\n") == (8, 2)
+    assert cpulimit.parse_cpu_stat("") == (0, 0)
+
+
+def test_a_cpu_limit_is_a_quota_per_period() -> None:
+    v1 = cpulimit.Hierarchy(1, Path("/sys/fs/cgroup/cpu"))
+    assert v1.limit(0.4) == {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "40000"}
+    assert v1.limit(0.001)["cpu.cfs_quota_us"] == "1000", "the kernel's smallest quota"
+    assert cpulimit.Hierarchy(2, Path("/sys/fs/cgroup")).limit(1.5) == {"cpu.max": "150000 100000"}
+    assert "cpu.cfs_quota_us 40000" in v1.describe(0.4)
+
+
+def test_without_a_writable_hierarchy_nothing_is_limited(tmp_path: Path) -> None:
+    assert cpulimit.probe(0) == (None, "no CPU limit (--replica-cpu 0)")
+    hierarchy, note = cpulimit.probe(0.4, tmp_path)
+    assert hierarchy is None
+    assert note.startswith("no CPU limit: no cgroup")
+    with cpulimit.limited(None, 0.4, "bench", 3) as groups:
+        groups.place(2, 12345)  # no group: nothing happens
+        assert groups.periods() is None
+
+
+def test_a_v2_group_enables_cpu_in_the_root_and_writes_cpu_max(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    hierarchy = cpulimit.find_hierarchy(tmp_path)
+    assert hierarchy is not None
+    assert cpulimit.probe(0.4, tmp_path)[1].startswith("no CPU limit: cgroup v2"), (
+        "no cgroup.subtree_control: not a writable hierarchy"
+    )
+    (tmp_path / "cgroup.subtree_control").write_text("memory\n")
+    # A plain directory is no cgroupfs: the groups stay (rmdir fails on their files, quietly).
+    with cpulimit.limited(hierarchy, 0.25, "bench", 2) as groups:
+        groups.place(1, 4242)
+        assert groups.periods() is None, "no cpu.stat yet"
+        for index, stat in ((1, "nr_periods 10\nnr_throttled 4\n"), (2, "nr_periods 5\n")):
+            (tmp_path / f"bench-{index}" / "cpu.stat").write_text(stat)
+        assert groups.periods() == (15, 4)
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (tmp_path / "bench-1" / "cpu.max").read_text() == "25000 100000"
+    assert (tmp_path / "bench-2" / "cgroup.procs").read_text() == "4242"

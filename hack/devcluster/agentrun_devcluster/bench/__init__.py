@@ -6,6 +6,7 @@ control plane.
 * :mod:`~agentrun_devcluster.bench.session`: the cluster they run on;
 * :mod:`~agentrun_devcluster.bench.workloads`: the runs and Jobs they create;
 * :mod:`~agentrun_devcluster.bench.watch`: waiting for many objects with one watch;
+* :mod:`~agentrun_devcluster.bench.cpulimit`: the replicas' CPU limits (cgroups);
 * :mod:`~agentrun_devcluster.bench.audit`, :mod:`~agentrun_devcluster.bench.procstat`,
   :mod:`~agentrun_devcluster.bench.stats`: reading the audit log and /proc, percentiles;
 * :mod:`~agentrun_devcluster.bench.report`: the printed figures.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -35,7 +36,7 @@ from agentrun.settings import RUN_FINALIZER
 from agentrun_devcluster.lifecycle import http_answer
 from agentrun_devcluster.modelserver import ScriptedModel
 
-from . import procstat
+from . import cpulimit, procstat
 from .audit import Request, job_completions, run_finishes, step_commits, step_marks
 from .session import (
     BARE_NAMESPACE,
@@ -44,6 +45,7 @@ from .session import (
     RUNS_NAMESPACE,
     BenchCluster,
 )
+from .stats import ratio
 from .watch import Tracker, job_finished, run_finished
 from .workloads import (
     BENCH_LABEL,
@@ -57,10 +59,12 @@ from .workloads import (
 
 __all__ = [
     "CaseResult",
+    "ReplicaResult",
     "RestResult",
     "at_rest",
     "bare_chains",
     "operator_runs",
+    "replicated_runs",
 ]
 
 Say = Callable[[str], None]
@@ -101,6 +105,12 @@ class CaseResult:
         if not self.makespan:
             return None
         return self.done * (self.steps if self.kind == "operator" else 1) / self.makespan
+
+    @property
+    def operator_cpu(self) -> float | None:
+        """CPU seconds of the operator during the case, or of all its replicas together."""
+        used = [v for k, v in self.cpu.items() if k == "operator" or k.startswith("replica ")]
+        return sum(used) if used else None
 
     def of_user(self, user: str) -> list[Request]:
         return [r for r in self.requests if r.user == user]
@@ -303,6 +313,72 @@ def _runs(
         requests=bench.audit.read(start_offset, end_offset),
         window=window,
     )
+
+
+# -- runs shared by replicas -------------------------------------------------------------------
+
+
+@dataclass
+class ReplicaResult:
+    """Concurrent runs decided by ``replicas`` replicas of the operator sharing them."""
+
+    replicas: int
+    run: CaseResult
+    shards: list[float]
+    """Shards each replica owned when the runs were created."""
+    cpus: float | None
+    """The CPU limit of each replica; None: none."""
+    throttled: float | None = None
+    """The share of the replicas' CFS periods throttled by their limit while the runs ran
+    (None: no limit)."""
+    lost: float = 0.0
+    """Shards the replicas stopped deciding while the runs ran: their renewals came late
+    (none is given back at a rebalance then: the replicas had split them before)."""
+
+    @property
+    def cores_per_replica(self) -> float | None:
+        """CPU a replica used on average while the runs ran (cores; beside the limit: how
+        busy the limit kept it)."""
+        span = self.run.makespan
+        return ratio(self.run.operator_cpu, None if span is None else span * self.replicas)
+
+
+def replicated_runs(
+    bench: BenchCluster,
+    case: str,
+    replicas: int,
+    runs: int,
+    steps: int,
+    timeout: float,
+    *,
+    env: dict[str, str],
+    shards: int,
+    limit: tuple[cpulimit.Hierarchy | None, float],
+    say: Say,
+) -> ReplicaResult:
+    """Start ``replicas`` replicas sharing the runs in ``shards`` shards (no other operator
+    must be running), each in a cgroup of its own limited to ``limit`` (where, CPUs; no
+    hierarchy: no limit), wait until they split the shards, run :func:`operator_runs`, then
+    delete the runs (with the replicas still there to let them go) and stop the replicas."""
+    hierarchy, cpus = limit
+    group = f"agentrun-bench-{os.getpid()}-{case}"
+    with cpulimit.limited(hierarchy, cpus, group, replicas) as groups:
+        try:
+            bench.start_replicas(env, replicas, shards, groups.place)
+            owned = bench.wait_shards(shards)
+            say(f"  shards owned per replica: {', '.join(f'{n:g}' for n in owned)}")
+            before, lost = groups.periods(), bench.shards_lost()
+            result = operator_runs(bench, case, runs, steps, timeout)
+            after, lost = groups.periods(), bench.shards_lost() - lost
+        finally:
+            say(f"  cleaning up {case}")
+            delete_runs(bench, case, say)
+            bench.stop_replicas()
+    throttled = None
+    if before is not None and after is not None:
+        throttled = ratio(after[1] - before[1], after[0] - before[0])
+    limited = cpus if groups.groups else None
+    return ReplicaResult(replicas, result, owned, limited, throttled=throttled, lost=lost)
 
 
 @dataclass

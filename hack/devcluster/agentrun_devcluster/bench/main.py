@@ -11,7 +11,11 @@ with, and prints the report (:mod:`agentrun_devcluster.bench.report`):
 4. P3 (and P4): for each ``--runs`` concurrency, as many bare chains of ``--steps`` Jobs,
    then as many runs of ``--steps`` steps;
 5. plan size: one run of each ``--chains`` length (operator CPU per step);
-6. P5: the operator restarted with ``--finished`` finished runs present, then at rest for
+6. replicas: for each ``--replicas`` count, that many replicas sharing the runs
+   (``AGENTRUN_SHARDS``, ``--shards``), each in a cgroup of its own limited to
+   ``--replica-cpu`` CPUs (:mod:`~agentrun_devcluster.bench.cpulimit`), running
+   ``--replica-runs`` runs of ``--steps`` steps at once; the operator is stopped meanwhile;
+7. P5: the operator restarted with ``--finished`` finished runs present, then at rest for
    ``--rest-seconds``: first with three in four of them lacking the run finalizer (as runs
    created while the operator was down), then once more on the same runs, all given the
    finalizer first (as the operator leaves the runs it ran).
@@ -40,7 +44,7 @@ from typing import TypeVar
 from agentrun_devcluster.agent_demo import llm_command
 from agentrun_devcluster.controlplane import ControlPlane
 
-from . import cases
+from . import cases, cpulimit
 from .report import Report
 from .session import OPERATOR_USER, BenchCluster
 
@@ -58,6 +62,8 @@ QUICK = {
     "chains": "",
     "grace": 5,
     "turns": 5,
+    "replica_runs": 20,
+    "replicas": "1,2",
 }
 FULL = {
     "runs": "100,200",
@@ -68,10 +74,15 @@ FULL = {
     "chains": "10,50,128",
     "grace": None,
     "turns": 20,
+    "replica_runs": 400,
+    "replicas": "1,2,3",
 }
 
 
-CASES = ("p1", "p2", "p3", "chains", "agent", "p5")
+CASES = ("p1", "p2", "p3", "chains", "agent", "replicas", "p5")
+REPLICA_CPU = 0.15
+"""CPUs of each replica in the replicas case (its cgroup's quota)."""
+SHARDS = 12
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,10 @@ class BenchConfig:
     chains: tuple[int, ...]
     grace: int | None
     turns: int
+    replica_runs: int
+    replicas: tuple[int, ...]
+    replica_cpu: float
+    shards: int
     controller_manager_qps: int
     controller_manager_burst: int
     operator_env: tuple[tuple[str, str], ...]
@@ -150,6 +165,24 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     parser.add_argument(
         "--turns", type=int, help="model turns of the agent run (default 20; --quick: 5)"
     )
+    parser.add_argument(
+        "--replica-runs", type=int, help="runs of the replicas case (default 400; --quick: 20)"
+    )
+    parser.add_argument(
+        "--replicas", help="replica counts of the replicas case (default 1,2,3; --quick: 1,2)"
+    )
+    parser.add_argument(
+        "--replica-cpu",
+        type=float,
+        default=REPLICA_CPU,
+        help="CPUs of each replica (a cgroup CPU quota; 0: no limit; default %(default)s)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=SHARDS,
+        help="AGENTRUN_SHARDS of the replicas (default %(default)s)",
+    )
     parser.add_argument("--keep-state", action="store_true", help="keep the cluster's directory")
     parser.add_argument(
         "--only",
@@ -172,6 +205,11 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     only = frozenset(c.strip() for c in (args.only or ",".join(CASES)).split(",") if c.strip())
     if not only or only - set(CASES):
         parser.error(f"--only {args.only!r}: choose among {', '.join(CASES)}")
+    if args.shards < 1:
+        parser.error("--shards: 1 or more")
+    replicas = _ints(str(pick("replicas")))
+    if any(n < 1 for n in replicas):
+        parser.error(f"--replicas {args.replicas!r}: counts of 1 or more")
     return BenchConfig(
         runs=_ints(str(pick("runs"))),
         steps=int(str(pick("steps"))),
@@ -181,6 +219,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         chains=_ints(str(pick("chains"))),
         grace=None if grace is None else int(str(grace)),
         turns=int(str(pick("turns"))),
+        replica_runs=int(str(pick("replica_runs"))),
+        replicas=replicas,
+        replica_cpu=args.replica_cpu,
+        shards=args.shards,
         controller_manager_qps=args.cm_qps,
         controller_manager_burst=args.cm_burst,
         operator_env=tuple(env),
@@ -217,7 +259,8 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def header(config: BenchConfig, bench: BenchCluster) -> list[str]:
+def header(config: BenchConfig, bench: BenchCluster, limit: str = "") -> list[str]:
+    """The report's header; ``limit``: how the replicas' CPU is limited."""
     changed = [line for line in _git("status", "--porcelain").splitlines() if line.strip()]
     tracked = [line for line in changed if not line.startswith("??")]
     tree = (
@@ -245,7 +288,54 @@ def header(config: BenchConfig, bench: BenchCluster) -> list[str]:
         f"P3 {', '.join(map(str, config.runs))} runs of {config.steps} steps; "
         f"plan sizes {', '.join(map(str, config.chains)) or 'none'}; "
         f"P5 {config.finished} finished runs, {config.rest_seconds:.0f} s at rest",
+        *_replicas_header(config, limit),
     ]
+
+
+def _replicas_header(config: BenchConfig, limit: str) -> list[str]:
+    if "replicas" not in config.only:
+        return []
+    counts = ", ".join(map(str, config.replicas))
+    return [
+        f"    replicas      {config.replica_runs} runs of {config.steps} steps by {counts} "
+        f"replicas (AGENTRUN_SHARDS={config.shards}, the operator stopped meanwhile); {limit}",
+    ]
+
+
+def _replica_cases(
+    bench: BenchCluster,
+    config: BenchConfig,
+    limit: tuple[cpulimit.Hierarchy | None, float],
+    attempt: Callable[[str, Callable[[], cases.ReplicaResult]], cases.ReplicaResult | None],
+) -> list[cases.ReplicaResult]:
+    """The replicas case for each count, the operator stopped meanwhile (started again
+    after)."""
+    results: list[cases.ReplicaResult] = []
+    runs = config.replica_runs
+    bench.stop_operator()
+    try:
+        for count in config.replicas:
+            result = attempt(
+                f"replicas: {runs} runs of {config.steps} steps shared by {count} replicas",
+                functools.partial(
+                    cases.replicated_runs,
+                    bench,
+                    f"replicas-{count}",
+                    count,
+                    runs,
+                    config.steps,
+                    300.0 + runs * config.steps * 1.0,
+                    env=config.env(),
+                    shards=config.shards,
+                    limit=limit,
+                    say=say,
+                ),
+            )
+            if result is not None:
+                results.append(result)
+    finally:
+        bench.start_operator(config.env())
+    return results
 
 
 def run(config: BenchConfig) -> int:
@@ -269,19 +359,23 @@ def run(config: BenchConfig) -> int:
             say(f"  failed: {error!r}")
             traceback.print_exc()
             return None
-        summary = getattr(result, "makespan", None)
-        if isinstance(result, cases.CaseResult):
+        case = result.run if isinstance(result, cases.ReplicaResult) else result
+        if isinstance(case, cases.CaseResult):
+            summary = case.makespan
             say(
-                f"  {result.done} done, {result.failed} failed, makespan "
+                f"  {case.done} done, {case.failed} failed, makespan "
                 f"{'-' if summary is None else f'{summary:.1f} s'}, "
-                f"{len(result.requests)} requests audited"
+                f"{len(case.requests)} requests audited"
             )
         return result
 
     try:
         say("starting the local control plane, the node and the operator")
         bench.start()
-        report.header = header(config, bench)
+        hierarchy, limit_note = (
+            cpulimit.probe(config.replica_cpu) if "replicas" in config.only else (None, "")
+        )
+        report.header = header(config, bench, limit_note)
         say(f"cluster state in {bench.state_dir}")
         bench.start_operator(config.env())
         env = config.env()
@@ -392,6 +486,12 @@ def run(config: BenchConfig) -> int:
                 ),
             )
             cleanup_runs("agent")
+
+        # replicas sharing the runs
+        if "replicas" in config.only:
+            report.replicas = _replica_cases(
+                bench, config, (hierarchy, config.replica_cpu), attempt
+            )
 
         # P5
         if "p5" in config.only:

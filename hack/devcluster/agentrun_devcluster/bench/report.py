@@ -7,14 +7,14 @@ depends on the machine it was taken on).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
-from .cases import AgentResult, CaseResult, RestResult
+from .cases import AgentResult, CaseResult, ReplicaResult, RestResult
 from .stats import fmt, ratio, summarize
 
-__all__ = ["Report", "requests_breakdown"]
+__all__ = ["Report", "requests_breakdown", "speedups"]
 
 MIB = 1024 * 1024
 
@@ -54,6 +54,50 @@ def _writes(requests: Sequence[Request]) -> int:
     return sum(1 for r in requests if r.write)
 
 
+def speedups(rates: Mapping[int, float | None]) -> dict[int, float | None]:
+    """Each replica count's throughput over that of the fewest replicas measured (None where
+    either is missing)."""
+    if not rates:
+        return {}
+    base = rates[min(rates)]
+    return {count: ratio(rate, base) for count, rate in rates.items()}
+
+
+PROCESSES = {
+    "kube-apiserver": "apiserver",
+    "etcd": "etcd",
+    "kube-controller-manager": "controllers",
+    "local node": "local node",
+    "operator": "operator",
+    "benchmark": "benchmark",
+}
+"""The processes whose CPU the cases' tables show, and their columns' titles."""
+
+
+def _costs(cases: Sequence[CaseResult]) -> list[str]:
+    """The CPU seconds of each process, and the API requests by user, of each case."""
+    lines = ["    CPU seconds of each process during the case (operator: every replica):"]
+    lines.append(f"      {'':<16}" + "".join(f"{p:>12}" for p in PROCESSES.values()))
+    for case in cases:
+        used = [case.operator_cpu if p == "operator" else case.cpu.get(p) for p in PROCESSES]
+        lines.append(f"      {case.name:<16}" + "".join(f"{fmt(c, '', 1):>12}" for c in used))
+    lines.append(
+        "    API requests during the case, by user (admin: the benchmark and the local node):"
+    )
+    for case in cases:
+        users = Counter(r.user for r in case.requests)
+        top = ", ".join(f"{u} {n}" for u, n in users.most_common(4))
+        lines.append(
+            f"      {case.name:<16}{len(case.requests):>8} ({_writes(case.requests)} "
+            f"writes) in {case.window:.0f} s: {top}"
+        )
+    return lines
+
+
+REPLICA_TARGETS = {2: ">= 1.7x"}
+"""Throughput of N replicas over one replica's, as the design asks."""
+
+
 @dataclass
 class Report:
     """Collects the cases' results and renders them."""
@@ -68,13 +112,14 @@ class Report:
     chains: list[CaseResult] = field(default_factory=list)
     agent: AgentResult | None = None
     rests: list[RestResult] = field(default_factory=list)
+    replicas: list[ReplicaResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     footer: list[str] = field(default_factory=list)
 
     def render(self) -> str:
         lines = [*self.header, *self.footer]
         lines += self._p1() + self._p2() + self._p3() + self._p4() + self._p5() + self._chains()
-        lines += self._agent()
+        lines += self._agent() + self._replicas()
         lines += self._targets()
         if self.errors:
             lines += ["", "Cases that did not complete:"] + [f"  {e}" for e in self.errors]
@@ -156,35 +201,7 @@ class Report:
                 f"{fmt(op.makespan if op else None, 's', 1):>14}"
                 f"{fmt(bare.makespan if bare else None, 's', 1):>15}"
             )
-        processes = {
-            "kube-apiserver": "apiserver",
-            "etcd": "etcd",
-            "kube-controller-manager": "controllers",
-            "local node": "local node",
-            "operator": "operator",
-            "benchmark": "benchmark",
-        }
-        lines.append("    CPU seconds of each process during the case:")
-        lines.append(f"      {'':<16}" + "".join(f"{p:>12}" for p in processes.values()))
-        for _, op, bare in self.p3:
-            for case in (op, bare):
-                if case is not None:
-                    cells = [fmt(case.cpu.get(p), "", 1) for p in processes]
-                    lines.append(f"      {case.name:<16}" + "".join(f"{c:>12}" for c in cells))
-        lines.append(
-            "    API requests during the case, by user (admin: the benchmark and the local node):"
-        )
-        for _, op, bare in self.p3:
-            for case in (op, bare):
-                if case is None:
-                    continue
-                users = Counter(r.user for r in case.requests)
-                top = ", ".join(f"{u} {n}" for u, n in users.most_common(4))
-                lines.append(
-                    f"      {case.name:<16}{len(case.requests):>8} ({_writes(case.requests)} "
-                    f"writes) in {case.window:.0f} s: {top}"
-                )
-        return lines
+        return lines + _costs([c for _, op, bare in self.p3 for c in (op, bare) if c is not None])
 
     def _p4(self) -> list[str]:
         rows: list[tuple[str, list[float]]] = []
@@ -310,6 +327,54 @@ class Report:
             lines.append(f"    the slowest model request after a result: turn {agent.slowest_into}")
         return lines
 
+    def _replica_speedups(self) -> dict[int, float | None]:
+        return speedups({r.replicas: r.run.throughput for r in self.replicas})
+
+    def _replicas(self) -> list[str]:
+        if not self.replicas:
+            return []
+        first = self.replicas[0]
+        base = min(r.replicas for r in self.replicas)
+        limit = "no CPU limit" if first.cpus is None else f"each limited to {first.cpus:g} CPU"
+        heads = (
+            "replicas", "shards", "steps/s", "makespan", f"x of {base}", "P4 p50", "P4 p99",
+            "req/step", "writes/step", "op CPU", "CPU/replica", "throttled", "shards lost",
+        )  # fmt: skip
+        lines = [
+            "",
+            f"Replicas  {first.run.runs} runs of {first.run.steps} steps at once, shared by "
+            f"{', '.join(str(r.replicas) for r in self.replicas)} replicas ({limit}; "
+            f"{sum(first.shards):g} shards)",
+            "    (steps/s and makespan: benchmark clock; P4 and requests, of every replica, "
+            "from the audit log; CPU from /proc: seconds of all replicas, and cores per replica",
+            "    on average over the makespan; throttled: the share of the replicas' CFS periods "
+            "in which their limit stopped them; shards lost: shards",
+            "    whose Lease renewals came too late, from agentrun_shard_changes)",
+            "    " + "".join(f"{h:>12}" for h in heads),
+        ]
+        gains = self._replica_speedups()
+        for r in self.replicas:
+            case = r.run
+            p4 = summarize(case.commit_latencies())
+            mine = case.operator_requests
+            cells = [
+                str(r.replicas),
+                ",".join(f"{n:g}" for n in r.shards),
+                fmt(case.throughput),
+                fmt(case.makespan, "s", 1),
+                fmt(gains.get(r.replicas), "x"),
+                fmt(p4.p50 if p4 else None, "s", 3),
+                fmt(p4.p99 if p4 else None, "s", 3),
+                fmt(len(mine) / case.total_steps, "", 2),
+                fmt(_writes(mine) / case.total_steps, "", 2),
+                fmt(case.operator_cpu, "s", 1),
+                fmt(r.cores_per_replica, "", 2),
+                fmt(None if r.throttled is None else r.throttled * 100, "%", 0),
+                f"{r.lost:g}",
+            ]
+            lines.append("    " + "".join(f"{c:>12}" for c in cells))
+        return lines + _costs([r.run for r in self.replicas])
+
     def _targets(self) -> list[str]:
         """The design's targets beside the figures measured here."""
         rows: list[tuple[str, str, str]] = []
@@ -389,6 +454,17 @@ class Report:
                     "<= 1.20x",
                 )
             )
+        gains = self._replica_speedups()
+        base = min(gains, default=1)
+        for count, gain in gains.items():
+            if count != base:
+                rows.append(
+                    (
+                        f"throughput of {count} replicas vs {base}",
+                        fmt(gain, "x"),
+                        REPLICA_TARGETS.get(count, "") if base == 1 else "",
+                    )
+                )
         if not rows:
             return []
         lines = ["", "Figures beside the design's targets (no verdict: timings vary by machine)"]

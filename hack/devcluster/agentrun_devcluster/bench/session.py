@@ -9,9 +9,11 @@ benchmark itself and the bare-Jobs script are ``admin``.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +21,10 @@ from typing import Any
 
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.api import crd
+from agentrun.loop.shards import LEASE_LABEL
 from agentrun_devcluster.binaries import resolve_bin_dir
 from agentrun_devcluster.controlplane import ControlPlane, wait_established
 from agentrun_devcluster.node import NodeProcess
@@ -31,11 +35,14 @@ from .audit import BENCH_AUDIT_POLICY, AuditLog
 
 __all__ = [
     "BARE_NAMESPACE",
+    "LEASE_NAMESPACE",
     "OPERATOR_USER",
     "REST_NAMESPACE",
     "RUNS_NAMESPACE",
     "BenchCluster",
     "Clients",
+    "sample",
+    "shard_env",
 ]
 
 OPERATOR_USER = "agentrun-operator"
@@ -45,6 +52,29 @@ BARE_NAMESPACE = "bench-bare"
 """Where the bare-Jobs script's Jobs go."""
 REST_NAMESPACE = "bench-rest"
 """Where the finished runs of the at-rest case go."""
+SHARDS_LOST = "agentrun_shard_changes_total"
+LEASE_NAMESPACE = "default"
+"""The replicas' namespace (AGENTRUN_OPERATOR_NAMESPACE): their Leases, and the signing key
+that the single operator keeps there too."""
+
+
+def shard_env(shards: int, identity: str) -> dict[str, str]:
+    """The settings of a replica sharing the runs with others, in ``shards`` shards."""
+    return {
+        "AGENTRUN_SHARDS": str(shards),
+        "AGENTRUN_IDENTITY": identity,
+        "AGENTRUN_OPERATOR_NAMESPACE": LEASE_NAMESPACE,
+    }
+
+
+def sample(text: str, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+    """The value of the sample ``name`` with exactly ``labels`` (none by default) in a
+    /metrics text; None if absent."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels == dict(labels or {}):
+                return float(s.value)
+    return None
 
 
 @dataclass
@@ -90,6 +120,8 @@ class BenchCluster:
         self.node: NodeProcess | None = None
         self.operator: OperatorProcess | None = None
         self.operator_env: dict[str, str] = {}
+        self.replicas: list[OperatorProcess] = []
+        """The replicas sharing the runs (:meth:`start_replicas`), instead of the operator."""
         self._admin: Clients | None = None
         self._operator_kubeconfig: Path | None = None
         self._operator_starts = 0
@@ -119,6 +151,7 @@ class BenchCluster:
         self._operator_kubeconfig = self.cp.mint_user_kubeconfig(OPERATOR_USER, ["system:masters"])
 
     def stop(self) -> None:
+        self.stop_replicas()
         if self.operator is not None:
             self.operator.stop()
         if self._admin is not None:
@@ -176,23 +209,100 @@ class BenchCluster:
     def start_operator(self, env: Mapping[str, str], *, wait_ready: bool = True) -> OperatorProcess:
         """``agentrun run --all-namespaces`` as :data:`OPERATOR_USER`; default settings plus
         ``env``."""
-        if self._operator_kubeconfig is None:
-            raise RuntimeError("the bench cluster is not started")
         self._operator_starts += 1
         self.operator_env = dict(env)
-        self.operator = OperatorProcess(
+        self.operator = self._operator_process(env, f"operator-{self._operator_starts}.log")
+        return self.operator.start(wait_ready=wait_ready)
+
+    def _operator_process(self, env: Mapping[str, str], log_name: str) -> OperatorProcess:
+        if self._operator_kubeconfig is None:
+            raise RuntimeError("the bench cluster is not started")
+        return OperatorProcess(
             self._operator_kubeconfig,
             all_namespaces=True,
             env=env,
-            log_path=self.state_dir / f"operator-{self._operator_starts}.log",
+            log_path=self.state_dir / log_name,
             ready_timeout=600.0,
         )
-        return self.operator.start(wait_ready=wait_ready)
 
     def stop_operator(self) -> None:
         if self.operator is not None:
             self.operator.stop()
             self.operator = None
+
+    def start_replicas(
+        self,
+        env: Mapping[str, str],
+        count: int,
+        shards: int,
+        place: Callable[[int, int], None] = lambda index, pid: None,
+    ) -> list[OperatorProcess]:
+        """``count`` replicas sharing the runs in ``shards`` shards (no other operator must be
+        running), each as :data:`OPERATOR_USER` with default settings plus ``env``, each
+        given to ``place(index, pid)`` (into its cgroup) before it is waited for. Leases of
+        replicas before are deleted first."""
+        self.stop_replicas()
+        self.delete_shard_leases()
+        for index in range(count):
+            identity = f"bench-{count}x-{index + 1}"
+            replica = self._operator_process(
+                {**env, **shard_env(shards, identity)}, f"operator-{identity}.log"
+            )
+            self.replicas.append(replica)
+            replica.start(wait_ready=False)
+            assert replica.pid is not None
+            place(index, replica.pid)
+        for replica in self.replicas:
+            replica.wait_ready(600.0)
+        return self.replicas
+
+    def replica_samples(self, name: str, labels: Mapping[str, str] | None = None) -> list[float]:
+        """The sample ``name`` (with ``labels``) of each replica's /metrics (-1 when it did
+        not answer, 0 when it has no such sample yet)."""
+        values: list[float] = []
+        for replica in self.replicas:
+            try:
+                with urllib.request.urlopen(replica.metrics_url, timeout=5) as answer:
+                    value = sample(answer.read().decode(), name, labels)
+            except OSError:
+                values.append(-1.0)
+                continue
+            values.append(0.0 if value is None else value)
+        return values
+
+    def shards_owned(self) -> list[float]:
+        """``agentrun_shards_owned`` of each replica (-1 when /metrics did not answer)."""
+        return self.replica_samples("agentrun_shards_owned")
+
+    def shards_lost(self) -> float:
+        """Shards the replicas stopped deciding so far (``agentrun_shard_changes`` lost):
+        given back at a rebalance, or lapsed while their renewals were late."""
+        return sum(max(0.0, v) for v in self.replica_samples(SHARDS_LOST, {"change": "lost"}))
+
+    def wait_shards(self, shards: int, timeout: float = 120.0) -> list[float]:
+        """Wait until the replicas own every shard between them, each some and none over its
+        share (``shards / replicas`` rounded up); what each owns. Raises RuntimeError after
+        ``timeout``."""
+        deadline = time.monotonic() + timeout
+        share = math.ceil(shards / max(1, len(self.replicas)))
+        while True:
+            owned = self.shards_owned()
+            if sum(owned) == shards and min(owned) > 0 and max(owned) <= share:
+                return owned
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"shards owned per replica after {timeout:.0f}s: {owned}")
+            time.sleep(0.5)
+
+    def stop_replicas(self) -> None:
+        """Stop every replica (each gives its shards back as it stops)."""
+        for replica in self.replicas:
+            replica.stop()
+        self.replicas = []
+
+    def delete_shard_leases(self) -> None:
+        kube_client.CoordinationV1Api(self.admin.api_client).delete_collection_namespaced_lease(
+            LEASE_NAMESPACE, label_selector=LEASE_LABEL
+        )
 
     # -- what processes cost -----------------------------------------------------------------
 
@@ -203,6 +313,9 @@ class BenchCluster:
             found["local node"] = self.node.proc.pid
         if self.operator is not None and self.operator.pid is not None and self.operator.alive():
             found["operator"] = self.operator.pid
+        for index, replica in enumerate(self.replicas, 1):
+            if replica.pid is not None and replica.alive():
+                found[f"replica {index}"] = replica.pid
         found["benchmark"] = os.getpid()
         return found
 
