@@ -716,6 +716,9 @@ AGENT_TURNS = 4
 answer."""
 AGENT_CALLS = 2
 AGENT_MIN_KILLS = 12
+AGENT_LATER = 2.0
+"""Added to each agent life's outside SIGKILL moment: a model turn's pod takes a while to
+start, so on a busy machine the points of turns and results came after the kill."""
 AGENT_CRASH_PHASE_BUDGET = 240.0
 """Seconds of crash lives at most: a cap for a loaded machine (on an idle one the phase ends
 as soon as the kills and points are in)."""
@@ -851,9 +854,11 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
             "AGENTRUN_CRASH_AT": crash_at,
             "AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND),
         }
-        driver = CrashDriver(op=start_operator(env=env), rng=rng, hits=hits, points=AGENT_POINTS)
+        driver = CrashDriver(
+            op=start_operator(env=env), rng=rng, hits=hits, points=AGENT_POINTS, later=AGENT_LATER
+        )
         next_wave()
-        driver.live(crash_at, kill_after, offset=0)
+        driver.live(crash_at, kill_after + driver.later, offset=0)
         live_until(
             driver,
             lambda: (
