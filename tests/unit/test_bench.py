@@ -15,6 +15,7 @@ from agentrun_devcluster.bench import cpulimit
 from agentrun_devcluster.bench import main as bench_main
 from agentrun_devcluster.bench.audit import (
     AuditLog,
+    Request,
     by_verb_and_resource,
     job_completions,
     parse_requests,
@@ -24,13 +25,22 @@ from agentrun_devcluster.bench.audit import (
     step_marks,
 )
 from agentrun_devcluster.bench.cases import AgentResult, CaseResult, ReplicaResult
+from agentrun_devcluster.bench.peer import (
+    EXECUTOR_USER,
+    PeerResult,
+    PeerRow,
+    engine_writes,
+    workflow_finished,
+    workloads,
+)
 from agentrun_devcluster.bench.procstat import parse_cpu_seconds, parse_rss_bytes
-from agentrun_devcluster.bench.report import requests_breakdown, speedups
+from agentrun_devcluster.bench.report import Report, requests_breakdown, speedups
 from agentrun_devcluster.bench.session import sample, shard_env
 from agentrun_devcluster.bench.stats import percentile, ratio, summarize
 from agentrun_devcluster.bench.workloads import (
     AGENT_TOOL,
     agent_run,
+    argo_workflow,
     bare_job,
     chain_run,
     finished_run,
@@ -482,3 +492,91 @@ def test_a_v2_group_enables_cpu_in_the_root_and_writes_cpu_max(tmp_path: Path) -
     assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu"
     assert (tmp_path / "bench-1" / "cpu.max").read_text() == "25000 100000"
     assert (tmp_path / "bench-2" / "cgroup.procs").read_text() == "4242"
+
+
+# -- the peer leg -----------------------------------------------------------------------------
+
+
+def test_a_workflow_runs_the_steps_of_a_chain_one_after_the_other() -> None:
+    workflow = argo_workflow("w", 3, "case")
+    run = chain_run("r", 3, "case")
+    chain, step = workflow["spec"]["templates"]
+    assert workflow["spec"]["entrypoint"] == chain["name"]
+    assert chain["steps"] == [[{"name": f"s00{i}", "template": step["name"]}] for i in range(3)]
+    assert step["container"]["command"] == run["spec"]["plan"]["steps"][0]["container"]["command"]
+    assert step["container"]["image"] == run["spec"]["plan"]["steps"][0]["container"]["image"]
+    assert workflow["metadata"]["labels"] == workflow["spec"]["podMetadata"]["labels"]
+    assert workflow["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_a_workflow_is_finished_in_argos_terminal_phases_only() -> None:
+    for phase, finished in [
+        ("Succeeded", True),
+        ("Failed", True),
+        ("Error", True),
+        ("Running", False),
+        ("Pending", False),
+    ]:
+        assert workflow_finished({"status": {"phase": phase}}) is finished
+    assert not workflow_finished({})
+
+
+def _request(user: str, verb: str, resource: str, code: int = 200) -> Request:
+    return Request("id", user, verb, "", resource, "ns", "n", code, 0.0, 1.0)
+
+
+def test_each_legs_engine_writes_are_its_own() -> None:
+    requests = [
+        _request("agentrun-operator", "create", "jobs"),
+        _request("agentrun-operator", "patch", "agentruns/status"),
+        _request("agentrun-operator", "get", "agentruns"),
+        _request("argo-workflow-controller", "update", "workflows"),
+        _request("argo-workflow-controller", "create", "pods"),
+        _request(EXECUTOR_USER, "create", "workflowtaskresults"),
+        _request("admin", "create", "jobs"),
+        _request("admin", "create", "jobs", code=409),
+        _request("admin", "update", "pods/status"),
+        _request("system:kube-controller-manager", "create", "pods"),
+    ]
+    assert engine_writes("operator", requests) == 2
+    assert engine_writes("argo", requests) == 3
+    assert engine_writes("bare", requests) == 2, "the script's Job creates (both answered)"
+
+
+def test_the_peer_workloads_are_one_step_a_chain_and_many_runs() -> None:
+    assert workloads(200, 10, 20) == [
+        ("one 1-step run", 1, 1),
+        ("one 20-step sequential run", 1, 20),
+        ("200 concurrent 10-step runs", 200, 10),
+    ]
+    full = bench_main.parse_args(["--only", "peer"])
+    assert (full.peer_runs, full.peer_steps, full.peer_chain) == (200, 10, 20)
+    assert full.argo_env == (), "Argo with its release's defaults"
+    quick = bench_main.parse_args(["--quick", "--peer-runs", "7", "--argo-env", "A=2s"])
+    assert (quick.peer_runs, quick.peer_steps) == (7, bench_main.QUICK["peer_steps"])
+    assert quick.argo_env == (("A", "2s"),)
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--argo-env", "NOPE"])
+    assert "peer" in bench_main.parse_args([]).only, "the full run has the peer leg"
+
+
+def test_the_peer_report_compares_writes_and_throughput_with_argo() -> None:
+    op_requests = [_request("agentrun-operator", "patch", "agentruns/status")] * 20
+    argo_requests = [_request("argo-workflow-controller", "update", "workflows")] * 50
+    argo_requests += [_request(EXECUTOR_USER, "create", "workflowtaskresults")] * 50
+    legs: dict[str, CaseResult | None] = {
+        "operator": CaseResult("o", "operator", 2, 5, 10.0, 2, 0, {"operator": 3.0}, op_requests),
+        "bare": CaseResult("b", "bare", 2, 5, 5.0, 10, 0, {}),
+        "argo": CaseResult("a", "argo", 2, 5, 20.0, 2, 0, {"argo controller": 4.0}, argo_requests),
+    }
+    row = PeerRow("2 concurrent 5-step runs", 2, 5, legs, {"operator": 100 * 2**20})
+    text = Report(peer=PeerResult([row], ["Argo Workflows v4.0.5"])).render()
+    assert "Argo Workflows v4.0.5" in text
+    assert "writes/step, operator / Argo (2 concurrent 5-step runs)" in text
+    ratios = [line for line in text.splitlines() if "operator / Argo" in line]
+    assert "0.20" in ratios[0] and "target <= 0.20" in ratios[0], "2 against 10 per step"
+    assert "2.00 x" in ratios[1] and "target >= 1.00x" in ratios[1], "1.0 against 0.5 steps/s"
+    assert "100 MiB" in text
+    assert "(did not complete)" not in text
+    unrun = Report(peer=PeerResult([], ["not run: no Docker engine"])).render()
+    assert "not run: no Docker engine" in unrun and "operator / Argo" not in unrun

@@ -80,7 +80,7 @@ class CaseResult:
 
     name: str
     kind: str
-    """``operator`` or ``bare``."""
+    """``operator``, ``bare`` or ``argo`` (the peer leg's Workflows)."""
     runs: int
     steps: int
     makespan: float | None
@@ -104,7 +104,7 @@ class CaseResult:
         """Steps (or Jobs) per second over the makespan."""
         if not self.makespan:
             return None
-        return self.done * (self.steps if self.kind == "operator" else 1) / self.makespan
+        return self.done * (1 if self.kind == "bare" else self.steps) / self.makespan
 
     @property
     def operator_cpu(self) -> float | None:

@@ -18,7 +18,12 @@ with, and prints the report (:mod:`agentrun_devcluster.bench.report`):
 7. P5: the operator restarted with ``--finished`` finished runs present, then at rest for
    ``--rest-seconds``: first with three in four of them lacking the run finalizer (as runs
    created while the operator was down), then once more on the same runs, all given the
-   finalizer first (as the operator leaves the runs it ran).
+   finalizer first (as the operator leaves the runs it ran);
+8. peer: after that cluster is stopped, one of its own whose node runs pods as Docker
+   containers, with the operator and Argo Workflows' controller beside it: one 1-step run,
+   one ``--peer-chain``-step sequential run and ``--peer-runs`` concurrent runs of
+   ``--peer-steps`` steps, each through the operator, as bare Jobs and as Argo Workflows
+   (:mod:`~agentrun_devcluster.bench.peer`).
 
 Everything stays on 127.0.0.1, every wait is bounded, and the cluster is removed at the end
 (``--keep-state`` keeps its directory: logs, audit log, operator logs).
@@ -44,9 +49,9 @@ from typing import TypeVar
 from agentrun_devcluster.agent_demo import llm_command
 from agentrun_devcluster.controlplane import ControlPlane
 
-from . import cases, cpulimit
+from . import cases, cpulimit, peer
 from .report import Report
-from .session import OPERATOR_USER, BenchCluster
+from .session import OPERATOR_USER, PEER_NAMESPACE, BenchCluster
 
 __all__ = ["BenchConfig", "main"]
 
@@ -64,6 +69,9 @@ QUICK = {
     "turns": 5,
     "replica_runs": 20,
     "replicas": "1,2",
+    "peer_runs": 5,
+    "peer_steps": 3,
+    "peer_chain": 5,
 }
 FULL = {
     "runs": "100,200",
@@ -76,10 +84,13 @@ FULL = {
     "turns": 20,
     "replica_runs": 400,
     "replicas": "1,2,3",
+    "peer_runs": 200,
+    "peer_steps": 10,
+    "peer_chain": 20,
 }
 
 
-CASES = ("p1", "p2", "p3", "chains", "agent", "replicas", "p5")
+CASES = ("p1", "p2", "p3", "chains", "agent", "replicas", "p5", "peer")
 REPLICA_CPU = 0.15
 """CPUs of each replica in the replicas case (its cgroup's quota)."""
 SHARDS = 12
@@ -99,6 +110,9 @@ class BenchConfig:
     replicas: tuple[int, ...]
     replica_cpu: float
     shards: int
+    peer_runs: int
+    peer_steps: int
+    peer_chain: int
     controller_manager_qps: int
     controller_manager_burst: int
     operator_env: tuple[tuple[str, str], ...]
@@ -106,6 +120,8 @@ class BenchConfig:
     quick: bool
     only: frozenset[str] = frozenset(CASES)
     """The cases to run (all by default)."""
+    argo_env: tuple[tuple[str, str], ...] = ()
+    """Settings of Argo's controller changed from its defaults (the peer leg)."""
 
     def env(self) -> dict[str, str]:
         env = dict(self.operator_env)
@@ -183,6 +199,23 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         default=SHARDS,
         help="AGENTRUN_SHARDS of the replicas (default %(default)s)",
     )
+    parser.add_argument(
+        "--peer-runs", type=int, help="concurrent runs of the peer leg (default 200; --quick: 5)"
+    )
+    parser.add_argument(
+        "--peer-steps", type=int, help="steps of each concurrent peer run (default 10; --quick: 3)"
+    )
+    parser.add_argument(
+        "--peer-chain", type=int, help="steps of the peer leg's sequential run (default 20)"
+    )
+    parser.add_argument(
+        "--argo-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of Argo's controller in the peer leg (repeatable; default: none), "
+        "e.g. DEFAULT_REQUEUE_TIME=2s",
+    )
     parser.add_argument("--keep-state", action="store_true", help="keep the cluster's directory")
     parser.add_argument(
         "--only",
@@ -201,6 +234,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         if not sep or not name.startswith("AGENTRUN_"):
             parser.error(f"--operator-env {item!r}: give AGENTRUN_NAME=VALUE")
         env.append((name, value))
+    argo_env: list[tuple[str, str]] = []
+    for item in args.argo_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--argo-env {item!r}: give NAME=VALUE")
+        argo_env.append((name, value))
     grace = pick("grace")
     only = frozenset(c.strip() for c in (args.only or ",".join(CASES)).split(",") if c.strip())
     if not only or only - set(CASES):
@@ -223,12 +262,16 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         replicas=replicas,
         replica_cpu=args.replica_cpu,
         shards=args.shards,
+        peer_runs=int(str(pick("peer_runs"))),
+        peer_steps=int(str(pick("peer_steps"))),
+        peer_chain=int(str(pick("peer_chain"))),
         controller_manager_qps=args.cm_qps,
         controller_manager_burst=args.cm_burst,
         operator_env=tuple(env),
         keep_state=args.keep_state,
         quick=args.quick,
         only=only,
+        argo_env=tuple(argo_env),
     )
 
 
@@ -289,6 +332,17 @@ def header(config: BenchConfig, bench: BenchCluster, limit: str = "") -> list[st
         f"plan sizes {', '.join(map(str, config.chains)) or 'none'}; "
         f"P5 {config.finished} finished runs, {config.rest_seconds:.0f} s at rest",
         *_replicas_header(config, limit),
+        *_peer_header(config),
+    ]
+
+
+def _peer_header(config: BenchConfig) -> list[str]:
+    if "peer" not in config.only:
+        return []
+    return [
+        f"    peer          1 run of 1 step, 1 of {config.peer_chain} sequential steps, "
+        f"{config.peer_runs} concurrent runs of {config.peer_steps} steps: operator, bare Jobs, "
+        "Argo Workflows, on a cluster of its own (node: Docker containers), defaults for each",
     ]
 
 
@@ -527,6 +581,28 @@ def run(config: BenchConfig) -> int:
         if config.keep_state and bench.cp is not None:
             say(f"state kept in {bench.cp.state_dir}")
         bench.stop()
+    if "peer" in config.only:
+        report.peer = attempt(
+            "peer leg",
+            functools.partial(
+                peer.peer_leg,
+                functools.partial(
+                    BenchCluster,
+                    controller_manager_qps=config.controller_manager_qps,
+                    controller_manager_burst=config.controller_manager_burst,
+                    pool=config.peer_runs + 16,
+                    keep_state=config.keep_state,
+                    runtime="docker",
+                    namespaces=(PEER_NAMESPACE,),
+                ),
+                config.env(),
+                (config.peer_runs, config.peer_steps, config.peer_chain),
+                say,
+                attempt,
+                dict(config.argo_env),
+            ),
+        )
+        say(f"done with the peer leg after {time.monotonic() - began:.0f} s")
     report.footer.append(f"    load average  {_load()} at the end")
     print()
     print(report.render(), end="", flush=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
 from .cases import AgentResult, CaseResult, ReplicaResult, RestResult
+from .peer import ENGINE_PROCESS, LEGS, PeerResult, engine_writes
 from .stats import fmt, ratio, summarize
 
 __all__ = ["Report", "requests_breakdown", "speedups"]
@@ -69,6 +70,7 @@ PROCESSES = {
     "kube-controller-manager": "controllers",
     "local node": "local node",
     "operator": "operator",
+    "argo controller": "argo",
     "benchmark": "benchmark",
 }
 """The processes whose CPU the cases' tables show, and their columns' titles."""
@@ -113,13 +115,14 @@ class Report:
     agent: AgentResult | None = None
     rests: list[RestResult] = field(default_factory=list)
     replicas: list[ReplicaResult] = field(default_factory=list)
+    peer: PeerResult | None = None
     errors: list[str] = field(default_factory=list)
     footer: list[str] = field(default_factory=list)
 
     def render(self) -> str:
         lines = [*self.header, *self.footer]
         lines += self._p1() + self._p2() + self._p3() + self._p4() + self._p5() + self._chains()
-        lines += self._agent() + self._replicas()
+        lines += self._agent() + self._replicas() + self._peer()
         lines += self._targets()
         if self.errors:
             lines += ["", "Cases that did not complete:"] + [f"  {e}" for e in self.errors]
@@ -375,6 +378,69 @@ class Report:
             lines.append("    " + "".join(f"{c:>12}" for c in cells))
         return lines + _costs([r.run for r in self.replicas])
 
+    def _peer(self) -> list[str]:
+        if self.peer is None:
+            return []
+        lines = [
+            "",
+            "Peer  the same workloads through the operator, as bare Jobs and as Argo Workflows "
+            "(a cluster of its own: its node runs pods as Docker containers; benchmark clock)",
+        ]
+        lines += [f"    {note}" for note in self.peer.notes]
+        if not self.peer.rows:
+            return lines
+        lines.append(
+            f"    {'workload':<30}{'leg':<10}{'makespan':>10}{'steps/s':>9}"
+            f"{'engine writes/step':>20}{'all writes/step':>17}{'engine CPU':>12}"
+            f"{'engine RSS':>12}"
+        )
+        for row in self.peer.rows:
+            for index, kind in enumerate(LEGS):
+                case = row.legs.get(kind)
+                label = row.label if index == 0 else ""
+                if case is None:
+                    lines.append(f"    {label:<30}{kind:<10}{'(did not complete)':>10}")
+                    continue
+                steps = case.total_steps
+                process = ENGINE_PROCESS.get(kind)
+                cpu = case.cpu.get(process) if process else None
+                rss = row.rss.get(kind)
+                lines.append(
+                    f"    {label:<30}{kind:<10}{fmt(case.makespan, 's', 1):>10}"
+                    f"{fmt(case.throughput, '', 2):>9}"
+                    f"{engine_writes(kind, case.requests) / steps:>20.2f}"
+                    f"{_writes(case.requests) / steps:>17.2f}"
+                    f"{fmt(cpu, 's', 1):>12}"
+                    f"{fmt(rss / MIB if rss is not None else None, 'MiB', 0):>12}"
+                )
+        lines.append(
+            "    engine writes: the operator's user; Argo's controller and its pods' "
+            "ServiceAccount; bare: the Job creates. all: every client (the Job controller and "
+            "the node's pod status too)"
+        )
+        return lines + _costs([c for row in self.peer.rows for c in row.legs.values() if c])
+
+    def _peer_targets(self) -> list[tuple[str, str, str]]:
+        rows: list[tuple[str, str, str]] = []
+        for row in self.peer.rows if self.peer else []:
+            op, argo = row.legs.get("operator"), row.legs.get("argo")
+            if op is None or argo is None:
+                continue
+            mine = engine_writes("operator", op.requests) / op.total_steps
+            theirs = engine_writes("argo", argo.requests) / argo.total_steps
+            rows.append(
+                (f"writes/step, operator / Argo ({row.label})", fmt(ratio(mine, theirs)), "<= 0.20")
+            )
+            if row.runs > 1:
+                rows.append(
+                    (
+                        f"throughput, operator / Argo ({row.label})",
+                        fmt(ratio(op.throughput, argo.throughput), "x"),
+                        ">= 1.00x",
+                    )
+                )
+        return rows
+
     def _targets(self) -> list[str]:
         """The design's targets beside the figures measured here."""
         rows: list[tuple[str, str, str]] = []
@@ -465,6 +531,7 @@ class Report:
                         REPLICA_TARGETS.get(count, "") if base == 1 else "",
                     )
                 )
+        rows += self._peer_targets()
         if not rows:
             return []
         lines = ["", "Figures beside the design's targets (no verdict: timings vary by machine)"]

@@ -1,6 +1,10 @@
 """The benchmark's cluster: a local control plane auditing every request, a local node, the
 CRD, the namespaces, API clients, and the operator as a process of its own identity.
 
+The node runs pods as local processes (``runtime="process"``, the default: no images, the
+cheapest pod start) or as Docker containers (``runtime="docker"``: the peer leg, whose Argo
+pods need images and shared volumes).
+
 The operator authenticates as :data:`OPERATOR_USER` (a client certificate in
 ``system:masters``), so that its requests are the audit log's requests of that user; the
 benchmark itself and the bare-Jobs script are ``admin``.
@@ -37,6 +41,7 @@ __all__ = [
     "BARE_NAMESPACE",
     "LEASE_NAMESPACE",
     "OPERATOR_USER",
+    "PEER_NAMESPACE",
     "REST_NAMESPACE",
     "RUNS_NAMESPACE",
     "BenchCluster",
@@ -51,6 +56,8 @@ RUNS_NAMESPACE = "bench-runs"
 BARE_NAMESPACE = "bench-bare"
 """Where the bare-Jobs script's Jobs go."""
 REST_NAMESPACE = "bench-rest"
+PEER_NAMESPACE = "bench-argo"
+"""The namespace of the peer leg's Argo Workflows (only on a cluster started with it)."""
 """Where the finished runs of the at-rest case go."""
 SHARDS_LOST = "agentrun_shard_changes_total"
 LEASE_NAMESPACE = "default"
@@ -111,7 +118,13 @@ class BenchCluster:
         controller_manager_burst: int,
         pool: int,
         keep_state: bool = False,
+        runtime: str = "process",
+        namespaces: tuple[str, ...] = (),
     ) -> None:
+        self.runtime = runtime
+        self.namespaces = (RUNS_NAMESPACE, BARE_NAMESPACE, REST_NAMESPACE, *namespaces)
+        self.processes: dict[str, Callable[[], int | None]] = {}
+        """Other processes whose CPU the cases measure (name: a function giving its pid)."""
         self.controller_manager_qps = controller_manager_qps
         self.controller_manager_burst = controller_manager_burst
         self.pool = pool
@@ -141,12 +154,13 @@ class BenchCluster:
             self.cp.kubeconfig,
             state_dir=self.cp.state_dir / "node",
             log_path=self.cp.logs_dir / "node.log",
+            runtime=self.runtime,
         ).start()
         self.kubectl("apply", "--server-side", "-f", "-", input=crd.render())
         wait_established(self.cp.kubectl, self.cp.kubeconfig, "agentruns.agentrun.dev")
-        for namespace in (RUNS_NAMESPACE, BARE_NAMESPACE, REST_NAMESPACE):
+        for namespace in self.namespaces:
             self.kubectl("create", "namespace", namespace)
-        for namespace in (RUNS_NAMESPACE, BARE_NAMESPACE, REST_NAMESPACE):
+        for namespace in self.namespaces:
             self._wait_default_serviceaccount(namespace)
         self._operator_kubeconfig = self.cp.mint_user_kubeconfig(OPERATOR_USER, ["system:masters"])
 
@@ -316,6 +330,10 @@ class BenchCluster:
         for index, replica in enumerate(self.replicas, 1):
             if replica.pid is not None and replica.alive():
                 found[f"replica {index}"] = replica.pid
+        for name, pid_of in self.processes.items():
+            pid = pid_of()
+            if pid is not None:
+                found[name] = pid
         found["benchmark"] = os.getpid()
         return found
 

@@ -1,5 +1,5 @@
-"""What the benchmark runs: chains of steps as AgentRuns, the same steps as bare Jobs, and
-finished runs made without running them.
+"""What the benchmark runs: chains of steps as AgentRuns, the same steps as bare Jobs and as
+Argo Workflows, and finished runs made without running them.
 
 Every step, in a run or bare, is the same pod: ``busybox:1.36`` running ``sh -c`` with a
 command that writes a result envelope to the termination log (on the local node, a local
@@ -27,6 +27,7 @@ __all__ = [
     "IMAGE",
     "STEP_SCRIPT",
     "agent_run",
+    "argo_workflow",
     "bare_job",
     "chain_run",
     "finished_run",
@@ -135,6 +136,38 @@ def bare_job(name: str, case: str) -> dict[str, Any]:
                     "automountServiceAccountToken": False,
                 },
             },
+        },
+    }
+
+
+def argo_workflow(name: str, steps: int, case: str) -> dict[str, Any]:
+    """An Argo Workflow of ``steps`` steps run one after the other, each the same container
+    as a run's step: the peer leg's counterpart of :func:`chain_run`. Argo's defaults
+    otherwise (its pods keep running as it makes them: an init and a wait container beside
+    the step's own)."""
+    labels = {BENCH_LABEL: case}
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "entrypoint": "chain",
+            "podMetadata": {"labels": labels},
+            "securityContext": step_jobs.RESTRICTED_POD_SECURITY,
+            "templates": [
+                {
+                    "name": "chain",
+                    "steps": [[{"name": step_name(i), "template": "step"}] for i in range(steps)],
+                },
+                {
+                    "name": "step",
+                    "container": {
+                        "image": IMAGE,
+                        "command": ["sh", "-c", STEP_SCRIPT],
+                        "securityContext": step_jobs.RESTRICTED_CONTAINER_SECURITY,
+                    },
+                },
+            ],
         },
     }
 
