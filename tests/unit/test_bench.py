@@ -578,5 +578,14 @@ def test_the_peer_report_compares_writes_and_throughput_with_argo() -> None:
     assert "2.00 x" in ratios[1] and "target >= 1.00x" in ratios[1], "1.0 against 0.5 steps/s"
     assert "100 MiB" in text
     assert "(did not complete)" not in text
+    costs = text.splitlines()[
+        text.splitlines().index(
+            next(line for line in text.splitlines() if "CPU seconds of each process" in line)
+        )
+        + 1
+    ]
+    assert costs.split()[-2:] == ["operator", "argo"], "Argo's controller has its column"
+    p3 = Report(p3=[(2, legs["operator"], legs["bare"])]).render()
+    assert " argo " not in p3, "no Argo column where it did not run"
     unrun = Report(peer=PeerResult([], ["not run: no Docker engine"])).render()
     assert "not run: no Docker engine" in unrun and "operator / Argo" not in unrun

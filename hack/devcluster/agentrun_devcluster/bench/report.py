@@ -79,9 +79,11 @@ PROCESSES = {
 def _costs(cases: Sequence[CaseResult]) -> list[str]:
     """The CPU seconds of each process, and the API requests by user, of each case."""
     lines = ["    CPU seconds of each process during the case (operator: every replica):"]
-    lines.append(f"      {'':<16}" + "".join(f"{p:>12}" for p in PROCESSES.values()))
+    # The columns of the processes that ran (Argo's controller only in the peer leg).
+    shown = [p for p in PROCESSES if p == "operator" or any(p in c.cpu for c in cases)]
+    lines.append(f"      {'':<16}" + "".join(f"{PROCESSES[p]:>12}" for p in shown))
     for case in cases:
-        used = [case.operator_cpu if p == "operator" else case.cpu.get(p) for p in PROCESSES]
+        used = [case.operator_cpu if p == "operator" else case.cpu.get(p) for p in shown]
         lines.append(f"      {case.name:<16}" + "".join(f"{fmt(c, '', 1):>12}" for c in used))
     lines.append(
         "    API requests during the case, by user (admin: the benchmark and the local node):"
