@@ -29,6 +29,7 @@ from agentrun_devcluster.bench.peer import (
     EXECUTOR_USER,
     PeerResult,
     PeerRow,
+    all_writes,
     engine_writes,
     workflow_finished,
     workloads,
@@ -541,6 +542,9 @@ def test_each_legs_engine_writes_are_its_own() -> None:
     assert engine_writes("operator", requests) == 2
     assert engine_writes("argo", requests) == 3
     assert engine_writes("bare", requests) == 2, "the script's Job creates (both answered)"
+    assert all_writes("operator", requests) == 6, "not Argo's 3"
+    assert all_writes("argo", requests) == 7, "not the operator's 2"
+    assert all_writes("bare", requests) == 4, "neither engine's"
 
 
 def test_the_peer_workloads_are_one_step_a_chain_and_many_runs() -> None:

@@ -20,7 +20,8 @@ RSS (sampled every 0.5 s).
 The engine's writes: the operator's user; Argo's controller user and the workflow pods'
 ServiceAccount (argoexec's ``wait`` container writes each step's WorkflowTaskResult); for bare
 Jobs, the script's Job creates. Every client's writes add the Job controller's and the node's
-(pod status) on top.
+(pod status) on top, leaving out those of the other legs' engines (idle, but Argo's controller
+renews its leader Lease meanwhile).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ __all__ = [
     "LEGS",
     "PeerResult",
     "PeerRow",
+    "all_writes",
     "argo_workflows",
     "engine_writes",
     "peer_leg",
@@ -95,6 +97,18 @@ def engine_writes(kind: str, requests: Iterable[Request]) -> int:
         users = {CONTROLLER_USER, EXECUTOR_USER}
         return sum(1 for r in requests if r.write and r.user in users)
     return sum(1 for r in requests if r.verb == "create" and r.resource == "jobs" and r.ok)
+
+
+def all_writes(kind: str, requests: Iterable[Request]) -> int:
+    """The writes of every client during a leg of ``kind``, but those of the other legs'
+    engines (idle meanwhile, but Argo's controller renews its leader Lease every few
+    seconds)."""
+    others = {OPERATOR_USER, CONTROLLER_USER, EXECUTOR_USER}
+    if kind == "operator":
+        others.discard(OPERATOR_USER)
+    elif kind == "argo":
+        others -= {CONTROLLER_USER, EXECUTOR_USER}
+    return sum(1 for r in requests if r.write and r.user not in others)
 
 
 @dataclass

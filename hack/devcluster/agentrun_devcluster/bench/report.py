@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
 from .cases import AgentResult, CaseResult, ReplicaResult, RestResult
-from .peer import ENGINE_PROCESS, LEGS, PeerResult, engine_writes
+from .peer import ENGINE_PROCESS, LEGS, PeerResult, all_writes, engine_writes
 from .stats import fmt, ratio, summarize
 
 __all__ = ["Report", "requests_breakdown", "speedups"]
@@ -411,14 +411,14 @@ class Report:
                     f"    {label:<30}{kind:<10}{fmt(case.makespan, 's', 1):>10}"
                     f"{fmt(case.throughput, '', 2):>9}"
                     f"{engine_writes(kind, case.requests) / steps:>20.2f}"
-                    f"{_writes(case.requests) / steps:>17.2f}"
+                    f"{all_writes(kind, case.requests) / steps:>17.2f}"
                     f"{fmt(cpu, 's', 1):>12}"
                     f"{fmt(rss / MIB if rss is not None else None, 'MiB', 0):>12}"
                 )
         lines.append(
             "    engine writes: the operator's user; Argo's controller and its pods' "
             "ServiceAccount; bare: the Job creates. all: every client (the Job controller and "
-            "the node's pod status too)"
+            "the node's pod status too) but the other legs' engines"
         )
         return lines + _costs([c for row in self.peer.rows for c in row.legs.values() if c])
 
