@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from agentrun_devcluster.dockerapi import DockerError, demux, engine_from_env
 from agentrun_devcluster.dockercontainer import (
+    LIFECYCLE_CALLS,
     NODE_LABEL,
     NODE_PID_LABEL,
     DockerRuntime,
@@ -30,7 +32,7 @@ from agentrun_devcluster.podenv import ConfigError
 from agentrun_devcluster.ports import lease_ports
 from agentrun_devcluster.probes import probe_once, resolve_port
 from agentrun_devcluster.process import ProcessRuntime
-from agentrun_devcluster.runtime import RuntimeUnavailable
+from agentrun_devcluster.runtime import PodContext, RuntimeUnavailable
 from agentrun_devcluster.serviceaccount import ServiceAccountVolume
 from agentrun_devcluster.volumes import PodVolumes
 
@@ -402,3 +404,45 @@ def test_a_starting_node_removes_what_dead_nodes_left(tmp_path: Path) -> None:
     engine.listed.append({"Id": "mine-running", "Labels": made_by(mine, alive)})
     runtime.stop()
     assert engine.removed == ["previous-node-here", "mine-running"]
+
+
+class SlowEngine:
+    """Counts the lifecycle calls in flight; each takes a moment."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most = 0
+        self.removed: list[str] = []
+
+    def logs(self, container: str) -> bytes:
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        threading.Event().wait(0.05)
+        with self.lock:
+            self.in_flight -= 1
+        return b""
+
+    def remove(self, container: str) -> None:
+        with self.lock:
+            self.removed.append(container)
+
+
+def test_a_node_has_a_few_container_lifecycle_calls_in_flight_at_once(tmp_path: Path) -> None:
+    engine = SlowEngine()
+    runtime = DockerRuntime(engine, str(tmp_path))  # type: ignore[arg-type]
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {}}
+    ctx = PodContext(pod, tmp_path, "node", {}, "127.0.0.1", "6443", mock.Mock(), mock.Mock())
+    containers = []
+    for i in range(4 * LIFECYCLE_CALLS):
+        c = runtime.container({"name": f"c{i}", "image": "busybox:1.36"}, "container", ctx)
+        c.container_id, c._removed = f"id-{i}", False
+        containers.append(c)
+    threads = [threading.Thread(target=c._save_logs_and_remove) for c in containers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(engine.removed) == sorted(c.container_id for c in containers)
+    assert engine.most == LIFECYCLE_CALLS, "as many as allowed, never more"

@@ -38,6 +38,13 @@ Selected with the node's ``--runtime docker`` (or ``auto``; see
   ``restartPolicy`` (``Always`` for sidecars) with a back-off of 10 s doubling up to 300 s
   (reason ``CrashLoopBackOff`` meanwhile); init containers run once.
 
+**Lifecycle calls in flight** (removing a leftover, create and start; saving the output and
+removing): at most :data:`LIFECYCLE_CALLS` at once per node, the others wait their turn. A
+kubelet hands them to its container runtime, which queues them; the Docker engine 20.10 here,
+given 200 pods' creates at once on 2 cores, stopped answering for minutes and was left with
+containers it held running whose shims were gone (their removal hung until it was
+restarted).
+
 Differences from a kubelet: every container runs in the host's network namespace
 (``--network host``): the control plane listens on 127.0.0.1 only, and pods must reach it.
 So pods share the node's IP (127.0.0.1) and ports, and ``hostname`` is the machine's
@@ -274,6 +281,10 @@ def _docker_time(value: str) -> str:
     return value[:19] + "Z" if value and not value.startswith("0001-") else now_rfc3339()
 
 
+LIFECYCLE_CALLS = 4
+"""Container creates, starts and removals of one node in flight at once (see the module doc)."""
+
+
 class DockerRuntime:
     """The docker runtime (see the module doc) of the node whose state is ``state_dir``."""
 
@@ -282,6 +293,8 @@ class DockerRuntime:
 
     def __init__(self, engine: DockerEngine, node_id: str, *, server_version: str = "") -> None:
         self.engine = engine
+        self.lifecycle = threading.BoundedSemaphore(LIFECYCLE_CALLS)
+        """Held around each container's create-and-start and its removal."""
         self.node_id = node_id  # the node's state directory: one node per directory
         self.version = f"docker://{server_version or 'unknown'}"
 
@@ -502,18 +515,22 @@ class DockerContainer:
         )
         self.started_at = now_rfc3339()
         self._exited.clear()
-        try:
-            self.engine.remove(name)  # a leftover of a node that died mid-start
-            self.container_id = self.engine.create(name, config)
-        except DockerError as e:
-            self.fail("CreateContainerError", str(e))
-            return
-        self._removed = False
-        try:
-            self.engine.start(self.container_id)
-        except DockerError as e:
-            log.warning("%s: start failed: %s", self.what, e)
-            self.fail("StartError", str(e))
+        with self.runtime.lifecycle:
+            try:
+                self.engine.remove(name)  # a leftover of a node that died mid-start
+                self.container_id = self.engine.create(name, config)
+            except DockerError as e:
+                self.fail("CreateContainerError", str(e))
+                return
+            self._removed = False
+            try:
+                self.engine.start(self.container_id)
+                started = None
+            except DockerError as e:
+                started = e
+        if started is not None:
+            log.warning("%s: start failed: %s", self.what, started)
+            self.fail("StartError", str(started))
             self._save_logs_and_remove()
             return
         entrypoint = config.get("Entrypoint") or image_config.get("Entrypoint") or []
@@ -616,14 +633,15 @@ class DockerContainer:
     def _save_logs_and_remove(self) -> None:
         if self._removed or not self.container_id:
             return
-        try:
-            output = self.engine.logs(self.container_id)
-            with self.log_path.open("ab") as f:
-                f.write(output)
-        except (DockerError, OSError) as e:
-            log.warning("%s: could not save its output: %s", self.what, e)
-        with contextlib.suppress(DockerError):
-            self.engine.remove(self.container_id)
+        with self.runtime.lifecycle:
+            try:
+                output = self.engine.logs(self.container_id)
+                with self.log_path.open("ab") as f:
+                    f.write(output)
+            except (DockerError, OSError) as e:
+                log.warning("%s: could not save its output: %s", self.what, e)
+            with contextlib.suppress(DockerError):
+                self.engine.remove(self.container_id)
         self._removed = True
 
     def signal(self, sig: int) -> None:
