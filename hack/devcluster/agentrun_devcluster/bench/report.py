@@ -431,12 +431,16 @@ class Report:
             mine = engine_writes("operator", op.requests) / op.total_steps
             theirs = engine_writes("argo", argo.requests) / argo.total_steps
             rows.append(
-                (f"writes/step, operator / Argo ({row.label})", fmt(ratio(mine, theirs)), "<= 0.20")
+                (
+                    f"operator / Argo writes per step, {row.runs} x {row.steps}",
+                    fmt(ratio(mine, theirs)),
+                    "<= 0.20",
+                )
             )
             if row.runs > 1:
                 rows.append(
                     (
-                        f"throughput, operator / Argo ({row.label})",
+                        f"operator / Argo throughput, {row.runs} x {row.steps}",
                         fmt(ratio(op.throughput, argo.throughput), "x"),
                         ">= 1.00x",
                     )
