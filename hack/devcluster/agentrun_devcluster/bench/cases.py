@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -272,39 +272,67 @@ def _runs(
 ) -> CaseResult:
     """Create the runs ``bodies`` (of ``steps`` steps each) at once and wait until all are
     finished (see :func:`operator_runs`)."""
-    custom = bench.admin.custom
-    tracker = Tracker(
-        functools.partial(
-            custom.list_namespaced_custom_object, m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL
-        ),
+    return custom_objects_at_once(
+        bench,
+        case,
+        "operator",
+        bodies,
+        steps,
+        timeout,
+        (m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL),
         run_finished,
+        functools.partial(wait_operator_done, bench, RUNS_NAMESPACE, timeout=120.0)
+        if settle
+        else None,
+    )
+
+
+def custom_objects_at_once(
+    bench: BenchCluster,
+    case: str,
+    kind: str,
+    bodies: list[dict[str, Any]],
+    steps: int,
+    timeout: float,
+    where: tuple[str, str, str, str],
+    finished: Callable[[Mapping[str, Any]], bool],
+    settle: Callable[[], object] | None = None,
+) -> CaseResult:
+    """Create the custom objects ``bodies`` (runs, or another engine's workflows, of ``steps``
+    steps each) in ``where`` (group, version, namespace, plural) at once, wait until each is
+    ``finished``, then ``settle`` (the engine done with them): the case ``kind`` (see
+    :func:`operator_runs`). An object succeeded when its ``status.phase`` is Succeeded."""
+    custom = bench.admin.custom
+    group, version, namespace, plural = where
+    tracker = Tracker(
+        functools.partial(custom.list_namespaced_custom_object, group, version, namespace, plural),
+        finished,
         f"{BENCH_LABEL}={case}",
     ).start()
     names = [str(b["metadata"]["name"]) for b in bodies]
-    runs = len(bodies)
 
     def create(body: dict[str, Any]) -> None:
-        custom.create_namespaced_custom_object(m.GROUP, m.VERSION, RUNS_NAMESPACE, m.PLURAL, body)
+        custom.create_namespaced_custom_object(group, version, namespace, plural, body)
 
     start_offset = bench.audit.mark()
     cpu_before = bench.cpu()
     started = time.monotonic()
-    with ThreadPoolExecutor(min(CREATE_THREADS, runs)) as pool:
+    with ThreadPoolExecutor(min(CREATE_THREADS, len(bodies))) as pool:
         list(pool.map(create, bodies))
     all_done = tracker.wait_all(names, timeout)
     cpu_after = bench.cpu()
     tracker.stop()
-    if settle and all_done:
-        wait_operator_done(bench, RUNS_NAMESPACE, timeout=120.0)
+    if settle is not None and all_done:
+        settle()
     end_offset = bench.audit.mark()
     window = time.monotonic() - started
     failed = sum(
-        1 for run in tracker.final.values() if (run.get("status") or {}).get("phase") != "Succeeded"
+        1 for obj in tracker.final.values() if (obj.get("status") or {}).get("phase") != "Succeeded"
     )
     return CaseResult(
         name=case,
-        kind="operator",
-        runs=runs,
+        kind=kind,
+        runs=len(bodies),
         steps=steps,
         makespan=max(tracker.done_at.values()) - started if all_done else None,
         done=len(tracker.done_at),
@@ -437,25 +465,38 @@ def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> A
     )
 
 
-def wait_operator_done(bench: BenchCluster, namespace: str, timeout: float) -> bool:
-    """Wait until no step Job is left in ``namespace`` (deleted after the grace) and the
-    operator made no request for :data:`QUIET_SECONDS`; False on ``timeout``."""
+def wait_quiet(
+    bench: BenchCluster,
+    users: set[str],
+    timeout: float,
+    done: Callable[[], bool] = lambda: True,
+) -> bool:
+    """Wait until none of ``users`` made a request for :data:`QUIET_SECONDS` and ``done()``
+    says so too; False on ``timeout``."""
     deadline = time.monotonic() + timeout
     offset = bench.audit.mark()
     last = time.time()
     while time.monotonic() < deadline:
         time.sleep(0.5)
         end = bench.audit.mark()
-        mine = [r.received for r in bench.audit.read(offset, end) if r.user == OPERATOR_USER]
+        theirs = [r.received for r in bench.audit.read(offset, end) if r.user in users]
         offset = end
-        if mine:
-            last = max(last, *mine)
-        if time.time() - last < QUIET_SECONDS:
-            continue
-        jobs = bench.admin.batch.list_namespaced_job(namespace, _preload_content=False)
-        if not json.loads(jobs.data).get("items"):
+        if theirs:
+            last = max(last, *theirs)
+        if time.time() - last >= QUIET_SECONDS and done():
             return True
     return False
+
+
+def wait_operator_done(bench: BenchCluster, namespace: str, timeout: float) -> bool:
+    """Wait until no step Job is left in ``namespace`` (deleted after the grace) and the
+    operator made no request for :data:`QUIET_SECONDS`; False on ``timeout``."""
+
+    def no_jobs() -> bool:
+        jobs = bench.admin.batch.list_namespaced_job(namespace, _preload_content=False)
+        return not json.loads(jobs.data).get("items")
+
+    return wait_quiet(bench, {OPERATOR_USER}, timeout, no_jobs)
 
 
 def delete_runs(bench: BenchCluster, case: str, say: Say, timeout: float = 300.0) -> None:

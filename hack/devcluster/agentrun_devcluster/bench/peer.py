@@ -31,7 +31,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -49,9 +48,8 @@ from agentrun_devcluster.argo import (
 
 from . import cases, procstat
 from .audit import Request
-from .cases import CREATE_THREADS, QUIET_SECONDS, CaseResult, Say
+from .cases import CaseResult, Say, wait_quiet
 from .session import OPERATOR_USER, PEER_NAMESPACE, BenchCluster
-from .watch import Tracker
 from .workloads import BENCH_LABEL, argo_workflow
 
 __all__ = [
@@ -161,67 +159,21 @@ class RssPeak:
                 return
 
 
-def wait_quiet(bench: BenchCluster, users: set[str], timeout: float) -> bool:
-    """Wait until none of ``users`` made a request for :data:`QUIET_SECONDS`."""
-    deadline = time.monotonic() + timeout
-    offset = bench.audit.mark()
-    last = time.time()
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        end = bench.audit.mark()
-        theirs = [r.received for r in bench.audit.read(offset, end) if r.user in users]
-        offset = end
-        if theirs:
-            last = max(last, *theirs)
-        if time.time() - last >= QUIET_SECONDS:
-            return True
-    return False
-
-
 def argo_workflows(
     bench: BenchCluster, case: str, runs: int, steps: int, timeout: float
 ) -> CaseResult:
     """Create ``runs`` Workflows of ``steps`` sequential steps at once, wait until all are
     finished and Argo is quiet (see the module doc)."""
-    custom = bench.admin.custom
-    tracker = Tracker(
-        functools.partial(
-            custom.list_namespaced_custom_object, GROUP, VERSION, PEER_NAMESPACE, "workflows"
-        ),
+    return cases.custom_objects_at_once(
+        bench,
+        case,
+        "argo",
+        [argo_workflow(f"{case}-{i:03d}", steps, case) for i in range(runs)],
+        steps,
+        timeout,
+        (GROUP, VERSION, PEER_NAMESPACE, "workflows"),
         workflow_finished,
-        f"{BENCH_LABEL}={case}",
-    ).start()
-    bodies = [argo_workflow(f"{case}-{i:03d}", steps, case) for i in range(runs)]
-    names = [str(b["metadata"]["name"]) for b in bodies]
-
-    def create(body: dict[str, Any]) -> None:
-        custom.create_namespaced_custom_object(GROUP, VERSION, PEER_NAMESPACE, "workflows", body)
-
-    start_offset = bench.audit.mark()
-    cpu_before = bench.cpu()
-    started = time.monotonic()
-    with ThreadPoolExecutor(min(CREATE_THREADS, runs)) as pool:
-        list(pool.map(create, bodies))
-    all_done = tracker.wait_all(names, timeout)
-    cpu_after = bench.cpu()
-    tracker.stop()
-    if all_done:
-        wait_quiet(bench, {CONTROLLER_USER, EXECUTOR_USER}, timeout=120.0)
-    end_offset = bench.audit.mark()
-    failed = sum(
-        1 for wf in tracker.final.values() if (wf.get("status") or {}).get("phase") != "Succeeded"
-    )
-    return CaseResult(
-        name=case,
-        kind="argo",
-        runs=runs,
-        steps=steps,
-        makespan=max(tracker.done_at.values()) - started if all_done else None,
-        done=len(tracker.done_at),
-        failed=failed,
-        cpu={k: cpu_after[k] - cpu_before[k] for k in cpu_after if k in cpu_before},
-        requests=bench.audit.read(start_offset, end_offset),
-        window=time.monotonic() - started,
+        functools.partial(wait_quiet, bench, {CONTROLLER_USER, EXECUTOR_USER}, timeout=120.0),
     )
 
 
