@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 
+from agentrun_devcluster.argo import controller_configmap, executor_rbac
 from agentrun_devcluster.bench import cpulimit
 from agentrun_devcluster.bench import main as bench_main
 from agentrun_devcluster.bench.audit import (
@@ -508,6 +509,21 @@ def test_a_workflow_runs_the_steps_of_a_chain_one_after_the_other() -> None:
     assert step["container"]["image"] == run["spec"]["plan"]["steps"][0]["container"]["image"]
     assert workflow["metadata"]["labels"] == workflow["spec"]["podMetadata"]["labels"]
     assert workflow["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_argos_pods_may_report_their_results_and_its_metrics_use_the_port_given() -> None:
+    role, binding = executor_rbac("wf")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["argoproj.io"],
+            "resources": ["workflowtaskresults"],
+            "verbs": ["create", "patch"],
+        }
+    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "default", "namespace": "wf"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]  # type: ignore[index]
+    data = controller_configmap(23456)["data"]
+    assert data == {"metricsConfig": "port: 23456\nsecure: false\n"}
 
 
 def test_a_workflow_is_finished_in_argos_terminal_phases_only() -> None:

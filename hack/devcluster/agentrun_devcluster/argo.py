@@ -51,10 +51,15 @@ from .ports import PortLease, lease_ports
 __all__ = [
     "ARGO_NAMESPACE",
     "CONTROLLER_USER",
+    "GROUP",
+    "VERSION",
     "ArgoController",
     "ArgoError",
+    "DockerUnavailable",
     "argo_bin_dir",
     "argoexec_image",
+    "controller_configmap",
+    "executor_rbac",
 ]
 
 ARGO_NAMESPACE = "argo"
@@ -240,7 +245,9 @@ class ArgoController(StartStop):
 
     def start(self, timeout: float = 90.0) -> Self:
         """Start the controller and wait until it holds its leader Lease (it runs workflows
-        only from then on)."""
+        only from then on). A controller already running is left as it is."""
+        if self.alive():
+            return self
         kubeconfig = self.cp.mint_user_kubeconfig(CONTROLLER_USER, ["system:masters"])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
@@ -268,24 +275,14 @@ class ArgoController(StartStop):
 
     def leading(self) -> bool:
         """The controller's leader Lease names this controller."""
-        proc = subprocess.run(
-            [
-                str(self.cp.kubectl),
-                "--kubeconfig",
-                str(self.cp.kubeconfig),
-                "get",
-                "lease",
-                "-n",
-                ARGO_NAMESPACE,
-                LEADER_LEASE,
-                "-o",
-                "jsonpath={.spec.holderIdentity}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return proc.returncode == 0 and proc.stdout.strip() == self.identity
+        try:
+            holder = self._kubectl(
+                "get", "lease", "-n", ARGO_NAMESPACE, LEADER_LEASE,
+                "-o", "jsonpath={.spec.holderIdentity}",
+            )  # fmt: skip
+        except ArgoError:  # not made yet
+            return False
+        return holder.strip() == self.identity
 
     def logs(self, lines: int = 60) -> str:
         return tail(self.log_path, lines) or "(no log)"
