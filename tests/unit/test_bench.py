@@ -577,6 +577,8 @@ def test_the_peer_workloads_are_one_step_a_chain_and_many_runs() -> None:
     assert quick.argo_env == (("A", "2s"),)
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--argo-env", "NOPE"])
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--peer-runs", "0"])
     assert "peer" in bench_main.parse_args([]).only, "the full run has the peer leg"
 
 

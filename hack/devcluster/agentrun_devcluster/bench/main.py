@@ -246,6 +246,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         parser.error(f"--only {args.only!r}: choose among {', '.join(CASES)}")
     if args.shards < 1:
         parser.error("--shards: 1 or more")
+    for name in ("peer_runs", "peer_steps", "peer_chain"):
+        if int(str(pick(name))) < 1:
+            parser.error(f"--{name.replace('_', '-')}: 1 or more")
     replicas = _ints(str(pick("replicas")))
     if any(n < 1 for n in replicas):
         parser.error(f"--replicas {args.replicas!r}: counts of 1 or more")
