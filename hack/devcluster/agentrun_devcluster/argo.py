@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, Self
 
 from .binaries import BinariesError, build_script, run_build_script
-from .controlplane import ControlPlane, tail
+from .controlplane import ControlPlane, KubectlFailed, tail, wait_established
 from .lifecycle import StartStop
 from .ports import PortLease, lease_ports
 
@@ -193,39 +193,23 @@ class ArgoController(StartStop):
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _kubectl(self, *args: str, input: str | None = None) -> str:
-        proc = subprocess.run(
-            [str(self.cp.kubectl), "--kubeconfig", str(self.cp.kubeconfig), *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if proc.returncode != 0:
-            raise ArgoError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
-        return proc.stdout
-
     def install(self) -> Self:
         """The CRDs, the controller's namespace and ConfigMap, the executor's rights."""
         crds = sorted(self.crd_dir.glob("*.yaml"))
         if not crds:
             raise ArgoError(f"no CRDs in {self.crd_dir} (hack/build-argo.sh puts them there)")
+        kubectl = self.cp.kubectl_output
         for crd in crds:
-            self._kubectl("apply", "--server-side", "-f", str(crd))
-        self._kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            f"crd/workflows.{GROUP}",
-            f"crd/workflowtaskresults.{GROUP}",
-        )
-        self._kubectl("create", "namespace", ARGO_NAMESPACE)
+            kubectl("apply", "--server-side", "-f", str(crd))
+        for name in ("workflows", "workflowtaskresults"):
+            wait_established(self.cp.kubectl, self.cp.kubeconfig, f"{name}.{GROUP}")
+        kubectl("create", "namespace", ARGO_NAMESPACE)
         self._ports = lease_ports(1)
         objects: list[dict[str, object]] = [controller_configmap(self._ports.port)]
         for namespace in self.namespaces:
             objects += executor_rbac(namespace)
         listed = {"apiVersion": "v1", "kind": "List", "items": objects}
-        self._kubectl("apply", "-f", "-", input=json.dumps(listed))
+        kubectl("apply", "-f", "-", input=json.dumps(listed))
         return self
 
     def argv(self, kubeconfig: Path) -> list[str]:
@@ -276,11 +260,11 @@ class ArgoController(StartStop):
     def leading(self) -> bool:
         """The controller's leader Lease names this controller."""
         try:
-            holder = self._kubectl(
+            holder = self.cp.kubectl_output(
                 "get", "lease", "-n", ARGO_NAMESPACE, LEADER_LEASE,
-                "-o", "jsonpath={.spec.holderIdentity}",
+                "-o", "jsonpath={.spec.holderIdentity}", timeout=30,
             )  # fmt: skip
-        except ArgoError:  # not made yet
+        except KubectlFailed:  # not made yet
             return False
         return holder.strip() == self.identity
 

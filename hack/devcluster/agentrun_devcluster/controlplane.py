@@ -107,6 +107,10 @@ class ControlPlaneError(RuntimeError):
     """A component failed to start or become healthy; the message carries the log tails."""
 
 
+class KubectlFailed(RuntimeError):
+    """A kubectl command of :meth:`ControlPlane.kubectl_output` failed."""
+
+
 def wait_established(
     kubectl: Path | str, kubeconfig: Path | str, crd: str, timeout: float = 60.0
 ) -> None:
@@ -324,6 +328,20 @@ class ControlPlane(StartStop):
     def kubectl(self) -> Path:
         """Path of the kubectl binary built with the control plane."""
         return self.bin_dir / "kubectl"
+
+    def kubectl_output(self, *args: str, input: str | None = None, timeout: float = 120) -> str:
+        """Run kubectl as admin against this control plane and return its output; raise
+        :class:`KubectlFailed` (with kubectl's stderr) when it fails."""
+        proc = subprocess.run(
+            [str(self.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            raise KubectlFailed(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """An environment for subprocesses: KUBECONFIG=admin, the bin dir first on PATH."""

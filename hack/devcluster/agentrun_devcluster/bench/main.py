@@ -228,18 +228,18 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         value = getattr(args, name)
         return base[name] if value is None else value
 
-    env: list[tuple[str, str]] = []
-    for item in args.operator_env:
-        name, sep, value = item.partition("=")
-        if not sep or not name.startswith("AGENTRUN_"):
-            parser.error(f"--operator-env {item!r}: give AGENTRUN_NAME=VALUE")
-        env.append((name, value))
-    argo_env: list[tuple[str, str]] = []
-    for item in args.argo_env:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            parser.error(f"--argo-env {item!r}: give NAME=VALUE")
-        argo_env.append((name, value))
+    def settings(option: str, items: list[str], prefix: str) -> list[tuple[str, str]]:
+        """``NAME=VALUE`` items of a repeatable option, each NAME starting with ``prefix``."""
+        pairs = []
+        for item in items:
+            name, sep, value = item.partition("=")
+            if not sep or not name or not name.startswith(prefix):
+                parser.error(f"{option} {item!r}: give {prefix}NAME=VALUE")
+            pairs.append((name, value))
+        return pairs
+
+    env = settings("--operator-env", args.operator_env, "AGENTRUN_")
+    argo_env = settings("--argo-env", args.argo_env, "")
     grace = pick("grace")
     only = frozenset(c.strip() for c in (args.only or ",".join(CASES)).split(",") if c.strip())
     if not only or only - set(CASES):

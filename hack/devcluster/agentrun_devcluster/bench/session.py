@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -196,17 +195,7 @@ class BenchCluster:
         return self._admin
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
-        cp = self.control_plane
-        proc = subprocess.run(
-            [str(cp.kubectl), f"--kubeconfig={cp.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
-        return proc.stdout
+        return self.control_plane.kubectl_output(*args, input=input)
 
     def _wait_default_serviceaccount(self, namespace: str, timeout: float = 60.0) -> None:
         """Pods are refused until the namespace's ``default`` ServiceAccount exists."""
