@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 
+from agentrun.api.agent import MAX_TURNS
 from agentrun_devcluster.argo import controller_configmap, executor_rbac
 from agentrun_devcluster.bench import cpulimit
 from agentrun_devcluster.bench import main as bench_main
@@ -41,6 +42,7 @@ from agentrun_devcluster.bench.session import sample, shard_env
 from agentrun_devcluster.bench.stats import percentile, ratio, summarize
 from agentrun_devcluster.bench.workloads import (
     AGENT_TOOL,
+    TURN_CALL,
     agent_run,
     argo_workflow,
     bare_job,
@@ -342,15 +344,29 @@ def test_step_marks_are_a_steps_first_intent_and_result_writes() -> None:
 def test_the_agent_cases_model_calls_the_tool_until_its_last_turn() -> None:
     answer = turn_answer(3)
     first = answer({"messages": [{"role": "user", "content": "go"}]})
-    assert first["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == AGENT_TOOL
-    tool = {"role": "tool", "tool_call_id": "c", "content": "done"}
+    call = first["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == AGENT_TOOL
+    tool = {"role": "tool", "tool_call_id": call["id"], "content": "done"}
     second = answer({"messages": [tool]})
     assert second["choices"][0]["message"].get("tool_calls")
-    last = answer({"messages": [tool, tool]})
+    tool2 = {"role": "tool", "tool_call_id": second["choices"][0]["message"]["tool_calls"][0]["id"]}
+    last = answer({"messages": [tool, tool2]})
     assert not last["choices"][0]["message"].get("tool_calls")
     body = agent_run("a", 3, "agent", "http://127.0.0.1:1/v1")
     assert body["spec"]["agent"]["maxTurns"] == 4
     assert [t["name"] for t in body["spec"]["agent"]["tools"]] == [AGENT_TOOL]
+
+
+def test_a_long_agent_run_ends_though_its_older_turns_are_left_out_of_the_context() -> None:
+    answer = turn_answer(1000)
+    # The context of turn 999 holds only the latest calls: the answer still knows the turn.
+    latest = [{"role": "tool", "tool_call_id": f"{TURN_CALL}{n}"} for n in (997, 998)]
+    second_last = answer({"messages": latest})
+    assert second_last["choices"][0]["message"]["tool_calls"][0]["id"] == f"{TURN_CALL}999"
+    latest.append({"role": "tool", "tool_call_id": f"{TURN_CALL}999"})
+    assert not answer({"messages": latest})["choices"][0]["message"].get("tool_calls")
+    body = agent_run("a", 1000, "agent", "http://127.0.0.1:1/v1")
+    assert body["spec"]["agent"]["maxTurns"] == MAX_TURNS, "within what the API allows"
 
 
 # -- the command line -------------------------------------------------------------------------
@@ -367,16 +383,34 @@ def test_quick_is_small_and_flags_win() -> None:
     env = full.env()
     assert env.pop("AGENTRUN_LLM_COMMAND").endswith("step llm"), "turns run from this checkout"
     assert env == {"AGENTRUN_WORKERS": "4"}
-    assert (quick.turns, full.turns) == (bench_main.QUICK["turns"], bench_main.FULL["turns"])
+    assert (quick.turns, full.turns) == ((5,), (20, 1000))
+    assert bench_main.parse_args(["--turns", "30"]).turns == (30,)
     assert quick.env()["AGENTRUN_JOB_DELETION_GRACE_SECONDS"] == "5"
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--operator-env", "NOPE"])
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--turns", f"20,{MAX_TURNS + 1}"])
 
 
 def test_the_slowest_model_request_is_named_by_its_turn() -> None:
     agent = AgentResult(mock.Mock(), 4, [0.1, 0.9, 0.2], [], into_turns=[2, 3, 4])
     assert agent.slowest_into == 3
     assert AgentResult(mock.Mock(), 1, [], []).slowest_into is None
+
+
+def test_the_report_sets_cpu_per_turn_of_the_longest_agent_run_beside_the_shortest() -> None:
+    def agent(turns: int, cpu: float) -> AgentResult:
+        run = mock.Mock(cpu={"operator": cpu}, makespan=turns * 0.5)
+        return AgentResult(run, turns, [0.1, 0.2], [0.3], into_turns=[2, 3])
+
+    report = Report(agents=[agent(20, 1.0), agent(1000, 80.0)])
+    text = report.render()
+    assert "one run of 20 model turns" in text and "one run of 1000 model turns" in text
+    assert "operator CPU 50 ms per turn" in text and "operator CPU 80 ms per turn" in text
+    row = next(line for line in text.splitlines() if "CPU per turn, 1000 / 20 turns" in line)
+    assert "1.60 x" in row and "<= 1.20x" in row
+    overhead = [line for line in text.splitlines() if "agent turn overhead" in line]
+    assert len(overhead) == 2 and all("(20 turns)" in line for line in overhead)
 
 
 # -- replicas sharing the runs ----------------------------------------------------------------

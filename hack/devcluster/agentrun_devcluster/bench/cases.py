@@ -426,6 +426,11 @@ class AgentResult:
     """The turn whose model request each of :attr:`into_model` timed."""
 
     @property
+    def cpu_per_turn(self) -> float | None:
+        """The operator's CPU seconds per model turn."""
+        return ratio(self.run.cpu.get("operator"), self.turns or None)
+
+    @property
     def slowest_into(self) -> int | None:
         """The turn whose request came slowest after the previous turn's result."""
         if not self.into_model or len(self.into_turns) != len(self.into_model):

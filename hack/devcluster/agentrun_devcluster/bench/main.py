@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from agentrun.api.agent import MAX_TURNS
 from agentrun_devcluster.agent_demo import llm_command
 from agentrun_devcluster.controlplane import ControlPlane
 
@@ -66,7 +67,7 @@ QUICK = {
     "rest_seconds": 15.0,
     "chains": "",
     "grace": 5,
-    "turns": 5,
+    "turns": "5",
     "replica_runs": 20,
     "replicas": "1,2",
     "peer_runs": 5,
@@ -81,7 +82,7 @@ FULL = {
     "rest_seconds": 120.0,
     "chains": "10,50,128",
     "grace": None,
-    "turns": 20,
+    "turns": "20,1000",
     "replica_runs": 400,
     "replicas": "1,2,3",
     "peer_runs": 200,
@@ -105,7 +106,8 @@ class BenchConfig:
     rest_seconds: float
     chains: tuple[int, ...]
     grace: int | None
-    turns: int
+    turns: tuple[int, ...]
+    """Model turns of each agent run (the first gives the turn overhead's targets)."""
     replica_runs: int
     replicas: tuple[int, ...]
     replica_cpu: float
@@ -179,7 +181,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         help="a setting of the operator (repeatable), e.g. AGENTRUN_RESYNC_SECONDS=30",
     )
     parser.add_argument(
-        "--turns", type=int, help="model turns of the agent run (default 20; --quick: 5)"
+        "--turns",
+        help="model turns of each agent run, comma-separated, at most "
+        f"{MAX_TURNS} (default 20,1000; --quick: 5)",
     )
     parser.add_argument(
         "--replica-runs", type=int, help="runs of the replicas case (default 400; --quick: 20)"
@@ -249,6 +253,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     for name in ("peer_runs", "peer_steps", "peer_chain"):
         if int(str(pick(name))) < 1:
             parser.error(f"--{name.replace('_', '-')}: 1 or more")
+    turns = _ints(str(pick("turns")))
+    if any(not 2 <= n <= MAX_TURNS for n in turns):
+        parser.error(f"--turns {args.turns!r}: counts from 2 to {MAX_TURNS}")
     replicas = _ints(str(pick("replicas")))
     if any(n < 1 for n in replicas):
         parser.error(f"--replicas {args.replicas!r}: counts of 1 or more")
@@ -260,7 +267,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         rest_seconds=float(str(pick("rest_seconds"))),
         chains=_ints(str(pick("chains"))),
         grace=None if grace is None else int(str(grace)),
-        turns=int(str(pick("turns"))),
+        turns=turns,
         replica_runs=int(str(pick("replica_runs"))),
         replicas=replicas,
         replica_cpu=args.replica_cpu,
@@ -535,14 +542,16 @@ def run(config: BenchConfig) -> int:
             cleanup_runs(f"chain-{steps}")
 
         # agent turns
-        if "agent" in config.only:
-            report.agent = attempt(
-                f"agent: one run of {config.turns} model turns on a scripted model",
+        for turns in config.turns if "agent" in config.only else ():
+            agent = attempt(
+                f"agent: one run of {turns} model turns on a scripted model",
                 functools.partial(
-                    cases.agent_turns, bench, "agent", config.turns, 120 + 10.0 * config.turns
+                    cases.agent_turns, bench, f"agent-{turns}", turns, 120 + 10.0 * turns
                 ),
             )
-            cleanup_runs("agent")
+            if agent is not None:
+                report.agents.append(agent)
+            cleanup_runs(f"agent-{turns}")
 
         # replicas sharing the runs
         if "replicas" in config.only:

@@ -114,7 +114,8 @@ class Report:
     p3: list[tuple[int, CaseResult | None, CaseResult | None]] = field(default_factory=list)
     """(concurrency, operator, bare)"""
     chains: list[CaseResult] = field(default_factory=list)
-    agent: AgentResult | None = None
+    agents: list[AgentResult] = field(default_factory=list)
+    """Agent runs, fewest turns first."""
     rests: list[RestResult] = field(default_factory=list)
     replicas: list[ReplicaResult] = field(default_factory=list)
     peer: PeerResult | None = None
@@ -303,11 +304,14 @@ class Report:
         return lines
 
     def _agent(self) -> list[str]:
-        agent = self.agent
-        if agent is None:
-            return []
+        lines: list[str] = []
+        for agent in self.agents:
+            lines += self._one_agent(agent)
+        return lines
+
+    @staticmethod
+    def _one_agent(agent: AgentResult) -> list[str]:
         run = agent.run
-        cpu = run.cpu.get("operator")
         lines = [
             "",
             f"Agent turns: one run of {agent.turns} model turns on a scripted model answering at "
@@ -315,7 +319,7 @@ class Report:
             "server's clock)",
             f"    makespan {fmt(run.makespan, 's', 1)} "
             f"({fmt(ratio(run.makespan, agent.turns), 's')} per turn), "
-            f"operator CPU {fmt(ratio(cpu, agent.turns / 1000), 'ms', 0)} per turn",
+            f"operator CPU {fmt(ratio(agent.cpu_per_turn, 0.001), 'ms', 0)} per turn",
             f"    {'':<58}{'n':>5}{'p50':>10}{'p99':>10}{'max':>10}",
         ]
         for label, values in (
@@ -492,16 +496,30 @@ class Report:
                             target,
                         )
                     )
-        if self.agent is not None:
+        for agent in self.agents[:1]:
             for label, values in (
-                ("agent turn overhead, result -> model request", self.agent.into_model),
-                ("agent turn overhead, answer -> call intent", self.agent.out_of_model),
+                ("agent turn overhead, result -> model request", agent.into_model),
+                ("agent turn overhead, answer -> call intent", agent.out_of_model),
             ):
                 s = summarize(values)
                 if s is not None:
                     rows.append(
-                        (label, f"p50 {s.p50:.2f} s, p99 {s.p99:.2f} s", "p50 <= 0.3 s, p99 <= 1 s")
+                        (
+                            f"{label} ({agent.turns} turns)",
+                            f"p50 {s.p50:.2f} s, p99 {s.p99:.2f} s",
+                            "p50 <= 0.3 s, p99 <= 1 s",
+                        )
                     )
+        per_turn = [(a.turns, a.cpu_per_turn) for a in self.agents if a.cpu_per_turn]
+        if len(per_turn) >= 2:
+            (few, least), (most, largest) = min(per_turn), max(per_turn)
+            rows.append(
+                (
+                    f"operator CPU per turn, {most} / {few} turns",
+                    fmt(ratio(largest, least), "x"),
+                    "<= 1.20x",
+                )
+            )
         for rest in self.rests:
             which = f"{rest.finished} finished, {rest.without_finalizer} unfinalized"
             rows.append(

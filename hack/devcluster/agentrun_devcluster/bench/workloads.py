@@ -15,6 +15,7 @@ from typing import Any
 
 from agentrun.access import audit
 from agentrun.api import models as m
+from agentrun.api.agent import MAX_TURNS
 from agentrun.core import CoreConfig, CreateJob, DeleteJob, JobState, Observed, ObservedJob
 from agentrun.core import reconcile as core_reconcile
 from agentrun.execution import jobs as step_jobs
@@ -69,6 +70,8 @@ def chain_run(name: str, steps: int, case: str) -> dict[str, Any]:
 
 AGENT_TOOL = "echo"
 """The one tool of the agent case: a container step like every other (:data:`STEP_SCRIPT`)."""
+TURN_CALL = "turn-"
+"""The prefix of the ids of :func:`turn_answer`'s calls, before the call's number."""
 
 
 def agent_run(name: str, turns: int, case: str, base_url: str) -> dict[str, Any]:
@@ -83,7 +86,7 @@ def agent_run(name: str, turns: int, case: str, base_url: str) -> dict[str, Any]
             "agent": {
                 "model": {"baseURL": base_url, "name": "scripted"},
                 "instructions": "Call the tool as often as you are told, then answer.",
-                "maxTurns": turns + 1,
+                "maxTurns": min(turns + 1, MAX_TURNS),
                 "tools": [
                     {
                         "name": AGENT_TOOL,
@@ -99,14 +102,22 @@ def agent_run(name: str, turns: int, case: str, base_url: str) -> dict[str, Any]
 
 def turn_answer(turns: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A scripted model's answer (``ScriptedModel.responder``) for :func:`agent_run`: a call of
-    :data:`AGENT_TOOL` until the conversation holds ``turns - 1`` tool answers, then the final
-    answer."""
+    :data:`AGENT_TOOL` until ``turns - 1`` calls were answered, then the final answer.
+
+    Each call's id numbers it (``turn-N``), and the answers so far are read from the id the
+    conversation's last tool message answers: a long run's older turns are left out of the
+    context sent (``contextBytes``), so counting the tool messages would stop growing."""
 
     def answer(body: dict[str, Any]) -> dict[str, Any]:
-        answered = sum(1 for msg in body.get("messages") or [] if msg.get("role") == "tool")
+        tools = [msg for msg in body.get("messages") or [] if msg.get("role") == "tool"]
+        answered = len(tools)
+        if tools:
+            number = str(tools[-1].get("tool_call_id") or "").removeprefix(TURN_CALL)
+            answered = max(answered, int(number) if number.isdigit() else 0)
         if answered + 1 >= turns:
             return reply("done", prompt_tokens=10, completion_tokens=1)
-        return reply("", [tool_call(AGENT_TOOL, {})], prompt_tokens=10, completion_tokens=1)
+        call = tool_call(AGENT_TOOL, {}, call_id=f"{TURN_CALL}{answered + 1}")
+        return reply("", [call], prompt_tokens=10, completion_tokens=1)
 
     return answer
 
