@@ -300,6 +300,58 @@ METADATA_ANSWER = {
 that cannot answer so answers with the whole object, whose ``metadata`` is the same)."""
 
 
+VERSION_ANSWER = "application/json;as=Table;g=meta.k8s.io;v=v1, application/json"
+"""A write's ``Accept`` asking, with ``includeObject=None``, for a Table without the object:
+its ``metadata.resourceVersion`` is the version the write made (an API server that cannot
+answer so answers with the whole object, whose ``metadata.resourceVersion`` is the same). A
+PartialObjectMetadata answer carries ``managedFields``, which grows with the object (every
+field of every entry of a plan's steps)."""
+
+
+def patch_status(
+    custom: Any,
+    group: str,
+    version: str,
+    plural: str,
+    namespace: str,
+    name: str,
+    ops: list[dict[str, Any]],
+    field_manager: str,
+) -> str:
+    """One JSON patch of an object's status subresource; the resourceVersion it wrote.
+
+    The answer is a Table without the object (:data:`VERSION_ANSWER`), so that its size does
+    not grow with the object's: the generated client cannot ask for ``includeObject``, so the
+    request is made through its ``ApiClient`` as its own methods make it. A refusal raises
+    ``ApiException``, as the client's methods do."""
+    from kubernetes.client.exceptions import ApiException
+
+    api = custom.api_client
+    request = api.param_serialize(
+        method="PATCH",
+        resource_path="/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
+        path_params={
+            "group": group,
+            "version": version,
+            "namespace": namespace,
+            "plural": plural,
+            "name": name,
+        },
+        query_params=[("fieldManager", field_manager), ("includeObject", "None")],
+        header_params={"Content-Type": JSON_PATCH, "Accept": VERSION_ANSWER},
+        body=ops,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(*request)
+    response.read()
+    if not 200 <= response.status <= 299:
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    written = json.loads(response.data)["metadata"]["resourceVersion"]
+    if not isinstance(written, str) or not written:
+        raise ValueError(f"a status write of {namespace}/{name} answered no resourceVersion")
+    return written
+
+
 def list_items(response: Any) -> list[dict[str, Any]]:
     """Items of a list call made with ``_preload_content=False``: the API server's own JSON,
     without building the client's typed models (much faster for long lists)."""

@@ -7,6 +7,7 @@ import copy
 import json
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -237,7 +238,7 @@ def test_the_ledgers_status_patch_is_fenced_and_stores_exactly_the_status_it_was
     """The ledger writes a status as a JSON patch of what changed, fenced by the version
     read: the API server refuses it from a stale read (409, a Conflict) even when it changes
     nothing, stores exactly the status given (keys removed, list elements changed, a ring's
-    oldest entries dropped), and answers with the run's metadata, as the ledger says."""
+    oldest entries dropped), and answers with the version written, as the ledger says."""
     from datetime import UTC, datetime, timedelta
 
     from agentrun.core import Observed, reconcile
@@ -273,17 +274,42 @@ def test_the_ledgers_status_patch_is_fenced_and_stores_exactly_the_status_it_was
     current = read()
     assert current["status"] == second == stored["status"]
     assert stored["metadata"]["resourceVersion"] == current["metadata"]["resourceVersion"]
+    # status.steps is atomic: managedFields hold it as one field, not each entry's fields.
+    (entry,) = [e for e in current["metadata"]["managedFields"] if e.get("subresource") == "status"]
+    assert entry["fieldsV1"]["f:status"]["f:steps"] == {}, entry["fieldsV1"]["f:status"]
 
-    # The answer the ledger asks for is the run's metadata only, not the whole run.
-    from agentrun.kubeapi import JSON_PATCH, METADATA_ANSWER
+    # The answer the ledger asks for is the version written only, not the run nor its metadata
+    # (whose managedFields grow with the run).
+    from agentrun.kubeapi import patch_status
 
     fence = {"op": "replace", "path": "/metadata/resourceVersion"}
-    answer = kube.custom.patch_namespaced_custom_object_status(
-        m.GROUP, m.VERSION, namespace, m.PLURAL, "patched",
-        [{**fence, "value": stored["metadata"]["resourceVersion"]}],
-        _content_type=JSON_PATCH, _headers=METADATA_ANSWER, _preload_content=False,
-    )  # fmt: skip
-    assert set(json.loads(answer.data)) == {"kind", "apiVersion", "metadata"}
+    api_client = kube.custom.api_client
+    answers: list[Any] = []
+    send = api_client.call_api
+
+    def recorded(*request: Any, **options: Any) -> Any:
+        answers.append(send(*request, **options))
+        return answers[-1]
+
+    change = {"op": "replace", "path": "/status/message", "value": "answered"}
+    with mock.patch.object(api_client, "call_api", recorded):
+        written = patch_status(
+            kube.custom, m.GROUP, m.VERSION, m.PLURAL, namespace, "patched",
+            [{**fence, "value": stored["metadata"]["resourceVersion"]}, change],
+            "agentrun-operator",
+        )  # fmt: skip
+    assert written == read()["metadata"]["resourceVersion"] != stored["metadata"]["resourceVersion"]
+    table = json.loads(answers[-1].data)
+    assert table["kind"] == "Table" and table["rows"]
+    assert all(row.get("object") is None for row in table["rows"]), table["rows"]
+    with pytest.raises(ApiException) as stale:
+        patch_status(
+            kube.custom, m.GROUP, m.VERSION, m.PLURAL, namespace, "patched",
+            [{**fence, "value": stored["metadata"]["resourceVersion"]}], "agentrun-operator",
+        )  # fmt: skip
+    assert stale.value.status == 409
+    stored = read()
+    second = stored["status"]
 
     # A status read with a field the API server does not hold (pruned) is written whole.
     drifted = {**stored, "status": {**stored["status"], "pruned": {"x": 1}}}

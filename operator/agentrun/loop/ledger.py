@@ -13,14 +13,14 @@ found without it is given it only by a pass that has something of it to clean up
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.api import models as m
-from agentrun.kubeapi import JSON_PATCH, METADATA_ANSWER, finalizer_addition, json_patch, tolerate
+from agentrun.kubeapi import JSON_PATCH, finalizer_addition, json_patch, patch_status, tolerate
 from agentrun.settings import FIELD_MANAGER, RUN_FINALIZER
 from agentrun.telemetry import metrics
 
@@ -48,8 +48,10 @@ class LedgerStats:
 class Ledger:
     """Reads and writes AgentRuns through one API client."""
 
-    def __init__(self, custom_api: Any) -> None:
+    def __init__(self, custom_api: Any, send_status: Callable[..., str] = patch_status) -> None:
         self.custom = custom_api
+        self.send_status = send_status
+        """How a status patch is sent (:func:`~agentrun.kubeapi.patch_status`'s arguments)."""
         self.stats = LedgerStats()
 
     def read(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -99,9 +101,10 @@ class Ledger:
         compares it with the stored one, 409 when they differ, as for a PUT), then only what
         changed between ``body``'s status and ``status`` (:func:`~agentrun.kubeapi.json_patch`),
         so that a write costs what changed, not the run's size, to make and to send. The
-        answer is asked for as metadata only: the run as stored is ``body`` with that
-        metadata and ``status``. A patch the API server cannot apply as made (422: a path it
-        does not hold, e.g. a field it pruned) is made once more as the whole status.
+        answer is asked for as the version written only (:func:`~agentrun.kubeapi.patch_status`):
+        the run as stored is ``body`` with that version and ``status``. A patch the API server
+        cannot apply as made (422: a path it does not hold, e.g. a field it pruned) is made
+        once more as the whole status.
 
         Raises :class:`Conflict` when the run moved on since ``body`` was read. Also the fence
         before creating a Job: a write carrying the old resourceVersion fails even when it
@@ -111,34 +114,35 @@ class Ledger:
         old = body.get("status")
         whole = [{"op": "add", "path": "/status", "value": status}]
         if not isinstance(old, dict):
-            answer = self._patch_status(meta, whole, partial=False)
+            written = self._patch_status(meta, whole, partial=False)
         else:
             try:
                 changes = json_patch(old, status, "/status")
-                answer = self._patch_status(meta, changes, partial=True)
+                written = self._patch_status(meta, changes, partial=True)
             except _Unapplied:
-                answer = self._patch_status(meta, whole, partial=False)
+                written = self._patch_status(meta, whole, partial=False)
         self.stats.add(commits=1)
-        return {**body, "metadata": answer["metadata"], "status": status}
+        # A write fenced by the version read changed nothing of the metadata but the version
+        # (and managedFields, which the operator never reads).
+        return {**body, "metadata": {**meta, "resourceVersion": written}, "status": status}
 
-    def _patch_status(self, meta: dict[str, Any], ops: list[dict[str, Any]], partial: bool) -> Any:
-        """Send ``ops`` behind the fence. ``partial``: they patch what changed, and a 422
-        raises :class:`_Unapplied` (the whole status is sent instead); else they are the whole
-        status, and a 422 is the API's refusal, raised as it is."""
+    def _patch_status(self, meta: dict[str, Any], ops: list[dict[str, Any]], partial: bool) -> str:
+        """Send ``ops`` behind the fence; the resourceVersion written. ``partial``: they patch
+        what changed, and a 422 raises :class:`_Unapplied` (the whole status is sent instead);
+        else they are the whole status, and a 422 is the API's refusal, raised as it is."""
         version = meta["resourceVersion"]
         fence = {"op": "replace", "path": "/metadata/resourceVersion", "value": version}
+        written = ""
         with tolerate(409, 422) as refused:
-            response = self.custom.patch_namespaced_custom_object_status(
+            written = self.send_status(
+                self.custom,
                 m.GROUP,
                 m.VERSION,
-                meta["namespace"],
                 m.PLURAL,
+                meta["namespace"],
                 meta["name"],
                 [fence, *ops],
-                field_manager=FIELD_MANAGER,
-                _content_type=JSON_PATCH,
-                _headers=METADATA_ANSWER,
-                _preload_content=False,
+                FIELD_MANAGER,
             )
         if refused and refused.status == 409:
             self.stats.add(conflicts=1)
@@ -148,7 +152,7 @@ class Ledger:
             if not partial:
                 raise refused.error  # the whole status refused: invalid, said as the API says
             raise _Unapplied()
-        return json.loads(response.data)
+        return written
 
 
 class _Unapplied(Exception):
