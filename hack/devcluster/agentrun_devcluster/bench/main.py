@@ -340,6 +340,7 @@ def header(config: BenchConfig, bench: BenchCluster, limit: str = "") -> list[st
         f"    cases         P1 {config.p1_steps} steps; P2 1 and {config.steps} steps; "
         f"P3 {', '.join(map(str, config.runs))} runs of {config.steps} steps; "
         f"plan sizes {', '.join(map(str, config.chains)) or 'none'}; "
+        f"agent runs of {', '.join(map(str, config.turns))} turns; "
         f"P5 {config.finished} finished runs, {config.rest_seconds:.0f} s at rest",
         *_replicas_header(config, limit),
         *_peer_header(config),

@@ -560,5 +560,5 @@ class Report:
             return []
         lines = ["", "Figures beside the design's targets (no verdict: timings vary by machine)"]
         for label, value, target in rows:
-            lines.append(f"    {label:<48}{value:>26}   {('target ' + target) if target else ''}")
+            lines.append(f"    {label:<56}{value:>26}   {('target ' + target) if target else ''}")
         return lines
