@@ -6,6 +6,7 @@ the committed transitions appended to the record's ConfigMaps after it.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,34 @@ class AuditRecord:
             entries=[e for e in chosen.entries if int(e["seq"]) <= latest],
         )
 
+    def _read_tail(self, run: m.AgentRun, latest: int, stored: int) -> _Record | None:
+        """The record as :meth:`_read` gives it, from only the chunks an append needs: the one
+        holding entry ``stored`` (the last known recorded) to the one entry ``latest`` falls
+        in, each read by its name (a chunk holds :data:`~agentrun.access.audit.CHUNK` entries:
+        one read, two when the batch crosses into the next chunk). Entries before ``stored``
+        are not read: the append continues from the last entry up to ``latest``, which is
+        entry ``stored`` or past it. None, for :meth:`_read` to list every chunk, when those
+        chunks do not hold entry ``stored`` (a chunk deleted or changed since) or more than
+        two would be read."""
+        prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
+        first = (max(stored, 1) - 1) // audit.CHUNK + 1
+        last = (max(latest, 1) - 1) // audit.CHUNK + 1
+        if last - first > 1:
+            return None
+        items = []
+        for number in range(first, last + 1):
+            with tolerate(404):
+                response = self.apis.core.read_namespaced_config_map(
+                    f"{prefix}-{number}", run.metadata.namespace, _preload_content=False
+                )
+                items.append(json.loads(response.data))
+        chosen = audit.select(items, prefix, run.metadata.uid, limit=latest + audit.CHUNK)
+        entries = [e for e in chosen.entries if int(e["seq"]) <= latest]
+        if stored > 0 and not any(int(e["seq"]) == stored for e in entries):
+            return None
+        self._report_foreign(run, chosen.ignored)
+        return _Record(prefix=prefix, maps=chosen.maps, entries=entries)
+
     def _report_foreign(self, run: m.AgentRun, ignored: list[tuple[str, str]]) -> None:
         for name, why in ignored:
             seen = (run.metadata.uid, name, why)
@@ -192,7 +221,13 @@ class AuditRecord:
         at_rest = status.phase in AT_REST
         waiting = latest - stored
         if waiting > 0 and (at_rest or waiting >= AUDIT_BATCH):
-            appended = self._sync(run, status, self._read(run, latest))
+            # While the run moves, only the chunks being appended to are read (a list of every
+            # chunk grows with the run: 18 of them after 1,000 agent turns); at rest, every
+            # chunk, so that objects imitating the record are reported once the run stops.
+            record = None if at_rest else self._read_tail(run, latest, stored)
+            if record is None:
+                record = self._read(run, latest)
+            appended = self._sync(run, status, record)
             if appended is not None:
                 stored = max(stored, appended)
                 self.observer.note_recorded(uid, stored)
