@@ -293,13 +293,6 @@ def tolerate(*statuses: int) -> Iterator[Tolerated]:
 METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
 """A list call's headers (``_headers=``) asking for the objects' metadata only: their items
 are then ``PartialObjectMetadata`` (apiVersion, kind, metadata), for :func:`list_items`."""
-METADATA_ANSWER = {
-    "Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
-}
-"""A single object's call's headers asking for its metadata only in the answer (an API server
-that cannot answer so answers with the whole object, whose ``metadata`` is the same)."""
-
-
 VERSION_ANSWER = "application/json;as=Table;g=meta.k8s.io;v=v1, application/json"
 """A write's ``Accept`` asking, with ``includeObject=None``, for a Table without the object:
 its ``metadata.resourceVersion`` is the version the write made (an API server that cannot
