@@ -75,6 +75,13 @@ def test_names_are_dns_labels_with_room_for_chunks() -> None:
     assert len(audit.chunk_name(prefix, 10_000)) <= 63
     assert audit.chunk_name(prefix, 1).endswith("-1")
     assert audit.chunk_name(prefix, audit.CHUNK + 1).endswith("-2")
+    # The chunks an append from entry 'first' to entry 'last' touches, as chunk_name names them.
+    assert audit.chunk_names(prefix, 1, audit.CHUNK) == [audit.chunk_name(prefix, 1)]
+    assert audit.chunk_names(prefix, audit.CHUNK, audit.CHUNK + 1) == [
+        audit.chunk_name(prefix, audit.CHUNK),
+        audit.chunk_name(prefix, audit.CHUNK + 1),
+    ]
+    assert len(audit.chunk_names(prefix, 1, 2 * audit.CHUNK + 1)) == 3
 
 
 # -- the anchor in status ---------------------------------------------------------------------

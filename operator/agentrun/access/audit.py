@@ -51,8 +51,17 @@ def record_prefix(run_name: str, run_uid: str) -> str:
     return naming.dns_label(f"{run_name}-audit", digest)[:58].rstrip("-")
 
 
+def _chunk(seq: int) -> int:
+    return (seq - 1) // CHUNK + 1
+
+
 def chunk_name(prefix: str, seq: int) -> str:
-    return f"{prefix}-{(seq - 1) // CHUNK + 1}"
+    return f"{prefix}-{_chunk(seq)}"
+
+
+def chunk_names(prefix: str, first: int, last: int) -> list[str]:
+    """The chunks holding entries ``first`` to ``last``, in order."""
+    return [f"{prefix}-{n}" for n in range(_chunk(first), _chunk(last) + 1)]
 
 
 def key(seq: int) -> str:

@@ -126,16 +126,7 @@ class AuditRecord:
                 run.metadata.namespace, label_selector=selector, _preload_content=False
             )
         )
-        prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
-        # Entries up to a chunk past the status as read may be a concurrent pass's appends;
-        # further ones cannot be the operator's.
-        chosen = audit.select(items, prefix, run.metadata.uid, limit=latest + audit.CHUNK)
-        self._report_foreign(run, chosen.ignored)
-        return _Record(
-            prefix=prefix,
-            maps=chosen.maps,
-            entries=[e for e in chosen.entries if int(e["seq"]) <= latest],
-        )
+        return self._record(run, items, latest)
 
     def _read_tail(self, run: m.AgentRun, latest: int, stored: int) -> _Record | None:
         """The record as :meth:`_read` gives it, from only the chunks an append needs: the one
@@ -147,23 +138,34 @@ class AuditRecord:
         chunks do not hold entry ``stored`` (a chunk deleted or changed since) or more than
         two would be read."""
         prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
-        first = (max(stored, 1) - 1) // audit.CHUNK + 1
-        last = (max(latest, 1) - 1) // audit.CHUNK + 1
-        if last - first > 1:
+        names = audit.chunk_names(prefix, max(stored, 1), max(latest, 1))
+        if len(names) > 2:
             return None
         items = []
-        for number in range(first, last + 1):
+        for name in names:
             with tolerate(404):
                 response = self.apis.core.read_namespaced_config_map(
-                    f"{prefix}-{number}", run.metadata.namespace, _preload_content=False
+                    name, run.metadata.namespace, _preload_content=False
                 )
                 items.append(json.loads(response.data))
-        chosen = audit.select(items, prefix, run.metadata.uid, limit=latest + audit.CHUNK)
-        entries = [e for e in chosen.entries if int(e["seq"]) <= latest]
-        if stored > 0 and not any(int(e["seq"]) == stored for e in entries):
+        record = self._record(run, items, latest)
+        if stored > 0 and not any(int(e["seq"]) == stored for e in record.entries):
             return None
+        return record
+
+    def _record(self, run: m.AgentRun, items: list[dict[str, Any]], latest: int) -> _Record:
+        """The record among ``items`` (ConfigMaps with the record's labels or names), entries
+        up to ``latest``; the rest reported (:meth:`_report_foreign`)."""
+        prefix = audit.record_prefix(run.metadata.name, run.metadata.uid)
+        # Entries up to a chunk past the status as read may be a concurrent pass's appends;
+        # further ones cannot be the operator's.
+        chosen = audit.select(items, prefix, run.metadata.uid, limit=latest + audit.CHUNK)
         self._report_foreign(run, chosen.ignored)
-        return _Record(prefix=prefix, maps=chosen.maps, entries=entries)
+        return _Record(
+            prefix=prefix,
+            maps=chosen.maps,
+            entries=[e for e in chosen.entries if int(e["seq"]) <= latest],
+        )
 
     def _report_foreign(self, run: m.AgentRun, ignored: list[tuple[str, str]]) -> None:
         for name, why in ignored:
