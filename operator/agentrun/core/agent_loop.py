@@ -319,8 +319,9 @@ def sent_bytes(agent: a.Agent, ag: a.AgentStatus, ctx: cx.Context) -> int:
 
 
 def _store_context(b: Host, ag: a.AgentStatus, ctx: cx.Context) -> None:
-    parts = ctx.parts()
-    digest = ctx.digest()
+    text = ctx.to_json()  # encoded once: the parts are its pieces, the digest its sha256
+    parts = cx.split_bytes(text, cx.PART_BYTES)
+    digest = naming.sha256_text(text)
     name = context_name(b.run, ctx.turn, digest)
     data = tuple((f"part-{i}", part) for i, part in enumerate(parts))
     b.before.append(StoreRecord(name, KIND_CONTEXT, ctx.turn, data))
@@ -1043,8 +1044,10 @@ def _previous_context(b: Host, ag: a.AgentStatus) -> cx.Context | None:
         if text is None:
             return None
         parts.append(text)
-    doc = cx.Context.from_parts(parts)
-    if isinstance(doc, str) or doc.digest() != ctx.digest:
+    # The text as stored is the committed digest's (the parts of Context.to_json): checked as
+    # it is, not parsed and encoded again.
+    doc = cx.Context.from_parts(parts) if naming.sha256_text("".join(parts)) == ctx.digest else ""
+    if isinstance(doc, str):
         # Changed under us: the turn cannot be continued from it. Start from the first
         # messages again, saying so (the transcript keeps everything).
         return cx.Context(

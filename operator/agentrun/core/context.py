@@ -417,16 +417,22 @@ def page(context: Context, limit: int) -> Context:
     """``context`` fit into ``limit`` bytes of messages (see the module docstring)."""
     messages = [dict(m) for m in context.messages]
     sizes = [message_bytes(m) for m in messages]
+    # Bytes of the messages as a JSON array (brackets, messages, a comma between two), kept
+    # as they change: each step below looks at it once per message at most.
+    total = 2 + sum(sizes) + max(len(sizes) - 1, 0)
 
-    def total() -> int:
-        return 2 + sum(sizes) + max(len(sizes) - 1, 0)
+    def resize(i: int) -> None:
+        nonlocal total
+        size = message_bytes(messages[i])
+        total += size - sizes[i]
+        sizes[i] = size
 
     turns = sorted({t for m in messages if (t := _turn_of(m)) is not None})
     newest = turns[-1] if turns else None
 
     def page_results(newest_too: bool) -> None:
         for i, message in enumerate(messages):
-            if total() <= limit:
+            if total <= limit:
                 break
             if message.get("role") != "tool" or message.get("x-paged"):
                 continue
@@ -438,14 +444,14 @@ def page(context: Context, limit: int) -> Context:
                 continue
             message["content"] = replacement
             message["x-paged"] = True
-            sizes[i] = message_bytes(message)
+            resize(i)
 
     # 1. Old tool results by their summaries, oldest first.
     page_results(newest_too=False)
     # 2. The oldest turns left out whole (never the newest), one note standing for them.
     omitted = context.omitted_turns
     for turn in turns[:-1]:
-        if total() <= limit:
+        if total <= limit:
             break
         first = turn
         old_note = next((i for i, m in enumerate(messages) if m.get(NOTE)), None)
@@ -461,18 +467,19 @@ def page(context: Context, limit: int) -> Context:
         note = _note(first, turn)
         messages.insert(at, note)
         sizes.insert(at, message_bytes(note))
+        total = 2 + sum(sizes) + max(len(sizes) - 1, 0)
     # 2b. Then the newest turn's results too.
     page_results(newest_too=True)
     # 3. Cut the longest message short until it fits.
-    while total() > limit:
+    while total > limit:
         longest = max(range(len(messages)), key=lambda i: sizes[i])
         content = messages[longest].get("content")
         if not isinstance(content, str) or not content:
             break
-        excess = total() - limit
+        excess = total - limit
         keep_chars = max(len(content) - excess - 64, 0)
         messages[longest]["content"] = content[:keep_chars] + " …[cut to fit the context]"
-        sizes[longest] = message_bytes(messages[longest])
+        resize(longest)
         if keep_chars == 0:
             break
     return Context(

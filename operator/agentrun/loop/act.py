@@ -30,6 +30,7 @@ from agentrun.core import (
     naming,
 )
 from agentrun.core.actions import CreateChild, PatchChild, PrepareTurn, SendTurn, StoreRecord
+from agentrun.core.turns import KIND_CONTEXT
 from agentrun.execution import inputs, jobs, objects, proof
 from agentrun.kubeapi import api_message, finalizer_removal, tolerate
 from agentrun.loop.common import Apis, Checkpoint, log, run_fields
@@ -463,5 +464,7 @@ class Actor:
         """A ConfigMap of an agent run's memory: a turn's transcript record or context."""
         labels = {s.LABEL_KIND: action.kind, s.LABEL_TURN: str(action.turn)}
         body = objects.owned_config_map(objects.RunRef.of(run), action.name, labels, action.data)
-        with tolerate(409):  # written by an earlier pass: its name stands for its content
+        with tolerate(409) as taken:  # written by an earlier pass: its name stands for its content
             self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
+        if action.kind == KIND_CONTEXT and not taken:  # read back by the next passes
+            self.observer.written.remember(run.metadata.namespace, action.name, dict(action.data))

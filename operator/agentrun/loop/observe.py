@@ -40,6 +40,7 @@ from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
 from agentrun.loop.ledger import Ledger
 from agentrun.loop.signing import JobKey
+from agentrun.loop.written import Written
 from agentrun.observation import conversation as resume
 from agentrun.observation.adoption import Adoption
 from agentrun.observation.watches import ClusterView
@@ -93,6 +94,9 @@ class Observer:
         self._recorded: dict[str, int] = {}
         """Run uid -> the last transition this process found or stored in the run's audit
         record, until a commit carries it into status.audit.recordedSeq."""
+        self.written = Written()
+        """The context ConfigMaps this process created (agentrun.loop.written): read from
+        here, not from the API server, while kept."""
 
     def observe(self, run: m.AgentRun) -> Observed:
         """Everything the core is given besides the run and the time."""
@@ -138,6 +142,15 @@ class Observer:
             return None
         found: dict[str, Any] = json.loads(response.data)
         return found
+
+    def written_data(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The data of ConfigMap ``name``: as this process created it, while it keeps that
+        (:class:`agentrun.loop.written.Written`), else as stored now; None when there is none."""
+        kept = self.written.get(namespace, name)
+        if kept is not None:
+            return kept
+        found = self.read_config_map(namespace, name)
+        return None if found is None else (found.get("data") or {})
 
     def recorded(self, run_uid: str) -> int | None:
         """The last transition this process knows its audit record to hold."""
@@ -477,11 +490,7 @@ class Observer:
         documents: dict[tuple[str, str], str] = {}
         for name, key in wanted:
             if name not in maps:
-                with tolerate(404) as missing:
-                    found = self.apis.core.read_namespaced_config_map(
-                        name, run.metadata.namespace, _preload_content=False
-                    )
-                maps[name] = {} if missing else (json.loads(found.data).get("data") or {})
+                maps[name] = self.written_data(run.metadata.namespace, name) or {}
             value = maps[name].get(key)
             if isinstance(value, str):
                 documents[(name, key)] = value

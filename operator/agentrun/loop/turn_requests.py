@@ -115,8 +115,8 @@ class TurnSender:
 
     def _parts(self, run: m.AgentRun, action: SendTurn) -> list[str] | str:
         """The context's parts from the run's ConfigMap, or why they cannot be sent."""
-        found = self.observer.read_config_map(run.metadata.namespace, action.context_name)
-        data = (found or {}).get("data") or {}
+        found = self.observer.written_data(run.metadata.namespace, action.context_name)
+        data = found or {}
         parts = [data.get(f"part-{i}") for i in range(action.parts)]
         if found is None or any(p is None for p in parts):
             return f"the context {action.context_name} of the turn is missing or incomplete"
