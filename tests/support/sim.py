@@ -96,6 +96,8 @@ class Sim:
     """What the runs named by spec.carriedResults committed, as the shell would read it."""
     tampered: dict[str, str] = field(default_factory=dict)
     """Job name -> why a result by reference of that attempt is not what was committed."""
+    granted: frozenset[tuple[str, str, str]] = frozenset()
+    """Permissions the shell found the run's creator to have (Observed.granted)."""
 
     # -- the cluster ---------------------------------------------------------------------
 
@@ -121,6 +123,7 @@ class Sim:
             ),
             carried_sources=dict(self.carried_sources),
             tampered=dict(self.tampered),
+            granted=self.granted,
             # What the shell remembers: Jobs it created that are now gone.
             vanished=frozenset(n for n in self.creations if n not in self.jobs),
         )

@@ -13,14 +13,13 @@ from typing import Any
 
 import pytest
 
-from agentrun.access import authz
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.base import SecretKeySelector
 from agentrun.api.models import StepPhase as SP
 from agentrun.clients.plugin import transcript
 from agentrun.core import agent_loop as loop
-from agentrun.core import fork_plan, frozen
+from agentrun.core import fork_plan, frozen, rights
 from agentrun.core.launch import committed_launch
 from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call
 from tests.support.sim import make_run
@@ -278,7 +277,7 @@ def test_turns_are_built_from_the_frozen_copy_not_the_spec() -> None:
     assert {e.value for e in launch.step.container.env or [] if e.name.endswith("BASE_URL")} == {
         OWN
     }
-    assert [c.name for c in authz.checks_for(run, turn)] == ["llm"]
+    assert [c.name for c in rights.checks_for(run, turn)] == ["llm"]
 
 
 def test_a_run_an_older_operator_started_is_frozen_as_it_reads_now() -> None:

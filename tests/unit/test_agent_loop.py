@@ -12,8 +12,8 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.clients.plugin import transcript
+from agentrun.core import StoreResult, builder
 from agentrun.core import agent_loop as loop
-from agentrun.core import builder
 from agentrun.core import context as cx
 from agentrun.core.arguments import args_hash
 from agentrun.core.envelope import MAX_TOKENS
@@ -406,18 +406,25 @@ def test_a_tool_image_outside_the_policy_is_refused_but_the_model_turn_runs() ->
     assert sim.status.phase == m.RunPhase.RUNNING and sim.model_job() is not None
 
 
-def test_results_kept_by_reference_are_read_back_for_the_next_context() -> None:
+def test_results_kept_by_reference_go_into_the_next_context_stored_now_or_read_back() -> None:
     sim = AgentSim(agent_run())
-    sim.answer("", [call("search", {"query": "x"}, "c")])
-    (job,) = sim.tool_jobs()
+    sim.answer("", [call("search", {"query": "x"}, "a"), call("search", {"query": "y"}, "b")])
+    first, second = sim.tool_jobs()
     big = json.dumps({"rows": "y" * 3000})
-    sim.finish(job.name, True, tool_envelope(big, "3000 rows"))
-    sim.tick()  # this pass commits the result (stored by reference) ...
+    sim.finish(first.name, True, tool_envelope(big, "3000 rows"))
+    sim.tick()  # this pass commits the first result (stored by reference); b still runs
     st = sim.step_status("t1-0-search")
     assert st.result_ref is not None and sim.agent.turn == 1
-    sim.settle()  # ... the next one reads it back and closes the turn
-    assert _tool_messages(sim.context(), 1)["c"] == big
+    bigger = json.dumps({"rows": "z" * 3000})
+    sim.finish(second.name, True, tool_envelope(bigger, "3000 rows"))
+    decision = sim.tick()  # the last result: committed with the turn closed, the next begun
+    assert sim.agent.turn == 2 and sim.agent.stage == a.AgentStage.THINKING
+    messages = _tool_messages(sim.context(), 1)
+    assert messages == {"a": big, "b": bigger}
+    # The first read back by the shell; the second taken from this pass's own store.
     assert (st.result_ref.name, "result") in sim.asked
+    second_ref = next(x.name for x in decision.before_commit if isinstance(x, StoreResult))
+    assert not any(name == second_ref for name, _ in sim.asked)
 
 
 def test_the_context_stays_under_its_limit_old_results_by_summary_then_old_turns_left_out() -> None:
@@ -627,21 +634,45 @@ def test_reported_usage_counts_at_most_what_the_turn_could_have_used() -> None:
     assert sim.status.phase == m.RunPhase.SUCCEEDED
 
 
-def test_a_new_step_of_the_loop_launches_only_once_committed() -> None:
-    """The shell checks a step's Secrets and env against the creator's rights from the status
-    as read (agentrun.access.authz); a turn's new steps wait one pass, so that they are checked."""
+def test_a_new_step_of_the_loop_launches_in_its_pass_only_with_its_rights_known() -> None:
+    """The shell checks a step's Secrets and env against the creator's rights
+    (agentrun.access.authz). A turn's new step that uses none of the creator's (the model
+    here has no API key, the search tool no Secret) launches in the pass that makes it."""
     sim = AgentSim(agent_run())
     sim.tick()
-    assert sim.agent.stage == a.AgentStage.THINKING and not sim.jobs
-    sim.tick()
+    assert sim.agent.stage == a.AgentStage.THINKING
     job = sim.model_job()
-    assert job is not None
+    assert job is not None and sim.step_status("t1-model").phase == SP.LAUNCHING
     sim.finish(job.name, True, turn_envelope("", [call("search", {"query": "x"}, "c")]))
     sim.tick()
-    assert sim.step_status("t1-0-search").phase == SP.PENDING
-    assert sim.tool_jobs() == []
-    sim.tick()
+    assert sim.step_status("t1-0-search").phase == SP.LAUNCHING
     assert [j.step for j in sim.tool_jobs()] == ["t1-0-search"]
+
+
+SECRET_KEY = {"name": "llm-key", "key": "token"}
+GRANTED_KEY = frozenset({("get", "secrets", "llm-key")})
+
+
+@pytest.mark.parametrize("granted", [frozenset(), GRANTED_KEY], ids=["unknown", "granted"])
+def test_a_new_step_that_uses_the_creators_rights_waits_to_be_committed_unless_granted(
+    granted: frozenset[tuple[str, str, str]],
+) -> None:
+    """A model turn with an API key Secret: launched in the pass that begins it only when the
+    shell found the creator may read that Secret (Observed.granted, confirmed within the
+    rights TTL); else committed Pending first, so that the shell checks it before its
+    launch is decided (a refusal then fails it: tests/unit/test_authz.py)."""
+    model = {"baseURL": "http://127.0.0.1:9/v1", "name": "m", "apiKeySecretRef": SECRET_KEY}
+    sim = AgentSim(agent_run(model=model))
+    sim.granted = granted
+    sim.tick()
+    assert sim.agent.stage == a.AgentStage.THINKING
+    if granted:
+        assert sim.step_status("t1-model").phase == SP.LAUNCHING and sim.model_job() is not None
+        return
+    assert sim.step_status("t1-model").phase == SP.PENDING and not sim.jobs
+    sim.granted = frozenset({("get", "secrets", "another")})  # not the one it uses
+    sim.tick()  # committed: checked by the shell, whose refusals would stop it here
+    assert sim.model_job() is not None
 
 
 def test_the_committed_launch_of_a_turn_and_a_call_is_the_job_the_machine_created() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from agentrun.access import authz
 from agentrun.api import models as m
-from agentrun.core import CreateJob, EmitEvent, Observed, reconcile
+from agentrun.core import CreateJob, EmitEvent, Observed, reconcile, rights
 from tests.support.sim import T0, Sim, make_run, step
 
 SP = m.StepPhase
@@ -81,7 +81,7 @@ def test_env_references_and_the_service_account_are_checked_each_once() -> None:
         ],
         stepTemplate={"serviceAccountName": "deployer"},
     )
-    checks = authz.checks_for(run, run.spec.plan.steps[0])
+    checks = rights.checks_for(run, run.spec.plan.steps[0])
     assert [c.describe() for c in checks] == [
         "get secrets/db-password",
         "get configmaps/settings",
@@ -98,8 +98,8 @@ def test_inputs_from_earlier_steps_are_the_runs_own_results_and_not_checked() ->
     run = make_run(
         [step("a"), step("b", "a", inputs=[{"name": "ROWS", "fromStep": "a", "key": "rows"}])]
     )
-    assert authz.checks_for(run, run.spec.plan.steps[1]) == []
-    assert authz.checks_for(run, run.spec.plan.steps[0]) == []
+    assert rights.checks_for(run, run.spec.plan.steps[1]) == []
+    assert rights.checks_for(run, run.spec.plan.steps[0]) == []
 
 
 def test_the_creator_is_read_from_the_admission_annotations() -> None:
@@ -190,6 +190,31 @@ def test_a_right_revoked_while_the_run_goes_on_stops_its_later_launches() -> Non
     grants.add(("alice", "get", "secrets", "db"))
     now[0] = 1000.0
     assert "read" in authorizer.refusals(run), "a refusal is final for the run"
+    assert authorizer.reviews == 2
+
+
+def test_granted_is_what_the_creator_was_found_to_have_within_the_ttl_asking_nothing() -> None:
+    """What a step of the loop made in a pass may be launched with in that pass
+    (agentrun.core.turns.rights_confirmed): the verdicts of earlier steps, only grants, only
+    the current creator's, only within the ttl; never a review of its own."""
+    run = created_by(
+        make_run([with_env("a", secret_env("DB", "db")), with_env("b", secret_env("K", "key"))]),
+        "alice",
+        [],
+    )
+    now = [0.0]
+    api = FakeAuthorization({("alice", "get", "secrets", "db")})
+    authorizer = authz.Authorizer(api, ttl=60, clock=lambda: now[0])
+    assert authorizer.granted(run) == frozenset()  # nothing asked yet
+    assert authorizer.reviews == 0
+    assert set(authorizer.refusals(run)) == {"b"}
+    assert authorizer.granted(run) == {("get", "secrets", "db")}  # not the refused key
+    assert authorizer.reviews == 2
+    someone_else = created_by(run.model_copy(deep=True), "mallory", [])
+    assert authorizer.granted(someone_else) == frozenset()
+    assert authorizer.granted(created_by(run.model_copy(deep=True), None)) == frozenset()
+    now[0] = 60.0
+    assert authorizer.granted(run) == frozenset(), "a grant older than the ttl is asked again"
     assert authorizer.reviews == 2
 
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
+
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import (
     AheadJob,
     CreateJob,
+    Decision,
     JobState,
     Observed,
     ObservedJob,
@@ -31,22 +34,46 @@ def _name(sim: AgentSim, turn: int) -> str:
     return naming.job_name(sim.run.metadata.name, sim.run.metadata.uid, loop.model_step(turn), 1)
 
 
+def _decide(sim: AgentSim, observed: Observed | None = None) -> Decision:
+    return reconcile(sim.run, observed or sim.observed(), sim.now, sim.config)
+
+
 def _actions(sim: AgentSim, observed: Observed | None = None) -> list[Any]:
-    decision = reconcile(sim.run, observed or sim.observed(), sim.now, sim.config)
-    return list(decision.after_commit)
+    return list(_decide(sim, observed).after_commit)
 
 
-def _to_the_next_turn(sim: AgentSim) -> None:
-    """Turn 1 called the search; it returns, and the run goes on until turn 2 has begun
-    (its model step committed, not launched yet)."""
+KEYED = {"baseURL": "http://127.0.0.1:9/v1", "name": "m",
+         "apiKeySecretRef": {"name": "llm-key", "key": "token"}}  # fmt: skip
+"""A model whose turns use a Secret of the creator's: a new turn's launch waits until the
+turn is committed and the shell checked that right (none is granted in these runs)."""
+BOTH = pytest.mark.parametrize("keyed", [False, True], ids=["in-the-closing-pass", "committed"])
+"""A new turn's launch is decided in the pass that closes the turn before it when the model
+uses nothing of the creator's, else once the new turn is committed: both ways."""
+
+
+def _next_turn_sim(keyed: bool) -> AgentSim:
+    """Turn 1 called the search and it returned. ``keyed``: the run goes on until turn 2 has
+    begun (its model step committed, not launched yet); else the next pass is the one that
+    closes turn 1, begins turn 2 and decides its launch."""
+    sim = AgentSim(agent_run(model=KEYED if keyed else None))
     sim.answer("", [call("search", {"query": "db"})])
     for job in sim.tool_jobs():
         sim.finish(job.name, True, "found it")
+    if not keyed:
+        assert sim.agent.turn == 1
+        return sim
     for _ in range(10):
         if sim.status.agent is not None and sim.status.agent.turn == 2:
             break
         sim.tick()
     assert sim.step_status("t2-model").attempt == 0
+    return sim
+
+
+def _not_launched(decision: Decision) -> bool:
+    """Whether turn 2 began in ``decision`` (or before) with its model step not launched."""
+    st = next(s for s in decision.status.steps or [] if s.name == "t2-model")
+    return st.attempt == 0 and st.phase == m.StepPhase.PENDING
 
 
 def _ahead(sim: AgentSim, turn: int, **job: Any) -> AheadJob:
@@ -112,9 +139,11 @@ def test_a_job_made_here_has_its_pod_started_and_no_second_create() -> None:
     assert [(s.job_name, s.pod.uid) for s in starts] == [(_name(sim, 2), "t2-pod-uid")]
 
 
-def test_the_turn_uses_the_job_made_ahead_and_sends_its_request_once_committed() -> None:
-    sim = AgentSim(agent_run())
-    _to_the_next_turn(sim)
+@BOTH
+def test_the_turn_uses_the_job_made_ahead_and_sends_its_request_once_committed(
+    keyed: bool,
+) -> None:
+    sim = _next_turn_sim(keyed)
     observed = dataclasses.replace(
         sim.observed(), ahead=(_ahead(sim, 2, address="10.0.0.7"), _ahead(sim, 3))
     )
@@ -130,16 +159,18 @@ def test_the_turn_uses_the_job_made_ahead_and_sends_its_request_once_committed()
     assert send.idempotency_key == st.idempotency_key and st.job_name == _name(sim, 2)
 
 
-def test_a_job_made_ahead_that_ended_before_its_turn_is_deleted_and_the_turn_waits() -> None:
-    sim = AgentSim(agent_run())
-    _to_the_next_turn(sim)
+@BOTH
+def test_a_job_made_ahead_that_ended_before_its_turn_is_deleted_and_the_turn_waits(
+    keyed: bool,
+) -> None:
+    sim = _next_turn_sim(keyed)
     ended = StrayJob(_name(sim, 2), "t2-model", 1, JobState.FAILED)
-    observed = dataclasses.replace(sim.observed(), strays=(ended,))
-    actions = _actions(sim, observed)
+    decision = _decide(sim, dataclasses.replace(sim.observed(), strays=(ended,)))
+    actions = decision.after_commit
     assert _name(sim, 2) not in [c.job_name for c in actions if isinstance(c, CreateJob)]
     deletes = [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
     assert [type(d).__name__ for d in deletes] == ["DeleteJob"]
-    assert sim.step_status("t2-model").attempt == 0
+    assert _not_launched(decision)
 
 
 def test_which_jobs_count_as_made_ahead() -> None:
@@ -165,23 +196,26 @@ def test_which_jobs_count_as_made_ahead() -> None:
     assert not turns.made_ahead(finished, _name(sim, 2), "t2-model")
 
 
-def test_a_job_made_ahead_whose_pod_went_is_not_used_but_deleted_and_the_turn_waits() -> None:
+@BOTH
+def test_a_job_made_ahead_whose_pod_went_is_not_used_but_deleted_and_the_turn_waits(
+    keyed: bool,
+) -> None:
     # Its waiting pod was deleted; the Job controller has not failed the Job yet. A turn
     # begun in it would fail: it is deleted and the turn waits for its name.
-    sim = AgentSim(agent_run())
-    _to_the_next_turn(sim)
+    sim = _next_turn_sim(keyed)
     lost = _ahead(sim, 2, pod_lost=True)
-    actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=(lost,)))
+    decision = _decide(sim, dataclasses.replace(sim.observed(), ahead=(lost,)))
+    actions = decision.after_commit
     assert not [s for s in actions if isinstance(s, SendTurn)]
     assert _name(sim, 2) not in [c.job_name for c in actions if isinstance(c, CreateJob)]
     deletes = [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
     assert [type(d).__name__ for d in deletes] == ["DeleteJob"]
-    assert sim.step_status("t2-model").attempt == 0
+    assert _not_launched(decision)
     # Once it is being deleted, it is not deleted again; the turn still waits.
     going = _ahead(sim, 2, pod_lost=True, deleting=True)
-    actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=(going,)))
-    assert not [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
-    assert sim.step_status("t2-model").attempt == 0
+    decision = _decide(sim, dataclasses.replace(sim.observed(), ahead=(going,)))
+    assert not [d for d in decision.after_commit if getattr(d, "job_name", None) == _name(sim, 2)]
+    assert _not_launched(decision)
 
 
 def test_while_the_tools_run_a_job_made_ahead_whose_pod_went_is_deleted() -> None:
@@ -193,16 +227,17 @@ def test_while_the_tools_run_a_job_made_ahead_whose_pod_went_is_deleted() -> Non
     assert [type(d).__name__ for d in deletes] == ["DeleteJob"]
 
 
-def test_a_job_made_ahead_still_going_holds_its_name_whoever_made_it() -> None:
+@BOTH
+def test_a_job_made_ahead_still_going_holds_its_name_whoever_made_it(keyed: bool) -> None:
     # Let go by the operator's finalizer, a deleted Job stays while its pods go, and its
     # deletion gave it a generation this process did not create: the turn still waits.
-    sim = AgentSim(agent_run())
-    _to_the_next_turn(sim)
+    sim = _next_turn_sim(keyed)
     going = AheadJob(
         ObservedJob(_name(sim, 2), "t2-model", 1, JobState.FAILED, deleting=True),
         created_here=False,
     )
-    actions = _actions(sim, dataclasses.replace(sim.observed(), ahead=(going,)))
+    decision = _decide(sim, dataclasses.replace(sim.observed(), ahead=(going,)))
+    actions = decision.after_commit
     assert _name(sim, 2) not in [c.job_name for c in actions if isinstance(c, CreateJob)]
     assert not [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
-    assert sim.step_status("t2-model").attempt == 0
+    assert _not_launched(decision)

@@ -71,6 +71,7 @@ from typing import Any
 
 from agentrun.api import models as m
 from agentrun.core import agent_loop
+from agentrun.core.rights import Check, Permission, checks_for
 
 RUNS_REMEMBERED = 4096
 """Runs whose verdicts are kept (least recently used first out)."""
@@ -90,54 +91,11 @@ PENDING_PHASES = (
 
 
 @dataclass(frozen=True)
-class Check:
-    """One permission a step needs its creator to have, in the run's namespace."""
-
-    verb: str
-    resource: str
-    name: str
-    source: str
-    """Where the step asks for it, for the message (e.g. ``env DB_PASSWORD``)."""
-    group: str = ""
-    """The resource's API group ("" for the core group)."""
-
-    @property
-    def permission(self) -> tuple[str, str, str]:
-        resource = f"{self.resource}.{self.group}" if self.group else self.resource
-        return (self.verb, resource, self.name)
-
-    def describe(self) -> str:
-        return f"{self.verb} {self.permission[1]}/{self.name}"
-
-
-@dataclass(frozen=True)
 class Creator:
     """Who created the run, as recorded at admission."""
 
     user: str
     groups: tuple[str, ...] = ()
-
-
-def checks_for(run: m.AgentRun, step: m.Step) -> list[Check]:
-    """The permissions launching ``step`` uses on the creator's behalf, each once, in the order
-    the step names them (env, then the ServiceAccount)."""
-    found: dict[tuple[str, str, str], Check] = {}
-    for env in step.container.env or []:
-        source = env.value_from
-        if source is None:
-            continue
-        if source.secret_key_ref is not None:
-            check = Check("get", "secrets", source.secret_key_ref.name, f"env {env.name}")
-            found.setdefault(check.permission, check)
-        if source.config_map_key_ref is not None:
-            check = Check("get", "configmaps", source.config_map_key_ref.name, f"env {env.name}")
-            found.setdefault(check.permission, check)
-    template = run.spec.step_template
-    if template is not None and template.service_account_name:
-        name = template.service_account_name
-        check = Check("impersonate", "serviceaccounts", name, "stepTemplate.serviceAccountName")
-        found.setdefault(check.permission, check)
-    return list(found.values())
 
 
 def creator_of(run: m.AgentRun) -> Creator | str:
@@ -230,9 +188,9 @@ class Authorizer:
         self.ttl = ttl
         """Seconds a granted permission is trusted before it is asked again."""
         self.clock = clock
-        self._verdicts: OrderedDict[
-            str, dict[tuple[Creator, tuple[str, str, str]], tuple[bool, float]]
-        ] = OrderedDict()
+        self._verdicts: OrderedDict[str, dict[tuple[Creator, Permission], tuple[bool, float]]] = (
+            OrderedDict()
+        )
         """run uid -> (creator, permission) -> (allowed, when it was asked)."""
         self._guard = threading.Lock()
         self.reviews = 0
@@ -266,6 +224,25 @@ class Authorizer:
             if denied:
                 out[step.name] = refusal(namespace, creator, denied)
         return out
+
+    def granted(self, run: m.AgentRun) -> frozenset[Permission]:
+        """The permissions the run's creator was found to have, each confirmed by a review less
+        than the TTL ago. No review is asked here: these are the verdicts of earlier steps of
+        the run. A step of the loop that a pass makes (a new turn's model step, a tool call)
+        and whose every check is among them is launched in that pass
+        (:func:`agentrun.core.turns.rights_confirmed`); one that needs another waits until it
+        is committed and :meth:`refusals` asked about it."""
+        creator = self.creator(run)
+        if isinstance(creator, str):
+            return frozenset()
+        now = self.clock()
+        with self._guard:
+            verdicts = list(self._verdicts.get(run.metadata.uid, {}).items())
+        return frozenset(
+            permission
+            for (who, permission), (allowed, asked) in verdicts
+            if who == creator and allowed and now - asked < self.ttl
+        )
 
     def denied(self, run: m.AgentRun, needed: list[Check], purpose: str) -> str | None:
         """Why the run's creator may not do all of ``needed`` in the run's namespace (a

@@ -127,6 +127,7 @@ from agentrun.core.turns import (
     pauses_for_tokens,
     prompt_ceiling,
     record_name,
+    rights_confirmed,
     tool_choice_of,
     transcript_prefix,
     turn_needs,
@@ -180,6 +181,7 @@ __all__ = [
     "pin",
     "prompt_ceiling",
     "record_name",
+    "rights_confirmed",
     "sent_bytes",
     "settled",
     "tool_choice_of",
@@ -218,8 +220,8 @@ def _ref_of(st: m.StepStatus | None) -> list[DocumentKey]:
 
 def wanted_documents(run: m.AgentRun) -> list[DocumentKey]:
     """The ConfigMap keys the next pass needs, from the committed status: plan results
-    before the first turn, a model turn's output kept by reference, and, once a turn's calls
-    all have outcomes, the turn's context and the results kept by reference."""
+    before the first turn, a model turn's output kept by reference, and, while a turn's calls
+    run, the turn's context and the results kept by reference that are committed."""
     agent = run.spec.agent
     status = run.status
     if agent is None or status is None or status.phase in m.TERMINAL_RUN_PHASES:
@@ -240,13 +242,15 @@ def wanted_documents(run: m.AgentRun) -> list[DocumentKey]:
             # The definitions of the MCP tools offered, which calls are checked against.
             wanted += [(ag.context.name, f"part-{i}") for i in range(ag.context.parts)]
     elif ag.stage == a.AgentStage.ACTING:
-        calls = [steps.get(c.step) for c in ag.calls or [] if c.step]
-        if all(st is not None and st.phase in m.TERMINAL_STEP_PHASES for st in calls):
-            if ag.context is not None:
-                wanted += [(ag.context.name, f"part-{i}") for i in range(ag.context.parts)]
-            wanted += _ref_of(steps.get(model_step(ag.turn)))
-            for st in calls:
-                wanted += _ref_of(st)
+        # Also while calls still run: the pass that takes the last one's result closes the
+        # turn and begins the next in the same write (kept by the shell, the context it wrote
+        # costs no read: agentrun.loop.written).
+        if ag.context is not None:
+            wanted += [(ag.context.name, f"part-{i}") for i in range(ag.context.parts)]
+        wanted += _ref_of(steps.get(model_step(ag.turn)))
+        for call in ag.calls or []:
+            if call.step:
+                wanted += _ref_of(steps.get(call.step))
     return wanted
 
 
@@ -990,7 +994,9 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
     )
     _remember(ag, output, sum(1 for c in calls if c.problem))
     for name in dynamic_names(ag):
-        b.steps.pop(name, None)
+        st = b.steps.pop(name, None)
+        if st is not None:
+            b.closed[name] = st
     nxt = cx.Context(
         turn=ag.turn + 1,
         messages=[*previous.messages, *messages],

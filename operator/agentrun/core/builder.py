@@ -106,6 +106,10 @@ class Builder:
     config: CoreConfig
     status: m.AgentRunStatus
     steps: dict[str, m.StepStatus]
+    closed: dict[str, m.StepStatus] = field(default_factory=dict)
+    """Steps of a turn this pass closed, taken out of ``steps``: their outcomes are in the
+    turn's transcript record, written before this pass's status, so their Jobs are let go as
+    those of steps finished in this pass are (agentrun.core.settle.apply_retention)."""
     transitions: list[m.Transition] = field(default_factory=list)
     events: list[EmitEvent] = field(default_factory=list)
     before: list[Action] = field(default_factory=list)

@@ -43,7 +43,7 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
         st = steps[step.name]
         if st.phase not in (SP.PENDING, SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF):
             continue
-        if not agent_loop.committed(b.run, step.name):
+        if not agent_loop.committed(b.run, step.name) and not agent_loop.rights_confirmed(b, step):
             continue  # a new step of the loop starts once committed (and checked by the shell)
         skipped = [d for d in step.depends_on or [] if steps[d].phase == SP.SKIPPED]
         if skipped:

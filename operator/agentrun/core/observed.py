@@ -201,6 +201,11 @@ class Observed:
     permission the creator lacks, or no recorded creator), as the shell found before launch.
     The core fails such a step (reason Forbidden) when it would launch it; steps left out may
     be launched."""
+    granted: frozenset[tuple[str, str, str]] = frozenset()
+    """Permissions (verb, resource, name) the shell found the run's creator to have, each
+    confirmed less than the rights TTL ago (:meth:`agentrun.access.authz.Authorizer.granted`):
+    a step of the loop made in this pass whose every check (:func:`agentrun.core.rights.
+    checks_for`) is among them may be launched in this pass."""
     job_refusals: Mapping[str, str] = field(default_factory=dict)
     """Keyed by Job name: the API server's message refusing the create of a committed
     attempt's Job (a 4xx other than 409). The core fails that attempt (reason JobRefused)."""

@@ -294,7 +294,7 @@ def apply_retention(b: Builder) -> None:
     grace = timedelta(seconds=b.config.job_deletion_grace_seconds)
     current = {st.job_name: st for st in b.steps.values() if st.job_name}
     committed = {st.name: st for st in (b.run.status.steps if b.run.status else None) or []}
-    derived = {st.name: st for st in b.steps.values()}
+    derived = {**b.closed, **{st.name: st for st in b.steps.values()}}
     for job in b.observed.jobs:
         if job.name_taken is not None:  # someone else's Job: left alone
             continue

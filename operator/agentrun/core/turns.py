@@ -25,6 +25,7 @@ from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming
 from agentrun.core.actions import Action
 from agentrun.core.observed import Observed
+from agentrun.core.rights import checks_for
 
 # Environment of model turns and tool calls (besides the AGENTRUN_* identity of every step).
 ENV_TOOL_ARGS = "AGENTRUN_TOOL_ARGS"
@@ -116,6 +117,8 @@ class Host(Protocol):
     def status(self) -> m.AgentRunStatus: ...
     @property
     def steps(self) -> dict[str, m.StepStatus]: ...
+    @property
+    def closed(self) -> dict[str, m.StepStatus]: ...
     @property
     def before(self) -> list[Action]: ...
     @property
@@ -618,12 +621,36 @@ def pauses_for_tokens(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
 
 def committed(run: m.AgentRun, step: str) -> bool:
     """Whether ``step`` may be launched in this pass: a plan step always; a step of the loop
-    (a new turn's model step, a new tool call) only once the status as read has it, so that
-    the shell checked what it uses (the API key Secret, a tool's env) against the creator's
-    rights (agentrun.access.authz) before its launch is decided."""
+    (a new turn's model step, a new tool call) once the status as read has it, so that the
+    shell checked what it uses (the API key Secret, a tool's env) against the creator's
+    rights (agentrun.access.authz) before its launch is decided; or, for a model turn or a
+    container tool's call, in the pass that makes it when those rights are known
+    (:func:`rights_confirmed`)."""
     if run.spec.agent is None or run.step(step) is not None:
         return True
     return any(st.name == step for st in (run.status.steps if run.status else None) or [])
+
+
+def rights_confirmed(b: Host, step: m.Step) -> bool:
+    """Whether ``step``, a step of the loop this pass made, is a model turn or a call of a
+    container tool whose every permission on the creator's behalf
+    (:func:`agentrun.core.rights.checks_for`: its env's Secrets and ConfigMaps, the
+    ServiceAccount) the shell found granted within the rights TTL (``Observed.granted``), so
+    that it may be launched in this pass: what the shell would check once it is committed is
+    already known, and the check of the pass after would give the same verdict. A step that
+    uses nothing of the creator's needs no check. A call of an MCP server's tool or a
+    sub-agent waits until it is committed."""
+    status = b.status.agent
+    if not is_model_turn(step.name):
+        call = next((c for c in (status.calls if status else None) or [] if c.step == step.name),
+                    None)  # fmt: skip
+        agent = b.run.spec.agent
+        tool = next((t for t in (agent.tools if agent else None) or []
+                     if call is not None and t.name == call.tool), None)  # fmt: skip
+        if tool is None or tool.container is None or tool.agent is not None:
+            return False
+    granted = b.observed.granted
+    return all(check.permission in granted for check in checks_for(b.run, step))
 
 
 def compacted(run: m.AgentRun, step: str) -> bool:

@@ -463,9 +463,9 @@ class Observer:
         return child
 
     def _with_verdicts(self, run: m.AgentRun, observed: Observed) -> Observed:
-        """``observed`` plus the steps the creator may not have launched and the Jobs the API
+        """``observed`` plus the steps the creator may not have launched, the Jobs the API
         refused (still current: an attempt's refusal is dropped once it is no longer
-        Launching)."""
+        Launching), and for an agent run the permissions its creator was found to have."""
         refusals = self.authorizer.refusals(run)
         launching = launching_jobs(run)
         with self._guard:
@@ -475,9 +475,12 @@ class Observer:
                 self._job_refusals[run.metadata.uid] = dict(job_refusals)
             else:
                 self._job_refusals.pop(run.metadata.uid, None)
-        if not refusals and not job_refusals:
+        granted = self.authorizer.granted(run) if agent_loop.is_agent_run(run) else frozenset()
+        if not refusals and not job_refusals and not granted:
             return observed
-        return dataclasses.replace(observed, refusals=refusals, job_refusals=job_refusals)
+        return dataclasses.replace(
+            observed, refusals=refusals, job_refusals=job_refusals, granted=granted
+        )
 
     def _with_documents(self, run: m.AgentRun, observed: Observed) -> Observed:
         """The records an agent run's loop asks for (agentrun.core.agent_loop.wanted_documents),

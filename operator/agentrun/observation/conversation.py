@@ -24,7 +24,7 @@ from typing import Any
 
 from agentrun.access import authz
 from agentrun.api import models as m
-from agentrun.core import ResumeSource
+from agentrun.core import ResumeSource, rights
 from agentrun.core import resume as checks
 from agentrun.kubeapi import tolerate
 
@@ -52,7 +52,7 @@ def read_source(
                  extra={"agentrun": {"run": f"{namespace}/{run.metadata.name}"}})  # fmt: skip
         return ResumeSource(found.run, found.uid, found.turn, problem=problem)
 
-    source_check = authz.Check("get", m.PLURAL, resume.run, "spec.agent.resumeFrom", group=m.GROUP)
+    source_check = rights.Check("get", m.PLURAL, resume.run, "spec.agent.resumeFrom", group=m.GROUP)
     denied = authorizer.denied(run, [source_check], PURPOSE)
     if denied is not None:
         return refused(denied)
@@ -74,7 +74,7 @@ def read_source(
         if isinstance(link, str):
             return refused(link)
         turn, digest = link
-    map_check = authz.Check("get", "configmaps", name, f"the context of {found.run}")
+    map_check = rights.Check("get", "configmaps", name, f"the context of {found.run}")
     denied = authorizer.denied(run, [map_check], PURPOSE)
     if denied is not None:
         return refused(denied)
