@@ -4,6 +4,7 @@ the core decides them."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -241,3 +242,22 @@ def test_a_job_made_ahead_still_going_holds_its_name_whoever_made_it(keyed: bool
     assert _name(sim, 2) not in [c.job_name for c in actions if isinstance(c, CreateJob)]
     assert not [d for d in actions if getattr(d, "job_name", None) == _name(sim, 2)]
     assert _not_launched(decision)
+
+
+def test_a_turn_in_a_pod_made_ahead_shows_running_only_once_it_ran_that_long_since_its_intent() -> (
+    None
+):
+    """The pod of a Job made ahead runs its command (waiting for the turn's request) long
+    before the turn: the turn runs from its intent, and a quick turn skips Running (a status
+    write fewer per turn)."""
+    sim = AgentSim(agent_run())
+    sim.tick()
+    job = sim.model_job()
+    assert job is not None and sim.step_status("t1-model").phase == m.StepPhase.LAUNCHING
+    job.running_since = sim.now - timedelta(seconds=60)  # waiting since it was made
+    sim.advance(1)
+    sim.tick()
+    assert sim.step_status("t1-model").phase == m.StepPhase.LAUNCHING
+    sim.advance(sim.config.running_after_seconds)
+    sim.tick()
+    assert sim.step_status("t1-model").phase == m.StepPhase.RUNNING

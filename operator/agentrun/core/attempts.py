@@ -106,8 +106,9 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
 
 def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
     """Launching becomes Running once the step's command has run ``running_after_seconds``
-    in the attempt's pod; a command that ends sooner skips Running, however long its pod took
-    to start (a status write fewer: most steps under load). A timer brings the pass that sees
+    in the attempt's pod (a model turn: since its intent, its pod having waited for it); a
+    command that ends sooner skips Running, however long its pod took to start (a status
+    write fewer: most steps and model turns). A timer brings the pass that sees
     it. A pod's start wakes no pass, so while none runs the command yet, the next look comes
     when the Job has waited twice as long as now (at most a few looks, however slow the
     pod's start; Running shows at most that much late)."""
@@ -119,6 +120,10 @@ def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
         b.timer(since + timedelta(seconds=max(after, 2 * waited, 1)))
         return
     since = min(floor_seconds(job.running_since), b.now)
+    if st.attempt_started_at is not None and agent_loop.is_model_turn(st.name):
+        # A model turn's pod made ahead of its turn waits with its command running: the
+        # turn runs from its intent (its request is sent once that is committed).
+        since = max(since, min(floor_seconds(st.attempt_started_at), b.now))
     due = since + timedelta(seconds=after)
     if b.now >= due:
         b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
