@@ -919,8 +919,10 @@ TABLE: tuple[Entry, ...] = (
         outcomes=_phases(
             Expect(
                 Outcome.FAILED_CLOSED,
-                "the changed context is never sent: the next turn's context says the earlier "
-                "one could not be read (a model turn checks its own against the digest)",
+                "the changed context is never sent: the operator that wrote it sends and "
+                "continues from its own copy while it keeps it; one that reads it (restarted) "
+                "finds it changed, and the next turn's context says the earlier one could not "
+                "be read (a model turn checks its own against the digest)",
             ),
             pending=Expect(
                 Outcome.NOT_APPLICABLE,

@@ -450,16 +450,25 @@ def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> A
     name = f"{case}-000"
     marks = step_marks(result.requests, OPERATOR_USER)
     calls: dict[int, tuple[float | None, float | None]] = {}
+    begun: dict[int, float | None] = {}
     for (namespace, run, step), mark in marks.items():
         turn = turn_of_step(step)
         ours = namespace == RUNS_NAMESPACE and run == name
-        if ours and turn is not None and not is_model_turn(step):
-            calls[turn] = mark
+        if ours and turn is not None:
+            if is_model_turn(step):
+                begun[turn] = mark[0]
+            else:
+                calls[turn] = mark
     into: list[float] = []
     into_turns: list[int] = []
     out: list[float] = []
     for turn in sorted(calls):
         intent, done = calls[turn]
+        # A turn whose last result closes it in the same write is never written finished
+        # (its steps leave status for the transcript): that write is the one that commits
+        # the next turn's model intent, and no result is committed later than that.
+        if done is None:
+            done = begun.get(turn + 1)
         if intent is not None and turn - 1 < len(answered):
             out.append(intent - answered[turn - 1])
         if done is not None and turn < len(asked):
