@@ -323,9 +323,7 @@ def sent_bytes(agent: a.Agent, ag: a.AgentStatus, ctx: cx.Context) -> int:
 
 
 def _store_context(b: Host, ag: a.AgentStatus, ctx: cx.Context) -> None:
-    text = ctx.to_json()  # encoded once: the parts are its pieces, the digest its sha256
-    parts = cx.split_bytes(text, cx.PART_BYTES)
-    digest = naming.sha256_text(text)
+    parts, digest = ctx.encoded()
     name = context_name(b.run, ctx.turn, digest)
     data = tuple((f"part-{i}", part) for i, part in enumerate(parts))
     b.before.append(StoreRecord(name, KIND_CONTEXT, ctx.turn, data))
@@ -1050,10 +1048,10 @@ def _previous_context(b: Host, ag: a.AgentStatus) -> cx.Context | None:
         if text is None:
             return None
         parts.append(text)
-    # The text as stored is the committed digest's (the parts of Context.to_json): checked as
-    # it is, not parsed and encoded again.
-    doc = cx.Context.from_parts(parts) if naming.sha256_text("".join(parts)) == ctx.digest else ""
-    if isinstance(doc, str):
+    doc = cx.Context.from_parts(parts)
+    # The text as stored is what the committed digest is of (Context.encoded): checked as it
+    # is, not encoded again.
+    if isinstance(doc, str) or naming.sha256_text("".join(parts)) != ctx.digest:
         # Changed under us: the turn cannot be continued from it. Start from the first
         # messages again, saying so (the transcript keeps everything).
         return cx.Context(

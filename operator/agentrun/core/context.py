@@ -230,9 +230,11 @@ class Context:
     def tools_bytes(self) -> int:
         return len(_json(self.tools).encode())
 
-    def parts(self) -> list[str]:
-        """The document split into parts of at most :data:`PART_BYTES` bytes each."""
-        return split_bytes(self.to_json(), PART_BYTES)
+    def encoded(self) -> tuple[list[str], str]:
+        """The document split into parts of at most :data:`PART_BYTES` bytes each, and its
+        digest (:meth:`digest`), from one encoding."""
+        text = self.to_json()
+        return split_bytes(text, PART_BYTES), sha256_text(text)
 
     def digest(self) -> str:
         return sha256_text(self.to_json())

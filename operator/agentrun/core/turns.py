@@ -518,6 +518,11 @@ def child_call_step(
     return _call_step(call, description, container, tool, limited=False)
 
 
+def call_of(status: a.AgentStatus | None, step: str) -> a.ToolCallStatus | None:
+    """The current call whose step is ``step``, if any."""
+    return next((c for c in (status.calls if status else None) or [] if c.step == step), None)
+
+
 def child_call(status: a.AgentStatus | None, step: str) -> a.ToolCallStatus | None:
     """The current call whose step is ``step``, when it is a sub-agent's."""
     if status is None:
@@ -592,7 +597,7 @@ def idempotency_key(
         return None
     if step == model_step(turn):
         return f"{run.metadata.uid}:{turn}:{MODEL}:{args_hash}"
-    call = next((c for c in status.calls or [] if c.step == step), None)
+    call = call_of(status, step)
     return f"{run.metadata.uid}:{turn}:{call.id}:{args_hash}" if call else None
 
 
@@ -640,10 +645,8 @@ def rights_confirmed(b: Host, step: m.Step) -> bool:
     already known, and the check of the pass after would give the same verdict. A step that
     uses nothing of the creator's needs no check. A call of an MCP server's tool or a
     sub-agent waits until it is committed."""
-    status = b.status.agent
     if not is_model_turn(step.name):
-        call = next((c for c in (status.calls if status else None) or [] if c.step == step.name),
-                    None)  # fmt: skip
+        call = call_of(b.status.agent, step.name)
         agent = b.run.spec.agent
         tool = next((t for t in (agent.tools if agent else None) or []
                      if call is not None and t.name == call.tool), None)  # fmt: skip
