@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from agentrun.api.models import GROUP
+from agentrun.api.names import GROUP
 
 # Names on objects -----------------------------------------------------------------------------
 

@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -392,3 +394,19 @@ def test_the_documented_layout_lists_every_package_and_top_level_module() -> Non
     assert not (missing := sorted(actual - set(listed))), f"not in the layout: {missing}"
     assert not (gone := sorted(set(listed) - actual)), f"listed, not in agentrun: {gone}"
     assert not (twice := sorted(p for p, n in listed.items() if n > 1)), f"listed twice: {twice}"
+
+
+@pytest.mark.parametrize("program", ["agentrun.pod.llm", "agentrun.pod.runner"])
+def test_a_step_pods_program_loads_no_models(program: str) -> None:
+    """A model turn's pod and a step's runner read the API's names (agentrun.api.names), not
+    its models: building the models' validators is CPU every such pod would pay at its start
+    (the step's own client, openai for a model turn, loads what it needs itself)."""
+    code = (
+        f"import sys, {program}; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pydantic' "
+        "or m in ('agentrun.api.models', 'agentrun.core.machine', 'kubernetes')))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    assert found == "[]", f"{program} loads {found}"

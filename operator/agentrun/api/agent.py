@@ -29,6 +29,7 @@ from agentrun.api.base import (
     SecretKeySelector,
 )
 from agentrun.api.mcp import MAX_SERVER_TOOLS, MAX_SERVERS, McpServer, PinnedTool
+from agentrun.api.names import TOOL_CHOICE_MODES as TOOL_CHOICE_MODES
 
 MAX_TOOLS = 32
 MAX_TURNS = 1000
@@ -299,10 +300,6 @@ class ResumeFrom(ApiModel):
             "this run (reason ResumeRefused) before any model turn."
         ),
     )
-
-
-TOOL_CHOICE_MODES = ("auto", "none", "required")
-"""The values of toolChoice that are not a tool's name (a tool may not be named like them)."""
 
 
 class Agent(ApiModel):

@@ -34,15 +34,15 @@ from agentrun.api.base import ResultRef as ResultRef
 from agentrun.api.base import RetryPolicy as RetryPolicy
 from agentrun.api.base import Risk as Risk
 from agentrun.api.base import SecretKeySelector as SecretKeySelector
-
-GROUP = "agentrun.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "AgentRun"
-PLURAL = "agentruns"
-SINGULAR = "agentrun"
-SHORT_NAMES = ("ar",)
-CATEGORIES = ("agents",)
+from agentrun.api.names import API_VERSION as API_VERSION
+from agentrun.api.names import CATEGORIES as CATEGORIES
+from agentrun.api.names import GROUP as GROUP
+from agentrun.api.names import KIND as KIND
+from agentrun.api.names import MAX_FIELD_KEY as MAX_FIELD_KEY
+from agentrun.api.names import PLURAL as PLURAL
+from agentrun.api.names import SHORT_NAMES as SHORT_NAMES
+from agentrun.api.names import SINGULAR as SINGULAR
+from agentrun.api.names import VERSION as VERSION
 
 # Limits that keep objects far below etcd's 1.5 MiB object limit and CEL costs bounded.
 # MAX_STEPS and MAX_DEPENDENCIES are set by the API server's cost budget for the CEL rule that
@@ -54,8 +54,6 @@ MAX_INPUTS = 32
 MAX_APPROVALS = 64
 MAX_HISTORY = 50
 MAX_HISTORY_HARD = 1000
-MAX_FIELD_KEY = 240
-"""Longest field name of a JSON result kept as its own ConfigMap key (``field.<name>``)."""
 """History keeps entries the audit record has not stored yet, up to this many."""
 MAX_INLINE_RESULT = 4096
 """Longest result kept in status (spec.carriedResults[].result has the same bound)."""

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrun.api.agent import TOOL_CHOICE_MODES
+from agentrun.api.names import TOOL_CHOICE_MODES
 from agentrun.core.envelope import clean, summary_line
 from agentrun.core.naming import canonical_json, sha256_text
 

@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from agentrun.api.models import MAX_FIELD_KEY
+from agentrun.api.names import MAX_FIELD_KEY
 from agentrun.core.naming import canonical_json
 
 SUMMARY_LIMIT = 200

@@ -25,23 +25,21 @@ from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming
 from agentrun.core.actions import Action
 from agentrun.core.observed import Observed
+from agentrun.core.pod_env import ENV_CONTEXT_PART as ENV_CONTEXT_PART
+from agentrun.core.pod_env import ENV_CONTEXT_PARTS as ENV_CONTEXT_PARTS
+from agentrun.core.pod_env import ENV_CONTEXT_SHA256 as ENV_CONTEXT_SHA256
+from agentrun.core.pod_env import ENV_MODEL_API_KEY as ENV_MODEL_API_KEY
+from agentrun.core.pod_env import ENV_MODEL_BASE_URL as ENV_MODEL_BASE_URL
+from agentrun.core.pod_env import ENV_MODEL_MAX_OUTPUT_TOKENS as ENV_MODEL_MAX_OUTPUT_TOKENS
+from agentrun.core.pod_env import ENV_MODEL_NAME as ENV_MODEL_NAME
+from agentrun.core.pod_env import ENV_MODEL_TEMPERATURE as ENV_MODEL_TEMPERATURE
+from agentrun.core.pod_env import ENV_MODEL_TOOL_CHOICE as ENV_MODEL_TOOL_CHOICE
+from agentrun.core.pod_env import ENV_TOOL_ARGS as ENV_TOOL_ARGS
+from agentrun.core.pod_env import ENV_TOOL_CALL_ID as ENV_TOOL_CALL_ID
+from agentrun.core.pod_env import ENV_TOOL_NAME as ENV_TOOL_NAME
+from agentrun.core.pod_env import ENV_TURN as ENV_TURN
 from agentrun.core.rights import checks_for
 
-# Environment of model turns and tool calls (besides the AGENTRUN_* identity of every step).
-ENV_TOOL_ARGS = "AGENTRUN_TOOL_ARGS"
-ENV_TOOL_NAME = "AGENTRUN_TOOL_NAME"
-ENV_TOOL_CALL_ID = "AGENTRUN_TOOL_CALL_ID"
-ENV_TURN = "AGENTRUN_TURN"
-ENV_MODEL_BASE_URL = "AGENTRUN_MODEL_BASE_URL"
-ENV_MODEL_NAME = "AGENTRUN_MODEL_NAME"
-ENV_MODEL_TEMPERATURE = "AGENTRUN_MODEL_TEMPERATURE"
-ENV_MODEL_MAX_OUTPUT_TOKENS = "AGENTRUN_MODEL_MAX_OUTPUT_TOKENS"
-ENV_MODEL_API_KEY = "AGENTRUN_MODEL_API_KEY"
-ENV_MODEL_TOOL_CHOICE = "AGENTRUN_MODEL_TOOL_CHOICE"
-ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
-ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
-ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
-"""``AGENTRUN_CONTEXT_PART_0`` ... : the parts of the context document."""
 CONTEXT_INPUT = "AGENTRUN_CONTEXT"
 """The name the context's digest has among a model turn's inputs (in its args hash)."""
 ENV_SUBAGENT = "AGENTRUN_SUBAGENT"

@@ -11,12 +11,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrun import settings as s
-from agentrun.api import models as m
+from agentrun.api import names
 from agentrun.core.envelope import result_object_data
 from agentrun.core.naming import sha256_text
+
+if TYPE_CHECKING:
+    from agentrun.api import models as m
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,8 @@ def owner_reference(
     whether it blocks.
     """
     return {
-        "apiVersion": m.API_VERSION,
-        "kind": m.KIND,
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
         "name": run.name,
         "uid": run.uid,
         "controller": controller,

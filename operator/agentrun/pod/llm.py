@@ -43,9 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrun import settings as s
-from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
-from agentrun.core import naming
+from agentrun.core import naming, pod_env
 from agentrun.core.envelope import MAX_INFLATED_RESULT as MAX_OUTPUT_BYTES
 from agentrun.core.envelope import RESULT_Z, compress_result
 from agentrun.pod import runner
@@ -63,20 +62,20 @@ class TurnFailed(Exception):
 def read_context(env: Mapping[str, str]) -> cx.Context:
     """The context document from the environment, checked against its digest."""
     try:
-        count = int(env.get(loop.ENV_CONTEXT_PARTS, ""))
+        count = int(env.get(pod_env.ENV_CONTEXT_PARTS, ""))
     except ValueError:
         raise TurnFailed(
-            f"{loop.ENV_CONTEXT_PARTS} is not set: this command runs as a model turn of an "
+            f"{pod_env.ENV_CONTEXT_PARTS} is not set: this command runs as a model turn of an "
             "agent run, which the operator starts"
         ) from None
     parts = []
     for i in range(count):
-        name = f"{loop.ENV_CONTEXT_PART}{i}"
+        name = f"{pod_env.ENV_CONTEXT_PART}{i}"
         if name not in env:
             raise TurnFailed(f"{name} (part {i + 1} of {count} of the context) is not set")
         parts.append(env[name])
     text = "".join(parts)
-    expected = env.get(loop.ENV_CONTEXT_SHA256, "")
+    expected = env.get(pod_env.ENV_CONTEXT_SHA256, "")
     if naming.sha256_text(text) != expected:
         raise TurnFailed(
             "the context does not match the digest the operator committed "
@@ -89,17 +88,17 @@ def read_context(env: Mapping[str, str]) -> cx.Context:
 
 
 def _settings(env: Mapping[str, str]) -> tuple[str, str, int, float | None, str | None]:
-    base_url = env.get(loop.ENV_MODEL_BASE_URL, "")
-    model = env.get(loop.ENV_MODEL_NAME, "")
+    base_url = env.get(pod_env.ENV_MODEL_BASE_URL, "")
+    model = env.get(pod_env.ENV_MODEL_NAME, "")
     if not base_url or not model:
-        raise TurnFailed(f"{loop.ENV_MODEL_BASE_URL} and {loop.ENV_MODEL_NAME} must be set")
+        raise TurnFailed(f"{pod_env.ENV_MODEL_BASE_URL} and {pod_env.ENV_MODEL_NAME} must be set")
     try:
-        max_tokens = int(env.get(loop.ENV_MODEL_MAX_OUTPUT_TOKENS, "1024"))
-        raw_temperature = env.get(loop.ENV_MODEL_TEMPERATURE)
+        max_tokens = int(env.get(pod_env.ENV_MODEL_MAX_OUTPUT_TOKENS, "1024"))
+        raw_temperature = env.get(pod_env.ENV_MODEL_TEMPERATURE)
         temperature = float(raw_temperature) if raw_temperature else None
     except ValueError as error:
         raise TurnFailed(f"a model setting is not a number: {error}") from None
-    tool_choice = env.get(loop.ENV_MODEL_TOOL_CHOICE) or None
+    tool_choice = env.get(pod_env.ENV_MODEL_TOOL_CHOICE) or None
     return base_url, model, max_tokens, temperature, tool_choice
 
 
@@ -133,7 +132,7 @@ def call_model(
 
     base_url = _settings(env)[0]
     request = request_for(env, context)
-    client = client_factory(base_url, env.get(loop.ENV_MODEL_API_KEY) or NO_KEY)
+    client = client_factory(base_url, env.get(pod_env.ENV_MODEL_API_KEY) or NO_KEY)
     try:
         # The raw response: its body is read here, strictly, not by the client's parser
         # (which raises whatever its JSON decoder raises on an empty body or bytes that are
@@ -358,7 +357,7 @@ def run_turn(
         text = json.dumps(body, separators=(",", ":"))
     termination.write_text(text)
     print(
-        f"agentrun step llm: turn {env.get(loop.ENV_TURN, '?')}: {body['summary']} "
+        f"agentrun step llm: turn {env.get(pod_env.ENV_TURN, '?')}: {body['summary']} "
         f"({body['usage']['tokens']} tokens)"
     )
     return 0
@@ -409,11 +408,11 @@ class TurnRequests:
         """``env`` with the taken request's context and key, as a turn run by hand reads them."""
         assert self.taken is not None
         merged = dict(env)
-        merged[loop.ENV_CONTEXT_PARTS] = str(len(self.taken["parts"]))
-        merged[loop.ENV_CONTEXT_SHA256] = self.taken["sha256"]
+        merged[pod_env.ENV_CONTEXT_PARTS] = str(len(self.taken["parts"]))
+        merged[pod_env.ENV_CONTEXT_SHA256] = self.taken["sha256"]
         merged[s.ENV_IDEMPOTENCY_KEY] = self.taken["idempotencyKey"]
         for i, part in enumerate(self.taken["parts"]):
-            merged[f"{loop.ENV_CONTEXT_PART}{i}"] = part
+            merged[f"{pod_env.ENV_CONTEXT_PART}{i}"] = part
         return merged
 
 
@@ -462,7 +461,7 @@ def serve(
     factory = client_factory
     try:
         base_url = _settings(env)[0]
-        client = client_factory(base_url, env.get(loop.ENV_MODEL_API_KEY) or NO_KEY)
+        client = client_factory(base_url, env.get(pod_env.ENV_MODEL_API_KEY) or NO_KEY)
         _ = client.chat.completions.with_raw_response  # the client loads its parts lazily
 
         def factory(_base_url: str, _key: str) -> Any:

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrun import settings as s
-from agentrun.api import models as m
+from agentrun.api import names
 from agentrun.core import naming
 from agentrun.core.envelope import result_object_data, summary_line
-from agentrun.core.turns import ENV_TOOL_ARGS
+from agentrun.core.pod_env import ENV_TOOL_ARGS
 from agentrun.execution import objects
 from agentrun.kubeapi import tolerate
 
@@ -46,9 +46,9 @@ TERMINATION_LIMIT = 4096
 INLINE_LIMIT = 3072
 """Envelopes up to this many bytes go inline; kubelet keeps 4096 of the termination message."""
 DEFAULT_SERVICEACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-LABEL_KEY_HASH = f"{m.GROUP}/idempotency-key-hash"
-ANNOTATION_COMPLETE = f"{m.GROUP}/complete"
-ANNOTATION_SUMMARY = f"{m.GROUP}/summary"
+LABEL_KEY_HASH = f"{names.GROUP}/idempotency-key-hash"
+ANNOTATION_COMPLETE = f"{names.GROUP}/complete"
+ANNOTATION_SUMMARY = f"{names.GROUP}/summary"
 ENV_TOOL_ARGS_FILE = "AGENTRUN_TOOL_ARGS_FILE"
 """Set by the runner for a tool call's command: a file holding the same arguments."""
 

@@ -1,0 +1,23 @@
+"""The environment of model turns' and tool calls' pods (besides the ``AGENTRUN_*`` identity
+of every step): the names the operator sets on their Jobs and the programs in those pods read
+(``agentrun step llm``, ``agentrun step --``).
+
+Plain constants, no imports: a step's pod reads them without loading the core's models.
+"""
+
+from __future__ import annotations
+
+ENV_TOOL_ARGS = "AGENTRUN_TOOL_ARGS"
+ENV_TOOL_NAME = "AGENTRUN_TOOL_NAME"
+ENV_TOOL_CALL_ID = "AGENTRUN_TOOL_CALL_ID"
+ENV_TURN = "AGENTRUN_TURN"
+ENV_MODEL_BASE_URL = "AGENTRUN_MODEL_BASE_URL"
+ENV_MODEL_NAME = "AGENTRUN_MODEL_NAME"
+ENV_MODEL_TEMPERATURE = "AGENTRUN_MODEL_TEMPERATURE"
+ENV_MODEL_MAX_OUTPUT_TOKENS = "AGENTRUN_MODEL_MAX_OUTPUT_TOKENS"
+ENV_MODEL_API_KEY = "AGENTRUN_MODEL_API_KEY"
+ENV_MODEL_TOOL_CHOICE = "AGENTRUN_MODEL_TOOL_CHOICE"
+ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
+ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
+ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
+"""``AGENTRUN_CONTEXT_PART_0`` ... : the parts of the context document."""
