@@ -316,10 +316,9 @@ def sent_bytes(agent: a.Agent, ag: a.AgentStatus, ctx: cx.Context) -> int:
     """Bytes of the request a turn sends for ``ctx``: its messages, its tools, and the settings
     (:func:`agentrun.core.context.request_body`, as ``agentrun step llm`` sends it)."""
     model = model_of(agent, ag)
-    body = cx.request_body(
+    return cx.request_size(
         ctx, model.name, model.max_output_tokens, model.temperature, tool_choice_of(agent, ag)
     )
-    return cx.request_bytes(body)
 
 
 def _store_context(b: Host, ag: a.AgentStatus, ctx: cx.Context) -> None:
@@ -995,12 +994,10 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
         st = b.steps.pop(name, None)
         if st is not None:
             b.closed[name] = st
-    nxt = cx.Context(
-        turn=ag.turn + 1,
-        messages=[*previous.messages, *messages],
+    nxt = previous.extended(
+        ag.turn + 1,
+        messages,
         tools=[*_tools(agent), *_mcp_definitions(agent, ag, previous.tools)],
-        omitted_turns=previous.omitted_turns,
-        paged_results=previous.paged_results,
         previous=ag.context.digest if ag.context is not None else None,
     )
     # Stored even after the last turn: a fork from this turn continues with it.

@@ -8,12 +8,15 @@ Completions form, each with a few bookkeeping members whose names start with ``x
 ``x-paged``: the result was replaced by its summary) and the tools::
 
     {"turn": N, "messages": [...], "tools": [...], "omittedTurns": k, "pagedResults": p,
-     "previous": "<sha256 of the context of turn N-1>"}
+     "previous": "<sha256 of the context of turn N-1>", "messageBytes": [...]}
 
 ``previous`` (absent in a run's first context) chains each context to the one it was made
 from. Only the newest context's digest is committed in status; the chain lets an older one be
 checked against it, which is how a fork (``spec.agent.resumeFrom``) verifies the conversation
-it continues (:mod:`agentrun.core.resume`).
+it continues (:mod:`agentrun.core.resume`). ``messageBytes`` (absent in documents written
+before it was kept) gives each message's bytes as sent, so that the next turn's paging and
+byte count do not encode every message again: a turn costs what it adds, not what the
+conversation holds.
 
 ``agentrun step llm`` drops the ``x-`` members and sends the rest. The context of turn N+1 is
 the one of turn N, plus turn N's assistant message and one tool message per call, paged to
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrun.api.names import TOOL_CHOICE_MODES
@@ -208,6 +211,9 @@ class Context:
     paged_results: int = 0
     previous: str | None = None
     """sha256 of the context this one was made from (the previous turn's), if any."""
+    sizes: list[int] | None = field(default=None, compare=False, repr=False)
+    """Each message's bytes as sent (:func:`message_bytes`), when known: the document's
+    ``messageBytes``, kept as messages are added and paged."""
 
     def to_json(self) -> str:
         body: dict[str, Any] = {
@@ -219,12 +225,32 @@ class Context:
         }
         if self.previous is not None:
             body["previous"] = self.previous
+        body["messageBytes"] = self.message_sizes()
         return _json(body)
+
+    def message_sizes(self) -> list[int]:
+        """Each message's bytes as sent: the sizes known, else counted (and kept)."""
+        if self.sizes is None or len(self.sizes) != len(self.messages):
+            self.sizes = [message_bytes(m) for m in self.messages]
+        return self.sizes
+
+    def extended(self, turn: int, messages: Sequence[Message], **changes: Any) -> Context:
+        """The context of ``turn``: this one's messages and ``messages`` after them (only
+        those are counted), with ``changes`` (tools, previous, ...)."""
+        added = list(messages)
+        return replace(
+            self,
+            turn=turn,
+            messages=[*self.messages, *added],
+            sizes=[*self.message_sizes(), *(message_bytes(m) for m in added)],
+            **changes,
+        )
 
     @property
     def bytes(self) -> int:
         """Bytes of the messages as sent."""
-        return messages_bytes(self.messages)
+        sizes = self.message_sizes()
+        return 2 + sum(sizes) + max(len(sizes) - 1, 0)
 
     @property
     def tools_bytes(self) -> int:
@@ -251,6 +277,13 @@ class Context:
         messages = [m for m in data["messages"] if isinstance(m, dict)]
         tools = [t for t in data.get("tools") or [] if isinstance(t, dict)]
         previous = data.get("previous")
+        sizes = data.get("messageBytes")
+        if not (
+            isinstance(sizes, list)
+            and len(sizes) == len(messages) == len(data["messages"])
+            and all(type(n) is int and n >= 2 for n in sizes)
+        ):
+            sizes = None  # counted again when needed
         return cls(
             turn=_count(data.get("turn")),
             messages=messages,
@@ -258,6 +291,7 @@ class Context:
             omitted_turns=_count(data.get("omittedTurns")),
             paged_results=_count(data.get("pagedResults")),
             previous=previous if isinstance(previous, str) else None,
+            sizes=sizes,
         )
 
 
@@ -343,6 +377,46 @@ def request_bytes(body: Mapping[str, Any]) -> int:
     return len(_json(body).encode())
 
 
+def request_size(
+    context: Context,
+    model: str,
+    max_tokens: int,
+    temperature: float | None = None,
+    tool_choice: str | None = None,
+) -> int:
+    """:func:`request_bytes` of :func:`request_body` of these, from the messages' known sizes
+    (:meth:`Context.message_sizes`) rather than by encoding every message again."""
+    empty = replace(context, messages=[], sizes=[])
+    shell = request_bytes(request_body(empty, model, max_tokens, temperature, tool_choice))
+    return shell - len("[]") + sent_messages_bytes(context.messages, context.message_sizes())
+
+
+def sent_messages_bytes(messages: Sequence[Mapping[str, Any]], sizes: Sequence[int]) -> int:
+    """Bytes of :func:`sent_messages` of ``messages`` as a JSON array, each message's size
+    given (:func:`message_bytes`): only user messages that are joined are encoded."""
+    total = 0
+    count = 0
+    last_user: dict[str, Any] | None = None
+    """The last message sent, while it is a user message with text content (joinable)."""
+    last_size = 0
+    for message, size in zip(messages, sizes, strict=True):
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, str):
+            last_user = None
+        elif last_user is not None:
+            last_user = {**last_user, "content": f"{last_user['content']}\n\n{content}"}
+            joined = message_bytes(last_user)
+            total += joined - last_size
+            last_size = joined
+            continue
+        else:
+            last_user = sendable(message)
+            last_size = size
+        total += size
+        count += 1
+    return 2 + total + max(count - 1, 0)
+
+
 def first_messages(instructions: str | None, first_user_message: str) -> list[Message]:
     """The messages every context starts with."""
     messages: list[Message] = []
@@ -417,8 +491,8 @@ def _note(first: int, last: int) -> Message:
 
 def page(context: Context, limit: int) -> Context:
     """``context`` fit into ``limit`` bytes of messages (see the module docstring)."""
-    messages = [dict(m) for m in context.messages]
-    sizes = [message_bytes(m) for m in messages]
+    messages = list(context.messages)  # a message is copied before it is changed
+    sizes = list(context.message_sizes())
     # Bytes of the messages as a JSON array (brackets, messages, a comma between two), kept
     # as they change: each step below looks at it once per message at most.
     total = 2 + sum(sizes) + max(len(sizes) - 1, 0)
@@ -444,8 +518,7 @@ def page(context: Context, limit: int) -> Context:
             replacement = f"[result paged out to fit the context; its summary: {summary}]"
             if len(replacement.encode()) >= len(str(message.get("content", "")).encode()):
                 continue
-            message["content"] = replacement
-            message["x-paged"] = True
+            messages[i] = {**message, "content": replacement, "x-paged": True}
             resize(i)
 
     # 1. Old tool results by their summaries, oldest first.
@@ -480,7 +553,8 @@ def page(context: Context, limit: int) -> Context:
             break
         excess = total - limit
         keep_chars = max(len(content) - excess - 64, 0)
-        messages[longest]["content"] = content[:keep_chars] + " …[cut to fit the context]"
+        cut_short = content[:keep_chars] + " …[cut to fit the context]"
+        messages[longest] = {**messages[longest], "content": cut_short}
         resize(longest)
         if keep_chars == 0:
             break
@@ -491,4 +565,5 @@ def page(context: Context, limit: int) -> Context:
         omitted_turns=omitted,
         paged_results=sum(1 for m in messages if m.get("x-paged")),
         previous=context.previous,
+        sizes=sizes,
     )
