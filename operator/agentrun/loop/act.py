@@ -465,6 +465,9 @@ class Actor:
         labels = {s.LABEL_KIND: action.kind, s.LABEL_TURN: str(action.turn)}
         body = objects.owned_config_map(objects.RunRef.of(run), action.name, labels, action.data)
         with tolerate(409) as taken:  # written by an earlier pass: its name stands for its content
-            self.apis.core.create_namespaced_config_map(run.metadata.namespace, body)
+            created = self.apis.core.create_namespaced_config_map(
+                run.metadata.namespace, body, _preload_content=False
+            )
+            created.drain_conn()  # its answer (the record again, up to 64 KiB) is not decoded
         if action.kind == KIND_CONTEXT and not taken:  # read back by the next passes
             self.observer.written.remember(run.metadata.namespace, action.name, dict(action.data))
