@@ -76,9 +76,12 @@ def message_bytes(message: Mapping[str, Any]) -> int:
 
 def messages_bytes(messages: Sequence[Mapping[str, Any]]) -> int:
     """Bytes of the messages as a JSON array, the way they are sent."""
-    if not messages:
-        return 2
-    return 2 + sum(message_bytes(m) for m in messages) + len(messages) - 1
+    return array_bytes([message_bytes(m) for m in messages])
+
+
+def array_bytes(sizes: Sequence[int]) -> int:
+    """Bytes of a JSON array of items of these sizes: brackets, and a comma between two."""
+    return 2 + sum(sizes) + max(len(sizes) - 1, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,8 +252,7 @@ class Context:
     @property
     def bytes(self) -> int:
         """Bytes of the messages as sent."""
-        sizes = self.message_sizes()
-        return 2 + sum(sizes) + max(len(sizes) - 1, 0)
+        return array_bytes(self.message_sizes())
 
     @property
     def tools_bytes(self) -> int:
@@ -394,27 +396,21 @@ def request_size(
 def sent_messages_bytes(messages: Sequence[Mapping[str, Any]], sizes: Sequence[int]) -> int:
     """Bytes of :func:`sent_messages` of ``messages`` as a JSON array, each message's size
     given (:func:`message_bytes`): only user messages that are joined are encoded."""
-    total = 0
-    count = 0
+    sent: list[int] = []
     last_user: dict[str, Any] | None = None
     """The last message sent, while it is a user message with text content (joinable)."""
-    last_size = 0
     for message, size in zip(messages, sizes, strict=True):
         content = message.get("content")
         if message.get("role") != "user" or not isinstance(content, str):
             last_user = None
         elif last_user is not None:
             last_user = {**last_user, "content": f"{last_user['content']}\n\n{content}"}
-            joined = message_bytes(last_user)
-            total += joined - last_size
-            last_size = joined
+            sent[-1] = message_bytes(last_user)
             continue
         else:
             last_user = sendable(message)
-            last_size = size
-        total += size
-        count += 1
-    return 2 + total + max(count - 1, 0)
+        sent.append(size)
+    return array_bytes(sent)
 
 
 def first_messages(instructions: str | None, first_user_message: str) -> list[Message]:
@@ -495,7 +491,7 @@ def page(context: Context, limit: int) -> Context:
     sizes = list(context.message_sizes())
     # Bytes of the messages as a JSON array (brackets, messages, a comma between two), kept
     # as they change: each step below looks at it once per message at most.
-    total = 2 + sum(sizes) + max(len(sizes) - 1, 0)
+    total = array_bytes(sizes)
 
     def resize(i: int) -> None:
         nonlocal total
@@ -542,7 +538,7 @@ def page(context: Context, limit: int) -> Context:
         note = _note(first, turn)
         messages.insert(at, note)
         sizes.insert(at, message_bytes(note))
-        total = 2 + sum(sizes) + max(len(sizes) - 1, 0)
+        total = array_bytes(sizes)
     # 2b. Then the newest turn's results too.
     page_results(newest_too=True)
     # 3. Cut the longest message short until it fits.
