@@ -39,7 +39,7 @@ from agentrun_devcluster.bench.peer import (
 from agentrun_devcluster.bench.procstat import parse_cpu_seconds, parse_rss_bytes
 from agentrun_devcluster.bench.report import Report, requests_breakdown, speedups
 from agentrun_devcluster.bench.session import sample, shard_env
-from agentrun_devcluster.bench.stats import percentile, ratio, summarize
+from agentrun_devcluster.bench.stats import medians_by_size, percentile, ratio, summarize
 from agentrun_devcluster.bench.workloads import (
     AGENT_TOOL,
     TURN_CALL,
@@ -383,7 +383,7 @@ def test_quick_is_small_and_flags_win() -> None:
     env = full.env()
     assert env.pop("AGENTRUN_LLM_COMMAND").endswith("step llm"), "turns run from this checkout"
     assert env == {"AGENTRUN_WORKERS": "4"}
-    assert (quick.turns, full.turns) == ((5,), (20, 1000))
+    assert (quick.turns, full.turns) == ((5,), (20, 20, 20, 1000))
     assert bench_main.parse_args(["--turns", "30"]).turns == (30,)
     assert quick.env()["AGENTRUN_JOB_DELETION_GRACE_SECONDS"] == "5"
     with pytest.raises(SystemExit):
@@ -411,6 +411,42 @@ def test_the_report_sets_cpu_per_turn_of_the_longest_agent_run_beside_the_shorte
     assert "1.60 x" in row and "<= 1.20x" in row
     overhead = [line for line in text.splitlines() if "agent turn overhead" in line]
     assert len(overhead) == 2 and all("(20 turns)" in line for line in overhead)
+
+
+def test_a_size_run_several_times_counts_by_its_median() -> None:
+    def agent(turns: int, cpu: float) -> AgentResult:
+        run = mock.Mock(cpu={"operator": cpu}, makespan=turns * 0.5)
+        return AgentResult(run, turns, [0.1, 0.2], [0.3], into_turns=[2, 3])
+
+    # 50, 100 and 60 ms per turn at 20 turns: the median, 60, divides the 1,000-turn run's 80.
+    agents = [agent(20, 1.0), agent(20, 2.0), agent(20, 1.2), agent(1000, 80.0)]
+    row = next(line for line in Report(agents=agents).render().splitlines()
+               if "CPU per turn, 1000 / 20 turns" in line)  # fmt: skip
+    assert "(medians; runs: 3 x 20)" in row and "1.33 x" in row
+
+    def chain(steps: int, cpu: float) -> CaseResult:
+        return CaseResult(f"chain-{steps}", "operator", 1, steps, 1.0, 1, 0, {"operator": cpu})
+
+    # per step: 30, 20 and 40 ms at 10 steps, 45 at 50, 50 at 128: 50 / 30, not 50 / 20.
+    chains = [chain(10, 0.3), chain(10, 0.2), chain(10, 0.4), chain(50, 2.25), chain(128, 6.4)]
+    row = next(line for line in Report(chains=chains).render().splitlines()
+               if "CPU per step, 128 / 10 steps" in line)  # fmt: skip
+    assert "(medians; runs: 3 x 10)" in row and "1.67 x" in row
+    once = Report(chains=[chain(10, 0.3), chain(50, 3.0), chain(128, 6.4)]).render()
+    row = next(line for line in once.splitlines() if "CPU per step, 128 / 10 steps" in line)
+    assert "medians" not in row and "1.67 x" in row, "the largest plan's, not the costliest's"
+
+
+def test_medians_by_size_and_repeated_sizes_named_apart() -> None:
+    assert medians_by_size([(20, 3.0), (1000, 5.0), (20, 1.0), (20, 2.0)]) == {20: 2.0, 1000: 5.0}
+    assert medians_by_size([(10, 1.0), (10, 2.0)]) == {10: 1.5}
+    assert medians_by_size([]) == {}
+    assert bench_main._named((20, 20, 1000, 20), "agent") == [
+        (20, "agent-20"), (20, "agent-20-2"), (1000, "agent-1000"), (20, "agent-20-3"),
+    ]  # fmt: skip
+    full = bench_main.parse_args(["--only", "agent"])
+    assert full.turns == (20, 20, 20, 1000)
+    assert bench_main.parse_args(["--only", "chains"]).chains == (10, 10, 10, 50, 128)
 
 
 # -- replicas sharing the runs ----------------------------------------------------------------

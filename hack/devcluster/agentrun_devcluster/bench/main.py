@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,9 +81,9 @@ FULL = {
     "p1_steps": 20,
     "finished": 2000,
     "rest_seconds": 120.0,
-    "chains": "10,50,128",
+    "chains": "10,10,10,50,128",
     "grace": None,
-    "turns": "20,1000",
+    "turns": "20,20,20,1000",
     "replica_runs": 400,
     "replicas": "1,2,3",
     "peer_runs": 200,
@@ -139,6 +140,17 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part.strip())
 
 
+def _named(sizes: Sequence[int], prefix: str) -> list[tuple[int, str]]:
+    """Each size with its case's name: ``chain-10``, then ``chain-10-2`` for the second run
+    of the same size, so that a size listed again is run again on objects of its own."""
+    seen: Counter[int] = Counter()
+    named = []
+    for size in sizes:
+        seen[size] += 1
+        named.append((size, f"{prefix}-{size}" + (f"-{seen[size]}" if seen[size] > 1 else "")))
+    return named
+
+
 def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     parser = argparse.ArgumentParser(
         prog="hack/bench/bench.py",
@@ -151,7 +163,9 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     parser.add_argument("--finished", type=int, help="finished runs in P5 (default 2000)")
     parser.add_argument("--rest-seconds", type=float, help="P5 window at rest (default 120)")
     parser.add_argument(
-        "--chains", help="plan sizes for operator CPU per step (default 10,50,128; '' for none)"
+        "--chains",
+        help="plan sizes for operator CPU per step, a size listed again run again (its median "
+        "counts; default 10,10,10,50,128; '' for none)",
     )
     parser.add_argument(
         "--grace",
@@ -183,7 +197,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     parser.add_argument(
         "--turns",
         help="model turns of each agent run, comma-separated, at most "
-        f"{MAX_TURNS} (default 20,1000; --quick: 5)",
+        f"{MAX_TURNS}, a count listed again run again (its median counts; default 20,20,20,1000; "
+        "--quick: 5)",
     )
     parser.add_argument(
         "--replica-runs", type=int, help="runs of the replicas case (default 400; --quick: 20)"
@@ -526,33 +541,26 @@ def run(config: BenchConfig) -> int:
             report.p3.append((concurrency, op, bare))
 
         # plan size
-        for steps in config.chains if "chains" in config.only else ():
+        for steps, case in _named(config.chains if "chains" in config.only else (), "chain"):
             chain = attempt(
                 f"plan size: one run of {steps} sequential steps",
                 functools.partial(
-                    cases.operator_runs,
-                    bench,
-                    f"chain-{steps}",
-                    1,
-                    steps,
-                    60 + step_timeout * steps,
+                    cases.operator_runs, bench, case, 1, steps, 60 + step_timeout * steps
                 ),
             )
             if chain is not None:
                 report.chains.append(chain)
-            cleanup_runs(f"chain-{steps}")
+            cleanup_runs(case)
 
         # agent turns
-        for turns in config.turns if "agent" in config.only else ():
+        for turns, case in _named(config.turns if "agent" in config.only else (), "agent"):
             agent = attempt(
                 f"agent: one run of {turns} model turns on a scripted model",
-                functools.partial(
-                    cases.agent_turns, bench, f"agent-{turns}", turns, 120 + 10.0 * turns
-                ),
+                functools.partial(cases.agent_turns, bench, case, turns, 120 + 10.0 * turns),
             )
             if agent is not None:
                 report.agents.append(agent)
-            cleanup_runs(f"agent-{turns}")
+            cleanup_runs(case)
 
         # replicas sharing the runs
         if "replicas" in config.only:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
 from .cases import AgentResult, CaseResult, ReplicaResult, RestResult
 from .peer import ENGINE_PROCESS, LEGS, PeerResult, all_writes, engine_writes
-from .stats import fmt, ratio, summarize
+from .stats import fmt, medians_by_size, ratio, summarize
 
 __all__ = ["Report", "requests_breakdown", "speedups"]
 
@@ -510,13 +510,15 @@ class Report:
                             "p50 <= 0.3 s, p99 <= 1 s",
                         )
                     )
-        per_turn = [(a.turns, a.cpu_per_turn) for a in self.agents if a.cpu_per_turn]
+        per_turn = medians_by_size((a.turns, a.cpu_per_turn) for a in self.agents
+                                   if a.cpu_per_turn)  # fmt: skip
         if len(per_turn) >= 2:
-            (few, least), (most, largest) = min(per_turn), max(per_turn)
+            few, most = min(per_turn), max(per_turn)
             rows.append(
                 (
-                    f"operator CPU per turn, {most} / {few} turns",
-                    fmt(ratio(largest, least), "x"),
+                    f"operator CPU per turn, {most} / {few} turns"
+                    f"{_of_medians(self.agents, 'turns')}",
+                    fmt(ratio(per_turn[most], per_turn[few]), "x"),
                     "<= 1.20x",
                 )
             )
@@ -532,15 +534,16 @@ class Report:
             handled = max((t for t in (rest.first_job, rest.handled) if t is not None),
                           default=None)  # fmt: skip
             rows.append((f"every run handled after start ({which})", fmt(handled, "s"), "<= 10 s"))
-        per_step = [
+        per_step = medians_by_size(
             (c.steps, c.cpu["operator"] / c.steps) for c in self.chains if "operator" in c.cpu
-        ]
+        )
         if len(per_step) >= 2:
-            spread = max(v for _, v in per_step) / min(v for _, v in per_step)
+            fewest, most = min(per_step), max(per_step)
             rows.append(
                 (
-                    "operator CPU per step, largest / smallest plan",
-                    fmt(spread, "x"),
+                    f"operator CPU per step, {most} / {fewest} steps"
+                    f"{_of_medians(self.chains, 'steps')}",
+                    fmt(ratio(per_step[most], per_step[fewest]), "x"),
                     "<= 1.20x",
                 )
             )
@@ -562,3 +565,10 @@ class Report:
         for label, value, target in rows:
             lines.append(f"    {label:<56}{value:>26}   {('target ' + target) if target else ''}")
         return lines
+
+
+def _of_medians(results: Sequence[object], size: str) -> str:
+    """How the sizes' figures were taken, when a size was run more than once."""
+    counts = Counter(getattr(r, size) for r in results)
+    repeated = ", ".join(f"{n} x {k}" for k, n in sorted(counts.items()) if n > 1)
+    return f" (medians; runs: {repeated})" if repeated else ""

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Summary", "fmt", "percentile", "ratio", "summarize"]
+__all__ = ["Summary", "fmt", "medians_by_size", "percentile", "ratio", "summarize"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -41,6 +41,16 @@ def summarize(values: Sequence[float]) -> Summary | None:
     if not values:
         return None
     return Summary(len(values), percentile(values, 50), percentile(values, 99), max(values))
+
+
+def medians_by_size(pairs: Iterable[tuple[int, float]]) -> dict[int, float]:
+    """The median of the values measured at each size, by size (ascending): a size run
+    several times (e.g. ``--turns 20,20,20,1000``) counts once, by its middle value, so a
+    ratio to it does not hang on one short, noisy run."""
+    values: dict[int, list[float]] = {}
+    for size, value in pairs:
+        values.setdefault(size, []).append(value)
+    return {size: percentile(values[size], 50) for size in sorted(values)}
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
