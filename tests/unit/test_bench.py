@@ -410,7 +410,11 @@ def test_the_report_sets_cpu_per_turn_of_the_longest_agent_run_beside_the_shorte
     row = next(line for line in text.splitlines() if "CPU per turn, 1000 / 20 turns" in line)
     assert "1.60 x" in row and "<= 1.20x" in row
     overhead = [line for line in text.splitlines() if "agent turn overhead" in line]
-    assert len(overhead) == 2 and all("(20 turns)" in line for line in overhead)
+    # the first run's and the longest run's
+    assert [line.count("(20 turns)") for line in overhead] == [1, 1, 0, 0]
+    assert [line.count("(1000 turns)") for line in overhead] == [0, 0, 1, 1]
+    single = Report(agents=[agent(20, 1.0)]).render()
+    assert len([line for line in single.splitlines() if "agent turn overhead" in line]) == 2
 
 
 def test_a_size_run_several_times_counts_by_its_median() -> None:
