@@ -17,8 +17,8 @@ The operator runs it as the step ``t{turn}-model`` in its own image. It
    request (``model``, ``messages``, ``tools``, ``max_tokens``, ...) to ``/chat/completions``
    with the client's own ``post``, as its ``chat.completions.create`` does, with no retries
    of its own (retries are the operator's: ``spec.agent.model.retry``). Not through
-   ``client.chat``: its first use imports every API resource module of the SDK (about 0.4 s
-   of CPU, a third of what the pod spends starting), and the answer is read here anyway;
+   ``client.chat``: its first use imports every API resource module of the SDK (0.4 to 0.6 s
+   of CPU, a third of what the pod spent starting), and the answer is read here anyway;
 3. writes the turn's output as the step's result envelope, as ``agentrun step --`` does: the
    assistant message's content, the proposed tool calls (id, name, arguments), the finish
    reason and the token usage (``usage.tokens``: prompt plus completion, which the token budget
