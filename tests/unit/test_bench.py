@@ -398,12 +398,14 @@ def test_the_slowest_model_request_is_named_by_its_turn() -> None:
     assert AgentResult(mock.Mock(), 1, [], []).slowest_into is None
 
 
-def test_the_report_sets_cpu_per_turn_of_the_longest_agent_run_beside_the_shortest() -> None:
-    def agent(turns: int, cpu: float) -> AgentResult:
-        run = mock.Mock(cpu={"operator": cpu}, makespan=turns * 0.5)
-        return AgentResult(run, turns, [0.1, 0.2], [0.3], into_turns=[2, 3])
+def _agent(turns: int, cpu: float) -> AgentResult:
+    """An agent run's result of ``turns`` turns and ``cpu`` operator CPU seconds."""
+    run = mock.Mock(cpu={"operator": cpu}, makespan=turns * 0.5)
+    return AgentResult(run, turns, [0.1, 0.2], [0.3], into_turns=[2, 3])
 
-    report = Report(agents=[agent(20, 1.0), agent(1000, 80.0)])
+
+def test_the_report_sets_cpu_per_turn_of_the_longest_agent_run_beside_the_shortest() -> None:
+    report = Report(agents=[_agent(20, 1.0), _agent(1000, 80.0)])
     text = report.render()
     assert "one run of 20 model turns" in text and "one run of 1000 model turns" in text
     assert "operator CPU 50 ms per turn" in text and "operator CPU 80 ms per turn" in text
@@ -413,17 +415,13 @@ def test_the_report_sets_cpu_per_turn_of_the_longest_agent_run_beside_the_shorte
     # the first run's and the longest run's
     assert [line.count("(20 turns)") for line in overhead] == [1, 1, 0, 0]
     assert [line.count("(1000 turns)") for line in overhead] == [0, 0, 1, 1]
-    single = Report(agents=[agent(20, 1.0)]).render()
+    single = Report(agents=[_agent(20, 1.0)]).render()
     assert len([line for line in single.splitlines() if "agent turn overhead" in line]) == 2
 
 
 def test_a_size_run_several_times_counts_by_its_median() -> None:
-    def agent(turns: int, cpu: float) -> AgentResult:
-        run = mock.Mock(cpu={"operator": cpu}, makespan=turns * 0.5)
-        return AgentResult(run, turns, [0.1, 0.2], [0.3], into_turns=[2, 3])
-
     # 50, 100 and 60 ms per turn at 20 turns: the median, 60, divides the 1,000-turn run's 80.
-    agents = [agent(20, 1.0), agent(20, 2.0), agent(20, 1.2), agent(1000, 80.0)]
+    agents = [_agent(20, 1.0), _agent(20, 2.0), _agent(20, 1.2), _agent(1000, 80.0)]
     row = next(line for line in Report(agents=agents).render().splitlines()
                if "CPU per turn, 1000 / 20 turns" in line)  # fmt: skip
     assert "(medians; runs: 3 x 20)" in row and "1.33 x" in row
