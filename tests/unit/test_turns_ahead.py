@@ -261,3 +261,15 @@ def test_a_turn_in_a_pod_made_ahead_shows_running_only_once_it_ran_that_long_sin
     sim.advance(sim.config.running_after_seconds)
     sim.tick()
     assert sim.step_status("t1-model").phase == m.StepPhase.RUNNING
+
+
+def test_the_pass_that_begins_a_turn_makes_the_jobs_after_it() -> None:
+    # Not a pass later: the write that begins turn 2 comes first (Jobs are made after it),
+    # and the names are within the turns the run as read counts as ahead.
+    sim = _turns_ahead(_next_turn_sim(keyed=False), 2)
+    decision = _decide(sim)
+    assert decision.status.agent is not None and decision.status.agent.turn == 2
+    prepared = [p.job_name for p in decision.after_commit if isinstance(p, PrepareTurn)]
+    assert prepared == [_name(sim, 3), _name(sim, 4)]
+    # Observed as made ahead (never as strays) by a pass that reads the run as it was.
+    assert set(prepared) <= set(turns.ahead_names(sim.run))

@@ -87,6 +87,7 @@ from agentrun.core.calls import call_outcome, content_of, cut, validate_calls
 from agentrun.core.envelope import summary_line
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
 from agentrun.core.turns import (
+    AHEAD_LIMIT,
     CONTEXT_INPUT,
     ENV_CONTEXT_PART,
     ENV_CONTEXT_PARTS,
@@ -928,10 +929,19 @@ def _prepare_next_turn(
     ):
         return
     committed = b.run.status.agent if b.run.status is not None else None
-    if committed is None or committed.turn != ag.turn:
-        return  # the run as read is a turn behind: the next pass prepares
+    if committed is None:
+        return
+    if committed.turn != ag.turn and (
+        committed.turn != ag.turn - 1
+        or committed.stage not in (a.AgentStage.THINKING, a.AgentStage.ACTING)
+    ):
+        return  # the run as read is further behind: the next pass prepares
+    # In the pass that begins a turn (the run as read a turn behind, mid-turn), its Jobs are
+    # made after the write that begins it: the Jobs this pass knows of (observed.ahead, from
+    # the run as read) are those of the next AHEAD_LIMIT turns after the one as read.
     count = config.turns_ahead if most is None else min(most, config.turns_ahead)
-    for turn in range(ag.turn + 1, min(ag.turn + count, agent.max_turns) + 1):
+    last = min(ag.turn + count, agent.max_turns, committed.turn + AHEAD_LIMIT)
+    for turn in range(ag.turn + 1, last + 1):
         name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, model_step(turn), 1)
         ahead = _ahead(b, name)
         if clear_name(b, name):
