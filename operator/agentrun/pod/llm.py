@@ -460,10 +460,16 @@ def serve(
     ] = runner.default_store,
 ) -> int:
     """Wait for the turn's request on the pod's address, then run the turn; its exit code.
-    The model client (and the Kubernetes client, when the pod has a token) is imported first,
-    so the request finds it loaded."""
+    The pod listens first; the model client (and the Kubernetes client, when the pod has a
+    token) is imported while it waits, so that a request sent while the pod is still
+    starting is taken at once and the turn begins as soon as the client is loaded."""
     env = dict(os.environ if env is None else env)
-    import httpx  # noqa: F401 - loaded before the request, not after it
+    requests = TurnRequests(env[s.ENV_TURN_TOKEN_SHA256])
+    server = ThreadingHTTPServer((env.get(s.ENV_POD_IP) or "0.0.0.0", port), _handler(requests))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(POLL_SECONDS,), daemon=True).start()
+    print(f"agentrun step llm: waiting for the turn's request on {server.server_address}")
+    import httpx  # noqa: F401 - loaded before the request is run, not after it
     import openai  # noqa: F401
 
     sa_dir = Path(env.get(s.ENV_SERVICEACCOUNT_DIR, runner.DEFAULT_SERVICEACCOUNT_DIR))
@@ -480,11 +486,6 @@ def serve(
             return client
     except TurnFailed:
         pass  # the turn says so once its request came
-    requests = TurnRequests(env[s.ENV_TURN_TOKEN_SHA256])
-    server = ThreadingHTTPServer((env.get(s.ENV_POD_IP) or "0.0.0.0", port), _handler(requests))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, args=(POLL_SECONDS,), daemon=True).start()
-    print(f"agentrun step llm: waiting for the turn's request on {server.server_address}")
     if not requests.ready.wait(wait_seconds):
         server.shutdown()
         termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
