@@ -273,3 +273,7 @@ def test_the_pass_that_begins_a_turn_makes_the_jobs_after_it() -> None:
     assert prepared == [_name(sim, 3), _name(sim, 4)]
     # Observed as made ahead (never as strays) by a pass that reads the run as it was.
     assert set(prepared) <= set(turns.ahead_names(sim.run))
+    # Made after what turn 2 waits for (here its Job's create; its request, when its Job was
+    # made ahead), which is not held up by two creates for later turns.
+    kinds = [type(x) for x in decision.after_commit]
+    assert kinds.index(CreateJob) < kinds.index(PrepareTurn)

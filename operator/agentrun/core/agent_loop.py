@@ -947,9 +947,9 @@ def _prepare_next_turn(
         if clear_name(b, name):
             continue  # it ended before its turn: made again once it is gone
         if ahead is None:
-            b.after.append(PrepareTurn(model_turn_step(b.run, ag, turn, config), name))
+            b.later.append(PrepareTurn(model_turn_step(b.run, ag, turn, config), name))
         elif ahead.created_here and ahead.job.start_pod is not None:
-            b.after.append(StartPod(ahead.job.name, ahead.job.start_pod))
+            b.later.append(StartPod(ahead.job.name, ahead.job.start_pod))
 
 
 def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:

@@ -114,6 +114,9 @@ class Builder:
     events: list[EmitEvent] = field(default_factory=list)
     before: list[Action] = field(default_factory=list)
     after: list[Action] = field(default_factory=list)
+    later: list[Action] = field(default_factory=list)
+    """After-commit actions that no one waits for yet (a later turn's Job made ahead of it):
+    carried out after :attr:`after`, so that the current turn's launch and request go first."""
     timers: list[datetime] = field(default_factory=list)
     halt: Halt | None = None
 

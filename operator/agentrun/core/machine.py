@@ -349,6 +349,6 @@ def _finish(b: Builder) -> Decision:
     return Decision(
         status=status,
         before_commit=tuple(b.before),
-        after_commit=_dedupe([*b.after, *b.events]),
+        after_commit=_dedupe([*b.after, *b.later, *b.events]),
         requeue_after=float(requeue) if requeue is not None else None,
     )
