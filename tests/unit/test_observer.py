@@ -254,6 +254,39 @@ def test_only_changes_that_can_move_a_run_wake_it() -> None:
         assert not matters(PODS, up, json.loads(json.dumps(up)))
 
 
+def test_the_deletion_of_a_job_the_operator_let_go_wakes_nobody() -> None:
+    """A finished step Job released to the TTL controller (its outcome committed, the
+    outcome finalizer off) is deleted a grace later: that decides nothing, unless its name is
+    one a run may wait to see cleared (a model turn's first attempt, made ahead of its turn).
+    A Job still holding the finalizer wakes its run when deleted or gone, as before."""
+
+    def step_job(step: str, attempt: str, *, held: bool) -> dict[str, Any]:
+        done = job("j1", "u1", owner=run_ref(), startTime="t0",
+                   conditions=[{"type": "Complete", "status": "True"}])  # fmt: skip
+        done["metadata"]["labels"].update({s.LABEL_STEP: step, s.LABEL_ATTEMPT: attempt})
+        done["metadata"]["finalizers"] = [s.JOB_FINALIZER] if held else []
+        return done
+
+    for step_name, attempt, held, wakes in (
+        ("build", "1", False, False),
+        ("t3-0-search", "1", False, False),
+        ("t3-model", "2", False, False),
+        ("t3-model", "1", False, True),
+        ("build", "1", True, True),
+    ):
+        before = step_job(step_name, attempt, held=held)
+        deleting = json.loads(json.dumps(before))
+        deleting["metadata"]["deletionTimestamp"] = "t9"
+        deleting["metadata"]["resourceVersion"] = "5"
+        case = (step_name, attempt, held)
+        assert matters(JOBS, before, deleting) is wakes, case
+        assert matters(JOBS, deleting, None) is wakes, case
+        # Whatever else changes still counts: here, its controller.
+        moved = json.loads(json.dumps(before))
+        moved["metadata"]["ownerReferences"] = []
+        assert matters(JOBS, before, moved), case
+
+
 # -- the reflector against a fake API ---------------------------------------------------------
 
 

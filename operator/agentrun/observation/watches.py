@@ -291,9 +291,10 @@ class ClusterView:
 def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
     """Whether a change can make a pass decide differently, so is worth waking the run for:
     a Job appearing, vanishing, finishing, starting, being deleted or changing its spec or
-    owner; a pod appearing held by the operator's gate (it waits to be let start), or going
-    before it ended; a pod's step container terminating (its outcome); a model turn's pod
-    starting to run (its turn's request goes to it); any pod refusal.
+    owner (but for the deletion of a Job the operator let go, :func:`_let_go`); a pod
+    appearing held by the operator's gate (it waits to be let start), or going before it
+    ended; a pod's step container terminating (its outcome); a model turn's pod starting to
+    run (its turn's request goes to it); any pod refusal.
     Other changes (a pod being scheduled, a finalizer removed, counters; a plan step's pod
     starting, whose Running note a timer brings) wake nobody."""
     if kind == EVENTS:
@@ -306,9 +307,28 @@ def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any
         if _turn_pod_running(after) and not _turn_pod_running(before):
             return True
         return step_terminated(after) is not None and step_terminated(before) is None
-    if before is None or after is None:
+    if before is None:
         return True
-    return _essence(before) != _essence(after)
+    if after is None:
+        return not _let_go(before)
+    deletion = not _let_go(before)  # mostly the TTL controller's, after the release
+    return _essence(before, deletion) != _essence(after, deletion)
+
+
+def _let_go(job: Mapping[str, Any]) -> bool:
+    """Whether ``job`` is a step Job the operator let go (its outcome finalizer is off: its
+    outcome is committed, or it was a stray released after its grace) under a name no run
+    waits to see cleared: its being deleted, or gone, can change no decision. A model turn's
+    first attempt is not one (its Job may be made ahead of the turn, and a turn whose Job
+    ended before it waits for that name to be free), nor a Job without a step's labels."""
+    meta = _meta(job)
+    if s.JOB_FINALIZER in (meta.get("finalizers") or ()):
+        return False
+    labels = meta.get("labels") or {}
+    step, attempt = labels.get(s.LABEL_STEP), labels.get(s.LABEL_ATTEMPT)
+    if not isinstance(step, str) or not isinstance(attempt, str):
+        return False
+    return not (is_model_turn(step) and attempt == "1")
 
 
 def _turn_pod_running(pod: Mapping[str, Any] | None) -> bool:
@@ -326,11 +346,12 @@ def _turn_pod_running(pod: Mapping[str, Any] | None) -> bool:
     )
 
 
-def _essence(job: Mapping[str, Any]) -> tuple[Any, ...]:
+def _essence(job: Mapping[str, Any], deletion: bool = True) -> tuple[Any, ...]:
+    """What of a Job can change a decision (``deletion``: whether it is being deleted too)."""
     meta, status = _meta(job), job.get("status") or {}
     return (
         job_state(job),
-        bool(meta.get("deletionTimestamp")),
+        deletion and bool(meta.get("deletionTimestamp")),
         status.get("startTime"),
         status.get("completionTime"),
         meta.get("generation"),
