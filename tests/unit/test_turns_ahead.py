@@ -25,6 +25,7 @@ from agentrun.core import (
     StrayJob,
     naming,
     reconcile,
+    rights,
     turns,
 )
 from agentrun.core import agent_loop as loop
@@ -277,3 +278,24 @@ def test_the_pass_that_begins_a_turn_makes_the_jobs_after_it() -> None:
     # made ahead), which is not held up by two creates for later turns.
     kinds = [type(x) for x in decision.after_commit]
     assert kinds.index(CreateJob) < kinds.index(PrepareTurn)
+
+
+def test_a_keyed_models_turns_are_made_ahead_only_while_its_rights_are_confirmed() -> None:
+    """A turn's pod holds the model's API key Secret of the run's creator: its Job is made
+    ahead (and its pod let start) only while the shell found the creator allowed to use it
+    within the rights TTL, as the turn's own launch is."""
+    sim = _turns_ahead(AgentSim(agent_run(model=KEYED)), 2)
+    sim.answer("", [call("search", {"query": "db"})])
+    assert not [p for p in _actions(sim) if isinstance(p, PrepareTurn)]
+    step = turns.model_turn_step(sim.run, sim.agent, 2, sim.config.agent)
+    granted = frozenset(c.permission for c in rights.checks_for(sim.run, step))
+    assert granted, "the keyed model's turn uses a Secret of its creator"
+    confirmed = dataclasses.replace(sim.observed(), granted=granted)
+    prepared = [p.job_name for p in _actions(sim, confirmed) if isinstance(p, PrepareTurn)]
+    assert prepared == [_name(sim, 2), _name(sim, 3)]
+    # A Job made earlier, its pod waiting at the gate, is not let start without them either.
+    ahead = (_ahead(sim, 2, start_pod=PodRef("t2-pod", "t2-pod-uid")),)
+    held = dataclasses.replace(sim.observed(), ahead=ahead)
+    assert not [s for s in _actions(sim, held) if isinstance(s, StartPod)]
+    let = dataclasses.replace(held, granted=granted)
+    assert [s.job_name for s in _actions(sim, let) if isinstance(s, StartPod)] == [_name(sim, 2)]

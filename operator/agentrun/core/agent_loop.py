@@ -941,6 +941,11 @@ def _prepare_next_turn(
     # the run as read) are those of the next AHEAD_LIMIT turns after the one as read.
     count = config.turns_ahead if most is None else min(most, config.turns_ahead)
     last = min(ag.turn + count, agent.max_turns, committed.turn + AHEAD_LIMIT)
+    if last <= ag.turn or not rights_confirmed(b, model_turn_step(b.run, ag, last, config)):
+        # A turn's pod holds what its creator must be allowed to use (the model's API key
+        # Secret): made, and let start, only while the shell found that granted within the
+        # rights TTL, as a turn's own launch is (else each turn's Job is made at its launch).
+        return
     for turn in range(ag.turn + 1, last + 1):
         name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, model_step(turn), 1)
         ahead = _ahead(b, name)
