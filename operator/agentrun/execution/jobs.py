@@ -172,6 +172,11 @@ def is_finished(job: Mapping[str, Any]) -> bool:
     return job_state(job) != JobState.ACTIVE
 
 
+def is_held(job: Mapping[str, Any]) -> bool:
+    """Whether the Job still holds the operator's outcome finalizer (not released yet)."""
+    return s.JOB_FINALIZER in ((job.get("metadata") or {}).get("finalizers") or ())
+
+
 def step_terminated(pod: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The terminated state of a pod's step container, None while it has not terminated."""
     for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
@@ -501,7 +506,7 @@ def observe_job(
         started_at=_time(status.get("startTime")),
         finished_at=_time(status.get("completionTime"))
         or _time((terminated or {}).get("finishedAt")),
-        held=s.JOB_FINALIZER in (meta.get("finalizers") or []),
+        held=is_held(job),
         expires=(job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None,
         deleting=bool(meta.get("deletionTimestamp")),
         deleted_at=_time(meta.get("deletionTimestamp")),

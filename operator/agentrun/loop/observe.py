@@ -234,11 +234,10 @@ class Observer:
         assert view is not None  # _observe_jobs, before, made sure
         strays = []
         for job in view.jobs_of_run(uid):
-            meta = job.get("metadata") or {}
-            if meta.get("name", "") in skip:
+            if (job.get("metadata") or {}).get("name", "") in skip:
                 continue  # accounted for: not parsed again on every pass
-            if s.JOB_FINALIZER not in (meta.get("finalizers") or ()):
-                continue  # released (what ObservedJob.held says): told before it is parsed
+            if not jobs.is_held(job):
+                continue  # released: told before it is parsed
             seen = jobs.observe_job(job, None)
             if seen is None or not seen.held:
                 continue

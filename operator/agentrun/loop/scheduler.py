@@ -508,8 +508,7 @@ def _needs_pass(found: list[dict[str, Any]]) -> bool:
     (to be released)."""
     for job in found:
         meta = job.get("metadata") or {}
-        held = s.JOB_FINALIZER in (meta.get("finalizers") or [])
-        if (meta.get("deletionTimestamp") and held) or not jobs.is_finished(job):
+        if (meta.get("deletionTimestamp") and jobs.is_held(job)) or not jobs.is_finished(job):
             return True
     return False
 

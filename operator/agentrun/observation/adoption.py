@@ -192,9 +192,7 @@ def name_taken_message(name: str, attempt: int, problem: str) -> str:
 def _released_and_going(job: Mapping[str, Any]) -> bool:
     """Being deleted, without the operator's finalizer (released after its outcome)."""
     meta = job.get("metadata") or {}
-    return bool(meta.get("deletionTimestamp")) and s.JOB_FINALIZER not in (
-        meta.get("finalizers") or []
-    )
+    return bool(meta.get("deletionTimestamp")) and not jobs.is_held(job)
 
 
 def _observed_key(

@@ -46,7 +46,13 @@ from urllib3.exceptions import ReadTimeoutError
 
 from agentrun import settings as s
 from agentrun.core.turns import is_model_turn
-from agentrun.execution.jobs import is_gated, job_state, pod_essentials, step_terminated
+from agentrun.execution.jobs import (
+    is_gated,
+    is_held,
+    job_state,
+    pod_essentials,
+    step_terminated,
+)
 
 log = logging.getLogger("agentrun.observer")
 
@@ -321,10 +327,9 @@ def _let_go(job: Mapping[str, Any]) -> bool:
     waits to see cleared: its being deleted, or gone, can change no decision. A model turn's
     first attempt is not one (its Job may be made ahead of the turn, and a turn whose Job
     ended before it waits for that name to be free), nor a Job without a step's labels."""
-    meta = _meta(job)
-    if s.JOB_FINALIZER in (meta.get("finalizers") or ()):
+    if is_held(job):
         return False
-    labels = meta.get("labels") or {}
+    labels = _meta(job).get("labels") or {}
     step, attempt = labels.get(s.LABEL_STEP), labels.get(s.LABEL_ATTEMPT)
     if not isinstance(step, str) or not isinstance(attempt, str):
         return False
