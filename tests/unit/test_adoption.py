@@ -692,3 +692,52 @@ def test_objects_without_a_version_are_checked_on_every_pass() -> None:
         calls = checked.call_count
         taker.observe(run)
         assert checked.call_count == 2 * calls
+
+
+def _settled_run() -> tuple[m.AgentRun, dict[str, Any]]:
+    """A run whose step a has finished, its outcome committed, and its Job as the operator
+    leaves it then: ended, its outcome finalizer off, ``ttlSecondsAfterFinished`` set."""
+    run = launched(step("a"))
+    job = finished(operators_job(run))
+    assert jobs.is_held(job)
+    job["metadata"]["finalizers"] = []
+    job["spec"]["ttlSecondsAfterFinished"] = 30
+    assert run.status is not None and run.status.steps
+    done = run.status.steps[0].model_copy(update={"phase": m.StepPhase.SUCCEEDED})
+    status = run.status.model_copy(update={"steps": [done]})
+    return run.model_copy(update={"status": status}), job
+
+
+def test_a_job_let_go_after_its_outcome_is_not_checked_on_any_pass() -> None:
+    run, job = _settled_run()
+    view, api = ClusterView(), FakeApi()
+    view.apply(JOBS, "ADDED", job)
+    view.apply(PODS, "ADDED", job_pod(job, '{"ok":true}'))
+    with mock.patch.object(adoption.Adoption, "verdict", wraps=None) as verdict:
+        assert adopter(view, api).observe(run) == ()
+        verdict.assert_not_called()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda job, pod: job["metadata"].update(finalizers=[s.JOB_FINALIZER]),
+                     id="still-held"),
+        pytest.param(lambda job, pod: job["spec"].pop("ttlSecondsAfterFinished"),
+                     id="ttl-removed"),
+        pytest.param(lambda job, pod: pod["status"].update(
+            phase="Running", containerStatuses=[{"name": "step", "state": {"running": {}}}]),
+                     id="pod-still-stopping"),
+    ],
+)  # fmt: skip
+def test_a_job_with_something_left_to_decide_is_still_observed(change: Any) -> None:
+    """Held (its release is still to come), its TTL removed (the operator deletes it after
+    the grace), or a pod of it still running (the step's next attempt waits for it)."""
+    run, job = _settled_run()
+    pod = job_pod(job, '{"ok":true}')
+    change(job, pod)
+    view, api = ClusterView(), FakeApi()
+    view.apply(JOBS, "ADDED", job)
+    view.apply(PODS, "ADDED", pod)
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.name == job["metadata"]["name"]

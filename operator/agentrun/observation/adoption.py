@@ -189,10 +189,27 @@ def name_taken_message(name: str, attempt: int, problem: str) -> str:
     )
 
 
-def _released_and_going(job: Mapping[str, Any]) -> bool:
-    """Being deleted, without the operator's finalizer (released after its outcome)."""
+def _let_go(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bool:
+    """Released after its outcome (without the operator's finalizer) and either being
+    deleted, or ended and handed to the TTL controller (``ttlSecondsAfterFinished`` set) with
+    no pod of it still running: nothing a pass of a run decides depends on such a Job any
+    more, unless it is an attempt in flight. A long agent run has about a hundred of them
+    at any time (each turn's two Jobs stay for the deletion grace), and a pass would
+    otherwise check every one. A released Job whose TTL someone removed is still observed
+    (the operator deletes it once the grace is over), and so is one with a pod still
+    stopping (the step's next attempt waits for it)."""
+    if jobs.is_held(job):
+        return False
     meta = job.get("metadata") or {}
-    return bool(meta.get("deletionTimestamp")) and not jobs.is_held(job)
+    if meta.get("deletionTimestamp"):
+        return True
+    if not jobs.is_finished(job) or (job.get("spec") or {}).get("ttlSecondsAfterFinished") is None:
+        return False
+    return not any(
+        (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and jobs.step_terminated(p) is None
+        for p in pods
+    )
 
 
 def _observed_key(
@@ -417,10 +434,13 @@ class Adoption:
         found: dict[str, ObservedJob] = {}
         for listed in self.view.jobs_of_run(uid):
             name = _name(listed)
-            if name not in in_flight and turns.made_ahead(run, name, _step(listed)):
-                continue  # a later turn's, made before it: observe_ahead
-            if name not in in_flight and _released_and_going(listed):
-                continue  # its outcome is committed and the operator let it go: nothing to see
+            if name not in in_flight and (
+                _let_go(listed, self.view.pods_of_job(_uid(listed)))
+                or turns.made_ahead(run, name, _step(listed))
+            ):
+                # Its outcome is committed and the operator let it go (nothing to see), or a
+                # later turn's, made before it (observe_ahead).
+                continue
             job = self._current_object(ns, name) or listed
             observed = self._classify(run, job, step_of.get(name), name in in_flight)
             if observed is not None:
