@@ -287,6 +287,53 @@ def test_the_deletion_of_a_job_the_operator_let_go_wakes_nobody() -> None:
         assert matters(JOBS, before, moved), case
 
 
+def test_what_happens_to_a_job_released_to_the_ttl_controller_wakes_nobody() -> None:
+    """The release (outcome finalizer off, ``ttlSecondsAfterFinished`` on, in one patch once
+    the outcome is committed) and the Job's end after it decide nothing: no pass for them.
+    Its deletion still wakes a run for a model turn's first attempt (a name a turn may wait
+    to see cleared), and a TTL someone removed wakes (the operator deletes the Job itself)."""
+
+    def step_job(step: str, attempt: str) -> dict[str, Any]:
+        held = job("j1", "u1", owner=run_ref(), startTime="t0")
+        held["metadata"]["labels"].update({s.LABEL_STEP: step, s.LABEL_ATTEMPT: attempt})
+        held["metadata"]["finalizers"] = [s.JOB_FINALIZER]
+        return held
+
+    def changed(obj: dict[str, Any], version: str, change: Any) -> dict[str, Any]:
+        copied: dict[str, Any] = json.loads(json.dumps(obj))
+        copied["metadata"]["resourceVersion"] = version
+        change(copied)
+        return copied
+
+    def release(j: dict[str, Any]) -> None:
+        j["metadata"]["finalizers"] = []
+        j["spec"]["ttlSecondsAfterFinished"] = 30
+        j["metadata"]["generation"] = 2
+
+    def finish(j: dict[str, Any]) -> None:
+        j["status"]["conditions"] = [{"type": "Complete", "status": "True"}]
+        j["status"]["completionTime"] = "t5"
+
+    for step_name, attempt, deletion_wakes in (
+        ("build", "1", False),
+        ("t3-0-search", "1", False),
+        ("t3-model", "1", True),
+    ):
+        case = (step_name, attempt)
+        held = step_job(step_name, attempt)
+        released = changed(held, "3", release)
+        assert not matters(JOBS, held, released), case
+        ended = changed(released, "4", finish)
+        assert not matters(JOBS, released, ended), case
+        going = changed(ended, "5", lambda j: j["metadata"].update(deletionTimestamp="t9"))
+        assert matters(JOBS, ended, going) is deletion_wakes, case
+        assert matters(JOBS, going, None) is deletion_wakes, case
+        untimed = changed(ended, "6", lambda j: j["spec"].pop("ttlSecondsAfterFinished"))
+        assert matters(JOBS, ended, untimed), case
+        # Still held, its end wakes as before (its outcome is what the pass takes).
+        assert matters(JOBS, held, changed(held, "7", finish)), case
+
+
 # -- the reflector against a fake API ---------------------------------------------------------
 
 

@@ -297,7 +297,9 @@ class ClusterView:
 def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
     """Whether a change can make a pass decide differently, so is worth waking the run for:
     a Job appearing, vanishing, finishing, starting, being deleted or changing its spec or
-    owner (but for the deletion of a Job the operator let go, :func:`_let_go`); a pod
+    owner (but for the deletion of a Job the operator let go, :func:`_let_go`, and anything
+    that happens to a Job once it is released to the TTL controller, :func:`_handed_over`,
+    its release included, but for the deletion of a name a turn may wait for); a pod
     appearing held by the operator's gate (it waits to be let start), or going before it
     ended; a pod's step container terminating (its outcome); a model turn's pod starting to
     run (its turn's request goes to it); any pod refusal.
@@ -317,6 +319,11 @@ def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any
         return True
     if after is None:
         return not _let_go(before)
+    if _handed_over(after):
+        # Its release itself (the operator's own patch), and its finishing or being deleted
+        # afterwards: none decides anything, but the deletion of a name a turn may wait for.
+        deleting = bool(_meta(before).get("deletionTimestamp"))
+        return not _let_go(after) and deleting != bool(_meta(after).get("deletionTimestamp"))
     deletion = not _let_go(before)  # mostly the TTL controller's, after the release
     return _essence(before, deletion) != _essence(after, deletion)
 
@@ -334,6 +341,20 @@ def _let_go(job: Mapping[str, Any]) -> bool:
     if not isinstance(step, str) or not isinstance(attempt, str):
         return False
     return not (is_model_turn(step) and attempt == "1")
+
+
+def _handed_over(job: Mapping[str, Any]) -> bool:
+    """Whether ``job`` is a step Job released to the TTL controller (the operator's release
+    takes its outcome finalizer off and sets ``ttlSecondsAfterFinished`` in one patch, once
+    its outcome is committed): how it ends, and when, no longer decides anything. One whose
+    TTL someone removed is not (the operator deletes it once the grace is over)."""
+    labels = _meta(job).get("labels") or {}
+    return (
+        not is_held(job)
+        and (job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None
+        and isinstance(labels.get(s.LABEL_STEP), str)
+        and isinstance(labels.get(s.LABEL_ATTEMPT), str)
+    )
 
 
 def _turn_pod_running(pod: Mapping[str, Any] | None) -> bool:
@@ -360,6 +381,7 @@ def _essence(job: Mapping[str, Any], deletion: bool = True) -> tuple[Any, ...]:
         status.get("startTime"),
         status.get("completionTime"),
         meta.get("generation"),
+        (job.get("spec") or {}).get("ttlSecondsAfterFinished") is None,
         controller_uid(job),
         (meta.get("labels") or {}).get(s.LABEL_RUN_UID),
     )
