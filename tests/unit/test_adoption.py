@@ -741,3 +741,34 @@ def test_a_job_with_something_left_to_decide_is_still_observed(change: Any) -> N
     view.apply(PODS, "ADDED", pod)
     (seen,) = adopter(view, api).observe(run)
     assert seen.name == job["metadata"]["name"]
+
+
+def test_a_released_job_is_seen_released_before_the_view_shows_the_release() -> None:
+    """The release's answer (a later version of the same Job) is what a pass sees until the
+    view catches up: taken from the view, the Job would still hold its finalizer, and the
+    core would release it again (a second patch, refused). Once the view shows a version as
+    late, the view's is taken."""
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = _versioned(operators_job(run), "5")
+    taker = adopter(view, api)
+    taker.created(job)
+    view.apply(JOBS, "ADDED", job)
+    (seen,) = taker.observe(run)
+    assert seen.held
+    released = _versioned(job, "7")
+    released["metadata"]["generation"] = 2
+    released["metadata"]["finalizers"] = []
+    released["spec"]["ttlSecondsAfterFinished"] = 30
+    taker.created(released)  # the patch's answer; the view still shows version 5
+    (seen,) = taker.observe(run)
+    assert not seen.held and seen.expires
+    caught_up = _versioned(released, "7")
+    view.apply(JOBS, "MODIFIED", caught_up)
+    (seen,) = taker.observe(run)
+    assert not seen.held
+    later = _versioned(caught_up, "9")
+    later["metadata"]["labels"]["extra"] = "x"
+    view.apply(JOBS, "MODIFIED", later)
+    current = taker._current_object("default", job["metadata"]["name"])
+    assert current is not None and current["metadata"]["resourceVersion"] == "9"

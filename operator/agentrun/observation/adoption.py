@@ -344,12 +344,16 @@ class Adoption:
             entry: tuple[float, Obj | None] = self._fresh.get(key, (0.0, None))
             until, fresh = entry
             stale = time.monotonic() > until
-            if fresh is not None and (stale or (seen is not None and _uid(seen) == _uid(fresh))):
+            same = fresh is not None and seen is not None and _uid(seen) == _uid(fresh)
+            ahead = same and _later_version(fresh or {}, seen or {})
+            if fresh is not None and (stale or (same and not ahead)):
                 del self._fresh[key]  # the view has it now, or should have
                 fresh = None
         if fresh is None:
             return seen
-        if seen is None or _newer(fresh, seen):
+        if seen is None or ahead or _newer(fresh, seen):
+            # A release's answer is newer than the view's Job until its watch event arrives:
+            # taken from the view, the Job would still hold its finalizer and be released again.
             return fresh
         return seen
 
@@ -569,6 +573,14 @@ def _step(job: Mapping[str, Any]) -> str | None:
 def _controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
     ref = controller_ref(obj)
     return ref is not None and ref.get("uid") == uid
+
+
+def _later_version(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether ``a`` is a later version of the object ``b`` is (resourceVersions compared as
+    the integers etcd makes them; one that is not an integer is not taken as later)."""
+    mine = str((a.get("metadata") or {}).get("resourceVersion") or "")
+    theirs = str((b.get("metadata") or {}).get("resourceVersion") or "")
+    return mine.isdigit() and theirs.isdigit() and int(mine) > int(theirs)
 
 
 def _newer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
