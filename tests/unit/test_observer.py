@@ -227,6 +227,8 @@ def test_only_changes_that_can_move_a_run_wake_it() -> None:
     )
     assert matters(JOBS, None, running) and matters(JOBS, running, None)
     assert not matters(JOBS, running, counted)
+    new = job("j1", "u1", owner=run_ref())
+    assert not matters(JOBS, new, running), "a Job's start: its Running note comes by a timer"
     assert matters(JOBS, counted, done)
     deleting = json.loads(json.dumps(done))
     deleting["metadata"]["deletionTimestamp"] = "t9"
@@ -252,6 +254,24 @@ def test_only_changes_that_can_move_a_run_wake_it() -> None:
         up["status"]["phase"] = "Running"
         assert matters(PODS, pending, up) is wakes, step_name
         assert not matters(PODS, up, json.loads(json.dumps(up)))
+
+
+def test_the_watch_event_of_a_create_this_process_made_wakes_nobody() -> None:
+    """Its passes take a Job it created from the create's answer: the watch delivering the
+    same version is no news. Any other version, or a Job it did not create, wakes."""
+    view = ClusterView()
+    mine = job("j1", "u1", owner=run_ref(), version="7")
+    view.made(mine)
+    assert view.apply(JOBS, "ADDED", mine) is None
+    assert view.job("u1") is not None, "kept in the view all the same"
+    later = job("j1", "u1", owner=run_ref(), version="8",
+                conditions=[{"type": "Complete", "status": "True"}])  # fmt: skip
+    assert view.apply(JOBS, "MODIFIED", later) is not None
+    other = job("j2", "u2", owner=run_ref(), version="9")
+    view.made(job("j2", "u2", owner=run_ref(), version="5"))
+    assert view.apply(JOBS, "ADDED", other) is not None, "not the version created"
+    third = job("j3", "u3", owner=run_ref(), version="3")
+    assert view.apply(JOBS, "ADDED", third) is not None, "not created here"
 
 
 def test_the_deletion_of_a_job_the_operator_let_go_wakes_nobody() -> None:

@@ -254,7 +254,7 @@ class Actor:
             if self.wake is not None:
                 self.wake(run.metadata.namespace, run.metadata.name, run.metadata.uid)
             return
-        self.adoption.created(json.loads(created.data))
+        self.adoption.made(json.loads(created.data))
         self.observer.note_launched(run.metadata.uid, action.job_name)
         log.info("created Job %s", action.job_name, extra=ctx)
         self.checkpoint("after-job-create")
@@ -279,7 +279,7 @@ class Actor:
             )
         if refused:  # it exists, or is refused: the turn's own create will say
             return
-        self.adoption.created(json.loads(created.data))
+        self.adoption.made(json.loads(created.data))
         log.info("created Job %s ahead of its turn", action.job_name, extra=run_fields(run))
         self.checkpoint("after-turn-prepare")
 

@@ -310,6 +310,12 @@ class Adoption:
             self._created.remember(uid, made | {_generation(job)})
             self._remember_fresh(job, FRESH_SECONDS)
 
+    def made(self, job: Obj) -> None:
+        """The operator created ``job`` (the create's answer): :meth:`created`, and the
+        watch's event of that create wakes no run (:meth:`ClusterView.made`)."""
+        self.created(job)
+        self.view.made(job)
+
     def _made_here(self, job: Obj) -> bool:
         """Whether this process created ``job`` and made its current generation (call with
         the lock held)."""

@@ -38,6 +38,7 @@ import logging
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,8 @@ STEP_SELECTOR = s.LABEL_RUN_UID
 """Label selector of the Jobs and pods watched: the run-uid label is present."""
 REFUSAL_SELECTOR = "involvedObject.kind=Job,reason=FailedCreate"
 """Field selector of the Events watched: the Job controller could not create a pod."""
+MADE_REMEMBERED = 10_000
+"""Creates of this process whose watch event has not arrived yet, newest kept."""
 
 Obj = dict[str, Any]
 Wake = Callable[[str, str, str], None]
@@ -143,6 +146,9 @@ class ClusterView:
     def __init__(self, sources: Iterable[Source] = ()) -> None:
         self._lock = threading.Lock()
         self._objects: dict[str, dict[str, Obj]] = {k: {} for k in KINDS}
+        self._made: OrderedDict[str, str] = OrderedDict()
+        """uid -> resourceVersion of the Jobs this process created, as its creates answered,
+        until the watch delivers them (:meth:`made`)."""
         self._owned: dict[str, dict[str, set[str]]] = {k: {} for k in KINDS}
         self._job_names: dict[tuple[str, str], str] = {}
         self._expected: set[Source] = set(sources)
@@ -189,10 +195,23 @@ class ClusterView:
                 self._synced.set()
         return changed
 
+    def made(self, job: Obj) -> None:
+        """This process created ``job`` (the create's answer): the watch's event of that
+        create tells the operator nothing it does not know (its passes take the Job from the
+        answer until the view has it), so it wakes no run. Only that version, only once."""
+        meta = _meta(job)
+        uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        if not uid or not version:
+            return
+        with self._lock:
+            self._made[uid] = version
+            while len(self._made) > MADE_REMEMBERED:
+                self._made.popitem(last=False)
+
     def apply(self, kind: str, event_type: str, obj: Obj) -> Obj | None:
         """One watch event (ADDED, MODIFIED, DELETED). Returns the object as stored (for
         DELETED: as it was last seen) when the change can matter to a pass (:func:`matters`),
-        else None."""
+        and is not the event of a create this process made (:meth:`made`), else None."""
         uid = _meta(obj).get("uid")
         if not uid:
             return None
@@ -205,7 +224,10 @@ class ClusterView:
             else:
                 self._put(kind, slim)
                 after = slim
-        return slim if matters(kind, before, after) else None
+            echo = kind == JOBS and before is None and after is not None and (
+                self._made.pop(str(uid), None) == _version(after)
+            )  # fmt: skip
+        return slim if matters(kind, before, after) and not echo else None
 
     def _put(self, kind: str, obj: Obj) -> None:
         uid = str(_meta(obj)["uid"])
@@ -296,15 +318,16 @@ class ClusterView:
 
 def matters(kind: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> bool:
     """Whether a change can make a pass decide differently, so is worth waking the run for:
-    a Job appearing, vanishing, finishing, starting, being deleted or changing its spec or
-    owner (but for the deletion of a Job the operator let go, :func:`_let_go`, and anything
-    that happens to a Job once it is released to the TTL controller, :func:`_handed_over`,
-    its release included, but for the deletion of a name a turn may wait for); a pod
-    appearing held by the operator's gate (it waits to be let start), or going before it
-    ended; a pod's step container terminating (its outcome); a model turn's pod starting to
-    run (its turn's request goes to it); any pod refusal.
-    Other changes (a pod being scheduled, a finalizer removed, counters; a plan step's pod
-    starting, whose Running note a timer brings) wake nobody."""
+    a Job appearing, vanishing, finishing, being deleted or changing its spec or owner (but
+    for the deletion of a Job the operator let go, :func:`_let_go`, and anything that
+    happens to a Job once it is released to the TTL controller, :func:`_handed_over`, its
+    release included, but for the deletion of a name a turn may wait for); a pod appearing
+    held by the operator's gate (it waits to be let start), or going before it ended; a
+    pod's step container terminating (its outcome); a model turn's pod starting to run (its
+    turn's request goes to it); any pod refusal. (The view adds: not the event of a Job as
+    this process created it, :meth:`ClusterView.made`.)
+    Other changes (a pod being scheduled, a finalizer removed, counters; a Job's or a plan
+    step's pod's start, whose Running note a timer brings) wake nobody."""
     if kind == EVENTS:
         return True
     if kind == PODS:
@@ -378,7 +401,6 @@ def _essence(job: Mapping[str, Any], deletion: bool = True) -> tuple[Any, ...]:
     return (
         job_state(job),
         deletion and bool(meta.get("deletionTimestamp")),
-        status.get("startTime"),
         status.get("completionTime"),
         meta.get("generation"),
         (job.get("spec") or {}).get("ttlSecondsAfterFinished") is None,
