@@ -117,6 +117,25 @@ def test_invalid_runs_are_rejected_at_admission_with_a_clear_message(
     assert message in said, said
 
 
+def test_a_plan_changed_to_depend_on_a_missing_step_is_rejected_at_admission(
+    kube: KubeClients, namespace: str
+) -> None:
+    """The dependsOn rule is not evaluated again for a plan a write leaves as it was (a status
+    write, a label), but it is for one a write changes."""
+    create(kube, namespace, _run("edited", [step("build"), step("deploy", after=["build"])]))
+    kube.custom.patch_namespaced_custom_object(
+        m.GROUP, m.VERSION, namespace, m.PLURAL, "edited", {"metadata": {"labels": {"x": "y"}}}
+    )
+    with pytest.raises(ApiException) as info:
+        kube.custom.patch_namespaced_custom_object(
+            m.GROUP, m.VERSION, namespace, m.PLURAL, "edited",
+            {"spec": {"plan": {"steps": [step("deploy", after=["build"])]}}},
+        )  # fmt: skip
+    assert info.value.status == 422, info.value.body
+    said = json.loads(info.value.body)["message"]
+    assert "every dependsOn entry must name a step of this plan" in said, said
+
+
 def test_missing_goal_is_rejected_by_kubectl_with_the_field_named(
     kubectl: Kubectl, namespace: str
 ) -> None:
