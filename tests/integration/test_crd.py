@@ -131,8 +131,9 @@ def test_a_plan_changed_to_depend_on_a_missing_step_is_rejected_at_admission(
             m.GROUP, m.VERSION, namespace, m.PLURAL, "edited",
             {"spec": {"plan": {"steps": [step("deploy", after=["build"])]}}},
         )  # fmt: skip
-    assert info.value.status == 422, info.value.body
-    said = json.loads(info.value.body)["message"]
+    body = info.value.body
+    assert info.value.status == 422 and body, body
+    said = json.loads(body)["message"]
     assert "every dependsOn entry must name a step of this plan" in said, said
 
 
