@@ -189,7 +189,7 @@ def name_taken_message(name: str, attempt: int, problem: str) -> str:
     )
 
 
-def _let_go(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bool:
+def _let_go(job: Mapping[str, Any], pods_of: Callable[[str], Iterable[Mapping[str, Any]]]) -> bool:
     """Released after its outcome (without the operator's finalizer) and either being
     deleted, or ended and handed to the TTL controller (``ttlSecondsAfterFinished`` set) with
     no pod of it still running: nothing a pass of a run decides depends on such a Job any
@@ -197,7 +197,8 @@ def _let_go(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bool:
     at any time (each turn's two Jobs stay for the deletion grace), and a pass would
     otherwise check every one. A released Job whose TTL someone removed is still observed
     (the operator deletes it once the grace is over), and so is one with a pod still
-    stopping (the step's next attempt waits for it)."""
+    stopping (the step's next attempt waits for it). ``pods_of``: a Job uid's pods, asked
+    only for a Job that is let go otherwise."""
     if jobs.is_held(job):
         return False
     meta = job.get("metadata") or {}
@@ -208,7 +209,7 @@ def _let_go(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> bool:
     return not any(
         (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         and jobs.step_terminated(p) is None
-        for p in pods
+        for p in pods_of(_uid(job))
     )
 
 
@@ -445,8 +446,7 @@ class Adoption:
         for listed in self.view.jobs_of_run(uid):
             name = _name(listed)
             if name not in in_flight and (
-                _let_go(listed, self.view.pods_of_job(_uid(listed)))
-                or turns.made_ahead(run, name, _step(listed))
+                _let_go(listed, self.view.pods_of_job) or turns.made_ahead(run, name, _step(listed))
             ):
                 # Its outcome is committed and the operator let it go (nothing to see), or a
                 # later turn's, made before it (observe_ahead).
