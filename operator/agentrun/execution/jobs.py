@@ -177,6 +177,18 @@ def is_held(job: Mapping[str, Any]) -> bool:
     return s.JOB_FINALIZER in ((job.get("metadata") or {}).get("finalizers") or ())
 
 
+def has_ttl(job: Mapping[str, Any]) -> bool:
+    """Whether the Job has ``ttlSecondsAfterFinished`` (the TTL controller deletes it that long
+    after it finished: set by the operator's release)."""
+    return (job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None
+
+
+def pod_ended(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod has ended (Succeeded or Failed) or its step container terminated."""
+    phase = (pod.get("status") or {}).get("phase")
+    return phase in ("Succeeded", "Failed") or step_terminated(pod) is not None
+
+
 def step_terminated(pod: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The terminated state of a pod's step container, None while it has not terminated."""
     for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
@@ -507,7 +519,7 @@ def observe_job(
         finished_at=_time(status.get("completionTime"))
         or _time((terminated or {}).get("finishedAt")),
         held=is_held(job),
-        expires=(job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None,
+        expires=has_ttl(job),
         deleting=bool(meta.get("deletionTimestamp")),
         deleted_at=_time(meta.get("deletionTimestamp")),
         pod_refused=pod_refused if state == JobState.ACTIVE else None,

@@ -510,12 +510,7 @@ def _has_controller_run(run: m.AgentRun) -> bool:
 def _running_pod(job: dict[str, Any], pod: dict[str, Any]) -> bool:
     """Whether ``pod`` runs ``job``'s template and has not terminated (a pod someone else
     made never holds a step back)."""
-    phase = (pod.get("status") or {}).get("phase")
-    return (
-        phase not in ("Succeeded", "Failed")
-        and jobs.step_terminated(pod) is None
-        and jobs.pod_problem(job, pod) is None
-    )
+    return not jobs.pod_ended(pod) and jobs.pod_problem(job, pod) is None
 
 
 def launching_jobs(run: m.AgentRun) -> set[str]:

@@ -189,7 +189,9 @@ def name_taken_message(name: str, attempt: int, problem: str) -> str:
     )
 
 
-def _let_go(job: Mapping[str, Any], pods_of: Callable[[str], Iterable[Mapping[str, Any]]]) -> bool:
+def _passed_over(
+    job: Mapping[str, Any], pods_of: Callable[[str], Iterable[Mapping[str, Any]]]
+) -> bool:
     """Released after its outcome (without the operator's finalizer) and either being
     deleted, or ended and handed to the TTL controller (``ttlSecondsAfterFinished`` set) with
     no pod of it still running: nothing a pass of a run decides depends on such a Job any
@@ -204,13 +206,9 @@ def _let_go(job: Mapping[str, Any], pods_of: Callable[[str], Iterable[Mapping[st
     meta = job.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return True
-    if not jobs.is_finished(job) or (job.get("spec") or {}).get("ttlSecondsAfterFinished") is None:
+    if not jobs.is_finished(job) or not jobs.has_ttl(job):
         return False
-    return not any(
-        (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        and jobs.step_terminated(p) is None
-        for p in pods_of(_uid(job))
-    )
+    return all(jobs.pod_ended(p) for p in pods_of(_uid(job)))
 
 
 def _observed_key(
@@ -446,7 +444,8 @@ class Adoption:
         for listed in self.view.jobs_of_run(uid):
             name = _name(listed)
             if name not in in_flight and (
-                _let_go(listed, self.view.pods_of_job) or turns.made_ahead(run, name, _step(listed))
+                _passed_over(listed, self.view.pods_of_job)
+                or turns.made_ahead(run, name, _step(listed))
             ):
                 # Its outcome is committed and the operator let it go (nothing to see), or a
                 # later turn's, made before it (observe_ahead).

@@ -48,6 +48,7 @@ from urllib3.exceptions import ReadTimeoutError
 from agentrun import settings as s
 from agentrun.core.turns import is_model_turn
 from agentrun.execution.jobs import (
+    has_ttl,
     is_gated,
     is_held,
     job_state,
@@ -357,13 +358,8 @@ def _let_go(job: Mapping[str, Any]) -> bool:
     waits to see cleared: its being deleted, or gone, can change no decision. A model turn's
     first attempt is not one (its Job may be made ahead of the turn, and a turn whose Job
     ended before it waits for that name to be free), nor a Job without a step's labels."""
-    if is_held(job):
-        return False
-    labels = _meta(job).get("labels") or {}
-    step, attempt = labels.get(s.LABEL_STEP), labels.get(s.LABEL_ATTEMPT)
-    if not isinstance(step, str) or not isinstance(attempt, str):
-        return False
-    return not (is_model_turn(step) and attempt == "1")
+    labels = _released_step(job)
+    return labels is not None and not (is_model_turn(labels[0]) and labels[1] == "1")
 
 
 def _handed_over(job: Mapping[str, Any]) -> bool:
@@ -371,13 +367,19 @@ def _handed_over(job: Mapping[str, Any]) -> bool:
     takes its outcome finalizer off and sets ``ttlSecondsAfterFinished`` in one patch, once
     its outcome is committed): how it ends, and when, no longer decides anything. One whose
     TTL someone removed is not (the operator deletes it once the grace is over)."""
+    return has_ttl(job) and _released_step(job) is not None
+
+
+def _released_step(job: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The step and attempt labels of a step Job without the operator's outcome finalizer;
+    None for one still holding it, or without a step's labels."""
+    if is_held(job):
+        return None
     labels = _meta(job).get("labels") or {}
-    return (
-        not is_held(job)
-        and (job.get("spec") or {}).get("ttlSecondsAfterFinished") is not None
-        and isinstance(labels.get(s.LABEL_STEP), str)
-        and isinstance(labels.get(s.LABEL_ATTEMPT), str)
-    )
+    step, attempt = labels.get(s.LABEL_STEP), labels.get(s.LABEL_ATTEMPT)
+    if not isinstance(step, str) or not isinstance(attempt, str):
+        return None
+    return step, attempt
 
 
 def _turn_pod_running(pod: Mapping[str, Any] | None) -> bool:
@@ -403,7 +405,7 @@ def _essence(job: Mapping[str, Any], deletion: bool = True) -> tuple[Any, ...]:
         deletion and bool(meta.get("deletionTimestamp")),
         status.get("completionTime"),
         meta.get("generation"),
-        (job.get("spec") or {}).get("ttlSecondsAfterFinished") is None,
+        not has_ttl(job),
         controller_uid(job),
         (meta.get("labels") or {}).get(s.LABEL_RUN_UID),
     )
