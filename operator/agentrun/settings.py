@@ -65,8 +65,11 @@ ENV_POD_IP = "AGENTRUN_POD_IP"
 request (see :mod:`agentrun.pod.llm`)."""
 ENV_TURN_TOKEN_SHA256 = "AGENTRUN_TURN_TOKEN_SHA256"
 """The sha256 of the one-time token a model turn's request must carry."""
+ENV_EXECUTOR_TOKEN_SHA256 = "AGENTRUN_EXECUTOR_TOKEN_SHA256"
+"""The sha256 of the token every request to an agent run's executor must carry (see
+:mod:`agentrun.pod.executor`)."""
 TURN_PORT = 8470
-"""The port a model turn's pod takes its request on."""
+"""The port a model turn's pod, or a run's executor, takes its requests on."""
 
 ENV_RESULT_FILE = "AGENTRUN_RESULT_FILE"
 """Set by the step runner for the step's command: the file its result may be written to."""

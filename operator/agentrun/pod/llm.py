@@ -284,9 +284,15 @@ def envelope(output: cx.Output) -> dict[str, Any]:
 
 
 def _fail(termination: Path, message: str) -> int:
+    code, text = _failed(message)
+    termination.write_text(text)
+    return code
+
+
+def _failed(message: str) -> tuple[int, str]:
+    """A failed turn's exit code and termination message (one line), said on stderr too."""
     print(f"agentrun step llm: {message}", file=sys.stderr)
-    termination.write_text(_one_line(message, runner.TERMINATION_LIMIT // 4))
-    return 1
+    return 1, _one_line(message, runner.TERMINATION_LIMIT // 4)
 
 
 def inline_text(body: Mapping[str, Any]) -> str:
@@ -310,12 +316,26 @@ def run_turn(
         [runner.StepIdentity, dict[str, str]], runner.ResultStore | None
     ] = runner.default_store,
 ) -> int:
-    """One model turn; its exit code."""
+    """One model turn; its exit code. Its outcome is the termination message
+    (:func:`turn_outcome`)."""
     env = dict(os.environ if env is None else env)
     attempt = runner.begin(env, store_factory)
     if attempt.replayed:
         return 0
-    termination, store = attempt.termination, attempt.store
+    code, text = turn_outcome(env, attempt.store, client_factory)
+    attempt.termination.write_text(text)
+    return code
+
+
+def turn_outcome(
+    env: Mapping[str, str],
+    store: runner.ResultStore | None,
+    client_factory: Callable[[str, str], Any] = default_client,
+) -> tuple[int, str]:
+    """Call the model for the turn ``env`` describes (its context and settings); the exit
+    code and the termination message a turn's pod ends with: its output's envelope (the
+    output by reference in a ConfigMap of ``store`` when the message would not hold it), or
+    a one-line reason."""
     try:
         output = call_model(env, read_context(env), client_factory)
     except Exception as error:  # a one-line reason, never a traceback, whatever went wrong
@@ -324,13 +344,12 @@ def run_turn(
             if isinstance(error, TurnFailed)
             else TurnFailed(f"the turn failed: {type(error).__name__}: {_one_line(error)}")
         )
-        return _fail(termination, str(failure))
+        return _failed(str(failure))
     body = envelope(output)
     full = naming.canonical_json(body["result"])
     size = len(full.encode())
     if size > MAX_OUTPUT_BYTES:
-        return _fail(
-            termination,
+        return _failed(
             f"the turn's output is {size} bytes, more than the {MAX_OUTPUT_BYTES} a turn may "
             "return: lower spec.agent.model.maxOutputTokens",
         )
@@ -338,8 +357,7 @@ def run_turn(
     if len(text.encode()) > runner.TERMINATION_LIMIT:
         packed = len(text.encode())
         if store is None:
-            return _fail(
-                termination,
+            return _failed(
                 f"the turn's output is {size} bytes ({packed} as the compressed envelope), more "
                 f"than the {runner.TERMINATION_LIMIT} bytes of the termination message, and the "
                 "pod has no API access to store it: lower spec.agent.model.maxOutputTokens, or "
@@ -349,10 +367,9 @@ def run_turn(
         try:
             ref = store.store(full, body["summary"], fields=False)
         except runner.ResultTampered as error:  # never reference what the turn did not write
-            return _fail(termination, str(error))
+            return _failed(str(error))
         except Exception as error:  # e.g. HTTP 403: the ServiceAccount may not create it
-            return _fail(
-                termination,
+            return _failed(
                 f"the turn's output is {size} bytes ({packed} as the compressed envelope), more "
                 f"than the {runner.TERMINATION_LIMIT} bytes of the termination message, and "
                 f"storing it in a ConfigMap failed ({type(error).__name__}: "
@@ -368,12 +385,11 @@ def run_turn(
             "usage": body["usage"],
         }
         text = json.dumps(body, separators=(",", ":"))
-    termination.write_text(text)
     print(
         f"agentrun step llm: turn {env.get(pod_env.ENV_TURN, '?')}: {body['summary']} "
         f"({body['usage']['tokens']} tokens)"
     )
-    return 0
+    return 0, text
 
 
 WAIT_SECONDS = 3600.0
@@ -500,11 +516,16 @@ def main(argv: list[str]) -> int:
     if argv:
         print("usage: agentrun step llm (no arguments; see its --help)", file=sys.stderr)
         return 2
-    if os.environ.get(s.ENV_TURN_TOKEN_SHA256):
+    if os.environ.get(s.ENV_EXECUTOR_TOKEN_SHA256):
+        from agentrun.pod import executor
+
+        code = executor.serve()
+    elif os.environ.get(s.ENV_TURN_TOKEN_SHA256):
         code = serve()
-        # The turn's envelope is written: end now, not after the interpreter has taken apart
-        # every module it loaded (a tenth of a second or more, that the turn would wait for).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return run_turn()
+    else:
+        return run_turn()
+    # The outcome is written: end now, not after the interpreter has taken apart every module
+    # it loaded (a tenth of a second or more, that the turn would wait for).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,17 +253,27 @@ def begin(env: dict[str, str], store_factory: StoreFactory) -> Attempt:
     """Start a step program's attempt: a result stored by an earlier pod of the same attempt
     (the same idempotency key) is written to the termination message again instead."""
     termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
-    identity = StepIdentity(env)
-    store = store_factory(identity, env) if identity.complete() else None
-    if store is not None and identity.idempotency_key:
-        try:
-            replay = store.previous()
-        except Exception:  # a ServiceAccount that may not list ConfigMaps: nothing to replay
-            replay = None
-        if replay is not None:
-            termination.write_text(json.dumps(replay))
-            return Attempt(termination, store, True)
+    store, replay = stored_before(env, store_factory)
+    if replay is not None:
+        termination.write_text(json.dumps(replay))
+        return Attempt(termination, store, True)
     return Attempt(termination, store, False)
+
+
+def stored_before(
+    env: Mapping[str, str], store_factory: StoreFactory
+) -> tuple[ResultStore | None, dict[str, Any] | None]:
+    """Where the attempt ``env`` describes keeps a large result (None without API access),
+    and the envelope of a result an earlier pod of it stored (same idempotency key), if
+    any: reported again instead of doing the work a second time."""
+    identity = StepIdentity(dict(env))
+    store = store_factory(identity, dict(env)) if identity.complete() else None
+    if store is None or not identity.idempotency_key:
+        return store, None
+    try:
+        return store, store.previous()
+    except Exception:  # a ServiceAccount that may not list ConfigMaps: nothing to replay
+        return store, None
 
 
 def report(
