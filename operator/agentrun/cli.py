@@ -99,6 +99,14 @@ def _release(args: argparse.Namespace) -> int:
 
 def _step(args: argparse.Namespace) -> int:
     if args.command[:1] == ["llm"]:
+        import os
+
+        from agentrun import settings
+
+        if os.environ.get(settings.ENV_EXECUTOR_TOKEN_SHA256):  # a run's executor
+            from agentrun.pod import executor
+
+            return executor.main(args.command[1:])
         from agentrun.pod import llm
 
         return llm.main(args.command[1:])

@@ -99,6 +99,17 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not a whole number") from error
 
 
+def _env_switch(name: str, default: bool) -> bool:
+    raw = (os.environ.get(name) or "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("on", "true", "1"):
+        return True
+    if raw in ("off", "false", "0"):
+        return False
+    raise ValueError(f"{name}={raw!r} is neither on nor off")
+
+
 SERVICEACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -222,6 +233,9 @@ class Settings:
     turns_ahead: int = field(default_factory=lambda: _env_int("AGENTRUN_TURNS_AHEAD", 2))
     """How many turns ahead an agent run's model turn Jobs are made, so that their pods have
     started when their turn begins (0 to 4; 0: each at its turn). Each is a pod that waits."""
+    executor: bool = field(default_factory=lambda: _env_switch("AGENTRUN_EXECUTOR", False))
+    """Whether an agent run's model turns go to one executor pod per run (AGENTRUN_EXECUTOR
+    ``on``) instead of a Job each (see :mod:`agentrun.core.executor`)."""
 
 
 def sharding_problem(settings: Settings) -> str | None:

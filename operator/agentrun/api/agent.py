@@ -637,6 +637,20 @@ class FrozenAgent(ApiModel):
     )
 
 
+class ExecutorStatus(ApiModel):
+    """The run's executor: one pod serving its model turns (``agentrun step llm`` in the
+    operator's image), made by the operator as a Job of the run."""
+
+    generation: int = Field(
+        ge=1,
+        description=(
+            "Counts the executors of the run: a new one is made, under a new name, when the "
+            "last one ended or was lost."
+        ),
+    )
+    job_name: str = Field(description="The executor's Job.", max_length=63)
+
+
 class AgentStatus(ApiModel):
     """The agent loop: bounded counters and the current turn; the transcript is kept by
     reference in ConfigMaps owned by the run (label agentrun.dev/object=transcript)."""
@@ -727,4 +741,11 @@ class AgentStatus(ApiModel):
     resumed_from: ResumedFrom | None = Field(
         default=None,
         description="The conversation this run continues (spec.agent.resumeFrom), once taken.",
+    )
+    executor: ExecutorStatus | None = Field(
+        default=None,
+        description=(
+            "The executor the run's model turns are sent to, once the operator made one "
+            "(its name is committed before its Job is created)."
+        ),
     )

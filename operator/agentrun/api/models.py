@@ -703,6 +703,16 @@ class StepStatus(ApiModel):
         default=0, ge=0, description="Number of the current or last attempt (0: not started)."
     )
     job_name: str | None = Field(default=None, description="Job of the current or last attempt.")
+    executor_pod: str | None = Field(
+        default=None,
+        description=(
+            "For a model turn's attempt sent to the run's executor instead of a Job of its "
+            "own: the uid of the executor's pod, bound in the attempt's intent. Only that pod "
+            "is asked for the attempt's outcome; once it is gone without one, the attempt "
+            "failed (reason ExecutorLost). jobName is then the attempt's name, not a Job's."
+        ),
+        max_length=64,
+    )
     args_hash: str | None = Field(
         default=None,
         description=(

@@ -36,11 +36,23 @@ class PrepareTurn:
 
 
 @dataclass(frozen=True)
+class PrepareExecutor:
+    """Create the run's executor (the Job ``job_name`` of ``step``, named in
+    ``status.agent.executor`` before this): one pod that takes the run's model turns, each
+    by request once its intent is committed (:class:`SendTurn` with ``executor`` set). Its
+    pod is let start like a step's (:class:`StartPod`)."""
+
+    step: Step
+    job_name: str
+    generation: int
+
+
+@dataclass(frozen=True)
 class SendTurn:
     """Send a model turn's pod its request: the turn's context (the run's ConfigMap
     ``context_name``, checked against ``digest``) and idempotency key, with the one-time token
     its Job names. Safe to repeat: the pod takes one request in its life and answers a
-    repeat with the digest it took."""
+    repeat with the digest it took (an executor, one request per attempt)."""
 
     job_name: str
     step: str
@@ -50,6 +62,11 @@ class SendTurn:
     context_name: str
     parts: int
     digest: str
+    executor: bool = False
+    """Sent to the run's executor (whose pod is at ``address``): ``job_name`` names the
+    attempt, not a Job. The executor takes each attempt once and keeps its outcome, which the
+    shell asks for until it has it."""
+    turn: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,6 +179,7 @@ Action = (
     | StoreRecord
     | EmitEvent
     | DeleteRun
+    | PrepareExecutor
     | PrepareTurn
     | SendTurn
 )

@@ -70,9 +70,9 @@ from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import context as cx
+from agentrun.core import executor, naming
 from agentrun.core import frozen as freezing
 from agentrun.core import mcp as mcp_core
-from agentrun.core import naming
 from agentrun.core import resume as resuming
 from agentrun.core.actions import (
     Action,
@@ -295,6 +295,11 @@ def advance(b: Host, config: AgentConfig) -> None:
         ag.transcript = transcript_prefix(b.run)
     if ag.stage in (a.AgentStage.ANSWERED, a.AgentStage.STOPPED) or b.halt is not None:
         return
+    _move(b, agent, ag, config)
+    executor.keep(b, agent, ag, config)
+
+
+def _move(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
     for _ in range(4):
         before = (ag.stage, ag.turn)
         if ag.stage == a.AgentStage.WAITING:
@@ -829,8 +834,14 @@ def _record(
 
 
 def _send_turn(b: Host, ag: a.AgentStatus, st: m.StepStatus) -> None:
-    """Once the turn's intent is committed and its pod runs, send the pod its request."""
+    """Once the turn's intent is committed and its pod runs, send the pod its request (the
+    executor its attempt is bound to, if any: it answers a repeat without a second call)."""
     if st.phase not in (SP.LAUNCHING, SP.RUNNING) or not st.job_name:
+        return
+    if st.executor_pod is not None:
+        holder = executor.holding(b, st)
+        if holder is not None:
+            b.after.extend(executor.request(ag, st, holder))
         return
     job = next((j for j in b.observed.jobs if j.name == st.job_name), None)
     if job is not None and job.attempt == st.attempt:
@@ -860,12 +871,20 @@ def _ahead(b: Host, name: str) -> AheadJob | None:
     return next((x for x in b.observed.ahead if x.job.name == name), None)
 
 
-def launch_actions(b: Host, st: m.StepStatus, create: CreateJob) -> list[Action]:
-    """What carries out a committed launch intent: its Job's create; for a model turn whose
+def launch_actions(
+    b: Host, st: m.StepStatus, create: CreateJob, config: AgentConfig
+) -> list[Action]:
+    """What carries out a committed launch intent: its Job's create; for a model turn that
+    the run's executor takes (:mod:`agentrun.core.executor`), the request to it, once the
+    intent (binding the attempt to the executor's pod) is committed; for a model turn whose
     Job this process made ahead of the turn (:class:`PrepareTurn`), none is needed, and its
     request goes as soon as the intent is committed when its pod runs already."""
-    ahead = _ahead(b, create.job_name)
     ag = b.status.agent
+    holder = executor.usable(b, config) if is_model_turn(st.name) else None
+    if ag is not None and holder is not None:
+        st.executor_pod = holder.pod_uid
+        return executor.request(ag, st, holder)
+    ahead = _ahead(b, create.job_name)
     if (
         ag is None
         or ahead is None
@@ -920,8 +939,8 @@ def _prepare_next_turn(
     offered a tool: a run that answers at once leaves one pod unused, or none. A run that
     ends sooner leaves them unused: they go as strays. Not while a call waits for approval
     (that may take long) or the run is held, nor past the last turn."""
-    if b.run.spec.suspend or b.run.spec.cancel:
-        return
+    if b.run.spec.suspend or b.run.spec.cancel or config.executor:
+        return  # (with an executor, the next turns go to it: no Job is made for them)
     if any(
         b.steps.get(c.step or "") is not None
         and b.steps[c.step or ""].phase == SP.WAITING_FOR_APPROVAL

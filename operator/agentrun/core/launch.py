@@ -243,7 +243,7 @@ def _commit_launch_intent(
         b.after.append(create_child)
         return
     create = CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env)
-    b.after.extend(agent_loop.launch_actions(b, st, create))
+    b.after.extend(agent_loop.launch_actions(b, st, create, b.config.agent))
 
 
 def reissue_create(b: Builder, step: m.Step, st: m.StepStatus) -> None:

@@ -81,6 +81,8 @@ class ObservedJob:
     address: str | None = None
     """The address (``status.podIP``) of the attempt's one started pod while it runs: where a
     model turn's pod takes its request (:class:`agentrun.core.actions.SendTurn`)."""
+    pod_uid: str | None = None
+    """The uid of the attempt's one started pod while it runs (with :attr:`address`)."""
     running_since: datetime | None = None
     """When the step container of that pod started running (its ``state.running.startedAt``,
     the kubelet's clock); None while no pod of the attempt runs its command."""
@@ -185,6 +187,9 @@ class Observed:
     ahead: Sequence[AheadJob] = field(default_factory=tuple)
     """Model turns' Jobs made before their turn's intent (the current turn's, before its
     first launch is committed, and the next one's: :func:`agentrun.core.turns.ahead_names`)."""
+    executor: AheadJob | None = None
+    """The run's executor (the Job ``status.agent.executor`` names), as found: controlled by
+    the run, and used for new turns only when this process created it."""
     recorded_seq: int | None = None
     """The highest transition seq stored in the run's audit record; None when the shell
     keeps no record (then the history is a plain ring)."""

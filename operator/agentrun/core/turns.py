@@ -82,6 +82,10 @@ class AgentConfig:
     turns_ahead: int = 2
     """How many turns ahead model turns' Jobs are made (at most :data:`AHEAD_LIMIT`; see
     :class:`agentrun.core.actions.PrepareTurn`)."""
+    executor: bool = False
+    """Model turns go to one executor per run (:class:`agentrun.core.actions.PrepareExecutor`)
+    instead of a Job each; a turn that finds no executor running runs as a Job of its own,
+    made ahead as :attr:`turns_ahead` says."""
 
 
 TEMPLATE_TOKENS = 2048
@@ -153,6 +157,38 @@ class Host(Protocol):
 def model_step(turn: int) -> str:
     """The step of model turn ``turn``."""
     return f"t{turn}-{MODEL}"
+
+
+EXECUTOR_STEP = "t0-executor"
+"""The step label of a run's executor Job (no plan step of an agent run may be named like
+that, and no turn is numbered 0)."""
+
+
+def executor_name(run: m.AgentRun, generation: int) -> str:
+    """The Job of the run's executor ``generation``."""
+    return naming.job_name(run.metadata.name, run.metadata.uid, EXECUTOR_STEP, generation)
+
+
+def executor_step(run: m.AgentRun, status: a.AgentStatus, config: AgentConfig) -> m.Step:
+    """The step the run's executor Job is built from: a model turn's, for no turn in
+    particular (each request says which), with no deadline of its own (each call has the
+    model's), and not retried (a lost executor is replaced, and the attempt it held
+    retried)."""
+    turn = model_turn_step(run, status, max(status.turn, 1), config)
+    env = [e for e in turn.container.env or [] if e.name != ENV_TURN]
+    container = m.ContainerAction.model_construct(
+        image=turn.container.image, command=turn.container.command, env=env
+    )
+    return m.Step.model_construct(
+        name=EXECUTOR_STEP,
+        description="the run's executor: its model turns",
+        container=container,
+        risk=m.Risk.READ,
+        approval=m.ApprovalMode.AUTO,
+        on_rejection=m.OnRejection.FAIL_RUN,
+        retry=m.RetryPolicy(limit=0),
+        timeout_seconds=None,
+    )
 
 
 def call_step(turn: int, index: int, tool: str) -> str:

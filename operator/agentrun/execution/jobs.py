@@ -447,7 +447,7 @@ def _ended_early(
 
 
 def _running_pod(job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The Job's own pod that was let start and runs (its status), or an empty mapping."""
+    """The Job's own pod that was let start and runs, or an empty mapping."""
     for pod in pods:
         status = pod.get("status") or {}
         if (
@@ -456,7 +456,7 @@ def _running_pod(job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> Mappi
             and not (pod.get("metadata") or {}).get("deletionTimestamp")
             and pod_problem(job, pod) is None
         ):
-            return status
+            return pod
     return {}
 
 
@@ -505,7 +505,8 @@ def observe_job(
     state, reason, message, terminated = _own_outcome(job, listed)
     choice = choose_pod(job, listed, started) if listed is not None else PodChoice()
     status = job.get("status") or {}
-    running = _running_pod(job, listed) if state == JobState.ACTIVE and listed else {}
+    pod = _running_pod(job, listed) if state == JobState.ACTIVE and listed else {}
+    running = pod.get("status") or {}
     return ObservedJob(
         name=meta.get("name", ""),
         step=step,
@@ -525,6 +526,7 @@ def observe_job(
         pod_refused=pod_refused if state == JobState.ACTIVE else None,
         start_pod=choice.start if state == JobState.ACTIVE else None,
         address=str(running["podIP"]) if running.get("podIP") else None,
+        pod_uid=str((pod.get("metadata") or {}).get("uid") or "") or None,
         running_since=_step_running_since(running),
         held_pods=choice.held,
         pod_lost=state == JobState.ACTIVE and listed is not None and _pod_lost(listed, started),

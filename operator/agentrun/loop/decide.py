@@ -30,6 +30,7 @@ def core_config(settings: s.Settings) -> CoreConfig:
             llm_image=settings.llm_image,
             llm_command=settings.llm_command,
             turns_ahead=max(0, min(settings.turns_ahead, turns.AHEAD_LIMIT)),
+            executor=settings.executor,
         ),
     )
 

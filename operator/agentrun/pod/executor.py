@@ -252,3 +252,11 @@ def serve(
         server.shutdown()
     print(f"agentrun executor: no request for {idle_seconds:.0f} s: ending")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    """``agentrun step llm`` with ``AGENTRUN_EXECUTOR_TOKEN_SHA256`` set: :func:`serve`."""
+    if argv:
+        print("usage: agentrun step llm (no arguments; see its --help)", file=sys.stderr)
+        return 2
+    llm.end(serve())

@@ -43,7 +43,7 @@ import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from agentrun import settings as s
 from agentrun.core import context as cx
@@ -516,14 +516,14 @@ def main(argv: list[str]) -> int:
     if argv:
         print("usage: agentrun step llm (no arguments; see its --help)", file=sys.stderr)
         return 2
-    if os.environ.get(s.ENV_EXECUTOR_TOKEN_SHA256):
-        from agentrun.pod import executor
-
-        code = executor.serve()
-    elif os.environ.get(s.ENV_TURN_TOKEN_SHA256):
-        code = serve()
-    else:
+    if not os.environ.get(s.ENV_TURN_TOKEN_SHA256):
         return run_turn()
+    code = serve()
+    end(code)
+
+
+def end(code: int) -> NoReturn:
+    """End the process with ``code`` at once."""
     # The outcome is written: end now, not after the interpreter has taken apart every module
     # it loaded (a tenth of a second or more, that the turn would wait for).
     sys.stdout.flush()

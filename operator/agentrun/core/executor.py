@@ -1,0 +1,185 @@
+"""The run's executor: one pod that takes an agent run's model turns, instead of a Job each.
+
+A model turn in a Job of its own pays a pod's start and the import of the model client for
+one call (:mod:`agentrun.pod.executor` says how much). With ``AgentConfig.executor`` on, the
+loop keeps one executor per run while the run may still take turns:
+
+- **Named before it is made.** ``status.agent.executor`` names it (generation ``n``, Job
+  ``executor_name(run, n)``); the Job is created after that write
+  (:class:`agentrun.core.actions.PrepareExecutor`), signed and owned as every step Job, its
+  pod held by the operator's gate and let start by this process only (:class:`StartPod`).
+- **A turn is bound to the pod it is sent to.** A model turn's attempt whose launch finds
+  the executor running (made by this process, its pod started and with an address) commits
+  ``executorPod``, the pod's uid, with its intent, and its request goes to that pod once the
+  intent is committed (:class:`SendTurn` with ``executor``). Only that pod is asked for the
+  attempt's outcome: the shell observes the attempt as a Job whose termination message is
+  the executor's answer (:mod:`agentrun.loop.turn_requests`), so it is settled as a step
+  from its pod is; an attempt whose pod is gone without an answer failed (``ExecutorLost``),
+  and the retry policy decides, as for a pod that died.
+- **Otherwise a Job, as before.** A turn that finds no executor running (the first turn,
+  while the executor starts; after an operator restart) runs as a Job of its own.
+- **Replaced when it ends or is lost.** An executor whose Job ended (it ends itself after an
+  hour without a request), is being deleted or lost its pod, or one this process did not
+  create (found after a restart, once no attempt in flight is bound to it), is replaced by
+  the next generation; the old one, no longer named in status, goes as a stray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agentrun.api import agent as a
+from agentrun.api import models as m
+from agentrun.core.actions import Action, PrepareExecutor, SendTurn, StartPod
+from agentrun.core.observed import AheadJob, JobState, ObservedJob
+from agentrun.core.turns import (
+    AgentConfig,
+    Host,
+    executor_name,
+    executor_step,
+    model_turn_step,
+    rights_confirmed,
+    turn_of_step,
+)
+
+TAKES_TURNS = (a.AgentStage.READY, a.AgentStage.THINKING, a.AgentStage.ACTING)
+"""The loop's stages in which the run keeps an executor."""
+
+
+def _gone(job: ObservedJob) -> bool:
+    return job.state != JobState.ACTIVE or job.deleting or job.pod_lost
+
+
+def _bound(b: Host, pod_uid: str | None) -> bool:
+    """Whether an attempt in flight is bound to the executor pod ``pod_uid``."""
+    return pod_uid is not None and any(
+        st.executor_pod == pod_uid and st.phase in m.ACTIVE_STEP_PHASES for st in b.steps.values()
+    )
+
+
+def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
+    """Have the run's executor made, let start, or replaced (see the module's doc)."""
+    if not config.executor or b.run.spec.suspend or b.run.spec.cancel:
+        return
+    if ag.stage not in TAKES_TURNS or b.halt is not None:
+        return
+    if not rights_confirmed(b, model_turn_step(b.run, ag, max(ag.turn, 1), config)):
+        # Its pod holds what its creator must be allowed to use (the model's API key
+        # Secret): made, and let start, only while the shell found that granted.
+        return
+    current = ag.executor
+    found = b.observed.executor
+    if found is not None and found.job.name != (current.job_name if current else None):
+        found = None  # not the one named in status (the shell observes only that one)
+    replace = current is None or (
+        found is not None
+        and (_gone(found.job) or not found.created_here)
+        and not _bound(b, found.job.pod_uid)
+    )
+    if replace:
+        generation = current.generation + 1 if current is not None else 1
+        name = executor_name(b.run, generation)
+        ag.executor = a.ExecutorStatus(generation=generation, job_name=name)
+        b.later.append(PrepareExecutor(executor_step(b.run, ag, config), name, generation))
+        return
+    assert current is not None
+    if found is None:
+        # Named in status, not found: created after that write, and again by a later pass
+        # (the shell creates each name once per process; one that exists already is found).
+        b.later.append(PrepareExecutor(executor_step(b.run, ag, config), current.job_name,
+                                       current.generation))  # fmt: skip
+    elif found.created_here and found.job.start_pod is not None:
+        b.later.append(StartPod(found.job.name, found.job.start_pod))
+
+
+def usable(b: Host, config: AgentConfig) -> ObservedJob | None:
+    """The executor a new model turn's attempt may be sent to: the one named in status, made
+    by this process, running with an address; None when there is none."""
+    if not config.executor:
+        return None
+    current = b.status.agent.executor if b.status.agent is not None else None
+    found: AheadJob | None = b.observed.executor
+    if current is None or found is None or found.job.name != current.job_name:
+        return None
+    job = found.job
+    if not found.created_here or _gone(job) or job.address is None or job.pod_uid is None:
+        return None
+    return job
+
+
+def holding(b: Host, st: m.StepStatus) -> ObservedJob | None:
+    """The executor whose pod the attempt ``st`` is bound to, while it runs; None when it is
+    gone (the shell then observes the attempt as lost)."""
+    found = b.observed.executor
+    if found is None or st.executor_pod is None or found.job.pod_uid != st.executor_pod:
+        return None
+    return None if _gone(found.job) or found.job.address is None else found.job
+
+
+def request(ag: a.AgentStatus, st: m.StepStatus, executor: ObservedJob) -> list[Action]:
+    """The request of the model turn's attempt ``st`` to ``executor``."""
+    ctx = ag.context
+    if ctx is None or executor.address is None:
+        return []
+    return [
+        SendTurn(
+            job_name=st.job_name or "",
+            step=st.name,
+            attempt=st.attempt,
+            address=executor.address,
+            idempotency_key=st.idempotency_key or "",
+            context_name=ctx.name,
+            parts=ctx.parts,
+            digest=ctx.digest,
+            executor=True,
+            turn=turn_of_step(st.name) or ag.turn,
+        )
+    ]
+
+
+LOST = "ExecutorLost"
+"""The reason of a model turn's attempt whose executor pod went without its outcome."""
+
+
+def attempts_on(
+    run: m.AgentRun,
+    executor: ObservedJob | None,
+    answers: Mapping[str, tuple[int, str]],
+) -> tuple[ObservedJob, ...]:
+    """The attempts in flight of ``run`` bound to an executor, as the core observes them: as
+    Jobs named after the attempt, Succeeded or Failed with the executor's answer (its exit
+    code and termination message, keyed in ``answers`` by the attempt's name) once there is
+    one, running while the executor ``executor`` (as found: the one status names) is the pod
+    the attempt is bound to and runs, else Failed (:data:`LOST`)."""
+    found = []
+    for st in (run.status.steps if run.status else None) or []:
+        if st.executor_pod is None or not st.job_name or st.phase not in m.ACTIVE_STEP_PHASES:
+            continue
+        name, answer = st.job_name, answers.get(st.job_name)
+        if answer is not None:
+            code, message = answer
+            state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+            found.append(ObservedJob(name, st.name, st.attempt, state, termination_message=message,
+                                     exit_code=code, held=False, expires=True))  # fmt: skip
+        elif executor is not None and executor.pod_uid == st.executor_pod and not _gone(executor):
+            found.append(
+                ObservedJob(
+                    name,
+                    st.name,
+                    st.attempt,
+                    JobState.ACTIVE,
+                    held=False,
+                    expires=True,
+                    address=executor.address,
+                    pod_uid=executor.pod_uid,
+                    running_since=executor.running_since,
+                )
+            )
+        else:
+            message = (
+                f"the executor pod {st.executor_pod} that took attempt {st.attempt} is gone "
+                "without its outcome"
+            )
+            found.append(ObservedJob(name, st.name, st.attempt, JobState.FAILED, reason=LOST,
+                                     message=message, held=False, expires=True))  # fmt: skip
+    return tuple(found)

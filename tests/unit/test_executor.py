@@ -1,0 +1,254 @@
+"""The run's executor as the core decides it (:mod:`agentrun.core.executor`): made once per
+run, each model turn's attempt bound to its pod and sent to it, lost attempts retried, and
+replaced when it ends."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrun.api import agent as a
+from agentrun.api import models as m
+from agentrun.core import (
+    AheadJob,
+    CreateJob,
+    JobState,
+    Observed,
+    ObservedJob,
+    PodRef,
+    PrepareExecutor,
+    PrepareTurn,
+    SendTurn,
+    StartPod,
+    reconcile,
+    turns,
+)
+from agentrun.core import executor as ex
+from tests.support.agent_sim import AgentSim, agent_run, call, turn_envelope
+
+KEYED = {"baseURL": "http://127.0.0.1:9/v1", "name": "m",
+         "apiKeySecretRef": {"name": "llm-key", "key": "token"}}  # fmt: skip
+
+
+@dataclass
+class SimExecutor:
+    generation: int
+    state: JobState = JobState.ACTIVE
+    created_here: bool = True
+    started: bool = False
+    """Its pod was let start (StartPod): it then runs, with an address."""
+
+    @property
+    def pod_uid(self) -> str:
+        return f"executor-pod-{self.generation}"
+
+
+@dataclass
+class ExecutorSim(AgentSim):
+    """The agent loop with a shell that makes executors and sends them turns."""
+
+    executors: dict[str, SimExecutor] = field(default_factory=dict)
+    sent: list[SendTurn] = field(default_factory=list)
+    answers: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        agent = dataclasses.replace(self.config.agent, executor=True)
+        self.config = dataclasses.replace(self.config, agent=agent)
+
+    def executor_job(self) -> AheadJob | None:
+        ag = self.run.status.agent if self.run.status else None
+        named = ag.executor.job_name if ag is not None and ag.executor is not None else None
+        found = self.executors.get(named or "")
+        if named is None or found is None:
+            return None
+        running = found.started and found.state == JobState.ACTIVE
+        job = ObservedJob(
+            named,
+            turns.EXECUTOR_STEP,
+            found.generation,
+            found.state,
+            start_pod=None if found.started else PodRef(f"{named}-pod", found.pod_uid),
+            address="10.0.0.9" if running else None,
+            pod_uid=found.pod_uid if running else None,
+            running_since=self.now if running else None,
+        )
+        return AheadJob(job, found.created_here)
+
+    def observed(self) -> Observed:
+        base = super().observed()
+        executor = self.executor_job()
+        bound = ex.attempts_on(self.run, executor.job if executor else None, self.answers)
+        return dataclasses.replace(base, jobs=(*base.jobs, *bound), executor=executor)
+
+    def apply(self, action: object) -> None:
+        if isinstance(action, PrepareExecutor):
+            self.executors.setdefault(action.job_name, SimExecutor(action.generation))
+            return
+        if isinstance(action, StartPod) and action.job_name in self.executors:
+            self.executors[action.job_name].started = True
+            return
+        if isinstance(action, SendTurn) and action.executor:
+            self.sent.append(action)
+            return
+        super().apply(action)
+
+    def executor_answers(self, content: str = "", calls: Any = (), **usage: Any) -> None:
+        """The executor answers the model turn's attempt in flight; the run settles."""
+        self.settle()
+        pending = [s for s in self.sent if s.job_name not in self.answers]
+        assert pending, f"no turn sent to the executor: {self.status.message}"
+        self.answers[pending[-1].job_name] = (0, turn_envelope(content, calls, **usage))
+        self.settle()
+
+
+def _model_attempt(sim: AgentSim, turn: int) -> m.StepStatus:
+    return sim.step_status(turns.model_step(turn))
+
+
+def test_a_run_makes_one_executor_and_its_turns_after_the_first_go_to_it() -> None:
+    sim = ExecutorSim(agent_run())
+    sim.settle()
+    # Named in status first, then made; its pod let start by this process.
+    assert sim.agent.executor == a.ExecutorStatus(
+        generation=1, job_name=turns.executor_name(sim.run, 1)
+    )
+    assert list(sim.executors) == [turns.executor_name(sim.run, 1)]
+    assert sim.executors[turns.executor_name(sim.run, 1)].started
+    # The first turn launched before the executor ran: a Job of its own, as before.
+    first = _model_attempt(sim, 1)
+    assert first.executor_pod is None and first.job_name in sim.jobs
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    # The second turn's attempt is bound to the executor's pod, and sent to it: no Job.
+    second = _model_attempt(sim, 2)
+    assert second.executor_pod == "executor-pod-1"
+    assert second.job_name not in sim.jobs and second.phase == m.StepPhase.LAUNCHING
+    (sent,) = set(sim.sent)  # each pass asks again; the shell sends once per process
+    assert (sent.job_name, sent.step, sent.attempt, sent.turn) == (
+        second.job_name,
+        "t2-model",
+        1,
+        2,
+    )
+    assert sent.address == "10.0.0.9" and sent.digest == sim.agent.context.digest
+    assert sent.idempotency_key == second.idempotency_key
+    # Its answer settles the turn as a pod's termination message would.
+    sim.executor_answers("", [call("search", {"query": "disk"})])
+    sim.tools_return()
+    sim.executor_answers("the disk is full")
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+    assert sim.agent.answer == "the disk is full"
+    assert sorted({s.step for s in sim.sent}) == ["t2-model", "t3-model"]
+    assert len(sim.executors) == 1
+    # No model turn's Job was made ahead: the executor takes them.
+    assert [n for n in sim.creations if "model" in n] == [first.job_name]
+
+
+def test_no_turn_jobs_are_made_ahead_with_an_executor() -> None:
+    sim = ExecutorSim(agent_run())
+    sim.settle()
+    sim.answer("", [call("search", {"query": "db"})])
+    decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
+    assert not [p for p in decision.after_commit if isinstance(p, PrepareTurn)]
+
+
+def test_a_turn_sent_again_to_the_executor_it_is_bound_to_until_answered() -> None:
+    sim = ExecutorSim(agent_run())
+    sim.settle()
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    second = _model_attempt(sim, 2)
+    decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
+    again = [s for s in decision.after_commit if isinstance(s, SendTurn)]
+    assert [(s.job_name, s.executor) for s in again] == [(second.job_name, True)]
+    assert not [c for c in decision.after_commit if isinstance(c, CreateJob)]
+
+
+def test_an_attempt_whose_executor_went_fails_and_its_retry_goes_to_the_next() -> None:
+    retried = {"baseURL": "http://127.0.0.1:9/v1", "name": "scripted", "retry": {"limit": 2}}
+    sim = ExecutorSim(agent_run(model=retried))
+    sim.settle()
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    lost = _model_attempt(sim, 2)
+    assert lost.executor_pod == "executor-pod-1"
+    sim.executors[turns.executor_name(sim.run, 1)].state = JobState.FAILED
+    sim.version += 1
+    sim.settle()
+    # Failed, as a pod's death fails an attempt; a new executor named and made, and the
+    # retry, a new attempt with its own intent, sent to it.
+    history = [h.message or "" for h in sim.status.history or [] if h.step == "t2-model"]
+    assert any(ex.LOST in text and "is gone without its outcome" in text for text in history)
+    sim.advance(30)
+    sim.settle()
+    assert sim.agent.executor == a.ExecutorStatus(
+        generation=2, job_name=turns.executor_name(sim.run, 2)
+    )
+    retry = _model_attempt(sim, 2)
+    assert (retry.attempt, retry.executor_pod) == (2, "executor-pod-2")
+    sim.executor_answers("done")
+    assert sim.status.phase == m.RunPhase.SUCCEEDED
+
+
+def test_an_executor_found_after_a_restart_is_replaced_once_nothing_is_bound_to_it() -> None:
+    sim = ExecutorSim(agent_run())
+    sim.settle()
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    name = turns.executor_name(sim.run, 1)
+    sim.executors[name].created_here = False  # another process made it
+    # The attempt in flight is still asked of it, and it is kept meanwhile.
+    decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
+    assert [s.executor for s in decision.after_commit if isinstance(s, SendTurn)] == [True]
+    assert decision.status.agent is not None
+    assert decision.status.agent.executor == sim.agent.executor
+    sim.executor_answers("", [call("search", {"query": "disk"})])
+    sim.tools_return()
+    # The next turn does not go to it: a new executor is made, the turn runs as a Job.
+    assert sim.agent.executor is not None and sim.agent.executor.generation == 2
+    third = _model_attempt(sim, 3)
+    assert third.executor_pod in (None, "executor-pod-2")
+
+
+def test_a_keyed_models_executor_is_made_only_while_its_rights_are_confirmed() -> None:
+    sim = ExecutorSim(agent_run(model=KEYED))
+    sim.settle()
+    assert sim.agent.executor is None and not sim.executors
+
+
+def test_without_the_setting_there_is_no_executor() -> None:
+    sim = AgentSim(agent_run())
+    sim.settle()
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    assert sim.agent.executor is None
+    assert _model_attempt(sim, 2).executor_pod is None
+
+
+def test_the_attempts_bound_to_an_executor_as_the_core_observes_them() -> None:
+    sim = ExecutorSim(agent_run())
+    sim.settle()
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    st = _model_attempt(sim, 2)
+    executor = sim.executor_job()
+    assert executor is not None
+    (running,) = ex.attempts_on(sim.run, executor.job, {})
+    assert (running.name, running.state, running.address) == (
+        st.job_name,
+        JobState.ACTIVE,
+        "10.0.0.9",
+    )
+    assert not running.held  # nothing to release: it is not a Job
+    (answered,) = ex.attempts_on(sim.run, executor.job, {st.job_name or "": (1, "boom")})
+    assert (answered.state, answered.exit_code, answered.termination_message) == (
+        JobState.FAILED,
+        1,
+        "boom",
+    )
+    other = dataclasses.replace(executor.job, pod_uid="another-pod")
+    (lost,) = ex.attempts_on(sim.run, other, {})
+    assert (lost.state, lost.reason) == (JobState.FAILED, ex.LOST)
+    (gone,) = ex.attempts_on(sim.run, None, {})
+    assert gone.reason == ex.LOST
