@@ -68,7 +68,11 @@ pytestmark = pytest.mark.e2e
 CHILD_POINT = "after-child-create"
 TURN_POINTS = ("after-turn-prepare", "before-turn-request", "after-turn-request")
 """The crash points of model turns' Jobs made ahead and their requests (agent runs only)."""
-POINTS = tuple(p for p in ALL_POINTS if p != CHILD_POINT and p not in TURN_POINTS)
+EXECUTOR_POINTS = ("after-executor-create", "before-turn-request", "after-executor-answer")
+"""The crash points of a run's executor and its turns (agent runs with AGENTRUN_EXECUTOR)."""
+POINTS = tuple(
+    p for p in ALL_POINTS if p != CHILD_POINT and p not in TURN_POINTS and p not in EXECUTOR_POINTS
+)
 """The crash points of plan runs (every one is reached by their passes)."""
 AGENT_POINTS = POINTS + TURN_POINTS
 SEED = int(os.environ.get("AGENTRUN_CRASH_SEED") or 20260611)

@@ -161,7 +161,9 @@ def test_a_turn_sent_again_to_the_executor_it_is_bound_to_until_answered() -> No
     second = _model_attempt(sim, 2)
     decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
     again = [s for s in decision.after_commit if isinstance(s, SendTurn)]
-    assert [(s.job_name, s.executor) for s in again] == [(second.job_name, True)]
+    assert [(s.job_name, s.executor) for s in again] == [
+        (second.job_name, turns.executor_name(sim.run, 1))
+    ]
     assert not [c for c in decision.after_commit if isinstance(c, CreateJob)]
 
 
@@ -200,7 +202,7 @@ def test_an_executor_found_after_a_restart_is_replaced_once_nothing_is_bound_to_
     sim.executors[name].created_here = False  # another process made it
     # The attempt in flight is still asked of it, and it is kept meanwhile.
     decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
-    assert [s.executor for s in decision.after_commit if isinstance(s, SendTurn)] == [True]
+    assert [s.executor for s in decision.after_commit if isinstance(s, SendTurn)] == [name]
     assert decision.status.agent is not None
     assert decision.status.agent.executor == sim.agent.executor
     sim.executor_answers("", [call("search", {"query": "disk"})])

@@ -62,10 +62,10 @@ class SendTurn:
     context_name: str
     parts: int
     digest: str
-    executor: bool = False
-    """Sent to the run's executor (whose pod is at ``address``): ``job_name`` names the
-    attempt, not a Job. The executor takes each attempt once and keeps its outcome, which the
-    shell asks for until it has it."""
+    executor: str = ""
+    """The Job of the run's executor (whose pod is at ``address``) when sent to it; then
+    ``job_name`` names the attempt, not a Job. The executor takes each attempt once and keeps
+    its outcome, which the shell asks for until it has it."""
     turn: int = 0
 
 

@@ -33,6 +33,7 @@ from agentrun.api import models as m
 from agentrun.core.actions import Action, PrepareExecutor, SendTurn, StartPod
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
 from agentrun.core.turns import (
+    EXECUTOR_STAGES,
     AgentConfig,
     Host,
     executor_name,
@@ -41,9 +42,6 @@ from agentrun.core.turns import (
     rights_confirmed,
     turn_of_step,
 )
-
-TAKES_TURNS = (a.AgentStage.READY, a.AgentStage.THINKING, a.AgentStage.ACTING)
-"""The loop's stages in which the run keeps an executor."""
 
 
 def _gone(job: ObservedJob) -> bool:
@@ -61,7 +59,7 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
     """Have the run's executor made, let start, or replaced (see the module's doc)."""
     if not config.executor or b.run.spec.suspend or b.run.spec.cancel:
         return
-    if ag.stage not in TAKES_TURNS or b.halt is not None:
+    if ag.stage not in EXECUTOR_STAGES or b.halt is not None:
         return
     if not rights_confirmed(b, model_turn_step(b.run, ag, max(ag.turn, 1), config)):
         # Its pod holds what its creator must be allowed to use (the model's API key
@@ -131,7 +129,7 @@ def request(ag: a.AgentStatus, st: m.StepStatus, executor: ObservedJob) -> list[
             context_name=ctx.name,
             parts=ctx.parts,
             digest=ctx.digest,
-            executor=True,
+            executor=executor.name,
             turn=turn_of_step(st.name) or ag.turn,
         )
     ]

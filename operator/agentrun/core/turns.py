@@ -169,6 +169,21 @@ def executor_name(run: m.AgentRun, generation: int) -> str:
     return naming.job_name(run.metadata.name, run.metadata.uid, EXECUTOR_STEP, generation)
 
 
+EXECUTOR_STAGES = (a.AgentStage.READY, a.AgentStage.THINKING, a.AgentStage.ACTING)
+"""The loop's stages in which a run keeps its executor."""
+
+
+def executor_wanted(run: m.AgentRun) -> str | None:
+    """The Job of the executor ``status.agent.executor`` names, while the run as read may
+    still send it turns; None otherwise (a Job of it left is then a stray, and goes)."""
+    status = run.status.agent if run.status is not None else None
+    if status is None or status.executor is None or status.stage not in EXECUTOR_STAGES:
+        return None
+    if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
+        return None
+    return status.executor.job_name
+
+
 def executor_step(run: m.AgentRun, status: a.AgentStatus, config: AgentConfig) -> m.Step:
     """The step the run's executor Job is built from: a model turn's, for no turn in
     particular (each request says which), with no deadline of its own (each call has the

@@ -15,7 +15,7 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, ObservedJob, PodRef
-from agentrun.core.turns import is_model_turn
+from agentrun.core.turns import EXECUTOR_STEP, is_model_turn
 from agentrun.execution import proof
 from agentrun.execution.objects import RunRef, owner_reference, run_labels
 
@@ -53,8 +53,13 @@ def _env(run: m.AgentRun, action: CreateJob, token_sha256: str | None) -> list[d
     env += [e.to_wire() for e in action.step.container.env or []]
     env += [e.to_wire() for e in action.input_env]
     if token_sha256 is not None:
+        token_env = (
+            s.ENV_EXECUTOR_TOKEN_SHA256
+            if action.step.name == EXECUTOR_STEP
+            else s.ENV_TURN_TOKEN_SHA256
+        )
         env += [
-            {"name": s.ENV_TURN_TOKEN_SHA256, "value": token_sha256},
+            {"name": token_env, "value": token_sha256},
             {
                 "name": s.ENV_POD_IP,
                 "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
@@ -64,17 +69,19 @@ def _env(run: m.AgentRun, action: CreateJob, token_sha256: str | None) -> list[d
 
 
 def takes_request(run: m.AgentRun, step: str) -> bool:
-    """Whether the step's pod takes its input by request: an agent run's model turn."""
-    return run.spec.agent is not None and is_model_turn(step)
+    """Whether the step's pod takes its input by request: an agent run's model turn, or its
+    executor."""
+    return run.spec.agent is not None and (is_model_turn(step) or step == EXECUTOR_STEP)
 
 
 def step_job(run: m.AgentRun, action: CreateJob, key: bytes) -> dict[str, Any]:
     """The Job of one step attempt as the operator creates it: :func:`build_job`, with the
-    sha256 of the turn's one-time token for a model turn (:func:`takes_request`)."""
+    sha256 of the turn's one-time token for a model turn, or of the executor's token for a
+    run's executor (:func:`takes_request`)."""
     token = None
     if takes_request(run, action.step.name):
-        turn_token = proof.turn_token(key, run.metadata.uid, action.job_name)
-        token = hashlib.sha256(turn_token.encode()).hexdigest()
+        make = proof.executor_token if action.step.name == EXECUTOR_STEP else proof.turn_token
+        token = hashlib.sha256(make(key, run.metadata.uid, action.job_name).encode()).hexdigest()
     return build_job(run, action, token)
 
 

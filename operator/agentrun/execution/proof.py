@@ -83,3 +83,11 @@ def turn_token(key: bytes, run_uid: str, job_name: str) -> str:
     read the Job sees."""
     signed = json.dumps([VERSION, "turn", run_uid, job_name], separators=(",", ":"))
     return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
+
+
+def executor_token(key: bytes, run_uid: str, job_name: str) -> str:
+    """The token every request to a run's executor carries (:mod:`agentrun.pod.executor`):
+    only the operator, which holds the key, can make it; the executor's Job carries only its
+    sha256, which anyone who may read the Job sees."""
+    signed = json.dumps([VERSION, "executor", run_uid, job_name], separators=(",", ":"))
+    return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()

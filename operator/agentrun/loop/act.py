@@ -29,7 +29,14 @@ from agentrun.core import (
     StoreResult,
     naming,
 )
-from agentrun.core.actions import CreateChild, PatchChild, PrepareTurn, SendTurn, StoreRecord
+from agentrun.core.actions import (
+    CreateChild,
+    PatchChild,
+    PrepareExecutor,
+    PrepareTurn,
+    SendTurn,
+    StoreRecord,
+)
 from agentrun.core.turns import KIND_CONTEXT
 from agentrun.execution import inputs, jobs, objects, proof
 from agentrun.kubeapi import api_message, finalizer_removal, tolerate
@@ -150,7 +157,7 @@ class Actor:
         self.checkpoint = checkpoint
         self.wake = wake
         """Wakes a run's next pass (a create met a Job already holding the name)."""
-        self.turns = TurnSender(observer, checkpoint)
+        self.turns = TurnSender(observer, checkpoint, wake)
         """Sends model turns' pods their requests."""
 
     def before_commit(self, run: m.AgentRun, actions: tuple[Action, ...]) -> bool:
@@ -181,6 +188,8 @@ class Actor:
             self._create_job(run, action)
         elif isinstance(action, PrepareTurn):
             self._prepare_turn(run, action)
+        elif isinstance(action, PrepareExecutor):
+            self._prepare_executor(run, action)
         elif isinstance(action, SendTurn):
             self.turns.send(run, action, self.observer.job_key.get())
         elif isinstance(action, CreateChild):
@@ -282,6 +291,27 @@ class Actor:
         self.adoption.made(json.loads(created.data))
         log.info("created Job %s ahead of its turn", action.job_name, extra=run_fields(run))
         self.checkpoint("after-turn-prepare")
+
+    def _prepare_executor(self, run: m.AgentRun, action: PrepareExecutor) -> None:
+        """Create the run's executor (see PrepareExecutor). Once per name in this process;
+        one that exists already is found by the next pass (and used only if this process
+        made it)."""
+        if not self.turns.first_preparation(run.metadata.uid, action.job_name):
+            return
+        intent = CreateJob(action.step, action.generation, action.job_name, "", "")
+        manifest = self._signed_job(run, intent)
+        with tolerate(409, *JOB_REFUSALS) as refused:
+            created = self.apis.batch.create_namespaced_job(
+                run.metadata.namespace, manifest, _preload_content=False
+            )
+        if refused:
+            log.warning("the run's executor %s was not created: %s", action.job_name,
+                        api_message(refused.error) if refused.error else "refused",
+                        extra=run_fields(run))  # fmt: skip
+            return
+        self.adoption.made(json.loads(created.data))
+        log.info("created the run's executor %s", action.job_name, extra=run_fields(run))
+        self.checkpoint("after-executor-create")
 
     def _create_child(self, run: m.AgentRun, action: CreateChild) -> None:
         """Create a sub-agent call's child AgentRun. One already holding its name is left

@@ -29,6 +29,8 @@ CHECKPOINTS = (
     "after-turn-prepare",
     "before-turn-request",
     "after-turn-request",
+    "after-executor-create",
+    "after-executor-answer",
 )
 """The named moments of a pass where a crash is most interesting: a :data:`Checkpoint` hook
 given to :class:`agentrun.loop.reconciler.Reconciler` is called with one of these names each

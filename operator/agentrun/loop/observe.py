@@ -31,6 +31,7 @@ from agentrun.core import (
     ObservedJob,
     StrayJob,
     agent_loop,
+    executor,
     naming,
     subagents,
     turns,
@@ -85,6 +86,9 @@ class Observer:
         self._tampered: dict[str, dict[str, str]] = {}
         """Run uid -> Job name -> why a result by reference of that attempt (its own, or an
         input) is not what was committed (fed to the core: Observed.tampered)."""
+        self._answers: dict[str, dict[str, tuple[int, str]]] = {}
+        """Run uid -> attempt name -> the outcome (exit code, termination message) the run's
+        executor answered for that attempt (agentrun.core.executor.attempts_on)."""
         self._launched: dict[str, set[str]] = {}
         """Run uid -> Jobs of attempts still Launching that this process created or saw: one
         gone without a trace is lost, not to be created again (Observed.vanished)."""
@@ -125,6 +129,28 @@ class Observer:
         the content committed for it: the next pass fails the attempt, saying ``message``."""
         with self._guard:
             self._tampered.setdefault(run_uid, {})[job_name] = message
+
+    def note_answer(self, run_uid: str, attempt: str, code: int, message: str) -> None:
+        """The run's executor answered attempt ``attempt`` (a model turn's): the next pass
+        settles it from this outcome, as from a pod's."""
+        with self._guard:
+            self._answers.setdefault(run_uid, {})[attempt] = (code, message)
+
+    def _answers_of(self, run: m.AgentRun) -> dict[str, tuple[int, str]]:
+        """The executor's answers for the run's attempts still in flight (others dropped)."""
+        in_flight = {
+            st.job_name
+            for st in (run.status.steps if run.status else None) or []
+            if st.executor_pod is not None and st.phase in m.ACTIVE_STEP_PHASES
+        }
+        with self._guard:
+            known = self._answers.get(run.metadata.uid, {})
+            kept = {k: v for k, v in known.items() if k in in_flight}
+            if kept:
+                self._answers[run.metadata.uid] = kept
+            else:
+                self._answers.pop(run.metadata.uid, None)
+        return kept
 
     def refusals_of(self, run_uid: str) -> set[str]:
         """Jobs of the run whose create the API refused, or whose inputs were not passed on
@@ -175,6 +201,10 @@ class Observer:
         transitions are appended to it)."""
         found = self._observe_jobs(run)
         uid = run.metadata.uid
+        wanted = turns.executor_wanted(run)
+        holder = self.adoption.observe_executor(run, wanted) if wanted is not None else None
+        bound = executor.attempts_on(run, holder.job if holder else None, self._answers_of(run))
+        found = (*found, *bound)
         launching = launching_jobs(run)
         present = {j.name for j in found}
         with self._guard:
@@ -194,9 +224,10 @@ class Observer:
             for name in turns.ahead_names(run)
             if (found_ahead := self.adoption.observe_ahead(run, name)) is not None
         )
-        strays = self._strays(run, found)
+        strays = self._strays(run, found, wanted)
         running = self._running(uid, {j.name for j in found} | {j.name for j in strays})
-        observed = Observed(found, ahead, strays=strays, running=running, vanished=vanished)
+        observed = Observed(found, ahead, strays=strays, running=running, vanished=vanished,
+                            executor=holder)  # fmt: skip
         if recorded is None:
             return observed
         prefix = audit.record_prefix(run.metadata.name, uid)
@@ -216,7 +247,9 @@ class Observer:
                 running.add(str(meta.get("name")))
         return frozenset(running)
 
-    def _strays(self, run: m.AgentRun, found: tuple[ObservedJob, ...]) -> tuple[StrayJob, ...]:
+    def _strays(
+        self, run: m.AgentRun, found: tuple[ObservedJob, ...], executor: str | None
+    ) -> tuple[StrayJob, ...]:
         """The run's Jobs adoption could not tell (no committed intent describes them: their
         step was removed or changed, or a later attempt superseded theirs, or a model turn's
         made ahead that the run no longer needs), not someone else's, and still held by the
@@ -224,12 +257,15 @@ class Observer:
         run on. Their outcome is never read. A later turn's Job made before its turn, still
         waiting while the run may need it, is not one (:func:`agentrun.core.turns.made_ahead`);
         one that ended or is being deleted before its turn is: the turn waits until it is
-        gone, then makes its Job again."""
+        gone, then makes its Job again. Neither is the run's ``executor`` while the run may
+        still send it turns (:func:`agentrun.core.turns.executor_wanted`); an earlier one is."""
         uid = run.metadata.uid
         steps = (run.status.steps if run.status else None) or []
         skip = {j.name for j in found} | {
             st.job_name for st in steps if st.job_name and st.phase in m.ACTIVE_STEP_PHASES
         }
+        if executor is not None:
+            skip.add(executor)
         view = self.view
         assert view is not None  # _observe_jobs, before, made sure
         strays = []

@@ -29,6 +29,7 @@ from agentrun.core import SendTurn, naming
 from agentrun.execution import proof
 from agentrun.loop.common import Checkpoint, log, no_checkpoint, run_fields
 from agentrun.loop.observe import Observer
+from agentrun.observation.watches import Wake
 
 SEND_SECONDS = 300.0
 """How long connections a pod refuses are tried again (it is still starting)."""
@@ -43,12 +44,20 @@ REMEMBERED = 20_000
 """Requests sent (and Jobs made ahead) remembered, newest kept."""
 
 
-class TurnSender:
-    """Sends turns' requests, each once per pod address and attempt in this process."""
+ANSWER_WAIT_SECONDS = 30.0
+"""How long one ask for an executor's answer waits (it is asked again until it answers)."""
 
-    def __init__(self, observer: Observer, checkpoint: Checkpoint = no_checkpoint) -> None:
+
+class TurnSender:
+    """Sends turns' requests, each once per pod address and attempt in this process; and
+    asks a run's executor for each attempt's outcome until it has it."""
+
+    def __init__(
+        self, observer: Observer, checkpoint: Checkpoint = no_checkpoint, wake: Wake | None = None
+    ) -> None:
         self.observer = observer
         self.checkpoint = checkpoint
+        self.wake = wake
         self._lock = threading.Lock()
         self._sent: OrderedDict[tuple[str, ...], bool] = OrderedDict()
         self._prepared: OrderedDict[tuple[str, ...], bool] = OrderedDict()
@@ -73,6 +82,9 @@ class TurnSender:
             self._sent.pop((run.metadata.uid, action.job_name, action.address), None)
 
     def _send(self, run: m.AgentRun, action: SendTurn, key: bytes) -> None:
+        if action.executor:
+            self._send_to_executor(run, action, key)
+            return
         fields = run_fields(run, action.step, action.attempt)
         try:
             parts = self._parts(run, action)
@@ -113,6 +125,61 @@ class TurnSender:
         log.warning("%s", why, extra=fields)
         self.observer.note_tampered(run.metadata.uid, action.job_name, why)
 
+    def _send_to_executor(self, run: m.AgentRun, action: SendTurn, key: bytes) -> None:
+        """Send the run's executor the attempt's request, then ask for its outcome until it
+        has one; hand that to the observer and wake the run. An executor that refuses
+        connections for :data:`SEND_SECONDS` is left (the pass that sees its pod gone fails
+        the attempt; one that sees it running sends again)."""
+        fields = run_fields(run, action.step, action.attempt)
+        try:
+            parts = self._parts(run, action)
+        except Exception as error:  # a read that failed: a later pass asks again
+            log.warning("could not read the context of %s: %s", action.job_name, error,
+                        extra=fields)  # fmt: skip
+            self._forget(run, action)
+            return
+        uid = run.metadata.uid
+        if isinstance(parts, str):
+            log.warning("turn %s not sent: %s", action.job_name, parts, extra=fields)
+            self.observer.note_tampered(uid, action.job_name, parts)
+            return
+        token = proof.executor_token(key, uid, action.executor)
+        request = {"token": token, "job": action.job_name, "step": action.step,
+                   "attempt": action.attempt, "turn": action.turn, "parts": parts,
+                   "sha256": action.digest,
+                   "idempotencyKey": action.idempotency_key}  # fmt: skip
+        base = f"http://{_host(action.address)}:{s.TURN_PORT}"
+        self.checkpoint("before-turn-request")
+        answer = _post_json(f"{base}/turn", request)
+        while answer is not None and answer[0] in (200, 202) and "exitCode" not in answer[1]:
+            if answer[1].get("taken") != action.digest:
+                break
+            asked = {"token": token, "job": action.job_name, "wait": ANSWER_WAIT_SECONDS}
+            answer = _post_json(f"{base}/answer", asked)
+        if answer is None:
+            log.warning("the executor of %s took no request at %s within %.0f s",
+                        action.job_name, base, SEND_SECONDS, extra=fields)  # fmt: skip
+            self._forget(run, action)
+            return
+        code, body = answer
+        if code == 200 and body.get("taken") == action.digest and "exitCode" in body:
+            exit_code, message = body.get("exitCode"), body.get("message")
+            if isinstance(exit_code, int) and isinstance(message, str):
+                log.info("the executor answered turn %s (exit code %d)", action.job_name,
+                         exit_code, extra=fields)  # fmt: skip
+                self.checkpoint("after-executor-answer")
+                self.observer.note_answer(uid, action.job_name, exit_code, message)
+                if self.wake is not None:
+                    self.wake(run.metadata.namespace, run.metadata.name, uid)
+                return
+        why = (
+            f"the executor {action.executor} at {action.address} answered {code} for attempt "
+            f"{action.job_name} (took {body.get('taken') or 'nothing'}), not the outcome of "
+            f"the committed context {action.digest[:12]}"
+        )
+        log.warning("%s", why, extra=fields)
+        self.observer.note_tampered(uid, action.job_name, why)
+
     def _parts(self, run: m.AgentRun, action: SendTurn) -> list[str] | str:
         """The context's parts from the run's ConfigMap, or why they cannot be sent."""
         found = self.observer.written_data(run.metadata.namespace, action.context_name)
@@ -148,6 +215,13 @@ def _host(address: str) -> str:
 def _post(url: str, body: bytes) -> tuple[int, str | None] | None:
     """The status and the digest the pod says it took; None when it refused connections
     for :data:`SEND_SECONDS`."""
+    answer = _post_raw(url, body)
+    return None if answer is None else (answer[0], _taken(answer[1]))
+
+
+def _post_raw(url: str, body: bytes) -> tuple[int, bytes] | None:
+    """The status and the body answered; None when connections were refused for
+    :data:`SEND_SECONDS`."""
     deadline = time.monotonic() + SEND_SECONDS
     request = urllib.request.Request(
         url, data=body, method="POST", headers={"Content-Type": "application/json"}
@@ -155,15 +229,30 @@ def _post(url: str, body: bytes) -> tuple[int, str | None] | None:
     wait = RETRY_SECONDS
     while True:
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return int(response.status), _taken(response.read())
+            with urllib.request.urlopen(request, timeout=ANSWER_WAIT_SECONDS + 10) as response:
+                return int(response.status), bytes(response.read())
         except urllib.error.HTTPError as error:
-            return int(error.code), _taken(error.read())
+            return int(error.code), bytes(error.read())
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             if time.monotonic() >= deadline:
                 return None
             time.sleep(wait)
             wait = min(wait * 2, RETRY_MAX_SECONDS)
+
+
+def _post_json(url: str, payload: dict[str, object]) -> tuple[int, dict[str, object]] | None:
+    """POST ``payload`` as JSON to ``url``: the status and the JSON object answered (empty
+    when the answer is not one); None when connections were refused for
+    :data:`SEND_SECONDS`."""
+    answer = _post_raw(url, json.dumps(payload).encode())
+    if answer is None:
+        return None
+    code, data = answer
+    try:
+        parsed = json.loads(data or b"")
+    except ValueError:
+        parsed = None
+    return code, parsed if isinstance(parsed, dict) else {}
 
 
 def _taken(data: bytes) -> str | None:

@@ -441,14 +441,17 @@ class Adoption:
         step_of = {st.job_name: st for st in steps if st.job_name}
         in_flight = {n: st for n, st in step_of.items() if st.phase in m.ACTIVE_STEP_PHASES}
         found: dict[str, ObservedJob] = {}
+        executor = turns.executor_wanted(run)
         for listed in self.view.jobs_of_run(uid):
             name = _name(listed)
             if name not in in_flight and (
-                _passed_over(listed, self.view.pods_of_job)
+                name == executor
+                or _passed_over(listed, self.view.pods_of_job)
                 or turns.made_ahead(run, name, _step(listed))
             ):
-                # Its outcome is committed and the operator let it go (nothing to see), or a
-                # later turn's, made before it (observe_ahead).
+                # The run's executor (observe_executor), or its outcome is committed and the
+                # operator let it go (nothing to see), or a later turn's, made before it
+                # (observe_ahead).
                 continue
             job = self._current_object(ns, name) or listed
             observed = self._classify(run, job, step_of.get(name), name in in_flight)
@@ -476,6 +479,23 @@ class Adoption:
         with self._lock:
             here = self._made_here(job)
         observed = self._observe_verified(run, job) if here else jobs.observe_job(job, None)
+        return None if observed is None else AheadJob(observed, here)
+
+    def observe_executor(self, run: m.AgentRun, name: str) -> AheadJob | None:
+        """The run's executor, the Job ``name`` (status names it), as the view holds it;
+        None when there is none controlled by the run. One this process created is observed
+        as a step Job is (its pod let start by this process only); another only with its
+        pods as they are, for an attempt bound to its pod's uid to be asked of it."""
+        job = self._current_object(run.metadata.namespace, name)
+        if job is None or not _controlled_by(job, run.metadata.uid):
+            return None
+        with self._lock:
+            here = self._made_here(job)
+        if here:
+            observed = self._observe_verified(run, job)
+        else:
+            pods = [p for p in self.view.pods_of_job(_uid(job)) if _controlled_by(p, _uid(job))]
+            observed = jobs.observe_job(job, pods)
         return None if observed is None else AheadJob(observed, here)
 
     def _classify(

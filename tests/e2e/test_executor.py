@@ -1,0 +1,138 @@
+"""A run's executor (``AGENTRUN_EXECUTOR=on``): one pod takes the run's model turns after the
+first, each once, and goes with the run (docs/agent.md, "The run's executor")."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from agentrun import settings as s
+from agentrun.core import turns
+from agentrun.core.naming import job_name
+from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
+from agentrun_devcluster.operator import OperatorProcess
+from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from tests.support.agents import search
+from tests.support.cluster import StartOperator
+from tests.support.plugin import LLM_COMMAND
+from tests.support.runs import create, status_of
+from tests.support.waiting import wait_phase
+
+pytestmark = pytest.mark.e2e
+
+TURNS = 4
+
+
+@pytest.fixture
+def executor_operator(cluster: TestCluster, start_operator: StartOperator) -> OperatorProcess:
+    if cluster.external:
+        pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
+    env = {"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND), "AGENTRUN_EXECUTOR": "on",
+           "AGENTRUN_JOB_DELETION_GRACE_SECONDS": "1"}  # fmt: skip
+    return start_operator(env=env)
+
+
+def _run(name: str, model: ScriptedModel) -> dict[str, Any]:
+    quick = search({"image": "busybox:1.36", "command": ["sh", "-c",
+                    'echo "found $AGENTRUN_TOOL_ARGS" > /dev/termination-log']})  # fmt: skip
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": {
+            "goal": "find out why checkout is slow",
+            "agent": {
+                "model": {"baseURL": model.base_url, "name": "scripted"},
+                "tools": [quick],
+                "maxTurns": TURNS + 1,
+            },
+        },
+    }
+
+
+def _jobs(kube: KubeClients, namespace: str, uid: str) -> list[Any]:
+    return list(
+        kube.batch.list_namespaced_job(
+            namespace, label_selector=f"agentrun.dev/run-uid={uid}"
+        ).items
+    )
+
+
+def _post(address: str, path: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"http://{address}:{s.TURN_PORT}{path}", data=json.dumps(payload).encode(), method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return int(answer.status), json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return int(error.code), json.loads(error.read())
+
+
+def test_the_turns_after_the_first_go_to_one_executor_each_once(
+    executor_operator: OperatorProcess, kube: KubeClients, namespace: str
+) -> None:
+    with ScriptedModel() as model:
+        for turn in range(1, TURNS):
+            model.add(reply("", [tool_call("search", {"query": f"q{turn}"}, f"c{turn}")]))
+        model.add(reply("the database is slow"))
+        created = create(kube, namespace, _run("with-executor", model))
+        uid = str(created["metadata"]["uid"])
+        name = job_name("with-executor", uid, turns.EXECUTOR_STEP, 1)
+        # Someone who may read the run's pods, without the operator's token: refused.
+        pod = wait_for(
+            "the executor's pod to run",
+            lambda: next(
+                (
+                    p
+                    for p in kube.core.list_namespaced_pod(
+                        namespace, label_selector=f"agentrun.dev/step={turns.EXECUTOR_STEP}"
+                    ).items
+                    if p.status.phase == "Running" and p.status.pod_ip
+                ),
+                None,
+            ),
+            timeout=180,
+        )
+        forged = {"token": "guessed", "job": "x", "step": "t9-model", "attempt": 1, "turn": 9,
+                  "parts": ["{}"], "sha256": "0" * 64, "idempotencyKey": "k"}  # fmt: skip
+
+        def refused() -> int | None:
+            try:
+                return _post(pod.status.pod_ip, "/turn", forged)[0]
+            except OSError:  # not listening yet
+                return None
+
+        assert wait_for("the executor to listen", refused, timeout=120) == 403
+        run = wait_phase(kube, namespace, "with-executor", "Succeeded", timeout=240)
+        completions = model.completions()
+    assert status_of(run)["agent"]["answer"] == "the database is slow"
+    # One request a turn, each with the tool's result of the turn before.
+    assert len(completions) == TURNS
+    for turn, sent in enumerate(completions[1:], start=1):
+        assert sent.tool_answers[f"c{turn}"] == f'found {{"query": "q{turn}"}}'
+    # A model turn's Job only for turns that found the executor not running yet.
+    model_jobs = {
+        j.metadata.labels.get("agentrun.dev/step")
+        for j in _jobs(kube, namespace, uid)
+        if turns.is_model_turn(j.metadata.labels.get("agentrun.dev/step") or "")
+    }
+    print("model turn Jobs:", sorted(model_jobs))
+    assert len(model_jobs) < TURNS, f"every turn ran as a Job of its own: {model_jobs}"
+    # The executor goes with the run (a stray once the run ended).
+    wait_for(
+        "the executor's Job to go",
+        lambda: (
+            not [
+                j
+                for j in _jobs(kube, namespace, uid)
+                if j.metadata.name == name and not j.metadata.deletion_timestamp
+            ]
+        ),
+        timeout=120,
+    )
