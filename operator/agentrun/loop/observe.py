@@ -248,7 +248,7 @@ class Observer:
         return frozenset(running)
 
     def _strays(
-        self, run: m.AgentRun, found: tuple[ObservedJob, ...], executor: str | None
+        self, run: m.AgentRun, found: tuple[ObservedJob, ...], executor: str | None = None
     ) -> tuple[StrayJob, ...]:
         """The run's Jobs adoption could not tell (no committed intent describes them: their
         step was removed or changed, or a later attempt superseded theirs, or a model turn's
