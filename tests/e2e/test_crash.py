@@ -333,14 +333,16 @@ def check_job_creations(
     plans: Iterable[PlanSpec],
     uids: Mapping[str, str],
     context: str,
+    may: Mapping[str, str] | None = None,
 ) -> Creations:
     """Invariant 1 by the audit log (:func:`job_creations`: successful creates per name):
     every expected Job created exactly once, no other Job created at all (an extra attempt
-    would show as an unexpected name), no create of a Job after its deletion. An expected Job
-    with no 201 but a create answered otherwise (not 409) was created by a request whose
-    client died before the answer; it passes here, and :func:`check_executions` proves it ran
-    exactly once."""
+    would show as an unexpected name) but those of ``may`` (name -> what it is), at most
+    once each, no create of a Job after its deletion. An expected Job with no 201 but a
+    create answered otherwise (not 409) was created by a request whose client died before
+    the answer; it passes here, and :func:`check_executions` proves it ran exactly once."""
     want = expected_jobs(plans, uids)
+    allowed = {**(may or {}), **want}
 
     def recorded() -> dict[str, list[int]] | None:
         answers = create_answers(cluster, namespace)
@@ -358,8 +360,8 @@ def check_job_creations(
         }
         raise AssertionError(f"{context}: Jobs never created (create answers): {missing}") from None
     counts = job_creations(cluster, namespace)
-    duplicates = {f"{want.get(n, '?')} ({n})": c for n, c in counts.items() if c > 1}
-    unexpected = {n: codes for n, codes in answers.items() if n not in want}
+    duplicates = {f"{allowed.get(n, '?')} ({n})": c for n, c in counts.items() if c > 1}
+    unexpected = {n: codes for n, codes in answers.items() if n not in allowed}
     assert not duplicates, f"{context}: Jobs created more than once: {duplicates}"
     assert not unexpected, f"{context}: Jobs of unexpected (step, attempt)s created: {unexpected}"
     late = {
@@ -831,11 +833,57 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
     """The crash test for agent loops: model turns and tool calls are created once each (audit
     log), no tool call runs twice (ledger), no model turn is asked twice (the model's own
     count), and every run ends with its answer."""
+    _agent_crash_test(start_operator, cluster, kube, namespace, tmp_path, SEED + 1, AGENT_POINTS)
+
+
+def test_agent_runs_on_an_executor_survive_an_operator_killed_at_every_crash_point(
+    start_operator: StartOperator,
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The same with each run's model turns sent to its executor (AGENTRUN_EXECUTOR=on),
+    killed also right after an executor's create, before a turn's request and right after an
+    executor's answer (before it is committed): no model turn is asked twice (an operator
+    restarted asks the executor for the outcome it already has), tool calls are created and
+    run once each, a model turn's Job or an executor is created at most once, and every run
+    ends with its answer."""
+    points = POINTS + EXECUTOR_POINTS
+    _agent_crash_test(
+        start_operator, cluster, kube, namespace, tmp_path, SEED + 3, points, executor=True
+    )
+
+
+def _may_create(names: Iterable[str], uids: Mapping[str, str]) -> dict[str, str]:
+    """With an executor: the Jobs an agent run may create besides its tool calls (at most once
+    each): a model turn's (a turn that found no executor running), and its executors."""
+    may = {}
+    for name in names:
+        for turn in range(1, AGENT_TURNS + 1):
+            for attempt in (1, 2, 3):
+                step_name = f"t{turn}-model"
+                may[job_name(name, uids[name], step_name, attempt)] = f"{name}/{step_name}"
+        for generation in range(1, 4 * MAX_CRASH_LIVES):
+            may[job_name(name, uids[name], "t0-executor", generation)] = f"{name}/executor"
+    return may
+
+
+def _agent_crash_test(
+    start_operator: StartOperator,
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    tmp_path: Path,
+    seed: int,
+    points: tuple[str, ...],
+    executor: bool = False,
+) -> None:
     cluster.require_audit_log()
     if cluster.external:
         pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
     began = time.monotonic()
-    rng = random.Random(SEED + 1)
+    rng = random.Random(seed)
     ledger = tmp_path / "executions.log"
     crash_model = CrashModel()
     server = ScriptedModel(responder=crash_model).start()
@@ -852,14 +900,15 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
 
     try:
         hits: Counter[str] = Counter()
-        crash_at, kill_after = choose(rng, hits, AGENT_POINTS)
+        crash_at, kill_after = choose(rng, hits, points)
         env = {
             **OPERATOR_ENV,
             "AGENTRUN_CRASH_AT": crash_at,
             "AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND),
+            **({"AGENTRUN_EXECUTOR": "on"} if executor else {}),
         }
         driver = CrashDriver(
-            op=start_operator(env=env), rng=rng, hits=hits, points=AGENT_POINTS, later=AGENT_LATER
+            op=start_operator(env=env), rng=rng, hits=hits, points=points, later=AGENT_LATER
         )
         next_wave()
         driver.live(crash_at, kill_after + driver.later, offset=0)
@@ -867,38 +916,42 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
             driver,
             lambda: (
                 driver.kills >= AGENT_MIN_KILLS
-                and all(driver.hits[p] >= MIN_HITS_PER_POINT for p in AGENT_POINTS)
+                and all(driver.hits[p] >= MIN_HITS_PER_POINT for p in points)
             ),
             lambda: all_terminal(kube, namespace, names),
             next_wave,
             began + AGENT_CRASH_PHASE_BUDGET,
         )
         lives = "\n".join(map(str, driver.lives))
-        context = f"SEED={SEED + 1}, {driver.summary()}"
+        context = f"SEED={seed}, {driver.summary()}"
 
         driver.op.env.pop("AGENTRUN_CRASH_AT", None)
         driver.op.start()
         wait_all_terminal(kube, namespace, names, FINISH_TIMEOUT, f"{context}\n{lives}")
         assert_settled(cluster, namespace, [driver.op], f"{context} (the last life)\n{lives}")
 
-        jobs_plans = [agent_plans(n)[0] for n in names]
+        jobs_plans = [agent_plans(n)[1 if executor else 0] for n in names]
         calls_plans = [agent_plans(n)[1] for n in names]
-        creations = check_job_creations(cluster, namespace, jobs_plans, uids, f"{context}\n{lives}")
+        may = _may_create(names, uids) if executor else None
+        creations = check_job_creations(
+            cluster, namespace, jobs_plans, uids, f"{context}\n{lives}", may
+        )
         executions = check_executions(ledger, calls_plans, f"{context}\n{lives}")
         check_agent_runs(kube, namespace, names, crash_model, f"{context}\n{lives}")
     finally:
         server.stop()
     print(
-        f"\nagent crash test summary: SEED={SEED + 1}; {len(names)} agent runs, "
+        f"\nagent crash test summary{' (executor)' if executor else ''}: SEED={seed}; "
+        f"{len(names)} agent runs, "
         f"{len(names) * AGENT_TURNS} model turns, {executions} tool call executions; "
         f"{driver.summary()}; kill points exercised: "
-        f"{sum(1 for p in AGENT_POINTS if driver.hits[p])}/{len(AGENT_POINTS)}; "
+        f"{sum(1 for p in points if driver.hits[p])}/{len(points)}; "
         f"duplicates found: {creations.duplicates}; "
         f"creates answered otherwise (operator killed mid-request): {creations.response_lost}; "
         f"total {time.monotonic() - began:.0f}s\n{lives}"
     )
     assert driver.kills >= AGENT_MIN_KILLS, f"{context}: too few kills\n{lives}"
-    missed = [p for p in AGENT_POINTS if not driver.hits[p]]
+    missed = [p for p in points if not driver.hits[p]]
     assert not missed, f"{context}: crash points never hit in agent runs: {missed}\n{lives}"
 
 

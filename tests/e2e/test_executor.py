@@ -1,10 +1,12 @@
-"""A run's executor (``AGENTRUN_EXECUTOR=on``): one pod takes the run's model turns after the
-first, each once, and goes with the run (docs/agent.md, "The run's executor")."""
+"""A run's executor (``AGENTRUN_EXECUTOR``, on by default): one pod takes the run's model
+turns after the first, each once, and goes with the run (docs/agent.md, "The run's
+executor")."""
 
 from __future__ import annotations
 
 import json
 import shlex
+import threading
 import urllib.error
 import urllib.request
 from typing import Any
@@ -136,3 +138,49 @@ def test_the_turns_after_the_first_go_to_one_executor_each_once(
         ),
         timeout=120,
     )
+
+
+def test_a_turn_whose_executor_is_killed_fails_as_lost_and_its_retry_completes(
+    executor_operator: OperatorProcess, kube: KubeClients, namespace: str
+) -> None:
+    release = threading.Event()
+    asked: list[int] = []
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        turn = 1 + sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        asked.append(turn)
+        if turn == 1:
+            return reply("", [tool_call("search", {"query": "q1"}, "c1")])
+        if asked.count(2) == 1:
+            release.wait(120)  # held until its executor is killed
+        return reply("the database is slow")
+
+    with ScriptedModel(responder=answer) as model:
+        body = _run("executor-lost", model)
+        body["spec"]["agent"]["model"]["retry"] = {
+            "limit": 1,
+            "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 1},
+        }
+        uid = str(create(kube, namespace, body)["metadata"]["uid"])
+        wait_for("turn 2 to reach the model", lambda: asked.count(2) == 1 or None, timeout=180)
+        (pod,) = [
+            p
+            for p in kube.core.list_namespaced_pod(
+                namespace,
+                label_selector=f"agentrun.dev/run-uid={uid},agentrun.dev/step={turns.EXECUTOR_STEP}",
+            ).items
+            if p.status.phase == "Running"
+        ]
+        kube.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        try:
+            run = wait_phase(kube, namespace, "executor-lost", "Succeeded", timeout=240)
+        finally:
+            release.set()
+    assert status_of(run)["agent"]["answer"] == "the database is slow"
+    lost = [
+        t
+        for t in status_of(run).get("history") or []
+        if t.get("step") == "t2-model" and "ExecutorLost" in (t.get("message") or "")
+    ]
+    assert lost, status_of(run).get("history")
+    assert pod.metadata.uid in lost[0]["message"]

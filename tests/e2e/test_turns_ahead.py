@@ -1,5 +1,5 @@
-"""Model turns made ahead: while a turn runs, the next turns' Jobs are made and their pods
-wait for their request (docs/agent.md, "Turns without a pod start").
+"""Model turns made ahead (``AGENTRUN_EXECUTOR=off``): while a turn runs, the next turns' Jobs
+are made and their pods wait for their request (docs/agent.md, "Turns without a pod start").
 
 Each test runs an agent run whose first turn calls a tool held until the test lets it end,
 so that the next turns' pods are up and waiting while it runs, and acts on them from
@@ -49,7 +49,8 @@ def _held_search(hold: Path) -> dict[str, Any]:
 def _operator(cluster: TestCluster, start_operator: StartOperator, ahead: int) -> OperatorProcess:
     if cluster.external:
         pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
-    env = {"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND), "AGENTRUN_TURNS_AHEAD": str(ahead)}
+    env = {"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND), "AGENTRUN_TURNS_AHEAD": str(ahead),
+           "AGENTRUN_EXECUTOR": "off"}  # fmt: skip
     return start_operator(env=env)
 
 

@@ -25,7 +25,7 @@ from agentrun.core import (
     turns,
 )
 from agentrun.core import executor as ex
-from tests.support.agent_sim import AgentSim, agent_run, call, turn_envelope
+from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call, turn_envelope
 
 KEYED = {"baseURL": "http://127.0.0.1:9/v1", "name": "m",
          "apiKeySecretRef": {"name": "llm-key", "key": "token"}}  # fmt: skip
@@ -254,3 +254,44 @@ def test_the_attempts_bound_to_an_executor_as_the_core_observes_them() -> None:
     assert (lost.state, lost.reason) == (JobState.FAILED, ex.LOST)
     (gone,) = ex.attempts_on(sim.run, None, {})
     assert gone.reason == ex.LOST
+
+
+def test_an_executor_that_ended_is_not_made_again_while_a_call_waits_for_approval() -> None:
+    sim = ExecutorSim(agent_run(tools=[SEARCH, RESTART]))
+    sim.settle()
+    sim.answer("", [call("restart", {"service": "checkout"}, "r1")])
+    assert sim.step_status("t1-0-restart").phase == m.StepPhase.WAITING_FOR_APPROVAL
+    # It ends itself after an hour idle: no new one while the approval is awaited.
+    sim.executors[turns.executor_name(sim.run, 1)].state = JobState.SUCCEEDED
+    sim.version += 1
+    sim.settle()
+    assert sim.agent.executor is not None and sim.agent.executor.generation == 1
+    h = sim.step_status("t1-0-restart").args_hash
+    ok = m.Approval(step="t1-0-restart", decision="approve", args_hash=h, by="alice")
+    sim.spec_update(approvals=[ok])
+    sim.settle()
+    # Approved: the call runs, and the next executor is made for the turns after it.
+    assert sim.agent.executor is not None and sim.agent.executor.generation == 2
+    assert turns.executor_name(sim.run, 2) in sim.executors
+
+
+def test_a_retry_that_finds_no_executor_running_is_a_job_not_bound_to_the_lost_pod() -> None:
+    retried = {"baseURL": "http://127.0.0.1:9/v1", "name": "scripted", "retry": {"limit": 2}}
+    sim = ExecutorSim(agent_run(model=retried))
+    sim.settle()
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    launch = [h for h in sim.status.history or [] if h.step == "t2-model"][-1]
+    assert "on the run's executor" in (launch.message or "") and "executor-pod-1" in (
+        launch.message or ""
+    )
+    sim.executors[turns.executor_name(sim.run, 1)].state = JobState.FAILED
+    sim.version += 1
+    sim.settle()
+    # The next executor's pod has not started yet when the retry launches.
+    sim.executors.clear()
+    sim.advance(30)
+    decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
+    st = next(s for s in decision.status.steps or [] if s.name == "t2-model")
+    assert st.attempt == 2 and st.executor_pod is None
+    assert [c.job_name for c in decision.after_commit if isinstance(c, CreateJob)] == [st.job_name]

@@ -881,6 +881,7 @@ def launch_actions(
     request goes as soon as the intent is committed when its pod runs already."""
     ag = b.status.agent
     holder = executor.usable(b, config) if is_model_turn(st.name) else None
+    st.executor_pod = None  # an earlier attempt's, if any: this one is bound anew
     if ag is not None and holder is not None:
         st.executor_pod = holder.pod_uid
         return executor.request(ag, st, holder)

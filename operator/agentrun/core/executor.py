@@ -19,7 +19,8 @@ loop keeps one executor per run while the run may still take turns:
 - **Otherwise a Job, as before.** A turn that finds no executor running (the first turn,
   while the executor starts; after an operator restart) runs as a Job of its own.
 - **Replaced when it ends or is lost.** An executor whose Job ended (it ends itself after an
-  hour without a request), is being deleted or lost its pod, or one this process did not
+  hour without a request; none is made again while a call waits for approval), is being
+  deleted or lost its pod, or one this process did not
   create (found after a restart, once no attempt in flight is bound to it), is replaced by
   the next generation; the old one, no longer named in status, goes as a stray.
 """
@@ -61,6 +62,8 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
         return
     if ag.stage not in EXECUTOR_STAGES or b.halt is not None:
         return
+    if any(st.phase == m.StepPhase.WAITING_FOR_APPROVAL for st in b.steps.values()):
+        return  # that may take long: one that ended meanwhile is made again once it is over
     if not rights_confirmed(b, model_turn_step(b.run, ag, max(ag.turn, 1), config)):
         # Its pod holds what its creator must be allowed to use (the model's API key
         # Secret): made, and let start, only while the shell found that granted.

@@ -21,7 +21,7 @@ from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent_loop, children, naming
 from agentrun.core import frozen as freezing
-from agentrun.core.actions import CreateJob
+from agentrun.core.actions import Action, CreateJob
 from agentrun.core.arguments import (
     UNHASHABLE,
     args_hash,
@@ -231,19 +231,27 @@ def _commit_launch_intent(
         approved = f" (approved by {approval.by}" + (
             f": {approval.reason})" if approval.reason else ")"
         )
-    what = "child AgentRun" if create_child is not None else "Job"
+    actions: list[Action] = []
+    if create_child is not None:
+        actions.append(create_child)
+        where = f"as child AgentRun {st.job_name}"
+    else:
+        create = CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env)
+        actions.extend(agent_loop.launch_actions(b, st, create, b.config.agent))
+        executor = b.status.agent.executor if b.status.agent is not None else None
+        where = (
+            f"on the run's executor {executor.job_name} (pod {st.executor_pod})"
+            if st.executor_pod is not None and executor is not None
+            else f"as Job {st.job_name}"
+        )
     b.move(
         st,
         SP.LAUNCHING,
         "Launching",
-        f"attempt {st.attempt} launching as {what} {st.job_name}{approved}",
+        f"attempt {st.attempt} launching {where}{approved}",
         approval.by if approval is not None and first else None,
     )
-    if create_child is not None:
-        b.after.append(create_child)
-        return
-    create = CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env)
-    b.after.extend(agent_loop.launch_actions(b, st, create, b.config.agent))
+    b.after.extend(actions)
 
 
 def reissue_create(b: Builder, step: m.Step, st: m.StepStatus) -> None:
