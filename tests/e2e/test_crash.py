@@ -830,9 +830,10 @@ def test_agent_runs_survive_an_operator_killed_at_every_crash_point(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    """The crash test for agent loops: model turns and tool calls are created once each (audit
-    log), no tool call runs twice (ledger), no model turn is asked twice (the model's own
-    count), and every run ends with its answer."""
+    """The crash test for agent loops whose model turns are Jobs (AGENTRUN_EXECUTOR=off): model
+    turns and tool calls are created once each (audit log), no tool call runs twice (ledger),
+    no model turn is asked twice (the model's own count), and every run ends with its
+    answer."""
     _agent_crash_test(start_operator, cluster, kube, namespace, tmp_path, SEED + 1, AGENT_POINTS)
 
 
@@ -905,7 +906,7 @@ def _agent_crash_test(
             **OPERATOR_ENV,
             "AGENTRUN_CRASH_AT": crash_at,
             "AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND),
-            **({"AGENTRUN_EXECUTOR": "on"} if executor else {}),
+            "AGENTRUN_EXECUTOR": "on" if executor else "off",
         }
         driver = CrashDriver(
             op=start_operator(env=env), rng=rng, hits=hits, points=points, later=AGENT_LATER

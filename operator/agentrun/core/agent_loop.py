@@ -79,7 +79,6 @@ from agentrun.core.actions import (
     CreateJob,
     DeleteJob,
     PrepareTurn,
-    SendTurn,
     StartPod,
     StoreRecord,
 )
@@ -849,21 +848,9 @@ def _send_turn(b: Host, ag: a.AgentStatus, st: m.StepStatus) -> None:
 
 
 def _request(ag: a.AgentStatus, st: m.StepStatus, job: ObservedJob) -> list[Action]:
-    ctx = ag.context
-    if ctx is None or job.address is None or job.state != JobState.ACTIVE:
+    if job.state != JobState.ACTIVE:
         return []
-    return [
-        SendTurn(
-            job_name=job.name,
-            step=st.name,
-            attempt=st.attempt,
-            address=job.address,
-            idempotency_key=st.idempotency_key or "",
-            context_name=ctx.name,
-            parts=ctx.parts,
-            digest=ctx.digest,
-        )
-    ]
+    return executor.request_to(ag, st, job.name, job.address)
 
 
 def _ahead(b: Host, name: str) -> AheadJob | None:
@@ -881,7 +868,8 @@ def launch_actions(
     request goes as soon as the intent is committed when its pod runs already."""
     ag = b.status.agent
     holder = executor.usable(b, config) if is_model_turn(st.name) else None
-    st.executor_pod = None  # an earlier attempt's, if any: this one is bound anew
+    if st.executor_pod is not None:
+        st.executor_pod = None  # an earlier attempt's: this one is bound anew
     if ag is not None and holder is not None:
         st.executor_pod = holder.pod_uid
         return executor.request(ag, st, holder)

@@ -119,20 +119,28 @@ def holding(b: Host, st: m.StepStatus) -> ObservedJob | None:
 
 def request(ag: a.AgentStatus, st: m.StepStatus, executor: ObservedJob) -> list[Action]:
     """The request of the model turn's attempt ``st`` to ``executor``."""
+    return request_to(ag, st, st.job_name or "", executor.address, executor.name)
+
+
+def request_to(
+    ag: a.AgentStatus, st: m.StepStatus, name: str, address: str | None, executor: str = ""
+) -> list[Action]:
+    """The request of the model turn's attempt ``st`` (named ``name``) to the pod at
+    ``address``: the turn's own pod, or the run's ``executor``; none without an address."""
     ctx = ag.context
-    if ctx is None or executor.address is None:
+    if ctx is None or address is None:
         return []
     return [
         SendTurn(
-            job_name=st.job_name or "",
+            job_name=name,
             step=st.name,
             attempt=st.attempt,
-            address=executor.address,
+            address=address,
             idempotency_key=st.idempotency_key or "",
             context_name=ctx.name,
             parts=ctx.parts,
             digest=ctx.digest,
-            executor=executor.name,
+            executor=executor,
             turn=turn_of_step(st.name) or ag.turn,
         )
     ]

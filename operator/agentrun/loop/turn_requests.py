@@ -86,16 +86,8 @@ class TurnSender:
             self._send_to_executor(run, action, key)
             return
         fields = run_fields(run, action.step, action.attempt)
-        try:
-            parts = self._parts(run, action)
-        except Exception as error:  # a read that failed: a later pass asks again
-            log.warning("could not read the context of %s: %s", action.job_name, error,
-                        extra=fields)  # fmt: skip
-            self._forget(run, action)
-            return
-        if isinstance(parts, str):
-            log.warning("turn %s not sent: %s", action.job_name, parts, extra=fields)
-            self.observer.note_tampered(run.metadata.uid, action.job_name, parts)
+        parts = self._sendable_parts(run, action)
+        if parts is None:
             return
         body = json.dumps(
             {
@@ -131,18 +123,10 @@ class TurnSender:
         connections for :data:`SEND_SECONDS` is left (the pass that sees its pod gone fails
         the attempt; one that sees it running sends again)."""
         fields = run_fields(run, action.step, action.attempt)
-        try:
-            parts = self._parts(run, action)
-        except Exception as error:  # a read that failed: a later pass asks again
-            log.warning("could not read the context of %s: %s", action.job_name, error,
-                        extra=fields)  # fmt: skip
-            self._forget(run, action)
+        parts = self._sendable_parts(run, action)
+        if parts is None:
             return
         uid = run.metadata.uid
-        if isinstance(parts, str):
-            log.warning("turn %s not sent: %s", action.job_name, parts, extra=fields)
-            self.observer.note_tampered(uid, action.job_name, parts)
-            return
         token = proof.executor_token(key, uid, action.executor)
         request = {"token": token, "job": action.job_name, "step": action.step,
                    "attempt": action.attempt, "turn": action.turn, "parts": parts,
@@ -179,6 +163,23 @@ class TurnSender:
         )
         log.warning("%s", why, extra=fields)
         self.observer.note_tampered(uid, action.job_name, why)
+
+    def _sendable_parts(self, run: m.AgentRun, action: SendTurn) -> list[str] | None:
+        """The context's parts to send; None when they cannot be: not read (a later pass
+        asks again), or not the committed context (the attempt fails as tampered)."""
+        fields = run_fields(run, action.step, action.attempt)
+        try:
+            parts = self._parts(run, action)
+        except Exception as error:  # a read that failed: a later pass asks again
+            log.warning("could not read the context of %s: %s", action.job_name, error,
+                        extra=fields)  # fmt: skip
+            self._forget(run, action)
+            return None
+        if isinstance(parts, str):
+            log.warning("turn %s not sent: %s", action.job_name, parts, extra=fields)
+            self.observer.note_tampered(run.metadata.uid, action.job_name, parts)
+            return None
+        return parts
 
     def _parts(self, run: m.AgentRun, action: SendTurn) -> list[str] | str:
         """The context's parts from the run's ConfigMap, or why they cannot be sent."""

@@ -40,7 +40,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from agentrun import settings as s
@@ -171,30 +171,6 @@ class Turns:
             return 0.0 if busy else time.monotonic() - self.last_request
 
 
-def _handler(turns: Turns) -> type[BaseHTTPRequestHandler]:
-    routes = {"/turn": turns.take, "/answer": turns.answer}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            route = routes.get(self.path)
-            if route is None or length > MAX_REQUEST_BYTES:
-                code, answer = 404, {"error": "POST /turn or /answer only"}
-            else:
-                code, answer = route(self.rfile.read(length))
-            data = json.dumps(answer).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            print(f"agentrun executor: {self.address_string()} {format % args}", file=sys.stderr)
-
-    return Handler
-
-
 def turn_call(
     client_factory: Callable[[str, str], Any] = llm.default_client,
     store_factory: runner.StoreFactory = runner.default_store,
@@ -232,7 +208,10 @@ def serve(
             return client[0]
 
     turns = Turns(env, env[s.ENV_EXECUTOR_TOKEN_SHA256], turn_call(factory, store_factory))
-    server = ThreadingHTTPServer((env.get(s.ENV_POD_IP) or "0.0.0.0", port), _handler(turns))
+    routes = {"/turn": turns.take, "/answer": turns.answer}
+    server = ThreadingHTTPServer(
+        (env.get(s.ENV_POD_IP) or "0.0.0.0", port), llm.json_handler(routes, "agentrun executor")
+    )
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, args=(llm.POLL_SECONDS,), daemon=True).start()
     print(f"agentrun executor: taking the run's turns on {server.server_address}")

@@ -445,14 +445,23 @@ class TurnRequests:
         return merged
 
 
-def _handler(requests: TurnRequests) -> type[BaseHTTPRequestHandler]:
+Route = Callable[[bytes], tuple[int, dict[str, Any]]]
+"""A POST path's handler: the request's body -> the HTTP status and the JSON answer."""
+
+
+def json_handler(routes: Mapping[str, Route], who: str) -> type[BaseHTTPRequestHandler]:
+    """An HTTP handler that answers POSTs to ``routes`` with JSON (404 to anything else, or a
+    body over :data:`MAX_REQUEST_BYTES`), logging each request on stderr as ``who``."""
+    paths = " or ".join(sorted(routes))
+
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            if self.path != "/turn" or length > MAX_REQUEST_BYTES:
-                code, answer = 404, {"error": "POST /turn only"}
+            route = routes.get(self.path)
+            if route is None or length > MAX_REQUEST_BYTES:
+                code, answer = 404, {"error": f"POST {paths} only"}
             else:
-                code, answer = requests.offer(self.rfile.read(length))
+                code, answer = route(self.rfile.read(length))
             data = json.dumps(answer).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -461,7 +470,7 @@ def _handler(requests: TurnRequests) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def log_message(self, format: str, *args: Any) -> None:
-            print(f"agentrun step llm: {self.address_string()} {format % args}", file=sys.stderr)
+            print(f"{who}: {self.address_string()} {format % args}", file=sys.stderr)
 
     return Handler
 
@@ -481,7 +490,10 @@ def serve(
     starting is taken at once and the turn begins as soon as the client is loaded."""
     env = dict(os.environ if env is None else env)
     requests = TurnRequests(env[s.ENV_TURN_TOKEN_SHA256])
-    server = ThreadingHTTPServer((env.get(s.ENV_POD_IP) or "0.0.0.0", port), _handler(requests))
+    server = ThreadingHTTPServer(
+        (env.get(s.ENV_POD_IP) or "0.0.0.0", port),
+        json_handler({"/turn": requests.offer}, "agentrun step llm"),
+    )
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, args=(POLL_SECONDS,), daemon=True).start()
     print(f"agentrun step llm: waiting for the turn's request on {server.server_address}")
