@@ -438,7 +438,8 @@ class Adoption:
         why that Job is not the attempt's. Jobs that cannot be told are left out."""
         ns, uid = run.metadata.namespace, run.metadata.uid
         steps = (run.status.steps if run.status else None) or []
-        step_of = {st.job_name: st for st in steps if st.job_name}
+        # An attempt sent to the run's executor has no Job (agentrun.core.executor).
+        step_of = {st.job_name: st for st in steps if st.job_name and st.executor_pod is None}
         in_flight = {n: st for n, st in step_of.items() if st.phase in m.ACTIVE_STEP_PHASES}
         found: dict[str, ObservedJob] = {}
         executor = turns.executor_wanted(run)

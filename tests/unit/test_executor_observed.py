@@ -1,0 +1,120 @@
+"""The shell's view of a run's executor (agentrun.loop.observe): the executor Job status names
+is observed apart from the attempts and strays, and the attempts bound to its pod are observed
+as Jobs from what the executor answered, or as lost once the pod is gone."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+from unittest import mock
+
+from agentrun import settings as s
+from agentrun.api import agent as a
+from agentrun.api import models as m
+from agentrun.core import CreateJob, JobState, PrepareExecutor, turns
+from agentrun.core import executor as ex
+from agentrun.execution import jobs, proof
+from agentrun.loop.reconciler import Apis, Reconciler
+from agentrun.observation.watches import JOBS, PODS, ClusterView, Source
+from tests.support.agent_sim import agent_run, call
+from tests.unit.test_executor import ExecutorSim
+
+
+def _bound_run() -> tuple[ExecutorSim, PrepareExecutor]:
+    """A run whose turn 2 was sent to its executor (generation 1)."""
+    sim = ExecutorSim(agent_run())
+    prepare: list[PrepareExecutor] = []
+    original = sim.apply
+
+    def apply(action: object) -> None:
+        if isinstance(action, PrepareExecutor):
+            prepare.append(action)
+        original(action)
+
+    sim.apply = apply  # type: ignore[method-assign]
+    sim.settle()
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    assert sim.step_status("t2-model").executor_pod == "executor-pod-1"
+    return sim, prepare[0]
+
+
+def _executor_objects(run: m.AgentRun, prepare: PrepareExecutor) -> tuple[dict[str, Any], ...]:
+    intent = CreateJob(prepare.step, prepare.generation, prepare.job_name, "", "")
+    job = jobs.step_job(run, intent, bytes(32))
+    proof.sign(bytes(32), run.metadata.uid, prepare.step.name, prepare.generation, job)
+    job["metadata"]["uid"] = "executor-job-uid"
+    pod = {
+        "metadata": {
+            "name": f"{prepare.job_name}-pod",
+            "namespace": "default",
+            "uid": "executor-pod-1",
+            "labels": dict(job["spec"]["template"]["metadata"]["labels"]),
+            "ownerReferences": [
+                {"controller": True, "uid": "executor-job-uid", "kind": "Job", "name": "j"}
+            ],
+        },
+        "spec": {**copy.deepcopy(job["spec"]["template"]["spec"]), "schedulingGates": []},
+        "status": {"phase": "Running", "podIP": "10.0.0.9"},
+    }
+    return job, pod
+
+
+def _observer(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Reconciler:
+    view = ClusterView()
+    view.replace(Source(JOBS, None), [job] if job is not None else [])
+    view.replace(Source(PODS, None), pods)
+    apis = Apis(core=mock.Mock(), batch=mock.Mock(), custom=mock.Mock())
+    return Reconciler(apis, s.Settings(namespaces=("default",)), view=view)
+
+
+def test_the_executor_is_observed_and_its_attempt_runs_while_its_pod_does() -> None:
+    sim, prepare = _bound_run()
+    job, pod = _executor_objects(sim.run, prepare)
+    rec = _observer(job, [pod])
+    read = rec.observer.adoption.read_job = mock.Mock(return_value=None)
+    observed = rec.observer._observe(sim.run)
+    assert observed.executor is not None and not observed.executor.created_here
+    assert observed.executor.job.name == prepare.job_name
+    assert observed.executor.job.pod_uid == "executor-pod-1"
+    assert prepare.job_name not in {j.name for j in observed.jobs}
+    assert prepare.job_name not in {j.name for j in observed.strays}
+    st = sim.step_status("t2-model")
+    (bound,) = [j for j in observed.jobs if j.name == st.job_name]
+    assert (bound.state, bound.address) == (JobState.ACTIVE, "10.0.0.9")
+    # Its answer, once it came: the attempt as a Job that ended with that message.
+    rec.observer.note_answer(sim.run.metadata.uid, st.job_name or "", 0, '{"ok":true}')
+    (answered,) = [j for j in rec.observer._observe(sim.run).jobs if j.name == st.job_name]
+    assert (answered.state, answered.termination_message) == (JobState.SUCCEEDED, '{"ok":true}')
+    # No Job is read for it: it has none.
+    assert st.job_name not in [c.args[1] for c in read.call_args_list]
+
+
+def test_an_attempt_whose_executor_pod_went_is_observed_as_lost() -> None:
+    sim, prepare = _bound_run()
+    job, _pod = _executor_objects(sim.run, prepare)
+    observed = _observer(job, []).observer._observe(sim.run)
+    st = sim.step_status("t2-model")
+    (lost,) = [j for j in observed.jobs if j.name == st.job_name]
+    assert (lost.state, lost.reason) == (JobState.FAILED, ex.LOST)
+
+
+def test_an_executor_no_longer_named_or_of_a_run_that_ended_is_a_stray() -> None:
+    sim, prepare = _bound_run()
+    job, pod = _executor_objects(sim.run, prepare)
+    ended = sim.run.model_copy(deep=True)
+    assert ended.status is not None and ended.status.agent is not None
+    ended.status.agent.stage = a.AgentStage.ANSWERED
+    ended.status.steps = []
+    assert turns.executor_wanted(ended) is None
+    observed = _observer(job, [pod]).observer._observe(ended)
+    assert observed.executor is None
+    assert [j.name for j in observed.strays] == [prepare.job_name]
+    # And one whose name status no longer gives (a later generation is named).
+    renamed = sim.run.model_copy(deep=True)
+    assert renamed.status is not None and renamed.status.agent is not None
+    renamed.status.agent.executor = a.ExecutorStatus(generation=2, job_name="another")
+    renamed.status.steps = []
+    observed = _observer(job, [pod]).observer._observe(renamed)
+    assert observed.executor is None
+    assert [j.name for j in observed.strays] == [prepare.job_name]
