@@ -5,101 +5,23 @@ replaced when it ends."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import (
-    AheadJob,
     CreateJob,
     JobState,
-    Observed,
-    ObservedJob,
-    PodRef,
-    PrepareExecutor,
     PrepareTurn,
     SendTurn,
-    StartPod,
     reconcile,
     turns,
 )
 from agentrun.core import executor as ex
-from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call, turn_envelope
+from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call
+from tests.support.executor_sim import ExecutorSim
 
 KEYED = {"baseURL": "http://127.0.0.1:9/v1", "name": "m",
          "apiKeySecretRef": {"name": "llm-key", "key": "token"}}  # fmt: skip
-
-
-@dataclass
-class SimExecutor:
-    generation: int
-    state: JobState = JobState.ACTIVE
-    created_here: bool = True
-    started: bool = False
-    """Its pod was let start (StartPod): it then runs, with an address."""
-
-    @property
-    def pod_uid(self) -> str:
-        return f"executor-pod-{self.generation}"
-
-
-@dataclass
-class ExecutorSim(AgentSim):
-    """The agent loop with a shell that makes executors and sends them turns."""
-
-    executors: dict[str, SimExecutor] = field(default_factory=dict)
-    sent: list[SendTurn] = field(default_factory=list)
-    answers: dict[str, tuple[int, str]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        agent = dataclasses.replace(self.config.agent, executor=True)
-        self.config = dataclasses.replace(self.config, agent=agent)
-
-    def executor_job(self) -> AheadJob | None:
-        ag = self.run.status.agent if self.run.status else None
-        named = ag.executor.job_name if ag is not None and ag.executor is not None else None
-        found = self.executors.get(named or "")
-        if named is None or found is None:
-            return None
-        running = found.started and found.state == JobState.ACTIVE
-        job = ObservedJob(
-            named,
-            turns.EXECUTOR_STEP,
-            found.generation,
-            found.state,
-            start_pod=None if found.started else PodRef(f"{named}-pod", found.pod_uid),
-            address="10.0.0.9" if running else None,
-            pod_uid=found.pod_uid if running else None,
-            running_since=self.now if running else None,
-        )
-        return AheadJob(job, found.created_here)
-
-    def observed(self) -> Observed:
-        base = super().observed()
-        executor = self.executor_job()
-        bound = ex.attempts_on(self.run, executor.job if executor else None, self.answers)
-        return dataclasses.replace(base, jobs=(*base.jobs, *bound), executor=executor)
-
-    def apply(self, action: object) -> None:
-        if isinstance(action, PrepareExecutor):
-            self.executors.setdefault(action.job_name, SimExecutor(action.generation))
-            return
-        if isinstance(action, StartPod) and action.job_name in self.executors:
-            self.executors[action.job_name].started = True
-            return
-        if isinstance(action, SendTurn) and action.executor:
-            self.sent.append(action)
-            return
-        super().apply(action)
-
-    def executor_answers(self, content: str = "", calls: Any = (), **usage: Any) -> None:
-        """The executor answers the model turn's attempt in flight; the run settles."""
-        self.settle()
-        pending = [s for s in self.sent if s.job_name not in self.answers]
-        assert pending, f"no turn sent to the executor: {self.status.message}"
-        self.answers[pending[-1].job_name] = (0, turn_envelope(content, calls, **usage))
-        self.settle()
 
 
 def _model_attempt(sim: AgentSim, turn: int) -> m.StepStatus:

@@ -17,7 +17,7 @@ from agentrun.execution import jobs, proof
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.watches import JOBS, PODS, ClusterView, Source
 from tests.support.agent_sim import agent_run, call
-from tests.unit.test_executor import ExecutorSim
+from tests.support.executor_sim import ExecutorSim
 
 
 def _bound_run() -> tuple[ExecutorSim, PrepareExecutor]:
