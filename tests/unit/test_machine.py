@@ -238,6 +238,18 @@ def test_run_deadline_stops_running_steps_and_fails_the_run() -> None:
     assert sim.status.usage is not None and sim.status.usage.wall_time_seconds == 60
 
 
+def test_a_launch_whose_create_was_lost_is_not_created_once_the_deadline_passed() -> None:
+    sim = Sim(make_run([step("a")], budget={"maxWallTimeSeconds": 30}))
+    decision, version = sim.decide()
+    assert sim.commit(decision, version)  # the intent, then the operator died: no Job
+    assert sim.step_status("a").phase == SP.LAUNCHING and not sim.jobs
+    sim.advance(30)
+    decision = sim.tick()
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert not [a for a in decision.after_commit if isinstance(a, CreateJob)]
+    assert sim.step_status("a").phase == SP.CANCELLED and not sim.jobs
+
+
 def test_max_steps_budget_stops_before_the_extra_step() -> None:
     sim = Sim(make_run([step("a"), step("b", "a"), step("c", "b")], budget={"maxSteps": 2}))
     sim.run_to_end()

@@ -22,7 +22,7 @@ from datetime import timedelta
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent_loop, children
-from agentrun.core.actions import DeleteJob, DeleteRun, ReleaseJob
+from agentrun.core.actions import CreateJob, DeleteJob, DeleteRun, ReleaseJob
 from agentrun.core.builder import Builder, all_steps, floor_seconds, truncate
 from agentrun.core.observed import JobState, ObservedJob
 
@@ -76,12 +76,17 @@ def abort(b: Builder, phase: m.RunPhase, reason: str, message: str, by: str | No
     """End the run now: stop running attempts (cancel running children), keep every committed
     result."""
     children.switches(b, cancel=True)
+    stopped = set()
     for st in b.steps.values():
         if st.phase in m.ACTIVE_STEP_PHASES:
             if st.job_name and not children.is_child_step(b, st.name):
                 b.after.append(DeleteJob(st.job_name, reason))
+                stopped.add(st.job_name)
             st.finished_at = b.now
             b.move(st, SP.CANCELLED, reason, f"stopped: {message}", by)
+    # A committed intent whose Job this pass was about to create (again) is not carried out:
+    # the run ends in this same write.
+    b.after[:] = [a for a in b.after if not (isinstance(a, CreateJob) and a.job_name in stopped)]
     end_run(b, phase, reason, message, by)
 
 
