@@ -277,41 +277,40 @@ class Actor:
         return manifest
 
     def _prepare_turn(self, run: m.AgentRun, action: PrepareTurn) -> None:
-        """Create the next model turn's Job before its turn (see PrepareTurn). Once per name
-        in this process; one that exists already is left to the turn's intent to verify."""
-        if not self.turns.first_preparation(run.metadata.uid, action.job_name):
-            return
-        manifest = self._signed_job(run, CreateJob(action.step, 1, action.job_name, "", ""))
-        with tolerate(409, *JOB_REFUSALS) as refused:
-            created = self.apis.batch.create_namespaced_job(
-                run.metadata.namespace, manifest, _preload_content=False
-            )
-        if refused:  # it exists, or is refused: the turn's own create will say
-            return
-        self.adoption.made(json.loads(created.data))
-        log.info("created Job %s ahead of its turn", action.job_name, extra=run_fields(run))
-        self.checkpoint("after-turn-prepare")
+        """Create the next model turn's Job before its turn (see PrepareTurn). One that exists
+        already, or is refused, is left to the turn's intent to verify (its own create says)."""
+        intent = CreateJob(action.step, 1, action.job_name, "", "")
+        if self._create_once(run, intent):
+            log.info("created Job %s ahead of its turn", action.job_name, extra=run_fields(run))
+            self.checkpoint("after-turn-prepare")
 
     def _prepare_executor(self, run: m.AgentRun, action: PrepareExecutor) -> None:
-        """Create the run's executor (see PrepareExecutor). Once per name in this process;
-        one that exists already is found by the next pass (and used only if this process
-        made it)."""
-        if not self.turns.first_preparation(run.metadata.uid, action.job_name):
-            return
+        """Create the run's executor (see PrepareExecutor). One that exists already is found
+        by the next pass (and used only if this process made it)."""
         intent = CreateJob(action.step, action.generation, action.job_name, "", "")
+        if self._create_once(run, intent, warn="the run's executor"):
+            log.info("created the run's executor %s", action.job_name, extra=run_fields(run))
+            self.checkpoint("after-executor-create")
+
+    def _create_once(self, run: m.AgentRun, intent: CreateJob, warn: str = "") -> bool:
+        """Create ``intent``'s Job, signed, once per name in this process (no intent is
+        committed for it: a Job made ahead of its turn, or a run's executor); whether this
+        call created it. A refusal other than AlreadyExists is logged when ``warn`` names
+        what the Job is."""
+        if not self.turns.first_preparation(run.metadata.uid, intent.job_name):
+            return False
         manifest = self._signed_job(run, intent)
         with tolerate(409, *JOB_REFUSALS) as refused:
             created = self.apis.batch.create_namespaced_job(
                 run.metadata.namespace, manifest, _preload_content=False
             )
         if refused:
-            log.warning("the run's executor %s was not created: %s", action.job_name,
-                        api_message(refused.error) if refused.error else "refused",
-                        extra=run_fields(run))  # fmt: skip
-            return
+            if warn and refused.error is not None:
+                log.warning("%s %s was not created: %s", warn, intent.job_name,
+                            api_message(refused.error), extra=run_fields(run))  # fmt: skip
+            return False
         self.adoption.made(json.loads(created.data))
-        log.info("created the run's executor %s", action.job_name, extra=run_fields(run))
-        self.checkpoint("after-executor-create")
+        return True
 
     def _create_child(self, run: m.AgentRun, action: CreateChild) -> None:
         """Create a sub-agent call's child AgentRun. One already holding its name is left

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from agentrun import settings as s
 from agentrun.access import audit, authz
@@ -45,6 +45,8 @@ from agentrun.loop.written import Written
 from agentrun.observation import conversation as resume
 from agentrun.observation.adoption import Adoption
 from agentrun.observation.watches import ClusterView
+
+V = TypeVar("V")
 
 Report = Callable[[m.AgentRun, str, str], None]
 """``report(run, reason, message)``: a Warning about the run, logged and posted as an Event."""
@@ -141,15 +143,20 @@ class Observer:
         in_flight = {
             st.job_name
             for st in (run.status.steps if run.status else None) or []
-            if st.executor_pod is not None and st.phase in m.ACTIVE_STEP_PHASES
+            if st.job_name and st.executor_pod is not None and st.phase in m.ACTIVE_STEP_PHASES
         }
+        return self._kept(self._answers, run.metadata.uid, in_flight)
+
+    def _kept(self, notes: dict[str, dict[str, V]], run_uid: str, names: set[str]) -> dict[str, V]:
+        """The run's entries of ``notes`` for ``names`` (attempts still in flight); the
+        others are dropped."""
         with self._guard:
-            known = self._answers.get(run.metadata.uid, {})
-            kept = {k: v for k, v in known.items() if k in in_flight}
+            known = notes.get(run_uid, {})
+            kept = {k: v for k, v in known.items() if k in names}
             if kept:
-                self._answers[run.metadata.uid] = kept
+                notes[run_uid] = dict(kept)
             else:
-                self._answers.pop(run.metadata.uid, None)
+                notes.pop(run_uid, None)
         return kept
 
     def refusals_of(self, run_uid: str) -> set[str]:
@@ -303,13 +310,7 @@ class Observer:
             for st in steps
             if st.job_name and st.phase in (m.StepPhase.LAUNCHING, m.StepPhase.RUNNING)
         }
-        with self._guard:
-            known = self._tampered.get(run.metadata.uid, {})
-            tampered = {k: v for k, v in known.items() if k in in_flight}
-            if tampered:
-                self._tampered[run.metadata.uid] = dict(tampered)
-            else:
-                self._tampered.pop(run.metadata.uid, None)
+        tampered = self._kept(self._tampered, run.metadata.uid, in_flight)
         return dataclasses.replace(observed, tampered=tampered) if tampered else observed
 
     def _with_carried_sources(self, run: m.AgentRun, observed: Observed) -> Observed:

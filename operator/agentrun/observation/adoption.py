@@ -474,19 +474,19 @@ class Adoption:
         """The next model turn's Job ``name`` (made before its turn) as the view holds it,
         None when there is none controlled by the run. Its pods are read only when this
         process created it: only then may its pod start before the turn's intent."""
-        job = self._current_object(run.metadata.namespace, name)
-        if job is None or not _controlled_by(job, run.metadata.uid):
-            return None
-        with self._lock:
-            here = self._made_here(job)
-        observed = self._observe_verified(run, job) if here else jobs.observe_job(job, None)
-        return None if observed is None else AheadJob(observed, here)
+        return self._observe_made(run, name, pods_otherwise=False)
 
     def observe_executor(self, run: m.AgentRun, name: str) -> AheadJob | None:
         """The run's executor, the Job ``name`` (status names it), as the view holds it;
         None when there is none controlled by the run. One this process created is observed
         as a step Job is (its pod let start by this process only); another only with its
         pods as they are, for an attempt bound to its pod's uid to be asked of it."""
+        return self._observe_made(run, name, pods_otherwise=True)
+
+    def _observe_made(self, run: m.AgentRun, name: str, pods_otherwise: bool) -> AheadJob | None:
+        """Job ``name`` of the run, made with no committed intent (see the two callers): in
+        full when this process created it, else with its own pods (``pods_otherwise``) or
+        from the Job alone."""
         job = self._current_object(run.metadata.namespace, name)
         if job is None or not _controlled_by(job, run.metadata.uid):
             return None
@@ -494,9 +494,11 @@ class Adoption:
             here = self._made_here(job)
         if here:
             observed = self._observe_verified(run, job)
-        else:
+        elif pods_otherwise:
             pods = [p for p in self.view.pods_of_job(_uid(job)) if _controlled_by(p, _uid(job))]
             observed = jobs.observe_job(job, pods)
+        else:
+            observed = jobs.observe_job(job, None)
         return None if observed is None else AheadJob(observed, here)
 
     def _classify(

@@ -30,8 +30,6 @@ Job's, fixed when the operator made it from the run's frozen model.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import sys
@@ -89,8 +87,7 @@ class Turns:
         self._attempts: OrderedDict[str, Attempt] = OrderedDict()
 
     def _authorized(self, request: Mapping[str, Any]) -> bool:
-        given = hashlib.sha256(str(request.get("token", "")).encode()).hexdigest()
-        return hmac.compare_digest(given, self.token_sha256)
+        return llm.token_matches(str(request.get("token", "")), self.token_sha256)
 
     def take(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """``POST /turn``: HTTP status and answer."""
@@ -123,16 +120,8 @@ class Turns:
             self._attempts[name] = taken
             while len(self._attempts) > REMEMBERED:
                 self._attempts.popitem(last=False)
-        env = {
-            **self.env,
-            pod_env.ENV_TURN: str(turn),
-            s.ENV_STEP: step,
-            s.ENV_ATTEMPT: str(attempt),
-            s.ENV_IDEMPOTENCY_KEY: key,
-            pod_env.ENV_CONTEXT_PARTS: str(len(parts)),
-            pod_env.ENV_CONTEXT_SHA256: digest,
-            **{f"{pod_env.ENV_CONTEXT_PART}{i}": part for i, part in enumerate(parts)},
-        }
+        more = {pod_env.ENV_TURN: str(turn), s.ENV_STEP: step, s.ENV_ATTEMPT: str(attempt)}
+        env = llm.request_env(self.env, parts, digest, key, **more)
         threading.Thread(
             target=self._run, args=(taken, env), name=f"turn-{name}", daemon=True
         ).start()

@@ -421,8 +421,7 @@ class TurnRequests:
             key = str(request["idempotencyKey"])
         except (ValueError, KeyError, TypeError):
             return 400, {"error": "not a turn's request (token, parts, sha256, idempotencyKey)"}
-        given = hashlib.sha256(token.encode()).hexdigest()
-        if not hmac.compare_digest(given, self.token_sha256):
+        if not token_matches(token, self.token_sha256):
             return 403, {"error": "the token is not this turn's"}
         with self._lock:
             if self.taken is not None:
@@ -436,13 +435,28 @@ class TurnRequests:
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` with the taken request's context and key, as a turn run by hand reads them."""
         assert self.taken is not None
-        merged = dict(env)
-        merged[pod_env.ENV_CONTEXT_PARTS] = str(len(self.taken["parts"]))
-        merged[pod_env.ENV_CONTEXT_SHA256] = self.taken["sha256"]
-        merged[s.ENV_IDEMPOTENCY_KEY] = self.taken["idempotencyKey"]
-        for i, part in enumerate(self.taken["parts"]):
-            merged[f"{pod_env.ENV_CONTEXT_PART}{i}"] = part
-        return merged
+        taken = self.taken
+        return request_env(env, taken["parts"], taken["sha256"], taken["idempotencyKey"])
+
+
+def token_matches(token: str, token_sha256: str) -> bool:
+    """Whether ``token`` is the one whose sha256 the pod's Job names."""
+    return hmac.compare_digest(hashlib.sha256(token.encode()).hexdigest(), token_sha256)
+
+
+def request_env(
+    env: Mapping[str, str], parts: list[str], digest: str, key: str, **more: str
+) -> dict[str, str]:
+    """``env`` with a request's context (its parts and their digest), idempotency key and
+    ``more`` variables, as a turn run by hand reads them."""
+    return {
+        **env,
+        **more,
+        pod_env.ENV_CONTEXT_PARTS: str(len(parts)),
+        pod_env.ENV_CONTEXT_SHA256: digest,
+        s.ENV_IDEMPOTENCY_KEY: key,
+        **{f"{pod_env.ENV_CONTEXT_PART}{i}": part for i, part in enumerate(parts)},
+    }
 
 
 Route = Callable[[bytes], tuple[int, dict[str, Any]]]
