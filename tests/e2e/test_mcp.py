@@ -403,6 +403,46 @@ def test_an_agent_calls_the_allowed_tools_of_an_mcp_server_as_steps(
     assert model.refused == [], "the operator sent a request a real server refuses"
 
 
+def test_an_agents_mcp_calls_run_on_its_executor_once_each(
+    kube: KubeClients,
+    namespace: str,
+    loop_operator: OperatorProcess,
+    server: Server,
+    auth_secret: str,
+    model: ScriptedModel,
+) -> None:
+    """With the run's executor running (docs/agent.md, "The run's executor"), a call of an MCP
+    server's tool is sent to it instead of a Job of its own: the executor sends the header's
+    value from the Secret its Job takes, and each call reaches the server once."""
+    calls = 3
+    for turn in range(1, calls + 1):
+        model.add(reply("", [tool_call("add", {"a": turn, "b": 10}, f"c{turn}")]))
+    model.add(reply("done"))
+    body = agent_run("mcp-executor", model, agent={"mcpServers": [_entry(server, "add")]})
+    created = create(kube, namespace, body)
+    run = wait_phase(kube, namespace, "mcp-executor", "Succeeded", timeout=240)
+    uid = created["metadata"]["uid"]
+    sent = model.completions()
+    for turn in range(1, calls + 1):
+        answer = json.loads(sent[turn].tool_answers[f"c{turn}"])
+        assert answer["structuredContent"] == {"result": turn + 10}, answer
+    reached = server.calls()
+    assert sorted(c["key"].split(":")[2] for c in reached) == [f"c{t}" for t in range(1, 4)]
+    assert {c["authorization"] for c in reached} == {TOKEN}
+    launched = {
+        t["step"]: t.get("message") or ""
+        for t in status_of(run).get("history") or []
+        if t.get("reason") == "Launching" and str(t.get("step", "")).endswith("-add")
+    }
+    on_executor = sorted(n for n, said in launched.items() if "on the run's executor" in said)
+    print("MCP calls launched on the executor:", on_executor, "of", sorted(launched))
+    assert on_executor, f"no MCP call ran on the run's executor: {launched}"
+    jobs = kube.batch.list_namespaced_job(namespace, label_selector=f"agentrun.dev/run-uid={uid}")
+    job_steps = {(j.metadata.labels or {}).get("agentrun.dev/step") for j in jobs.items}
+    assert not job_steps & set(on_executor), "a call sent to the executor had a Job too"
+    assert TOKEN not in json.dumps(run)
+
+
 def test_a_gated_mcp_call_approved_after_the_server_changed_the_tool_is_refused_unsent(
     cluster: TestCluster,
     kube: KubeClients,

@@ -1,23 +1,27 @@
 """The run's executor as the core decides it (:mod:`agentrun.core.executor`): made once per
-run, each model turn's attempt bound to its pod and sent to it, lost attempts retried, and
-replaced when it ends."""
+run, each model turn's attempt (and each call of an MCP server's tool) bound to its pod and
+sent to it, lost attempts retried, and replaced when it ends."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from agentrun.api import agent as a
+from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.core import (
     CreateJob,
     JobState,
     PrepareTurn,
     SendTurn,
+    mcp,
     reconcile,
     turns,
 )
+from agentrun.core import agent_loop as loop
 from agentrun.core import executor as ex
-from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call
+from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call, tool_envelope
 from tests.support.executor_sim import ExecutorSim
 
 KEYED = {"baseURL": "http://127.0.0.1:9/v1", "name": "m",
@@ -217,3 +221,84 @@ def test_a_retry_that_finds_no_executor_running_is_a_job_not_bound_to_the_lost_p
     st = next(s for s in decision.status.steps or [] if s.name == "t2-model")
     assert st.attempt == 2 and st.executor_pod is None
     assert [c.job_name for c in decision.after_commit if isinstance(c, CreateJob)] == [st.job_name]
+
+
+MCP_SERVER = {
+    "name": "tools",
+    "url": "http://tools.team.svc:8000/mcp",
+    "headers": [{"name": "Authorization", "secretKeyRef": {"name": "mcp", "key": "token"}}],
+    "tools": [{"name": "lookup"}],
+}
+LOOKUP = {"name": "lookup", "description": "Look a word up.", "inputSchema": {"type": "object"}}
+MCP_SECRET = ("get", "secrets", "mcp")
+
+
+def _mcp_sim(granted: bool = True) -> ExecutorSim:
+    """A run with one MCP server whose discovery step has reported its tool."""
+    sim = ExecutorSim(agent_run(mcpServers=[MCP_SERVER]))
+    if granted:
+        sim.granted = frozenset({MCP_SECRET})
+    sim.settle()
+    (job,) = sim.tool_jobs()
+    server = mcp_api.McpServer.model_validate(MCP_SERVER)
+    found = mcp.pin(server, [LOOKUP])
+    sim.finish(job.name, True, tool_envelope(json.dumps(found.to_wire()), "1 tool"))
+    sim.settle()
+    return sim
+
+
+def test_a_call_of_an_mcp_tool_goes_to_the_executor_which_holds_the_header_secret() -> None:
+    sim = _mcp_sim()
+    executor_job = turns.executor_name(sim.run, 1)
+    assert sim.executors[executor_job].started
+    # The executor's Job takes the header's Secret under a name of its own.
+    step = turns.executor_step(sim.run, sim.agent, sim.config.agent)
+    ref = m.SecretKeySelector(name="mcp", key="token")
+    held = next(e for e in step.container.env or [] if e.name == turns.executor_secret_env(ref))
+    assert held.value_from is not None and held.value_from.secret_key_ref == ref
+    sim.answer("", [call("lookup", {"word": "latency"}, "c1")])
+    st = sim.step_status("t1-0-lookup")
+    assert st.executor_pod == "executor-pod-1" and st.job_name not in sim.jobs
+    (sent,) = {s for s in sim.sent if s.step == "t1-0-lookup"}
+    assert (sent.program, sent.executor, sent.parts) == (ex.MCP_CALL, executor_job, 0)
+    env = dict(sent.env)
+    assert json.loads(env[loop.ENV_TOOL_ARGS]) == {"word": "latency"}
+    assert json.loads(env[turns.ENV_MCP_PINNED])["digest"] == mcp.tool_digest(LOOKUP)
+    assert dict(sent.secret_env) == {f"{turns.ENV_MCP_HEADER}0": turns.executor_secret_env(ref)}
+    assert sent.digest == ex.call_digest(sent.env, sent.secret_env)
+    assert sent.idempotency_key == st.idempotency_key
+    # Asked again on every pass until it answers (the shell sends once per process).
+    decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
+    again = [s for s in decision.after_commit if isinstance(s, SendTurn)]
+    assert [(s.job_name, s.program) for s in again] == [(st.job_name, ex.MCP_CALL)]
+    recorded = {"isError": False, "content": [{"type": "text", "text": "latency: delay"}]}
+    sim.answers[st.job_name or ""] = (0, tool_envelope(json.dumps(recorded), "latency: delay"))
+    sim.settle()
+    assert sim.agent.turn == 2
+    (outcome,) = sim.transcript()[0]["toolCalls"]
+    assert outcome["outcome"] == "Succeeded" and json.loads(outcome["result"]) == recorded
+    assert not [j for j in sim.creations if "lookup" in j]
+
+
+def test_without_the_header_secrets_confirmed_there_is_no_executor_and_calls_are_jobs() -> None:
+    sim = _mcp_sim(granted=False)
+    assert sim.agent.executor is None and not sim.executors
+    sim.answer("", [call("lookup", {"word": "latency"}, "c1")])
+    assert [j.step for j in sim.tool_jobs()] == ["t1-0-lookup"]
+    assert sim.step_status("t1-0-lookup").executor_pod is None
+
+
+def test_a_call_whose_variable_the_executor_does_not_hold_is_not_sent_to_it() -> None:
+    sim = _mcp_sim()
+    step = turns.executor_step(sim.run, sim.agent, sim.config.agent)
+    other = m.SecretKeySelector(name="other", key="token")
+    source = m.EnvVarSource(secret_key_ref=m.SecretKeySelector(name="other", key="token"))
+    foreign = step.model_copy(
+        update={
+            "container": step.container.model_copy(
+                update={"env": [m.EnvVar(name=f"{turns.ENV_MCP_HEADER}0", value_from=source)]}
+            )
+        }
+    )
+    assert turns.executor_secret_env(other) not in turns.executor_secrets(sim.run.spec.agent)
+    assert ex.call_env(sim.run, foreign) is None

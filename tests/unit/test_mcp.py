@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import Context, MCPServer
@@ -19,8 +20,8 @@ from agentrun import settings as s
 from agentrun.api import mcp as api
 from agentrun.core import mcp as core
 from agentrun.core.naming import sha256_text
+from agentrun.pod import executor, runner
 from agentrun.pod import mcp as pod
-from agentrun.pod import runner
 from tests.support.stores import FakeStore
 
 ADD = {
@@ -409,3 +410,111 @@ def test_arguments_that_do_not_match_the_pinned_schema_are_not_sent(tmp_path: Pa
     said = _termination(tmp_path)
     assert "'b' is a required property" in said and said.endswith("the call was not sent")
     assert calc.calls == []
+
+
+# -- the call on the run's executor -------------------------------------------------------------
+
+TOKEN = "executor-token"
+HELD = "AGENTRUN_EXECUTOR_SECRET_0123456789ABCDEF"
+
+
+def _call_request(pinned: api.PinnedTool, server: api.McpServer, **changes: Any) -> bytes:
+    env = {
+        pod.ENV_SERVER: json.dumps(server.to_wire()),
+        pod.ENV_PINNED: pinned.model_dump_json(),
+        pod.ENV_TOOL_ARGS: '{"a": 2, "b": 3}',
+    }
+    secret = {f"{pod.ENV_HEADER}0": HELD}
+    request: dict[str, Any] = {
+        "token": TOKEN,
+        "job": "r-t1-0-add-1",
+        "step": "t1-0-add",
+        "attempt": 1,
+        "turn": 1,
+        "idempotencyKey": "uid:1:call_1:abc",
+        "program": executor.MCP_CALL,
+        "env": env,
+        "secretEnv": secret,
+        "timeoutSeconds": 30,
+    }
+    request.update(changes)
+    request.setdefault("sha256", executor.call_digest(request["env"], request["secretEnv"]))
+    return json.dumps(request).encode()
+
+
+def _executor(calc: Calc, seen: list[Mapping[str, str]], connect: Any = None) -> executor.Turns:
+    env = {HELD: "Bearer t0ken", "AGENTRUN_MODEL_API_KEY": "model-key"}
+    turn = executor.turn_call(store_factory=_no_store)
+    call = executor.mcp_call(connect or _connect(calc, seen), _no_store)
+    return executor.Turns(env, sha256_text(TOKEN), turn, call)
+
+
+def _answer(turns: executor.Turns, job: str = "r-t1-0-add-1") -> dict[str, Any]:
+    code, answer = turns.answer(json.dumps({"token": TOKEN, "job": job, "wait": 30}).encode())
+    assert code == 200, answer
+    return answer
+
+
+def test_the_executor_runs_a_call_once_with_the_header_value_it_holds(tmp_path: Path) -> None:
+    calc = Calc()
+    server = _server("add", headers=1)
+    env = _env(tmp_path, server, **{f"{pod.ENV_HEADER}0": "Bearer t0ken"})
+    assert pod.run("discover", env, _connect(calc), _no_store) == 0
+    tool = json.loads(_termination(tmp_path))["result"]["tools"][0]
+    add = api.PinnedTool(server="calc", name="add", digest=tool["digest"])
+    seen: list[Mapping[str, str]] = []
+    turns = _executor(calc, seen)
+    body = _call_request(add, server)
+    code, taken = turns.take(body)
+    assert code == 202
+    answer = _answer(turns)
+    assert answer["exitCode"] == 0 and answer["taken"] == taken["taken"]
+    assert json.loads(answer["message"])["result"]["structuredContent"] == {"result": 5}
+    assert seen == [{"X-H0": "Bearer t0ken"}]
+    # A repeat is answered from what was taken; the same attempt with other arguments is not.
+    assert turns.take(body)[0] == 200
+    other = _call_request(add, server, env={**json.loads(body)["env"], pod.ENV_TOOL_ARGS: "{}"})
+    assert turns.take(other)[0] == 409
+    assert calc.calls == ["add"]
+
+
+def test_the_executor_refuses_a_call_it_cannot_run_as_its_step_would(tmp_path: Path) -> None:
+    calc = Calc()
+    server = _server("add", headers=1)
+    add = api.PinnedTool(server="calc", name="add", digest="0" * 64)
+    turns = _executor(calc, [])
+    wrong_token = _call_request(add, server, token="guess")
+    assert turns.take(wrong_token)[0] == 403
+    env = json.loads(_call_request(add, server))["env"]
+    cases: dict[str, dict[str, Any]] = {
+        "a variable a call's step has not": {"env": {**env, "PATH": "/tmp"}},
+        "a Secret it does not hold": {"secretEnv": {f"{pod.ENV_HEADER}0": "AGENTRUN_OTHER"}},
+        "another of its own variables": {
+            "secretEnv": {f"{pod.ENV_HEADER}0": "AGENTRUN_MODEL_API_KEY"}
+        },
+        "a digest of something else": {"sha256": "0" * 64},
+        "a program it does not run": {"program": "shell"},
+    }
+    for why, changes in cases.items():
+        code, answer = turns.take(_call_request(add, server, **changes))
+        assert code == 400, why
+        assert answer["error"], why
+    assert calc.calls == []
+
+
+def test_the_executor_stops_a_call_at_its_timeout(tmp_path: Path) -> None:
+    server = _server("add")
+    add = api.PinnedTool(server="calc", name="add", digest="0" * 64)
+
+    @asynccontextmanager
+    async def stuck(server: api.McpServer, headers: Mapping[str, str]) -> AsyncIterator[Any]:
+        await anyio.sleep(30)
+        yield None
+
+    turns = _executor(Calc(), [], stuck)
+    assert turns.take(_call_request(add, server, secretEnv={}, timeoutSeconds=1))[0] == 202
+    answer = _answer(turns)
+    assert answer["exitCode"] == 1
+    assert answer["message"] == (
+        "the call of add did not end within 1 s (the tool's timeoutSeconds): stopped"
+    )

@@ -52,7 +52,8 @@ class SendTurn:
     """Send a model turn's pod its request: the turn's context (the run's ConfigMap
     ``context_name``, checked against ``digest``) and idempotency key, with the one-time token
     its Job names. Safe to repeat: the pod takes one request in its life and answers a
-    repeat with the digest it took (an executor, one request per attempt)."""
+    repeat with the digest it took (an executor, one request per attempt). Sent to the run's
+    executor, the attempt may also be a call of an MCP server's tool (``program``)."""
 
     job_name: str
     step: str
@@ -67,6 +68,17 @@ class SendTurn:
     ``job_name`` names the attempt, not a Job. The executor takes each attempt once and keeps
     its outcome, which the shell asks for until it has it."""
     turn: int = 0
+    program: str = ""
+    """Empty for a model turn; ``mcp-call`` for a call of an MCP server's tool sent to the
+    run's executor (:func:`agentrun.core.executor.call_request`): then there is no context
+    (``parts`` 0), ``env`` holds the call step's own variables, ``secret_env`` names, for each
+    of its variables taken from a Secret, the executor's variable holding that Secret's
+    value, and ``digest`` is the sha256 of both (the executor takes an attempt once, with
+    one request)."""
+    env: tuple[tuple[str, str], ...] = ()
+    secret_env: tuple[tuple[str, str], ...] = ()
+    timeout_seconds: int | None = None
+    """The call's own limit (the step's timeoutSeconds): the executor stops it then."""
 
 
 @dataclass(frozen=True)

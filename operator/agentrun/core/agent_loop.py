@@ -847,6 +847,20 @@ def _send_turn(b: Host, ag: a.AgentStatus, st: m.StepStatus) -> None:
         b.after.extend(_request(ag, st, job))
 
 
+def _unsettled(st: m.StepStatus | None) -> bool:
+    return st is None or st.phase not in m.TERMINAL_STEP_PHASES
+
+
+def _send_call(b: Host, st: m.StepStatus, config: AgentConfig) -> None:
+    """Send the run's executor the request of the call's attempt ``st`` bound to it, while
+    it runs there (it answers a repeat without a second call: an operator restarted while
+    the call ran asks for its outcome so)."""
+    holder = executor.holding(b, st) if st.phase in (SP.LAUNCHING, SP.RUNNING) else None
+    step = next((x for x in current_steps(b, config) if x.name == st.name), None)
+    if holder is not None and step is not None:
+        b.after.extend(executor.call_request(st, step, holder, b.run))
+
+
 def _request(ag: a.AgentStatus, st: m.StepStatus, job: ObservedJob) -> list[Action]:
     if job.state != JobState.ACTIVE:
         return []
@@ -861,17 +875,22 @@ def _ahead(b: Host, name: str) -> AheadJob | None:
 def launch_actions(
     b: Host, st: m.StepStatus, create: CreateJob, config: AgentConfig
 ) -> list[Action]:
-    """What carries out a committed launch intent: its Job's create; for a model turn that
-    the run's executor takes (:mod:`agentrun.core.executor`), the request to it, once the
-    intent (binding the attempt to the executor's pod) is committed; for a model turn whose
+    """What carries out a committed launch intent: its Job's create; for a model turn or a
+    call of an MCP server's tool that the run's executor takes (:mod:`agentrun.core.executor`),
+    the request to it, once the intent (binding the attempt to the executor's pod) is
+    committed; for a model turn whose
     Job this process made ahead of the turn (:class:`PrepareTurn`), none is needed, and its
     request goes as soon as the intent is committed when its pod runs already."""
     ag = b.status.agent
-    holder = executor.usable(b, config) if is_model_turn(st.name) else None
+    model = is_model_turn(st.name)
+    call = not model and executor.takes_call(b, create.step, len(create.input_env))
+    holder = executor.usable(b, config) if model or call else None
     if st.executor_pod is not None:
         st.executor_pod = None  # an earlier attempt's: this one is bound anew
     if ag is not None and holder is not None:
         st.executor_pod = holder.pod_uid
+        if call:
+            return executor.call_request(st, create.step, holder, b.run)
         return executor.request(ag, st, holder)
     ahead = _ahead(b, create.job_name)
     if (
@@ -967,11 +986,13 @@ def _prepare_next_turn(
 
 def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
     calls = ag.calls or []
-    for call in calls:
-        st = b.steps.get(call.step or "")
-        if call.step and (st is None or st.phase not in m.TERMINAL_STEP_PHASES):
-            _prepare_next_turn(b, agent, ag, config)
-            return  # still running, waiting for approval or retrying
+    running = [b.steps.get(c.step) for c in calls if c.step and _unsettled(b.steps.get(c.step))]
+    if running:  # still running, waiting for approval or retrying
+        for st in running:
+            if st is not None and st.executor_pod is not None:
+                _send_call(b, st, config)
+        _prepare_next_turn(b, agent, ag, config)
+        return
     output = _model_output(b, ag)
     if output is None or isinstance(output, str):  # read in the pass that took it
         _wait(b)

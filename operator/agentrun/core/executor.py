@@ -27,20 +27,24 @@ loop keeps one executor per run while the run may still take turns:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
+from agentrun.core import naming
 from agentrun.core.actions import Action, PrepareExecutor, SendTurn, StartPod
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
 from agentrun.core.turns import (
     EXECUTOR_STAGES,
     AgentConfig,
     Host,
+    call_of,
     executor_name,
+    executor_secret_env,
+    executor_secrets,
     executor_step,
-    model_turn_step,
-    rights_confirmed,
+    mcp_tools_of,
+    rights_granted,
     turn_of_step,
 )
 
@@ -64,9 +68,11 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
         return
     if any(st.phase == m.StepPhase.WAITING_FOR_APPROVAL for st in b.steps.values()):
         return  # that may take long: one that ended meanwhile is made again once it is over
-    if not rights_confirmed(b, model_turn_step(b.run, ag, max(ag.turn, 1), config)):
-        # Its pod holds what its creator must be allowed to use (the model's API key
-        # Secret): made, and let start, only while the shell found that granted.
+    step = executor_step(b.run, ag, config)
+    if not rights_granted(b, step):
+        # Its pod holds what its creator must be allowed to use (the model's API key Secret,
+        # the MCP servers' header Secrets): made, and let start, only while the shell found
+        # that granted.
         return
     current = ag.executor
     found = b.observed.executor
@@ -81,14 +87,13 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
         generation = current.generation + 1 if current is not None else 1
         name = executor_name(b.run, generation)
         ag.executor = a.ExecutorStatus(generation=generation, job_name=name)
-        b.later.append(PrepareExecutor(executor_step(b.run, ag, config), name, generation))
+        b.later.append(PrepareExecutor(step, name, generation))
         return
     assert current is not None
     if found is None:
         # Named in status, not found: created after that write, and again by a later pass
         # (the shell creates each name once per process; one that exists already is found).
-        b.later.append(PrepareExecutor(executor_step(b.run, ag, config), current.job_name,
-                                       current.generation))  # fmt: skip
+        b.later.append(PrepareExecutor(step, current.job_name, current.generation))
     elif found.created_here and found.job.start_pod is not None:
         b.later.append(StartPod(found.job.name, found.job.start_pod))
 
@@ -142,6 +147,78 @@ def request_to(
             digest=ctx.digest,
             executor=executor,
             turn=turn_of_step(st.name) or ag.turn,
+        )
+    ]
+
+
+MCP_CALL = "mcp-call"
+"""The program of a call of an MCP server's tool sent to the executor (``agentrun step llm``
+as the executor runs it: :mod:`agentrun.pod.executor`)."""
+
+
+def call_env(
+    run: m.AgentRun, step: m.Step
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] | None:
+    """The variables of the MCP call's ``step`` as its request to the executor carries them:
+    the literal ones, and for each one from a Secret the executor's variable holding that
+    Secret's value (:func:`agentrun.core.turns.executor_secret_env`); None when the executor
+    holds no such variable (then the call is a Job of its own)."""
+    held = executor_secrets(run.spec.agent)
+    plain: list[tuple[str, str]] = []
+    secret: list[tuple[str, str]] = []
+    for env in step.container.env or []:
+        source = env.value_from
+        if source is None:
+            plain.append((env.name, env.value or ""))
+            continue
+        ref = source.secret_key_ref
+        if ref is None or executor_secret_env(ref) not in held:
+            return None
+        secret.append((env.name, executor_secret_env(ref)))
+    return tuple(plain), tuple(secret)
+
+
+def call_digest(env: Sequence[tuple[str, str]], secret_env: Sequence[tuple[str, str]]) -> str:
+    """The sha256 of a call's request (:func:`agentrun.pod.executor.call_digest`)."""
+    return naming.sha256_text(
+        naming.canonical_json({"env": dict(env), "secretEnv": dict(secret_env)})
+    )
+
+
+def takes_call(b: Host, step: m.Step, inputs: int) -> bool:
+    """Whether ``step``, of a committed launch intent with ``inputs`` input variables, is a
+    call of an MCP server's tool that the run's executor can run."""
+    call = call_of(b.status.agent, step.name)
+    agent = b.run.spec.agent
+    if call is None or agent is None or inputs:
+        return False
+    return call.tool in mcp_tools_of(agent, b.status.agent) and call_env(b.run, step) is not None
+
+
+def call_request(
+    st: m.StepStatus, step: m.Step, executor: ObservedJob, run: m.AgentRun
+) -> list[Action]:
+    """The request of the MCP call's attempt ``st`` (of ``step``) to ``executor``."""
+    found = call_env(run, step)
+    if found is None or executor.address is None or not st.job_name:
+        return []
+    env, secret = found
+    return [
+        SendTurn(
+            job_name=st.job_name,
+            step=st.name,
+            attempt=st.attempt,
+            address=executor.address,
+            idempotency_key=st.idempotency_key or "",
+            context_name="",
+            parts=0,
+            digest=call_digest(env, secret),
+            executor=executor.name,
+            turn=turn_of_step(st.name) or 0,
+            program=MCP_CALL,
+            env=env,
+            secret_env=secret,
+            timeout_seconds=step.timeout_seconds,
         )
     ]
 

@@ -21,3 +21,6 @@ ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
 ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
 ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
 """``AGENTRUN_CONTEXT_PART_0`` ... : the parts of the context document."""
+ENV_EXECUTOR_SECRET = "AGENTRUN_EXECUTOR_SECRET_"
+"""The prefix of a run's executor's variables holding the values of its MCP servers' header
+Secrets (:func:`agentrun.core.turns.executor_secret_env`)."""

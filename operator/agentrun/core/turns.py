@@ -28,6 +28,7 @@ from agentrun.core.observed import Observed
 from agentrun.core.pod_env import ENV_CONTEXT_PART as ENV_CONTEXT_PART
 from agentrun.core.pod_env import ENV_CONTEXT_PARTS as ENV_CONTEXT_PARTS
 from agentrun.core.pod_env import ENV_CONTEXT_SHA256 as ENV_CONTEXT_SHA256
+from agentrun.core.pod_env import ENV_EXECUTOR_SECRET
 from agentrun.core.pod_env import ENV_MODEL_API_KEY as ENV_MODEL_API_KEY
 from agentrun.core.pod_env import ENV_MODEL_BASE_URL as ENV_MODEL_BASE_URL
 from agentrun.core.pod_env import ENV_MODEL_MAX_OUTPUT_TOKENS as ENV_MODEL_MAX_OUTPUT_TOKENS
@@ -184,19 +185,37 @@ def executor_wanted(run: m.AgentRun) -> str | None:
     return status.executor.job_name
 
 
+def executor_secret_env(ref: SecretKeySelector) -> str:
+    """The variable of the run's executor that holds the value of the Secret key ``ref`` (an
+    MCP server's header), which a call sent to it takes in place of its own variable."""
+    return ENV_EXECUTOR_SECRET + naming.sha256_text(f"{ref.name}\0{ref.key}")[:16].upper()
+
+
+def executor_secrets(agent: a.Agent | None) -> dict[str, SecretKeySelector]:
+    """The executor's variables holding its run's MCP servers' header Secrets, by name."""
+    return {
+        executor_secret_env(header.secret_key_ref): header.secret_key_ref
+        for server in (agent.mcp_servers if agent is not None else None) or []
+        for header in server.headers or []
+    }
+
+
 def executor_step(run: m.AgentRun, status: a.AgentStatus, config: AgentConfig) -> m.Step:
     """The step the run's executor Job is built from: a model turn's, for no turn in
-    particular (each request says which), with no deadline of its own (each call has the
-    model's), and not retried (a lost executor is replaced, and the attempt it held
-    retried)."""
+    particular (each request says which), with the values of the MCP servers' header
+    Secrets (:func:`executor_secret_env`: a call of their tools may be sent to it too), no
+    deadline of its own (each call has its own), and not retried (a lost executor is
+    replaced, and the attempt it held retried)."""
     turn = model_turn_step(run, status, max(status.turn, 1), config)
     env = [e for e in turn.container.env or [] if e.name != ENV_TURN]
+    held = executor_secrets(run.spec.agent)
+    env += [_secret_env(name, ref) for name, ref in sorted(held.items())]
     container = m.ContainerAction.model_construct(
         image=turn.container.image, command=turn.container.command, env=env
     )
     return m.Step.model_construct(
         name=EXECUTOR_STEP,
-        description="the run's executor: its model turns",
+        description="the run's executor: its model turns and MCP calls",
         container=container,
         risk=m.Risk.READ,
         approval=m.ApprovalMode.AUTO,
@@ -703,6 +722,12 @@ def rights_confirmed(b: Host, step: m.Step) -> bool:
                      if call is not None and t.name == call.tool), None)  # fmt: skip
         if tool is None or tool.container is None or tool.agent is not None:
             return False
+    return rights_granted(b, step)
+
+
+def rights_granted(b: Host, step: m.Step) -> bool:
+    """Whether every permission ``step`` uses on its creator's behalf is among those the
+    shell found granted within the rights TTL (``Observed.granted``)."""
     granted = b.observed.granted
     return all(check.permission in granted for check in checks_for(b.run, step))
 

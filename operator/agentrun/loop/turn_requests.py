@@ -123,15 +123,21 @@ class TurnSender:
         connections for :data:`SEND_SECONDS` is left (the pass that sees its pod gone fails
         the attempt; one that sees it running sends again)."""
         fields = run_fields(run, action.step, action.attempt)
-        parts = self._sendable_parts(run, action)
-        if parts is None:
-            return
         uid = run.metadata.uid
         token = proof.executor_token(key, uid, action.executor)
-        request = {"token": token, "job": action.job_name, "step": action.step,
-                   "attempt": action.attempt, "turn": action.turn, "parts": parts,
-                   "sha256": action.digest,
-                   "idempotencyKey": action.idempotency_key}  # fmt: skip
+        request: dict[str, object] = {"token": token, "job": action.job_name,
+                                      "step": action.step, "attempt": action.attempt,
+                                      "turn": action.turn, "sha256": action.digest,
+                                      "idempotencyKey": action.idempotency_key}  # fmt: skip
+        if action.program:  # a call: its variables, not a context
+            request.update(program=action.program, env=dict(action.env),
+                           secretEnv=dict(action.secret_env),
+                           timeoutSeconds=action.timeout_seconds)  # fmt: skip
+        else:
+            parts = self._sendable_parts(run, action)
+            if parts is None:
+                return
+            request["parts"] = parts
         base = f"http://{_host(action.address)}:{s.TURN_PORT}"
         self.checkpoint("before-turn-request")
         answer = _post_json(f"{base}/turn", request)
@@ -149,17 +155,20 @@ class TurnSender:
         if code == 200 and body.get("taken") == action.digest and "exitCode" in body:
             exit_code, message = body.get("exitCode"), body.get("message")
             if isinstance(exit_code, int) and isinstance(message, str):
-                log.info("the executor answered turn %s (exit code %d)", action.job_name,
-                         exit_code, extra=fields)  # fmt: skip
+                log.info("the executor answered %s %s (exit code %d)",
+                         "call" if action.program else "turn", action.job_name, exit_code,
+                         extra=fields)  # fmt: skip
                 self.checkpoint("after-executor-answer")
                 self.observer.note_answer(uid, action.job_name, exit_code, message)
                 if self.wake is not None:
                     self.wake(run.metadata.namespace, run.metadata.name, uid)
                 return
+        what = "call" if action.program else "context"
+        said = f": {str(body['error'])[:200]}" if body.get("error") else ""
         why = (
             f"the executor {action.executor} at {action.address} answered {code} for attempt "
-            f"{action.job_name} (took {body.get('taken') or 'nothing'}), not the outcome of "
-            f"the committed context {action.digest[:12]}"
+            f"{action.job_name} (took {body.get('taken') or 'nothing'}{said}), not the "
+            f"outcome of the committed {what} {action.digest[:12]}"
         )
         log.warning("%s", why, extra=fields)
         self.observer.note_tampered(uid, action.job_name, why)

@@ -1,5 +1,5 @@
-"""``agentrun step llm`` as an agent run's executor: every model turn of one run, in one pod
-that stays up between them.
+"""``agentrun step llm`` as an agent run's executor: every model turn of one run, and the
+calls of its MCP servers' tools, in one pod that stays up between them.
 
 A turn's own pod (:mod:`agentrun.pod.llm`) pays a process start and the import of the model
 client for one call: about a second and a half of CPU on a 2-core machine, more than a turn
@@ -24,8 +24,17 @@ of the run (signed, owned, its pod let start as every step's is) whose container
 4. ends (exit code 0) after :data:`IDLE_SECONDS` without a request: a run waiting long (an
    approval, a budget) holds no pod; the operator makes a new executor when a turn comes.
 
-It never runs a tool, as a turn's pod does not. The model settings and the API key are its
-Job's, fixed when the operator made it from the run's frozen model.
+A ``POST /turn`` with ``program`` :data:`MCP_CALL` is an attempt of a call of an MCP server's
+tool instead (taken, remembered and answered the same way): its step's variables
+(``env``, only those :data:`CALL_ENV` names) and, for each header, the name of this pod's
+variable holding that header's Secret value (``secretEnv``; its Job takes every header
+Secret of the run's MCP servers, :func:`agentrun.core.turns.executor_secret_env`), with their
+sha256; it runs as ``agentrun step mcp call`` would in a pod of its own
+(:func:`agentrun.pod.mcp.outcome`), stopped after the request's ``timeoutSeconds``.
+
+It never runs a container tool. The model settings and the API key are its Job's, fixed when
+the operator made it from the run's frozen model; the header Secrets its Job's, from the
+run's MCP servers (fixed at creation, as the model is).
 """
 
 from __future__ import annotations
@@ -43,11 +52,26 @@ from typing import Any
 
 from agentrun import settings as s
 from agentrun.core import naming, pod_env
-from agentrun.pod import llm, runner
+from agentrun.pod import llm, mcp, runner
 
-REMEMBERED = 16
-"""Attempts whose outcome is kept (a run's turns come one at a time: the last few are all an
-operator may ask for again)."""
+REMEMBERED = 64
+"""Attempts whose outcome is kept (a run's turns come one at a time, each with at most a few
+calls: the last ones are all an operator may ask for again)."""
+MCP_CALL = "mcp-call"
+"""The program of a request for a call of an MCP server's tool (none: a model turn)."""
+CALL_ENV = frozenset(
+    {
+        mcp.ENV_SERVER,
+        mcp.ENV_PINNED,
+        pod_env.ENV_TOOL_ARGS,
+        pod_env.ENV_TOOL_NAME,
+        pod_env.ENV_TOOL_CALL_ID,
+        pod_env.ENV_TURN,
+    }
+)
+"""The variables of a call's step a request may set (:func:`agentrun.core.turns.mcp_call_step`)."""
+ENV_CALL_TIMEOUT = "AGENTRUN_CALL_TIMEOUT_SECONDS"
+"""A call's limit as the executor passes it on (the request's ``timeoutSeconds``)."""
 IDLE_SECONDS = 3600.0
 """How long the executor waits without a request before it ends."""
 MAX_WAIT_SECONDS = 60.0
@@ -78,10 +102,13 @@ class Turns:
     """What the executor accepts (see the module's doc), safe across threads; each call runs
     in a thread of its own."""
 
-    def __init__(self, env: Mapping[str, str], token_sha256: str, call: Call) -> None:
+    def __init__(
+        self, env: Mapping[str, str], token_sha256: str, call: Call, mcp_call: Call | None = None
+    ) -> None:
         self.env = dict(env)
         self.token_sha256 = token_sha256
         self.call = call
+        self.mcp_call = mcp_call
         self.last_request = time.monotonic()
         self._lock = threading.Lock()
         self._attempts: OrderedDict[str, Attempt] = OrderedDict()
@@ -96,19 +123,27 @@ class Turns:
             name = str(request["job"])
             step = str(request["step"])
             attempt = int(request["attempt"])
-            turn = int(request["turn"])
-            parts = [str(p) for p in request["parts"]]
             digest = str(request["sha256"])
             key = str(request["idempotencyKey"])
-        except (ValueError, KeyError, TypeError):
+            program = str(request.get("program") or "")
+        except (ValueError, KeyError, TypeError, AttributeError):
             return 400, {
-                "error": "not a turn's request (token, job, step, attempt, turn, parts, "
-                "sha256, idempotencyKey)"
+                "error": "not a turn's request (token, job, step, attempt, sha256, "
+                "idempotencyKey, and a turn's parts or a call's env)"
             }
         if not self._authorized(request):
             return 403, {"error": "the token is not this executor's"}
-        if naming.sha256_text("".join(parts)) != digest:
-            return 400, {"error": "the parts do not match their sha256"}
+        ids = {s.ENV_STEP: step, s.ENV_ATTEMPT: str(attempt)}
+        if program == MCP_CALL and self.mcp_call is not None:
+            env_or_error = self._call_env(request, digest, key, ids)
+            call = self.mcp_call
+        elif not program:
+            env_or_error = self._turn_env(request, digest, key, ids)
+            call = self.call
+        else:
+            return 400, {"error": f"this executor runs no program {program!r}"}
+        if isinstance(env_or_error, str):
+            return 400, {"error": env_or_error}
         with self._lock:
             self.last_request = time.monotonic()
             known = self._attempts.get(name)
@@ -120,16 +155,58 @@ class Turns:
             self._attempts[name] = taken
             while len(self._attempts) > REMEMBERED:
                 self._attempts.popitem(last=False)
-        more = {pod_env.ENV_TURN: str(turn), s.ENV_STEP: step, s.ENV_ATTEMPT: str(attempt)}
-        env = llm.request_env(self.env, parts, digest, key, **more)
         threading.Thread(
-            target=self._run, args=(taken, env), name=f"turn-{name}", daemon=True
+            target=self._run, args=(taken, call, env_or_error), name=f"turn-{name}", daemon=True
         ).start()
         return 202, {"taken": digest}
 
-    def _run(self, taken: Attempt, env: dict[str, str]) -> None:
+    def _turn_env(
+        self, request: Mapping[str, Any], digest: str, key: str, ids: dict[str, str]
+    ) -> dict[str, str] | str:
+        """A model turn's environment, or why the request is not one."""
         try:
-            code, message = self.call(env)
+            turn = int(request["turn"])
+            parts = [str(p) for p in request["parts"]]
+        except (ValueError, KeyError, TypeError):
+            return "a model turn's request needs its turn and the context's parts"
+        if naming.sha256_text("".join(parts)) != digest:
+            return "the parts do not match their sha256"
+        return llm.request_env(self.env, parts, digest, key, **ids, **{pod_env.ENV_TURN: str(turn)})
+
+    def _call_env(
+        self, request: Mapping[str, Any], digest: str, key: str, ids: dict[str, str]
+    ) -> dict[str, str] | str:
+        """The environment of a call of an MCP server's tool (as its own pod would have
+        had it), or why the request is not one: only the variables such a step has, and
+        for those from a Secret, a variable of this pod holding that Secret's value."""
+        plain, secret = request.get("env"), request.get("secretEnv")
+        if not (isinstance(plain, dict) and isinstance(secret, dict)):
+            return "a call's request needs its env and secretEnv"
+        if call_digest(plain, secret) != digest:
+            return "the call's env does not match its sha256"
+        env = {**self.env, **ids, s.ENV_IDEMPOTENCY_KEY: key}
+        env.pop(pod_env.ENV_MODEL_API_KEY, None)  # the call has no use for the model's key
+        timeout = request.get("timeoutSeconds")
+        if isinstance(timeout, int) and timeout > 0:
+            env[ENV_CALL_TIMEOUT] = str(timeout)
+        for name, value in plain.items():
+            if name not in CALL_ENV or not isinstance(value, str):
+                return f"a call's env may not set {name}"
+            env[name] = value
+        for name, source in secret.items():
+            held = (
+                self.env.get(str(source))
+                if str(source).startswith(pod_env.ENV_EXECUTOR_SECRET)
+                else None
+            )
+            if not str(name).startswith(mcp.ENV_HEADER) or held is None:
+                return f"this executor holds no Secret value for {name} ({source})"
+            env[str(name)] = held
+        return env
+
+    def _run(self, taken: Attempt, call: Call, env: dict[str, str]) -> None:
+        try:
+            code, message = call(env)
         except Exception as error:  # the call says why in one line, whatever went wrong
             code, message = 1, f"the turn failed: {type(error).__name__}: {error}"[:1024]
         taken.code, taken.message = code, message
@@ -160,21 +237,55 @@ class Turns:
             return 0.0 if busy else time.monotonic() - self.last_request
 
 
-def turn_call(
-    client_factory: Callable[[str, str], Any] = llm.default_client,
-    store_factory: runner.StoreFactory = runner.default_store,
+def call_digest(env: Mapping[str, Any], secret_env: Mapping[str, Any]) -> str:
+    """The sha256 a call's request carries: of its variables and of the Secrets' variables
+    its headers take (:func:`agentrun.core.executor.call_request` computes the same)."""
+    return naming.sha256_text(naming.canonical_json({"env": env, "secretEnv": secret_env}))
+
+
+def _replaying(
+    outcome: Callable[[dict[str, str], runner.ResultStore | None], tuple[int, str]],
+    store_factory: runner.StoreFactory,
 ) -> Call:
-    """What the executor runs for an attempt: the turn as a turn's pod runs it
-    (:func:`agentrun.pod.llm.turn_outcome`), with a result an earlier pod of the same
-    attempt stored reported again instead."""
+    """``outcome`` of an attempt, unless an earlier pod of it stored its result: that is
+    reported again instead."""
 
     def call(env: dict[str, str]) -> tuple[int, str]:
         store, replay = runner.stored_before(env, store_factory)
         if replay is not None:
             return 0, json.dumps(replay)
-        return llm.turn_outcome(env, store, client_factory)
+        return outcome(env, store)
 
     return call
+
+
+def turn_call(
+    client_factory: Callable[[str, str], Any] = llm.default_client,
+    store_factory: runner.StoreFactory = runner.default_store,
+) -> Call:
+    """What the executor runs for a model turn's attempt: the turn as a turn's pod runs it
+    (:func:`agentrun.pod.llm.turn_outcome`)."""
+
+    def outcome(env: dict[str, str], store: runner.ResultStore | None) -> tuple[int, str]:
+        return llm.turn_outcome(env, store, client_factory)
+
+    return _replaying(outcome, store_factory)
+
+
+def mcp_call(
+    connect: mcp.Connect = mcp.connect_http,
+    store_factory: runner.StoreFactory = runner.default_store,
+) -> Call:
+    """What the executor runs for a call of an MCP server's tool: the call as its own pod
+    runs it (:func:`agentrun.pod.mcp.outcome`), stopped after the request's
+    ``timeoutSeconds``."""
+
+    def outcome(env: dict[str, str], store: runner.ResultStore | None) -> tuple[int, str]:
+        limit = env.get(ENV_CALL_TIMEOUT)
+        timeout = float(limit) if limit else None
+        return mcp.outcome("call", env, store, connect, timeout)
+
+    return _replaying(outcome, store_factory)
 
 
 def serve(
@@ -196,7 +307,12 @@ def serve(
                 client.append(llm.default_client(base_url, key))
             return client[0]
 
-    turns = Turns(env, env[s.ENV_EXECUTOR_TOKEN_SHA256], turn_call(factory, store_factory))
+    turns = Turns(
+        env,
+        env[s.ENV_EXECUTOR_TOKEN_SHA256],
+        turn_call(factory, store_factory),
+        mcp_call(store_factory=store_factory),
+    )
     routes = {"/turn": turns.take, "/answer": turns.answer}
     server = ThreadingHTTPServer(
         (env.get(s.ENV_POD_IP) or "0.0.0.0", port), llm.json_handler(routes, "agentrun executor")

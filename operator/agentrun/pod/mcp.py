@@ -22,7 +22,8 @@ spec.agent.mcpServers as JSON, header values excluded) over streamable HTTP with
   too large for the termination message goes to a ConfigMap of the run, as ``agentrun step
   --`` does, and an attempt whose result was stored before its pod was lost is not sent again.
 
-Work in progress: the agent loop does not start these steps yet (see :mod:`agentrun.api.mcp`).
+A call may also run on the run's executor instead of a pod of its own
+(:mod:`agentrun.pod.executor`, :func:`outcome`), stopped after the tool's timeoutSeconds.
 """
 
 from __future__ import annotations
@@ -160,8 +161,10 @@ def _pinned(env: Mapping[str, str], server: api.McpServer) -> api.PinnedTool:
     return pinned
 
 
-async def _work(action: str, env: Mapping[str, str], connect: Connect) -> dict[str, Any]:
-    """The step's envelope (ok, summary, result)."""
+async def _work(
+    action: str, env: Mapping[str, str], connect: Connect, timeout: float | None = None
+) -> dict[str, Any]:
+    """The step's envelope (ok, summary, result); a call stopped after ``timeout`` seconds."""
     server, headers = server_of(env)
     if action == "discover":
         async with connect(server, headers) as client:
@@ -176,9 +179,42 @@ async def _work(action: str, env: Mapping[str, str], connect: Connect) -> dict[s
         }
     pinned = _pinned(env, server)
     arguments = _arguments(env)
-    async with connect(server, headers) as client:
-        recorded = await call(client, pinned, arguments, env.get(s.ENV_IDEMPOTENCY_KEY, ""))
+    key = env.get(s.ENV_IDEMPOTENCY_KEY, "")
+    try:
+        with anyio.fail_after(timeout):
+            async with connect(server, headers) as client:
+                recorded = await call(client, pinned, arguments, key)
+    except TimeoutError:
+        raise McpFailed(
+            f"the call of {pinned.name} did not end within {timeout:g} s (the tool's "
+            "timeoutSeconds): stopped"
+        ) from None
     return {"ok": True, "summary": core.result_summary(recorded), "result": recorded}
+
+
+def outcome(
+    action: str,
+    env: Mapping[str, str],
+    store: runner.ResultStore | None,
+    connect: Connect = connect_http,
+    timeout: float | None = None,
+) -> tuple[int, str]:
+    """One discovery or call: its exit code and termination message (the result stored by
+    reference in ``store`` when the message would not hold it)."""
+    try:
+        body = anyio.run(_work, action, env, connect, timeout)
+    except Exception as raised:  # a one-line reason, never a traceback, whatever went wrong
+        error = _leaf(raised)
+        message = (
+            str(error)
+            if isinstance(error, McpFailed)
+            else f"the MCP {action} failed: {type(error).__name__}: {_one_line(error)}"
+        )
+        print(f"agentrun step mcp {action}: {message}", file=sys.stderr)
+        return 1, _one_line(message, runner.TERMINATION_LIMIT // 4)
+    text = json.dumps(body["result"], separators=(",", ":"))
+    print(f"agentrun step mcp {action}: {body['summary']}")
+    return runner.reported(body, text, 0, store)
 
 
 def run(
@@ -189,27 +225,14 @@ def run(
         [runner.StepIdentity, dict[str, str]], runner.ResultStore | None
     ] = runner.default_store,
 ) -> int:
-    """One discovery or call attempt; its exit code."""
+    """One discovery or call attempt in a step's pod; its exit code."""
     env = dict(os.environ if env is None else env)
     attempt = runner.begin(env, store_factory)
     if attempt.replayed:
         return 0
-    termination, store = attempt.termination, attempt.store
-    try:
-        body = anyio.run(_work, action, env, connect)
-    except Exception as raised:  # a one-line reason, never a traceback, whatever went wrong
-        error = _leaf(raised)
-        message = (
-            str(error)
-            if isinstance(error, McpFailed)
-            else f"the MCP {action} failed: {type(error).__name__}: {_one_line(error)}"
-        )
-        print(f"agentrun step mcp {action}: {message}", file=sys.stderr)
-        termination.write_text(_one_line(message, runner.TERMINATION_LIMIT // 4))
-        return 1
-    text = json.dumps(body["result"], separators=(",", ":"))
-    print(f"agentrun step mcp {action}: {body['summary']}")
-    return runner.report(body, text, 0, store, termination)
+    code, message = outcome(action, env, attempt.store, connect)
+    attempt.termination.write_text(message)
+    return code
 
 
 def main(argv: list[str]) -> int:

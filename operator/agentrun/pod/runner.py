@@ -285,6 +285,16 @@ def report(
 ) -> int:
     """Write the attempt's envelope as its termination message, its result by reference in a
     ConfigMap of the run when the message would not hold it; the attempt's exit code."""
+    code, text = reported(original, result, returncode, store)
+    termination.write_text(text)
+    return code
+
+
+def reported(
+    original: dict[str, Any], result: str, returncode: int, store: ResultStore | None
+) -> tuple[int, str]:
+    """The attempt's exit code and termination message (:func:`report`), its result stored
+    by reference when the message would not hold it."""
     ok = returncode == 0
     envelope = original
     text = json.dumps(envelope, separators=(",", ":"))
@@ -309,10 +319,9 @@ def report(
                 if "usage" in original:
                     envelope["usage"] = original["usage"]
         text = json.dumps(envelope, separators=(",", ":"))
-    termination.write_text(text[:TERMINATION_LIMIT])
     if ok and envelope.get("ok") is False:
-        return 1
-    return returncode
+        return 1, text[:TERMINATION_LIMIT]
+    return returncode, text[:TERMINATION_LIMIT]
 
 
 def main(argv: Sequence[str]) -> int:
