@@ -234,8 +234,9 @@ class Settings:
     """How many turns ahead an agent run's model turn Jobs are made, so that their pods have
     started when their turn begins (0 to 4; 0: each at its turn). Each is a pod that waits."""
     executor: bool = field(default_factory=lambda: _env_switch("AGENTRUN_EXECUTOR", True))
-    """Whether an agent run's model turns go to one executor pod per run (AGENTRUN_EXECUTOR,
-    ``on`` by default) instead of a Job each (``off``; see :mod:`agentrun.core.executor`)."""
+    """Whether an agent run's model turns (and its MCP servers' tool calls) go to one executor
+    pod per run (AGENTRUN_EXECUTOR, ``on`` by default) instead of a Job each (``off``; see
+    :mod:`agentrun.core.executor`)."""
 
 
 def sharding_problem(settings: Settings) -> str | None:

@@ -1,4 +1,5 @@
-"""The run's executor: one pod that takes an agent run's model turns, instead of a Job each.
+"""The run's executor: one pod that takes an agent run's model turns, and the calls of its MCP
+servers' tools, instead of a Job each.
 
 A model turn in a Job of its own pays a pod's start and the import of the model client for
 one call (:mod:`agentrun.pod.executor` says how much). With ``AgentConfig.executor`` on, the
@@ -16,6 +17,11 @@ loop keeps one executor per run while the run may still take turns:
   the executor's answer (:mod:`agentrun.loop.turn_requests`), so it is settled as a step
   from its pod is; an attempt whose pod is gone without an answer failed (``ExecutorLost``),
   and the retry policy decides, as for a pod that died.
+- **MCP calls the same way.** A call of an MCP server's tool runs the operator's program as a
+  turn does, so a launch that finds the executor running binds it too; its request carries
+  the call step's variables, and for its header variables the executor's own variables that
+  hold those Secrets' values (:func:`call_env`: the executor's Job takes every header Secret
+  of the run's MCP servers; the operator never reads one).
 - **Otherwise a Job, as before.** A turn that finds no executor running (the first turn,
   while the executor starts; after an operator restart) runs as a Job of its own.
 - **Replaced when it ends or is lost.** An executor whose Job ended (it ends itself after an

@@ -84,9 +84,9 @@ class AgentConfig:
     """How many turns ahead model turns' Jobs are made (at most :data:`AHEAD_LIMIT`; see
     :class:`agentrun.core.actions.PrepareTurn`)."""
     executor: bool = False
-    """Model turns go to one executor per run (:class:`agentrun.core.actions.PrepareExecutor`)
-    instead of a Job each; a turn that finds no executor running runs as a Job of its own,
-    made ahead as :attr:`turns_ahead` says."""
+    """Model turns and MCP servers' tool calls go to one executor per run
+    (:class:`agentrun.core.actions.PrepareExecutor`) instead of a Job each; a turn that finds
+    no executor running runs as a Job of its own, made ahead as :attr:`turns_ahead` says."""
 
 
 TEMPLATE_TOKENS = 2048
