@@ -49,6 +49,7 @@ from agentrun.core.naming import job_name
 from agentrun_devcluster.faults import POINTS as ALL_POINTS
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorError, OperatorProcess
+from agentrun_devcluster.ports import lease_ports
 from agentrun_devcluster.testing import (
     KubeClients,
     TestCluster,
@@ -56,8 +57,12 @@ from agentrun_devcluster.testing import (
     job_creations,
     wait_for,
 )
+from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.agents import tool
 from tests.support.cluster import StartOperator
+from tests.support.mcp_pods import Server as McpServerPod
+from tests.support.mcp_pods import create_auth_secret
+from tests.support.mcp_pods import entry as mcp_entry
 from tests.support.plugin import LLM_COMMAND
 from tests.support.runs import TERMINAL, Run, agentrun, create, get, status_of, step
 from tests.support.scraping import scrape
@@ -725,6 +730,9 @@ AGENT_MIN_KILLS = 12
 AGENT_LATER = 2.0
 """Added to each agent life's outside SIGKILL moment: a model turn's pod takes a while to
 start, so on a busy machine the points of turns and results came after the kill."""
+EXECUTOR_LATER = 4.0
+"""The same with an executor: a life's first answer from an executor comes once it has made
+one (an operator uses only executors it made itself) and its pod has started."""
 AGENT_CRASH_PHASE_BUDGET = 240.0
 """Seconds of crash lives at most: a cap for a loaded machine (on an idle one the phase ends
 as soon as the kills and points are in)."""
@@ -733,9 +741,10 @@ as soon as the kills and points are in)."""
 @dataclass
 class CrashModel:
     """The model of the crash-test agent runs: it reads the run's name from the goal and its
-    turn from the conversation, calls the ledger-writing tool :data:`AGENT_CALLS` times a turn,
-    and answers in turn :data:`AGENT_TURNS`. Every request is counted per (run, turn): a model
-    turn executed twice would show."""
+    turn from the conversation, calls the ledger-writing tool :data:`AGENT_CALLS` times a turn
+    (and the MCP server's ``add`` once, when offered), and answers in turn
+    :data:`AGENT_TURNS`. Every request is counted per (run, turn): a model turn executed twice
+    would show."""
 
     asked: Counter[tuple[str, int]] = field(default_factory=Counter)
     guard: threading.Lock = field(default_factory=threading.Lock)
@@ -753,13 +762,18 @@ class CrashModel:
             tool_call("record", {"note": f"{run} turn {turn} call {i}"}, f"{run}-{turn}-{i}")
             for i in range(AGENT_CALLS)
         ]
+        if any(t["function"]["name"] == "add" for t in body.get("tools") or []):
+            calls.append(tool_call("add", {"a": turn, "b": 100}, f"{run}-{turn}-mcp"))
         return reply(f"turn {turn}", calls)
 
 
-def agent_manifest(name: str, base_url: str, ledger: Path) -> Run:
+def agent_manifest(
+    name: str, base_url: str, ledger: Path, mcp: dict[str, Any] | None = None
+) -> Run:
     """An agent run whose one tool appends run/step/attempt to the ledger (the side effect
     that must never happen twice) and reports the note it was given, padded to ~1 KiB (over
-    the inline limit: kept in a ConfigMap, read back for the next turn's context)."""
+    the inline limit: kept in a ConfigMap, read back for the next turn's context); with
+    ``mcp``, that MCP server's entry too."""
     script = (
         f'echo "$AGENTRUN_RUN/$AGENTRUN_STEP/$AGENTRUN_ATTEMPT" >> {shlex.quote(str(ledger))}; '
         f'sleep 0.5; echo "noted $AGENTRUN_TOOL_ARGS {PAD}" > /dev/termination-log'
@@ -777,6 +791,7 @@ def agent_manifest(name: str, base_url: str, ledger: Path) -> Run:
                 "model": {"baseURL": base_url, "name": "scripted"},
                 "tools": [record],
                 "maxTurns": AGENT_TURNS,
+                **({"mcpServers": [mcp]} if mcp is not None else {}),
             },
         },
     }
@@ -814,6 +829,10 @@ def check_agent_runs(
             record = json.loads(cm.data["turn"])
             for call in record["toolCalls"]:
                 assert call["outcome"] == "Succeeded", f"{where}: {call}"
+                if call["name"] == "add":  # the MCP server's: a + b
+                    result = json.loads(call["result"])["structuredContent"]["result"]
+                    assert result == record["turn"] + 100, f"{where}: {call}"
+                    continue
                 assert call["result"] == f"noted {call['arguments']} {PAD}", f"{where}: {call}"
                 assert call.get("resultRef"), f"{where}: a 1 KiB result kept inline: {call}"
     asked = {k: c for k, c in model.asked.items() if k[0] in set(names)}
@@ -844,27 +863,50 @@ def test_agent_runs_on_an_executor_survive_an_operator_killed_at_every_crash_poi
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    """The same with each run's model turns sent to its executor (AGENTRUN_EXECUTOR=on),
-    killed also right after an executor's create, before a turn's request and right after an
-    executor's answer (before it is committed): no model turn is asked twice (an operator
-    restarted asks the executor for the outcome it already has), tool calls are created and
-    run once each, a model turn's Job or an executor is created at most once, and every run
-    ends with its answer."""
+    """The same with each run's model turns, and a call of an MCP server's tool each turn,
+    sent to its executor (AGENTRUN_EXECUTOR=on), killed also right after an executor's create,
+    before a turn's (or a call's) request and right after an executor's answer (before it is
+    committed): no model turn is asked twice and no MCP call reaches the server twice (an
+    operator restarted asks the executor for the outcome it already has), tool calls are
+    created and run once each, a model turn's, a discovery's or an MCP call's Job or an
+    executor is created at most once, and every run ends with its answer."""
     points = POINTS + EXECUTOR_POINTS
-    _agent_crash_test(
-        start_operator, cluster, kube, namespace, tmp_path, SEED + 3, points, executor=True
+    with lease_ports(1) as lease:
+        server = McpServerPod(kube, namespace, lease, tmp_path / "mcp-calls.jsonl")
+        create_auth_secret(kube, namespace)
+        server.start()
+        try:
+            with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
+                _agent_crash_test(start_operator, cluster, kube, namespace, tmp_path, SEED + 3,
+                                  points, executor=True, mcp=server)  # fmt: skip
+        finally:
+            server.stop()
+
+
+def check_mcp_calls(server: McpServerPod, names: Iterable[str], context: str) -> int:
+    """Every MCP call of every run reached the server exactly once (by the idempotency key
+    it sent); returns their number."""
+    reached = Counter(str(c["key"]).split(":")[2] for c in server.calls())
+    twice = {k: c for k, c in reached.items() if c > 1}
+    assert not twice, f"{context}: MCP calls that reached the server more than once: {twice}"
+    want = {f"{n}-{t}-mcp" for n in names for t in range(1, AGENT_TURNS)}
+    assert set(reached) == want, (
+        f"{context}: MCP calls never made {sorted(want - set(reached))}, "
+        f"made unexpectedly {sorted(set(reached) - want)}"
     )
+    return sum(reached.values())
 
 
 def _may_create(names: Iterable[str], uids: Mapping[str, str]) -> dict[str, str]:
     """With an executor: the Jobs an agent run may create besides its tool calls (at most once
-    each): a model turn's (a turn that found no executor running), and its executors."""
+    each): a model turn's (a turn that found no executor running), and its executors; an MCP
+    server's discovery, and an MCP call's (a call that found no executor running)."""
     may = {}
     for name in names:
         for turn in range(1, AGENT_TURNS + 1):
             for attempt in (1, 2, 3):
-                step_name = f"t{turn}-model"
-                may[job_name(name, uids[name], step_name, attempt)] = f"{name}/{step_name}"
+                for step_name in (f"t{turn}-model", f"t{turn}-{AGENT_CALLS}-add", "t0-mcp-tools"):
+                    may[job_name(name, uids[name], step_name, attempt)] = f"{name}/{step_name}"
         for generation in range(1, 4 * MAX_CRASH_LIVES):
             may[job_name(name, uids[name], "t0-executor", generation)] = f"{name}/executor"
     return may
@@ -879,6 +921,7 @@ def _agent_crash_test(
     seed: int,
     points: tuple[str, ...],
     executor: bool = False,
+    mcp: McpServerPod | None = None,
 ) -> None:
     cluster.require_audit_log()
     if cluster.external:
@@ -895,7 +938,8 @@ def _agent_crash_test(
         wave = len(names) // 4 + 1
         for i in range(1, 5):
             name = f"agent-{wave}-{i}"
-            created = create(kube, namespace, agent_manifest(name, server.base_url, ledger))
+            entry = mcp_entry(mcp, "add") if mcp is not None else None
+            created = create(kube, namespace, agent_manifest(name, server.base_url, ledger, entry))
             uids[name] = created["metadata"]["uid"]
             names.append(name)
 
@@ -908,8 +952,9 @@ def _agent_crash_test(
             "AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND),
             "AGENTRUN_EXECUTOR": "on" if executor else "off",
         }
+        later = EXECUTOR_LATER if executor else AGENT_LATER
         driver = CrashDriver(
-            op=start_operator(env=env), rng=rng, hits=hits, points=points, later=AGENT_LATER
+            op=start_operator(env=env), rng=rng, hits=hits, points=points, later=later
         )
         next_wave()
         driver.live(crash_at, kill_after + driver.later, offset=0)
@@ -939,12 +984,14 @@ def _agent_crash_test(
         )
         executions = check_executions(ledger, calls_plans, f"{context}\n{lives}")
         check_agent_runs(kube, namespace, names, crash_model, f"{context}\n{lives}")
+        mcp_calls = check_mcp_calls(mcp, names, f"{context}\n{lives}") if mcp else 0
     finally:
         server.stop()
     print(
         f"\nagent crash test summary{' (executor)' if executor else ''}: SEED={seed}; "
         f"{len(names)} agent runs, "
-        f"{len(names) * AGENT_TURNS} model turns, {executions} tool call executions; "
+        f"{len(names) * AGENT_TURNS} model turns, {executions} tool call executions, "
+        f"{mcp_calls} MCP calls; "
         f"{driver.summary()}; kill points exercised: "
         f"{sum(1 for p in points if driver.hits[p])}/{len(points)}; "
         f"duplicates found: {creations.duplicates}; "

@@ -12,18 +12,14 @@ the way the loop runs them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
-import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.mcp import McpServer
 from agentrun.core.mcp import tool_digest
@@ -31,9 +27,8 @@ from agentrun.core.naming import sha256_text
 from agentrun.pod.mcp import connect_http, list_tools
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
-from agentrun_devcluster.ports import PortLease, lease_ports
+from agentrun_devcluster.ports import lease_ports
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.support import mcp_server
 from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.agents import agent_run
 from tests.support.cluster import (
@@ -43,77 +38,20 @@ from tests.support.cluster import (
     service_account_subject,
     user_subject,
 )
+from tests.support.mcp_pods import TOKEN, Server, create_auth_secret
+from tests.support.mcp_pods import entry as server_entry
 from tests.support.plugin import LLM_COMMAND, kubectl_agentrun
-from tests.support.runs import IMAGE, Run, agentrun, create, get, status_of, step, step_status
+from tests.support.runs import Run, agentrun, create, get, status_of, step, step_status
 from tests.support.waiting import wait_phase, wait_step_phase
 
-REPO = Path(__file__).resolve().parents[2]
 STEP_MCP = [*LLM_COMMAND[:-1], "mcp"]
 """``agentrun step mcp`` as the local node's processes can run it."""
-TOKEN = "Bearer e2e-s3cret"
 
 
 @pytest.fixture(autouse=True)
 def _local_node_only(cluster: TestCluster) -> None:
     if cluster.external:
         pytest.skip("the steps run `agentrun step mcp` from this checkout (no step image)")
-
-
-class Server:
-    """The test MCP server as a pod on the local node (which runs its command as a process
-    with the node's network), on a leased port; stopped by deleting the pod, and started again
-    as a new pod (``wide``: with another schema of ``add``)."""
-
-    def __init__(self, kube: KubeClients, namespace: str, lease: PortLease, log: Path) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.port = lease.port
-        self.log = log
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
-        self.pod: str | None = None
-        self.started = 0
-
-    def start(self, *, wide: bool = False) -> None:
-        self.started += 1
-        self.pod = f"mcp-server-{self.started}"
-        command = [sys.executable, "-m", "tests.support.mcp_server"]
-        command += ["--port", str(self.port), "--log", str(self.log), *(["--wide"] if wide else [])]
-        container = {"name": "server", "image": IMAGE, "command": command, "workingDir": str(REPO)}
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": self.pod, "labels": {"app": "mcp-server"}},
-            "spec": {"restartPolicy": "Never", "containers": [container]},
-        }
-        self.kube.core.create_namespaced_pod(self.namespace, body)
-        wait_for(f"the MCP server's pod {self.pod} on port {self.port}", self._listening,
-                 timeout=90)  # fmt: skip
-
-    def _phase(self) -> str | None:
-        assert self.pod is not None
-        pod = self.kube.core.read_namespaced_pod(self.pod, self.namespace)
-        return pod.status.phase if pod.status else None
-
-    def _listening(self) -> bool:
-        if self._phase() in ("Succeeded", "Failed"):
-            raise RuntimeError(f"the MCP server's pod {self.pod} ended: {self._phase()}")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
-
-    def _closed(self) -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) != 0
-
-    def stop(self) -> None:
-        if self.pod is None:
-            return
-        with contextlib.suppress(ApiException):
-            self.kube.core.delete_namespaced_pod(self.pod, self.namespace, grace_period_seconds=0)
-        wait_for(f"the MCP server's pod {self.pod} to stop", self._closed, timeout=60)
-        self.pod = None
-
-    def calls(self) -> list[dict[str, Any]]:
-        return mcp_server.calls(self.log)
 
 
 @pytest.fixture
@@ -132,22 +70,9 @@ def auth_secret(kube: KubeClients, namespace: str, cluster: TestCluster) -> Iter
     """The Secret of the Authorization header; and the admission policies, which record a
     run's creator: the operator lets a step read a Secret only on behalf of a creator who may
     (the admin here)."""
-    kube.core.create_namespaced_secret(
-        namespace, {"metadata": {"name": "mcp-auth"}, "stringData": {"token": TOKEN}}
-    )
+    name = create_auth_secret(kube, namespace)
     with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
-        yield "mcp-auth"
-
-
-def _entry(server: Server, *tools: str) -> dict[str, Any]:
-    return {
-        "name": "tools",
-        "url": server.url,
-        "headers": [
-            {"name": "Authorization", "secretKeyRef": {"name": "mcp-auth", "key": "token"}}
-        ],
-        "tools": [{"name": t} for t in tools],
-    }
+        yield name
 
 
 def _mcp_step(name: str, action: str, entry: dict[str, Any], **env: str) -> dict[str, Any]:
@@ -203,7 +128,7 @@ def _failure(run: Run, name: str) -> str:
 def test_discovery_pins_only_the_allowed_tools_and_calls_record_their_results(
     kube: KubeClients, namespace: str, operator: OperatorProcess, server: Server, auth_secret: str
 ) -> None:
-    entry = _entry(server, "add", "fail")
+    entry = server_entry(server, "add", "fail")
     pinned = _discover(kube, namespace, entry)
     assert sorted(pinned) == ["add", "fail"]  # rm is listed by the server, never pinned
     create(kube, namespace, agentrun("discover-again", [_mcp_step("d", "discover", entry)]))
@@ -240,7 +165,7 @@ def test_discovery_pins_only_the_allowed_tools_and_calls_record_their_results(
 def test_a_tool_the_entry_does_not_allow_is_refused_unsent(
     kube: KubeClients, namespace: str, operator: OperatorProcess, server: Server, auth_secret: str
 ) -> None:
-    entry = _entry(server, "add")
+    entry = server_entry(server, "add")
     rm = {"server": "tools", "name": "rm", "digest": "0" * 64}
     create(kube, namespace, agentrun("unlisted", [_call("rm", entry, rm, {"path": "/"})]))
     run = wait_phase(kube, namespace, "unlisted", "Failed")
@@ -251,7 +176,7 @@ def test_a_tool_the_entry_does_not_allow_is_refused_unsent(
 def test_a_tool_whose_schema_changed_mid_run_is_refused_unsent(
     kube: KubeClients, namespace: str, operator: OperatorProcess, server: Server, auth_secret: str
 ) -> None:
-    entry = _entry(server, "add")
+    entry = server_entry(server, "add")
     pinned = _discover(kube, namespace, entry)
     server.stop()
     server.start(wide=True)  # the same tool, another input schema
@@ -266,7 +191,7 @@ def test_a_tool_whose_schema_changed_mid_run_is_refused_unsent(
 def test_a_call_to_a_server_that_is_down_is_retried_with_the_same_key(
     kube: KubeClients, namespace: str, operator: OperatorProcess, server: Server, auth_secret: str
 ) -> None:
-    entry = _entry(server, "add")
+    entry = server_entry(server, "add")
     pinned = _discover(kube, namespace, entry)
     server.stop()
     call = _call("add", entry, pinned["add"], {"a": 20, "b": 22})
@@ -299,7 +224,7 @@ def test_a_large_result_goes_to_a_config_map_of_the_run(
     kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
     rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "list"]}]
     bind_role(kube, namespace, account, rules, [service_account_subject(account, namespace)])
-    entry = _entry(server, "echo")
+    entry = server_entry(server, "echo")
     pinned = _discover(kube, namespace, entry)
     text = "0123456789 " * 1100  # 12,100 bytes
     call = _call("echo", entry, pinned["echo"], {"text": "0123456789 ", "times": 1100})
@@ -328,7 +253,7 @@ def _listed(server: Server) -> list[dict[str, Any]]:
     """The tools the server lists now, read with the SDK as a discovery step reads them."""
 
     async def listing() -> list[dict[str, Any]]:
-        entry = McpServer.model_validate(_entry(server, "add"))
+        entry = McpServer.model_validate(server_entry(server, "add"))
         async with connect_http(entry, {"Authorization": TOKEN}) as client:
             return await list_tools(client)
 
@@ -363,7 +288,7 @@ def test_an_agent_calls_the_allowed_tools_of_an_mcp_server_as_steps(
         ),
         reply("2 + 3 = 5"),
     )
-    body = agent_run("mcp", model, agent={"mcpServers": [_entry(server, "add", "fail")]})
+    body = agent_run("mcp", model, agent={"mcpServers": [server_entry(server, "add", "fail")]})
     created = create(kube, namespace, body)
     run = wait_phase(kube, namespace, "mcp", "Succeeded")
     agent = status_of(run)["agent"]
@@ -418,7 +343,7 @@ def test_an_agents_mcp_calls_run_on_its_executor_once_each(
     for turn in range(1, calls + 1):
         model.add(reply("", [tool_call("add", {"a": turn, "b": 10}, f"c{turn}")]))
     model.add(reply("done"))
-    body = agent_run("mcp-executor", model, agent={"mcpServers": [_entry(server, "add")]})
+    body = agent_run("mcp-executor", model, agent={"mcpServers": [server_entry(server, "add")]})
     created = create(kube, namespace, body)
     run = wait_phase(kube, namespace, "mcp-executor", "Succeeded", timeout=240)
     uid = created["metadata"]["uid"]
@@ -453,7 +378,7 @@ def test_a_gated_mcp_call_approved_after_the_server_changed_the_tool_is_refused_
     model: ScriptedModel,
 ) -> None:
     model.add(reply("", [tool_call("add", {"a": 1, "b": 2}, "c1")]), reply("could not add"))
-    entry = _entry(server, "add")
+    entry = server_entry(server, "add")
     entry["tools"] = [{"name": "add", "risk": "external", "approval": "required"}]
     create(kube, namespace, agent_run("gated-mcp", model, agent={"mcpServers": [entry]}))
     wait_step_phase(kube, namespace, "gated-mcp", "t1-0-add", "WaitingForApproval")
@@ -486,7 +411,7 @@ def test_a_header_secret_the_runs_creator_may_not_read_is_never_sent(
     rules = [{"apiGroups": ["agentrun.dev"], "resources": ["agentruns"],
               "verbs": ["create", "get", "list", "watch"]}]  # fmt: skip
     bind_role(kube, namespace, "mallory-runs", rules, [user_subject("mallory")])
-    body = agent_run("borrowed-header", model, agent={"mcpServers": [_entry(server, "add")]})
+    body = agent_run("borrowed-header", model, agent={"mcpServers": [server_entry(server, "add")]})
     proc = cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(body),
                            kubeconfig=kubeconfig, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr

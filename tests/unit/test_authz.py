@@ -7,8 +7,11 @@ import json
 from typing import Any
 
 from agentrun.access import authz
+from agentrun.api import agent as a
 from agentrun.api import models as m
-from agentrun.core import CreateJob, EmitEvent, Observed, reconcile, rights
+from agentrun.core import CreateJob, EmitEvent, Observed, reconcile, rights, turns
+from tests.support.agent_sim import agent_run
+from tests.support.executor_sim import ExecutorSim
 from tests.support.sim import T0, Sim, make_run, step
 
 SP = m.StepPhase
@@ -283,3 +286,30 @@ def test_a_refusal_of_a_step_not_ready_yet_waits_for_it() -> None:
     sim.tick()
     assert sim.step_status("second").phase == SP.FAILED
     assert sim.creations.keys() == {sim.job_of("first").name}
+
+
+def test_the_rights_a_runs_executor_needs_are_kept_current_without_a_step_using_them() -> None:
+    """An agent run's executor holds the MCP servers' header Secrets, which only a discovery
+    or a call of theirs would have checked: the shell asks for them (refresh) while the run
+    may take turns, so that an operator restarted mid-run makes an executor at once."""
+    server = {
+        "name": "tools",
+        "url": "http://tools.team.svc:8000/mcp",
+        "headers": [{"name": "Authorization", "secretKeyRef": {"name": "mcp", "key": "token"}}],
+        "tools": [{"name": "lookup"}],
+    }
+    sim = ExecutorSim(agent_run(mcpServers=[server]))
+    sim.settle()
+    assert turns.executor_checks(sim.run) == [], "no turns yet: discovery runs first"
+    sim.agent.stage = a.AgentStage.READY
+    sim.run.status = sim.status
+    checks = turns.executor_checks(sim.run)
+    assert ("get", "secrets", "mcp") in {c.permission for c in checks}
+    run = created_by(sim.run.model_copy(deep=True), "alice", [])
+    api = FakeAuthorization({("alice", "get", "secrets", "mcp")})
+    authorizer = authz.Authorizer(api)
+    assert authorizer.granted(run) == frozenset()
+    authorizer.refresh(run, checks)
+    assert authorizer.granted(run) == {("get", "secrets", "mcp")}
+    authorizer.refresh(run, checks)
+    assert authorizer.reviews == 1, "asked again only after the ttl"

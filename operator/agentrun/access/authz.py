@@ -244,6 +244,14 @@ class Authorizer:
             if who == creator and allowed and now - asked < self.ttl
         )
 
+    def refresh(self, run: m.AgentRun, needed: list[Check]) -> None:
+        """Have the verdicts on ``needed`` current (each asked again once older than the TTL),
+        so that :meth:`granted` holds those granted: for what the core makes without a step
+        of its own to be refused (a run's executor, whose pod holds the model's and the MCP
+        servers' Secrets). An API error propagates."""
+        if needed:
+            self.denied(run, needed, "")
+
     def denied(self, run: m.AgentRun, needed: list[Check], purpose: str) -> str | None:
         """Why the run's creator may not do all of ``needed`` in the run's namespace (a
         message ending with ``purpose``, what the rights are for); None when they may. Cached

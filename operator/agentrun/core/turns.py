@@ -39,7 +39,7 @@ from agentrun.core.pod_env import ENV_TOOL_ARGS as ENV_TOOL_ARGS
 from agentrun.core.pod_env import ENV_TOOL_CALL_ID as ENV_TOOL_CALL_ID
 from agentrun.core.pod_env import ENV_TOOL_NAME as ENV_TOOL_NAME
 from agentrun.core.pod_env import ENV_TURN as ENV_TURN
-from agentrun.core.rights import checks_for
+from agentrun.core.rights import Check, checks_for
 
 CONTEXT_INPUT = "AGENTRUN_CONTEXT"
 """The name the context's digest has among a model turn's inputs (in its args hash)."""
@@ -723,6 +723,19 @@ def rights_confirmed(b: Host, step: m.Step) -> bool:
         if tool is None or tool.container is None or tool.agent is not None:
             return False
     return rights_granted(b, step)
+
+
+def executor_checks(run: m.AgentRun) -> list[Check]:
+    """The permissions the run's executor uses on its creator's behalf (the model's API key
+    Secret, the MCP servers' header Secrets, the ServiceAccount), while the run may take turns
+    (none otherwise): the shell keeps its verdicts on them current, so that an executor can be
+    made (:func:`rights_granted`) without waiting for a step that uses each of them."""
+    status = run.status.agent if run.status else None
+    if run.spec.agent is None or status is None or status.stage not in EXECUTOR_STAGES:
+        return []
+    if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
+        return []
+    return checks_for(run, executor_step(run, status, AgentConfig()))
 
 
 def rights_granted(b: Host, step: m.Step) -> bool:

@@ -506,6 +506,8 @@ class Observer:
         refused (still current: an attempt's refusal is dropped once it is no longer
         Launching), and for an agent run the permissions its creator was found to have."""
         refusals = self.authorizer.refusals(run)
+        if self.settings.executor:  # what its executor's pod would hold, made without a step
+            self.authorizer.refresh(run, agent_loop.executor_checks(run))
         launching = launching_jobs(run)
         with self._guard:
             known = self._job_refusals.get(run.metadata.uid, {})
