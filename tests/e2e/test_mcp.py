@@ -357,10 +357,12 @@ def test_an_agents_mcp_calls_run_on_its_executor_once_each(
     launched = {
         t["step"]: t.get("message") or ""
         for t in status_of(run).get("history") or []
-        if t.get("reason") == "Launching" and str(t.get("step", "")).endswith("-add")
+        if t.get("reason") == "Launching" and str(t.get("step", "")).endswith(("-add", "-model"))
     }
     on_executor = sorted(n for n, said in launched.items() if "on the run's executor" in said)
-    print("MCP calls launched on the executor:", on_executor, "of", sorted(launched))
+    print("launched on the executor:", on_executor, "of", sorted(launched))
+    launched = {n: said for n, said in launched.items() if n.endswith("-add")}
+    on_executor = [n for n in on_executor if n in launched]
     assert on_executor, f"no MCP call ran on the run's executor: {launched}"
     jobs = kube.batch.list_namespaced_job(namespace, label_selector=f"agentrun.dev/run-uid={uid}")
     job_steps = {(j.metadata.labels or {}).get("agentrun.dev/step") for j in jobs.items}

@@ -300,9 +300,7 @@ def test_the_rights_a_runs_executor_needs_are_kept_current_without_a_step_using_
     }
     sim = ExecutorSim(agent_run(mcpServers=[server]))
     sim.settle()
-    assert turns.executor_checks(sim.run) == [], "no turns yet: discovery runs first"
-    sim.agent.stage = a.AgentStage.READY
-    sim.run.status = sim.status
+    assert sim.agent.stage == a.AgentStage.WAITING  # discovering: the executor starts beside
     checks = turns.executor_checks(sim.run)
     assert ("get", "secrets", "mcp") in {c.permission for c in checks}
     run = created_by(sim.run.model_copy(deep=True), "alice", [])
@@ -313,3 +311,5 @@ def test_the_rights_a_runs_executor_needs_are_kept_current_without_a_step_using_
     assert authorizer.granted(run) == {("get", "secrets", "mcp")}
     authorizer.refresh(run, checks)
     assert authorizer.reviews == 1, "asked again only after the ttl"
+    sim.status.phase = m.RunPhase.FAILED
+    assert turns.executor_checks(sim.run) == [], "a run that ended keeps no executor"

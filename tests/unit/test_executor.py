@@ -239,12 +239,28 @@ def _mcp_sim(granted: bool = True) -> ExecutorSim:
     if granted:
         sim.granted = frozenset({MCP_SECRET})
     sim.settle()
+    _discover(sim)
+    return sim
+
+
+def _discover(sim: ExecutorSim) -> None:
+    """The discovery step reports the server's one tool."""
     (job,) = sim.tool_jobs()
     server = mcp_api.McpServer.model_validate(MCP_SERVER)
     found = mcp.pin(server, [LOOKUP])
     sim.finish(job.name, True, tool_envelope(json.dumps(found.to_wire()), "1 tool"))
     sim.settle()
-    return sim
+
+
+def test_with_mcp_servers_the_executor_starts_beside_the_discovery_and_takes_turn_one() -> None:
+    sim = ExecutorSim(agent_run(mcpServers=[MCP_SERVER]))
+    sim.granted = frozenset({MCP_SECRET})
+    sim.settle()
+    assert sim.agent.turn == 0 and [j.step for j in sim.tool_jobs()] == ["t0-mcp-tools"]
+    assert sim.executors[turns.executor_name(sim.run, 1)].started
+    _discover(sim)
+    first = _model_attempt(sim, 1)
+    assert first.executor_pod == "executor-pod-1" and first.job_name not in sim.jobs
 
 
 def test_a_call_of_an_mcp_tool_goes_to_the_executor_which_holds_the_header_secret() -> None:
@@ -256,7 +272,7 @@ def test_a_call_of_an_mcp_tool_goes_to_the_executor_which_holds_the_header_secre
     ref = m.SecretKeySelector(name="mcp", key="token")
     held = next(e for e in step.container.env or [] if e.name == turns.executor_secret_env(ref))
     assert held.value_from is not None and held.value_from.secret_key_ref == ref
-    sim.answer("", [call("lookup", {"word": "latency"}, "c1")])
+    sim.executor_answers("", [call("lookup", {"word": "latency"}, "c1")])
     st = sim.step_status("t1-0-lookup")
     assert st.executor_pod == "executor-pod-1" and st.job_name not in sim.jobs
     (sent,) = {s for s in sim.sent if s.step == "t1-0-lookup"}

@@ -24,6 +24,9 @@ loop keeps one executor per run while the run may still take turns:
   of the run's MCP servers; the operator never reads one).
 - **Otherwise a Job, as before.** A turn that finds no executor running (the first turn,
   while the executor starts; after an operator restart) runs as a Job of its own.
+- **Made early for MCP servers.** A run with MCP servers has its executor made while their
+  tools are discovered (steps of their own, before the first turn), so that its first turn
+  finds it running too.
 - **Replaced when it ends or is lost.** An executor whose Job ended (it ends itself after an
   hour without a request; none is made again while a call waits for approval), is being
   deleted or lost its pod, or one this process did not
@@ -41,7 +44,6 @@ from agentrun.core import naming
 from agentrun.core.actions import Action, PrepareExecutor, SendTurn, StartPod
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
 from agentrun.core.turns import (
-    EXECUTOR_STAGES,
     AgentConfig,
     Host,
     call_of,
@@ -49,6 +51,7 @@ from agentrun.core.turns import (
     executor_secret_env,
     executor_secrets,
     executor_step,
+    keeps_executor,
     mcp_tools_of,
     rights_granted,
     turn_of_step,
@@ -70,7 +73,7 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
     """Have the run's executor made, let start, or replaced (see the module's doc)."""
     if not config.executor or b.run.spec.suspend or b.run.spec.cancel:
         return
-    if ag.stage not in EXECUTOR_STAGES or b.halt is not None:
+    if not keeps_executor(ag, b.steps) or b.halt is not None:
         return
     if any(st.phase == m.StepPhase.WAITING_FOR_APPROVAL for st in b.steps.values()):
         return  # that may take long: one that ended meanwhile is made again once it is over

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -174,11 +174,29 @@ EXECUTOR_STAGES = (a.AgentStage.READY, a.AgentStage.THINKING, a.AgentStage.ACTIN
 """The loop's stages in which a run keeps its executor."""
 
 
+def keeps_executor(status: a.AgentStatus, steps: Iterable[str]) -> bool:
+    """Whether a run whose loop is at ``status``, with the steps ``steps`` in its status,
+    keeps its executor: while it may take turns (:data:`EXECUTOR_STAGES`), and while its MCP
+    servers' tools are discovered before the first turn (the executor starts beside the
+    discovery steps, so that the first turn finds it running)."""
+    if status.stage in EXECUTOR_STAGES:
+        return True
+    return (
+        status.stage == a.AgentStage.WAITING
+        and status.turn == 0
+        and any(name.startswith(DISCOVERY) for name in steps)
+    )
+
+
 def executor_wanted(run: m.AgentRun) -> str | None:
     """The Job of the executor ``status.agent.executor`` names, while the run as read may
     still send it turns; None otherwise (a Job of it left is then a stray, and goes)."""
     status = run.status.agent if run.status is not None else None
-    if status is None or status.executor is None or status.stage not in EXECUTOR_STAGES:
+    if status is None or status.executor is None:
+        return None
+    if not keeps_executor(
+        status, (st.name for st in (run.status.steps if run.status else None) or [])
+    ):
         return None
     if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
         return None
@@ -731,7 +749,9 @@ def executor_checks(run: m.AgentRun) -> list[Check]:
     (none otherwise): the shell keeps its verdicts on them current, so that an executor can be
     made (:func:`rights_granted`) without waiting for a step that uses each of them."""
     status = run.status.agent if run.status else None
-    if run.spec.agent is None or status is None or status.stage not in EXECUTOR_STAGES:
+    if run.spec.agent is None or status is None or run.status is None:
+        return []
+    if not keeps_executor(status, (st.name for st in run.status.steps or [])):
         return []
     if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
         return []
