@@ -39,6 +39,7 @@ The **output** of a model turn is the result of its step: JSON
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -217,19 +218,21 @@ class Context:
     sizes: list[int] | None = field(default=None, compare=False, repr=False)
     """Each message's bytes as sent (:func:`message_bytes`), when known: the document's
     ``messageBytes``, kept as messages are added and paged."""
+    texts: list[str] | None = field(default=None, compare=False, repr=False)
+    """Each message's JSON text as the document holds it (bookkeeping members and all), when
+    known: kept as messages are added and paged, so that storing the next turn's context
+    encodes only the messages it adds or changes."""
 
     def to_json(self) -> str:
-        body: dict[str, Any] = {
-            "turn": self.turn,
-            "messages": self.messages,
-            "tools": self.tools,
-            "omittedTurns": self.omitted_turns,
-            "pagedResults": self.paged_results,
-        }
-        if self.previous is not None:
-            body["previous"] = self.previous
-        body["messageBytes"] = self.message_sizes()
-        return _json(body)
+        """The document's text: the JSON object of the module docstring (compact, members in
+        that order), each message's text as kept (:meth:`message_texts`)."""
+        previous = "" if self.previous is None else f',"previous":{_json(self.previous)}'
+        return (
+            f'{{"turn":{_json(self.turn)},"messages":[{",".join(self.message_texts())}],'
+            f'"tools":{_json(self.tools)},"omittedTurns":{_json(self.omitted_turns)},'
+            f'"pagedResults":{_json(self.paged_results)}{previous},'
+            f'"messageBytes":{_json(self.message_sizes())}}}'
+        )
 
     def message_sizes(self) -> list[int]:
         """Each message's bytes as sent: the sizes known, else counted (and kept)."""
@@ -237,15 +240,24 @@ class Context:
             self.sizes = [message_bytes(m) for m in self.messages]
         return self.sizes
 
+    def message_texts(self) -> list[str]:
+        """Each message's JSON text: the texts known, else encoded (and kept)."""
+        if self.texts is None or len(self.texts) != len(self.messages):
+            self.texts = [_json(m) for m in self.messages]
+        return self.texts
+
     def extended(self, turn: int, messages: Sequence[Message], **changes: Any) -> Context:
         """The context of ``turn``: this one's messages and ``messages`` after them (only
-        those are counted), with ``changes`` (tools, previous, ...)."""
+        those are counted, and encoded when this one's texts are known), with ``changes``
+        (tools, previous, ...)."""
         added = list(messages)
+        known = self.texts is not None and len(self.texts) == len(self.messages)
         return replace(
             self,
             turn=turn,
             messages=[*self.messages, *added],
             sizes=[*self.message_sizes(), *(message_bytes(m) for m in added)],
+            texts=[*(self.texts or []), *(_json(m) for m in added)] if known else None,
             **changes,
         )
 
@@ -262,7 +274,8 @@ class Context:
         """The document split into parts of at most :data:`PART_BYTES` bytes each, and its
         digest (:meth:`digest`), from one encoding."""
         text = self.to_json()
-        return split_bytes(text, PART_BYTES), sha256_text(text)
+        data = text.encode("utf-8", "surrogatepass")  # as sha256_text hashes it
+        return _split(text, data, PART_BYTES), hashlib.sha256(data).hexdigest()
 
     def digest(self) -> str:
         return sha256_text(self.to_json())
@@ -299,8 +312,14 @@ class Context:
 
 def split_bytes(text: str, limit: int) -> list[str]:
     """``text`` cut into pieces of at most ``limit`` UTF-8 bytes, never inside a character."""
+    return _split(text, text.encode("utf-8", "surrogatepass"), limit)
+
+
+def _split(text: str, data: bytes, limit: int) -> list[str]:
+    """:func:`split_bytes` of ``text``, whose UTF-8 bytes are ``data``."""
+    if len(data) <= limit:
+        return [text]  # one piece: the text itself
     parts: list[str] = []
-    data = text.encode("utf-8", "surrogatepass")
     start = 0
     while start < len(data):
         end = min(start + limit, len(data))
@@ -388,7 +407,7 @@ def request_size(
 ) -> int:
     """:func:`request_bytes` of :func:`request_body` of these, from the messages' known sizes
     (:meth:`Context.message_sizes`) rather than by encoding every message again."""
-    empty = replace(context, messages=[], sizes=[])
+    empty = replace(context, messages=[], sizes=[], texts=[])
     shell = request_bytes(request_body(empty, model, max_tokens, temperature, tool_choice))
     return shell - len("[]") + sent_messages_bytes(context.messages, context.message_sizes())
 
@@ -489,15 +508,21 @@ def page(context: Context, limit: int) -> Context:
     """``context`` fit into ``limit`` bytes of messages (see the module docstring)."""
     messages = list(context.messages)  # a message is copied before it is changed
     sizes = list(context.message_sizes())
+    # The messages' texts, when known, kept as they change (Context.texts).
+    known = context.texts is not None and len(context.texts) == len(messages)
+    texts = list(context.texts or []) if known else None
     # Bytes of the messages as a JSON array (brackets, messages, a comma between two), kept
     # as they change: each step below looks at it once per message at most.
     total = array_bytes(sizes)
 
     def resize(i: int) -> None:
+        """Message ``i`` was replaced: its size and text anew."""
         nonlocal total
         size = message_bytes(messages[i])
         total += size - sizes[i]
         sizes[i] = size
+        if texts is not None:
+            texts[i] = _json(messages[i])
 
     turns = sorted({t for m in messages if (t := _turn_of(m)) is not None})
     newest = turns[-1] if turns else None
@@ -533,11 +558,15 @@ def page(context: Context, limit: int) -> Context:
         keep = [i for i, m in enumerate(messages) if _turn_of(m) != turn and not m.get(NOTE)]
         messages = [messages[i] for i in keep]
         sizes = [sizes[i] for i in keep]
+        if texts is not None:
+            texts = [texts[i] for i in keep]
         omitted += 1
         at = next((i + 1 for i, m in enumerate(messages) if m.get("role") == "user"), 0)
         note = _note(first, turn)
         messages.insert(at, note)
         sizes.insert(at, message_bytes(note))
+        if texts is not None:
+            texts.insert(at, _json(note))
         total = array_bytes(sizes)
     # 2b. Then the newest turn's results too.
     page_results(newest_too=True)
@@ -562,4 +591,5 @@ def page(context: Context, limit: int) -> Context:
         paged_results=sum(1 for m in messages if m.get("x-paged")),
         previous=context.previous,
         sizes=sizes,
+        texts=texts,
     )
