@@ -310,6 +310,43 @@ class Context:
         )
 
 
+@dataclass(frozen=True)
+class Stored:
+    """A context document as the loop stored it: the parts it was written as, their digest,
+    and the document itself. The shell keeps it beside the ConfigMap this process wrote
+    (:mod:`agentrun.loop.written`, ``Observed.contexts``), so that the pass that continues
+    from the document takes it as it was rather than parsing its parts again; only for parts
+    that are exactly the ones it was stored as (:meth:`document`)."""
+
+    parts: tuple[str, ...]
+    digest: str
+    """sha256 of the parts joined (:meth:`Context.encoded`)."""
+    context: Context
+    """Never changed: :meth:`document` hands out copies."""
+
+    @classmethod
+    def of(cls, context: Context) -> Stored:
+        """``context`` encoded (:meth:`Context.encoded`), to be stored."""
+        parts, digest = context.encoded()
+        return cls(tuple(parts), digest, context)
+
+    def document(self, parts: Sequence[str], digest: str) -> Context | None:
+        """The document, as :meth:`Context.from_parts` of ``parts`` would read it, when
+        ``parts`` are the ones it was stored as and ``digest`` is theirs; else None. A copy
+        the caller may change as it likes (its messages are shared: they are copied before
+        they are changed, as everywhere)."""
+        if digest != self.digest or tuple(parts) != self.parts:
+            return None
+        ctx = self.context
+        return replace(
+            ctx,
+            messages=list(ctx.messages),
+            tools=list(ctx.tools),
+            sizes=None if ctx.sizes is None else list(ctx.sizes),
+            texts=None if ctx.texts is None else list(ctx.texts),
+        )
+
+
 def split_bytes(text: str, limit: int) -> list[str]:
     """``text`` cut into pieces of at most ``limit`` UTF-8 bytes, never inside a character."""
     return _split(text, text.encode("utf-8", "surrogatepass"), limit)
