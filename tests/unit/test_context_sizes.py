@@ -165,3 +165,24 @@ def test_the_parts_of_a_document_that_fits_one_part_are_its_text() -> None:
     assert cx.split_bytes("abcé", 5) == ["abcé"]
     assert cx.split_bytes("abcé", 4) == ["abc", "é"]
     assert cx.split_bytes("\ud800x", 3) == ["\ud800", "x"]  # a lone surrogate: 3 bytes
+
+
+def test_a_result_is_paged_out_only_when_its_replacement_is_shorter_in_bytes() -> None:
+    summary = "é" * 3  # 6 bytes
+    replacement = f"[result paged out to fit the context; its summary: {summary}]"
+    size = len(replacement.encode())
+    for content, paged in (("ü" * (size // 2), False), ("ü" * (size // 2) + "xy", True)):
+        if size % 2:
+            content += "x"
+        ctx = cx.Context(
+            turn=3,
+            messages=[
+                {"role": "user", "content": "goal"},
+                {"role": "tool", "content": content, "x-turn": 1, "x-summary": summary},
+                {"role": "tool", "content": "new", "x-turn": 2, "x-summary": "s"},
+            ],
+        )
+        out = cx.page(ctx, ctx.bytes - 1)  # over by one byte: turn 1's result paged, or left out
+        assert len(content.encode()) - size == (2 if paged else 0)
+        assert (out.paged_results, out.omitted_turns) == ((1, 0) if paged else (0, 1))
+        assert (out.messages[1]["content"] == replacement) is paged

@@ -532,6 +532,16 @@ def _turn_of(message: Mapping[str, Any]) -> int | None:
     return turn if isinstance(turn, int) and not isinstance(turn, bool) else None
 
 
+PAGED = "[result paged out to fit the context; its summary: {summary}]"
+"""What a tool result paged out is replaced by."""
+PAGED_BYTES = len(PAGED.format(summary=""))
+
+
+def _utf8_len(text: str) -> int:
+    """``len(text.encode())``, without encoding an ASCII text."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def _note(first: int, last: int) -> Message:
     turns = f"turn {first} was" if first == last else f"turns {first} to {last} were"
     return {
@@ -552,6 +562,9 @@ def page(context: Context, limit: int) -> Context:
     # as they change: each step below looks at it once per message at most.
     total = array_bytes(sizes)
 
+    # Each message's turn (_turn_of), looked at by every step below.
+    turn_of = [_turn_of(m) for m in messages]
+
     def resize(i: int) -> None:
         """Message ``i`` was replaced: its size and text anew."""
         nonlocal total
@@ -561,7 +574,7 @@ def page(context: Context, limit: int) -> Context:
         if texts is not None:
             texts[i] = _json(messages[i])
 
-    turns = sorted({t for m in messages if (t := _turn_of(m)) is not None})
+    turns = sorted({t for t in turn_of if t is not None})
     newest = turns[-1] if turns else None
 
     def page_results(newest_too: bool) -> None:
@@ -570,12 +583,13 @@ def page(context: Context, limit: int) -> Context:
                 break
             if message.get("role") != "tool" or message.get("x-paged"):
                 continue
-            if not newest_too and _turn_of(message) == newest:
+            if not newest_too and turn_of[i] == newest:
                 continue
             summary = str(message.get("x-summary") or "")
-            replacement = f"[result paged out to fit the context; its summary: {summary}]"
-            if len(replacement.encode()) >= len(str(message.get("content", "")).encode()):
+            # The replacement's bytes, counted before it is made (most results are not paged).
+            if PAGED_BYTES + _utf8_len(summary) >= _utf8_len(str(message.get("content", ""))):
                 continue
+            replacement = PAGED.format(summary=summary)
             messages[i] = {**message, "content": replacement, "x-paged": True}
             resize(i)
 
@@ -592,9 +606,10 @@ def page(context: Context, limit: int) -> Context:
             noted = messages[old_note][NOTE]
             if isinstance(noted, list) and noted and isinstance(noted[0], int):
                 first = min(first, noted[0])
-        keep = [i for i, m in enumerate(messages) if _turn_of(m) != turn and not m.get(NOTE)]
+        keep = [i for i, m in enumerate(messages) if turn_of[i] != turn and not m.get(NOTE)]
         messages = [messages[i] for i in keep]
         sizes = [sizes[i] for i in keep]
+        turn_of = [turn_of[i] for i in keep]
         if texts is not None:
             texts = [texts[i] for i in keep]
         omitted += 1
@@ -602,6 +617,7 @@ def page(context: Context, limit: int) -> Context:
         note = _note(first, turn)
         messages.insert(at, note)
         sizes.insert(at, message_bytes(note))
+        turn_of.insert(at, None)
         if texts is not None:
             texts.insert(at, _json(note))
         total = array_bytes(sizes)
