@@ -115,16 +115,22 @@ class AgentSim(Sim):
     child_creates: list[str] = field(default_factory=list)
     """Every CreateChild carried out, by name (a repeated one met AlreadyExists)."""
     depth: int = 0
+    contexts: dict[str, cx.Stored] = field(default_factory=dict)
+    """The context documents as the core stored them, by ConfigMap name, which the shell keeps
+    beside what it wrote (Observed.contexts); a test may drop or change them."""
 
     def observed(self) -> Observed:
         base = super().observed()
         stored = {**self.results, **self.records}
         documents: dict[tuple[str, str], str] = {}
+        contexts: dict[str, cx.Stored] = {}
         for key in loop.wanted_documents(self.run):
             self.asked.append(key)
             value = stored.get(key[0], {}).get(key[1])
             if value is not None:
                 documents[key] = value
+            if key[0] in self.contexts:
+                contexts[key[0]] = self.contexts[key[0]]
         source = self.read_resume(self.run) if self.read_resume is not None else None
         ag = self.run.status.agent if self.run.status else None
         in_flight = any(c.child for c in (ag.calls if ag is not None else None) or [])
@@ -134,7 +140,12 @@ class AgentSim(Sim):
             else None
         )
         return dataclasses.replace(
-            base, documents=documents, resume=source, children=children, depth=self.depth
+            base,
+            documents=documents,
+            contexts=contexts,
+            resume=source,
+            children=children,
+            depth=self.depth,
         )
 
     def config_maps(self) -> dict[str, dict[str, Any]]:
@@ -169,6 +180,8 @@ class AgentSim(Sim):
             assert existing is None or existing == dict(action.data), "a record changed"
             self.records[action.name] = dict(action.data)
             self.record_kinds[action.name] = action.kind
+            if action.stored is not None:
+                self.contexts[action.name] = action.stored
             return
         super().apply(action)
 

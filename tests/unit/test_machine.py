@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from agentrun.api import models as m
 from agentrun.core import (
@@ -531,6 +532,22 @@ def test_a_released_job_that_lost_its_ttl_is_deleted_after_the_grace() -> None:
     later = sim.now + timedelta(seconds=sim.config.job_deletion_grace_seconds)
     decision = reconcile(sim.run, dataclasses.replace(observed, jobs=lost), later, sim.config)
     assert DeleteJob(name, "Retention") in decision.after_commit
+
+
+def test_a_pass_leaves_the_status_it_read_as_it_was_sharing_only_its_frozen_transitions() -> None:
+    sim = Sim(make_run([step(f"s{i}", *([f"s{i - 1}"] if i else [])) for i in range(3)]))
+    sim.tick()
+    sim.finish(sim.job_of("s0").name)
+    run = sim.run
+    assert run.status is not None and run.status.history
+    before = run.status.to_wire()
+    decision = reconcile(run, sim.observed(), sim.now, sim.config)
+    assert run.status.to_wire() == before
+    read, derived = run.status.history, decision.status.history
+    assert derived is not None and len(derived) > len(read)  # the pass's own appended
+    assert all(x is y for x, y in zip(read, derived, strict=False))
+    with pytest.raises(ValidationError):
+        read[0].reason = "Changed"  # type: ignore[misc]
 
 
 def test_failed_jobs_are_kept_by_default_and_all_deleted_with_keep_none() -> None:

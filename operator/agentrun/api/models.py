@@ -799,6 +799,10 @@ class Usage(ApiModel):
 class Transition(ApiModel):
     """One change of phase of the run or of a step."""
 
+    # Never changed once made: a pass appends new ones and shares those it read
+    # (agentrun.core.machine._copy_status).
+    model_config = ConfigDict(frozen=True)
+
     at: Timestamp = Field(description="When it happened.")
     step: str | None = Field(default=None, description="The step; unset for the run itself.")
     from_phase: str | None = Field(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.api.models import EnvVar, Step
+from agentrun.core.context import Stored
 from agentrun.core.observed import PodRef
 
 
@@ -143,6 +144,9 @@ class StoreRecord:
     kind: str
     turn: int
     data: tuple[tuple[str, str], ...]
+    stored: Stored | None = field(default=None, compare=False, repr=False)
+    """A context's document as stored (``data`` holds its parts), which the shell keeps
+    beside the data (``Observed.contexts``)."""
 
 
 @dataclass(frozen=True)

@@ -329,10 +329,11 @@ def sent_bytes(agent: a.Agent, ag: a.AgentStatus, ctx: cx.Context) -> int:
 
 
 def _store_context(b: Host, ag: a.AgentStatus, ctx: cx.Context) -> None:
-    parts, digest = ctx.encoded()
+    stored = cx.Stored.of(ctx)
+    parts, digest = stored.parts, stored.digest
     name = context_name(b.run, ctx.turn, digest)
     data = tuple((f"part-{i}", part) for i, part in enumerate(parts))
-    b.before.append(StoreRecord(name, KIND_CONTEXT, ctx.turn, data))
+    b.before.append(StoreRecord(name, KIND_CONTEXT, ctx.turn, data, stored))
     agent = b.run.spec.agent
     sent = sent_bytes(agent, ag, ctx) if agent is not None else ctx.bytes + ctx.tools_bytes
     ag.context = a.ContextStatus(
@@ -1075,26 +1076,26 @@ def _previous_context(b: Host, ag: a.AgentStatus) -> cx.Context | None:
     ctx = ag.context
     if ctx is None:  # pragma: no cover - every turn has its context
         return cx.Context(turn=ag.turn, messages=[])
+    written = next((x for x in b.before if isinstance(x, StoreRecord) and x.name == ctx.name), None)
     parts: list[str] = []
     for i in range(ctx.parts):
         key = (ctx.name, f"part-{i}")
-        text = next(
-            (
-                dict(action.data).get(key[1])
-                for action in b.before
-                if isinstance(action, StoreRecord) and action.name == ctx.name
-            ),
-            None,
-        )
+        text = dict(written.data).get(key[1]) if written is not None else None
         if text is None:
             text = b.observed.documents.get(key)
         if text is None:
             return None
         parts.append(text)
-    doc = cx.Context.from_parts(parts)
     # The text as stored is what the committed digest is of (Context.encoded): checked as it
-    # is, not encoded again.
-    if isinstance(doc, str) or naming.sha256_text("".join(parts)) != ctx.digest:
+    # is, not encoded again. The document as this process stored it, when these are its
+    # parts, is taken as it is rather than parsed again.
+    doc: cx.Context | str | None = None
+    if naming.sha256_text("".join(parts)) == ctx.digest:
+        stored = written.stored if written is not None else b.observed.contexts.get(ctx.name)
+        doc = stored.document(parts, ctx.digest) if stored is not None else None
+        if doc is None:
+            doc = cx.Context.from_parts(parts)
+    if doc is None or isinstance(doc, str):
         # Changed under us: the turn cannot be continued from it. Start from the first
         # messages again, saying so (the transcript keeps everything).
         return cx.Context(

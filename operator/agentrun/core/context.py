@@ -39,6 +39,7 @@ The **output** of a model turn is the result of its step: JSON
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -217,19 +218,21 @@ class Context:
     sizes: list[int] | None = field(default=None, compare=False, repr=False)
     """Each message's bytes as sent (:func:`message_bytes`), when known: the document's
     ``messageBytes``, kept as messages are added and paged."""
+    texts: list[str] | None = field(default=None, compare=False, repr=False)
+    """Each message's JSON text as the document holds it (bookkeeping members and all), when
+    known: kept as messages are added and paged, so that storing the next turn's context
+    encodes only the messages it adds or changes."""
 
     def to_json(self) -> str:
-        body: dict[str, Any] = {
-            "turn": self.turn,
-            "messages": self.messages,
-            "tools": self.tools,
-            "omittedTurns": self.omitted_turns,
-            "pagedResults": self.paged_results,
-        }
-        if self.previous is not None:
-            body["previous"] = self.previous
-        body["messageBytes"] = self.message_sizes()
-        return _json(body)
+        """The document's text: the JSON object of the module docstring (compact, members in
+        that order), each message's text as kept (:meth:`message_texts`)."""
+        previous = "" if self.previous is None else f',"previous":{_json(self.previous)}'
+        return (
+            f'{{"turn":{_json(self.turn)},"messages":[{",".join(self.message_texts())}],'
+            f'"tools":{_json(self.tools)},"omittedTurns":{_json(self.omitted_turns)},'
+            f'"pagedResults":{_json(self.paged_results)}{previous},'
+            f'"messageBytes":{_json(self.message_sizes())}}}'
+        )
 
     def message_sizes(self) -> list[int]:
         """Each message's bytes as sent: the sizes known, else counted (and kept)."""
@@ -237,15 +240,24 @@ class Context:
             self.sizes = [message_bytes(m) for m in self.messages]
         return self.sizes
 
+    def message_texts(self) -> list[str]:
+        """Each message's JSON text: the texts known, else encoded (and kept)."""
+        if self.texts is None or len(self.texts) != len(self.messages):
+            self.texts = [_json(m) for m in self.messages]
+        return self.texts
+
     def extended(self, turn: int, messages: Sequence[Message], **changes: Any) -> Context:
         """The context of ``turn``: this one's messages and ``messages`` after them (only
-        those are counted), with ``changes`` (tools, previous, ...)."""
+        those are counted, and encoded when this one's texts are known), with ``changes``
+        (tools, previous, ...)."""
         added = list(messages)
+        known = self.texts is not None and len(self.texts) == len(self.messages)
         return replace(
             self,
             turn=turn,
             messages=[*self.messages, *added],
             sizes=[*self.message_sizes(), *(message_bytes(m) for m in added)],
+            texts=[*(self.texts or []), *(_json(m) for m in added)] if known else None,
             **changes,
         )
 
@@ -262,7 +274,8 @@ class Context:
         """The document split into parts of at most :data:`PART_BYTES` bytes each, and its
         digest (:meth:`digest`), from one encoding."""
         text = self.to_json()
-        return split_bytes(text, PART_BYTES), sha256_text(text)
+        data = text.encode("utf-8", "surrogatepass")  # as sha256_text hashes it
+        return _split(text, data, PART_BYTES), hashlib.sha256(data).hexdigest()
 
     def digest(self) -> str:
         return sha256_text(self.to_json())
@@ -297,10 +310,53 @@ class Context:
         )
 
 
+@dataclass(frozen=True)
+class Stored:
+    """A context document as the loop stored it: the parts it was written as, their digest,
+    and the document itself. The shell keeps it beside the ConfigMap this process wrote
+    (:mod:`agentrun.loop.written`, ``Observed.contexts``), so that the pass that continues
+    from the document takes it as it was rather than parsing its parts again; only for parts
+    that are exactly the ones it was stored as (:meth:`document`)."""
+
+    parts: tuple[str, ...]
+    digest: str
+    """sha256 of the parts joined (:meth:`Context.encoded`)."""
+    context: Context
+    """Never changed: :meth:`document` hands out copies."""
+
+    @classmethod
+    def of(cls, context: Context) -> Stored:
+        """``context`` encoded (:meth:`Context.encoded`), to be stored."""
+        parts, digest = context.encoded()
+        return cls(tuple(parts), digest, context)
+
+    def document(self, parts: Sequence[str], digest: str) -> Context | None:
+        """The document, as :meth:`Context.from_parts` of ``parts`` would read it, when
+        ``parts`` are the ones it was stored as and ``digest`` is theirs; else None. A copy
+        the caller may change as it likes (its messages are shared: they are copied before
+        they are changed, as everywhere)."""
+        if digest != self.digest or tuple(parts) != self.parts:
+            return None
+        ctx = self.context
+        return replace(
+            ctx,
+            messages=list(ctx.messages),
+            tools=list(ctx.tools),
+            sizes=None if ctx.sizes is None else list(ctx.sizes),
+            texts=None if ctx.texts is None else list(ctx.texts),
+        )
+
+
 def split_bytes(text: str, limit: int) -> list[str]:
     """``text`` cut into pieces of at most ``limit`` UTF-8 bytes, never inside a character."""
+    return _split(text, text.encode("utf-8", "surrogatepass"), limit)
+
+
+def _split(text: str, data: bytes, limit: int) -> list[str]:
+    """:func:`split_bytes` of ``text``, whose UTF-8 bytes are ``data``."""
+    if len(data) <= limit:
+        return [text]  # one piece: the text itself
     parts: list[str] = []
-    data = text.encode("utf-8", "surrogatepass")
     start = 0
     while start < len(data):
         end = min(start + limit, len(data))
@@ -388,7 +444,7 @@ def request_size(
 ) -> int:
     """:func:`request_bytes` of :func:`request_body` of these, from the messages' known sizes
     (:meth:`Context.message_sizes`) rather than by encoding every message again."""
-    empty = replace(context, messages=[], sizes=[])
+    empty = replace(context, messages=[], sizes=[], texts=[])
     shell = request_bytes(request_body(empty, model, max_tokens, temperature, tool_choice))
     return shell - len("[]") + sent_messages_bytes(context.messages, context.message_sizes())
 
@@ -476,6 +532,16 @@ def _turn_of(message: Mapping[str, Any]) -> int | None:
     return turn if isinstance(turn, int) and not isinstance(turn, bool) else None
 
 
+PAGED = "[result paged out to fit the context; its summary: {summary}]"
+"""What a tool result paged out is replaced by."""
+PAGED_BYTES = len(PAGED.format(summary=""))
+
+
+def _utf8_len(text: str) -> int:
+    """``len(text.encode())``, without encoding an ASCII text."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def _note(first: int, last: int) -> Message:
     turns = f"turn {first} was" if first == last else f"turns {first} to {last} were"
     return {
@@ -489,17 +555,26 @@ def page(context: Context, limit: int) -> Context:
     """``context`` fit into ``limit`` bytes of messages (see the module docstring)."""
     messages = list(context.messages)  # a message is copied before it is changed
     sizes = list(context.message_sizes())
+    # The messages' texts, when known, kept as they change (Context.texts).
+    known = context.texts is not None and len(context.texts) == len(messages)
+    texts = list(context.texts or []) if known else None
     # Bytes of the messages as a JSON array (brackets, messages, a comma between two), kept
     # as they change: each step below looks at it once per message at most.
     total = array_bytes(sizes)
 
+    # Each message's turn (_turn_of), looked at by every step below.
+    turn_of = [_turn_of(m) for m in messages]
+
     def resize(i: int) -> None:
+        """Message ``i`` was replaced: its size and text anew."""
         nonlocal total
         size = message_bytes(messages[i])
         total += size - sizes[i]
         sizes[i] = size
+        if texts is not None:
+            texts[i] = _json(messages[i])
 
-    turns = sorted({t for m in messages if (t := _turn_of(m)) is not None})
+    turns = sorted({t for t in turn_of if t is not None})
     newest = turns[-1] if turns else None
 
     def page_results(newest_too: bool) -> None:
@@ -508,12 +583,13 @@ def page(context: Context, limit: int) -> Context:
                 break
             if message.get("role") != "tool" or message.get("x-paged"):
                 continue
-            if not newest_too and _turn_of(message) == newest:
+            if not newest_too and turn_of[i] == newest:
                 continue
             summary = str(message.get("x-summary") or "")
-            replacement = f"[result paged out to fit the context; its summary: {summary}]"
-            if len(replacement.encode()) >= len(str(message.get("content", "")).encode()):
+            # The replacement's bytes, counted before it is made (most results are not paged).
+            if PAGED_BYTES + _utf8_len(summary) >= _utf8_len(str(message.get("content", ""))):
                 continue
+            replacement = PAGED.format(summary=summary)
             messages[i] = {**message, "content": replacement, "x-paged": True}
             resize(i)
 
@@ -530,14 +606,20 @@ def page(context: Context, limit: int) -> Context:
             noted = messages[old_note][NOTE]
             if isinstance(noted, list) and noted and isinstance(noted[0], int):
                 first = min(first, noted[0])
-        keep = [i for i, m in enumerate(messages) if _turn_of(m) != turn and not m.get(NOTE)]
+        keep = [i for i, m in enumerate(messages) if turn_of[i] != turn and not m.get(NOTE)]
         messages = [messages[i] for i in keep]
         sizes = [sizes[i] for i in keep]
+        turn_of = [turn_of[i] for i in keep]
+        if texts is not None:
+            texts = [texts[i] for i in keep]
         omitted += 1
         at = next((i + 1 for i, m in enumerate(messages) if m.get("role") == "user"), 0)
         note = _note(first, turn)
         messages.insert(at, note)
         sizes.insert(at, message_bytes(note))
+        turn_of.insert(at, None)
+        if texts is not None:
+            texts.insert(at, _json(note))
         total = array_bytes(sizes)
     # 2b. Then the newest turn's results too.
     page_results(newest_too=True)
@@ -562,4 +644,5 @@ def page(context: Context, limit: int) -> Context:
         paged_results=sum(1 for m in messages if m.get("x-paged")),
         previous=context.previous,
         sizes=sizes,
+        texts=texts,
     )

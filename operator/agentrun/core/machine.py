@@ -169,10 +169,14 @@ def reconcile(
 def _copy_status(status: m.AgentRunStatus | None) -> m.AgentRunStatus:
     """A copy of ``status`` the pass may change, ``run.status`` staying as read. Validated
     from its dump rather than deep-copied: a fraction of the cost on a run of many steps (the
-    models are plain data, so the two are the same)."""
+    models are plain data, so the two are the same). The history's transitions, most of the
+    status once its ring is full, are frozen: shared, in a list of the copy's own."""
     if status is None:
         return m.AgentRunStatus()
-    return m.AgentRunStatus.model_validate(status.model_dump())
+    copy = m.AgentRunStatus.model_validate(status.model_dump(exclude={"history"}))
+    if status.history is not None:
+        copy.history = list(status.history)
+    return copy
 
 
 def agent_problems(agent: a.Agent) -> list[str]:

@@ -8,6 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from agentrun.api import models as m
+from agentrun.core.context import Stored
 from agentrun.core.naming import sha256_text
 
 
@@ -237,6 +238,11 @@ class Observed:
     """Keyed by (ConfigMap name, key): the records an agent run's loop asked for
     (:func:`agentrun.core.agent_loop.wanted_documents`), as the shell read them; keys not found
     are left out (the loop waits for them)."""
+    contexts: Mapping[str, Stored] = field(default_factory=dict)
+    """Keyed by ConfigMap name: context documents among :attr:`documents` as this process
+    stored them (:class:`agentrun.core.actions.StoreRecord`), kept by the shell beside what it
+    wrote. The loop takes one rather than parsing its parts again only when the parts read
+    are exactly the ones it was stored as (:meth:`Stored.document`)."""
 
     children: Sequence[ObservedChild] | None = None
     """The AgentRuns labelled as children of this run, as read in this pass (only while a

@@ -499,4 +499,6 @@ class Actor:
             )
             created.drain_conn()  # its answer (the record again, up to 64 KiB) is not decoded
         if action.kind == KIND_CONTEXT and not taken:  # read back by the next passes
-            self.observer.written.remember(run.metadata.namespace, action.name, dict(action.data))
+            self.observer.written.remember(
+                run.metadata.namespace, action.name, dict(action.data), action.stored
+            )

@@ -36,6 +36,7 @@ from agentrun.core import (
     subagents,
     turns,
 )
+from agentrun.core.context import Stored
 from agentrun.execution import inputs, jobs, objects
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
@@ -532,13 +533,17 @@ class Observer:
             return observed
         maps: dict[str, dict[str, Any]] = {}
         documents: dict[tuple[str, str], str] = {}
+        contexts: dict[str, Stored] = {}
         for name, key in wanted:
             if name not in maps:
                 maps[name] = self.written_data(run.metadata.namespace, name) or {}
+                stored = self.written.document(run.metadata.namespace, name)
+                if stored is not None:
+                    contexts[name] = stored
             value = maps[name].get(key)
             if isinstance(value, str):
                 documents[(name, key)] = value
-        return dataclasses.replace(observed, documents=documents)
+        return dataclasses.replace(observed, documents=documents, contexts=contexts)
 
 
 def _has_controller_run(run: m.AgentRun) -> bool:
