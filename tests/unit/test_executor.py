@@ -281,7 +281,7 @@ def test_a_call_of_an_mcp_tool_goes_to_the_executor_which_holds_the_header_secre
     assert json.loads(env[loop.ENV_TOOL_ARGS]) == {"word": "latency"}
     assert json.loads(env[turns.ENV_MCP_PINNED])["digest"] == mcp.tool_digest(LOOKUP)
     assert dict(sent.secret_env) == {f"{turns.ENV_MCP_HEADER}0": turns.executor_secret_env(ref)}
-    assert sent.digest == ex.call_digest(sent.env, sent.secret_env)
+    assert sent.digest == ex.call_digest(dict(sent.env), dict(sent.secret_env))
     assert sent.idempotency_key == st.idempotency_key
     # Asked again on every pass until it answers (the shell sends once per process).
     decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)

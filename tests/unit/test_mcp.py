@@ -19,6 +19,7 @@ from agentrun import cli
 from agentrun import settings as s
 from agentrun.api import mcp as api
 from agentrun.core import mcp as core
+from agentrun.core.executor import call_digest
 from agentrun.core.naming import sha256_text
 from agentrun.pod import executor, runner
 from agentrun.pod import mcp as pod
@@ -438,7 +439,7 @@ def _call_request(pinned: api.PinnedTool, server: api.McpServer, **changes: Any)
         "timeoutSeconds": 30,
     }
     request.update(changes)
-    request.setdefault("sha256", executor.call_digest(request["env"], request["secretEnv"]))
+    request.setdefault("sha256", call_digest(request["env"], request["secretEnv"]))
     return json.dumps(request).encode()
 
 

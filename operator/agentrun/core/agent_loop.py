@@ -854,14 +854,18 @@ def _unsettled(st: m.StepStatus | None) -> bool:
     return st is None or st.phase not in m.TERMINAL_STEP_PHASES
 
 
-def _send_call(b: Host, st: m.StepStatus, config: AgentConfig) -> None:
-    """Send the run's executor the request of the call's attempt ``st`` bound to it, while
-    it runs there (it answers a repeat without a second call: an operator restarted while
-    the call ran asks for its outcome so)."""
-    holder = executor.holding(b, st) if st.phase in (SP.LAUNCHING, SP.RUNNING) else None
-    step = next((x for x in current_steps(b, config) if x.name == st.name), None)
-    if holder is not None and step is not None:
-        b.after.extend(executor.call_request(st, step, holder, b.run))
+def _send_calls(b: Host, bound: list[m.StepStatus], config: AgentConfig) -> None:
+    """Send the run's executor the request of each call's attempt in ``bound`` (bound to an
+    executor's pod), while it runs there (it answers a repeat without a second call: an
+    operator restarted while the call ran asks for its outcome so)."""
+    if not bound:
+        return
+    steps = {x.name: x for x in current_steps(b, config)}
+    for st in bound:
+        holder = executor.holding(b, st) if st.phase in (SP.LAUNCHING, SP.RUNNING) else None
+        step = steps.get(st.name)
+        if holder is not None and step is not None:
+            b.after.extend(executor.call_request(st, step, holder, b.run))
 
 
 def _request(ag: a.AgentStatus, st: m.StepStatus, job: ObservedJob) -> list[Action]:
@@ -991,9 +995,7 @@ def _close_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig)
     calls = ag.calls or []
     running = [b.steps.get(c.step) for c in calls if c.step and _unsettled(b.steps.get(c.step))]
     if running:  # still running, waiting for approval or retrying
-        for st in running:
-            if st is not None and st.executor_pod is not None:
-                _send_call(b, st, config)
+        _send_calls(b, [st for st in running if st is not None and st.executor_pod], config)
         _prepare_next_turn(b, agent, ag, config)
         return
     output = _model_output(b, ag)

@@ -36,7 +36,7 @@ loop keeps one executor per run while the run may still take turns:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
@@ -187,11 +187,11 @@ def call_env(
     return tuple(plain), tuple(secret)
 
 
-def call_digest(env: Sequence[tuple[str, str]], secret_env: Sequence[tuple[str, str]]) -> str:
-    """The sha256 of a call's request (:func:`agentrun.pod.executor.call_digest`)."""
-    return naming.sha256_text(
-        naming.canonical_json({"env": dict(env), "secretEnv": dict(secret_env)})
-    )
+def call_digest(env: Mapping[str, object], secret_env: Mapping[str, object]) -> str:
+    """The sha256 a call's request carries, of its variables and of the executor's variables
+    its headers take: computed by the operator for the request, and by the executor
+    (:mod:`agentrun.pod.executor`) to check it."""
+    return naming.sha256_text(naming.canonical_json({"env": env, "secretEnv": secret_env}))
 
 
 def takes_call(b: Host, step: m.Step, inputs: int) -> bool:
@@ -221,7 +221,7 @@ def call_request(
             idempotency_key=st.idempotency_key or "",
             context_name="",
             parts=0,
-            digest=call_digest(env, secret),
+            digest=call_digest(dict(env), dict(secret)),
             executor=executor.name,
             turn=turn_of_step(st.name) or 0,
             program=MCP_CALL,

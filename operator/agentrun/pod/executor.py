@@ -52,6 +52,7 @@ from typing import Any
 
 from agentrun import settings as s
 from agentrun.core import naming, pod_env
+from agentrun.core.executor import call_digest
 from agentrun.pod import llm, mcp, runner
 
 REMEMBERED = 64
@@ -235,12 +236,6 @@ class Turns:
         with self._lock:
             busy = any(a.code is None for a in self._attempts.values())
             return 0.0 if busy else time.monotonic() - self.last_request
-
-
-def call_digest(env: Mapping[str, Any], secret_env: Mapping[str, Any]) -> str:
-    """The sha256 a call's request carries: of its variables and of the Secrets' variables
-    its headers take (:func:`agentrun.core.executor.call_request` computes the same)."""
-    return naming.sha256_text(naming.canonical_json({"env": env, "secretEnv": secret_env}))
 
 
 def _replaying(
