@@ -5,6 +5,7 @@ nothing here times anything."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -26,7 +27,13 @@ from agentrun_devcluster.bench.audit import (
     step_commits,
     step_marks,
 )
-from agentrun_devcluster.bench.cases import AgentResult, CaseResult, ReplicaResult
+from agentrun_devcluster.bench.cases import (
+    AgentResult,
+    CaseResult,
+    ReplicaResult,
+    TurnSample,
+    steady_windows,
+)
 from agentrun_devcluster.bench.peer import (
     EXECUTOR_USER,
     PeerResult,
@@ -437,6 +444,41 @@ def test_a_size_run_several_times_counts_by_its_median() -> None:
     once = Report(chains=[chain(10, 0.3), chain(50, 3.0), chain(128, 6.4)]).render()
     row = next(line for line in once.splitlines() if "CPU per step, 128 / 10 steps" in line)
     assert "medians" not in row and "1.67 x" in row, "the largest plan's, not the costliest's"
+
+
+def _sampled(
+    turns: int, per_turn: Callable[[int], float], seconds: float = 0.2
+) -> list[TurnSample]:
+    """Samples of a run of ``turns`` turns, one per turn ``seconds`` apart, turn ``n`` costing
+    ``per_turn(n)`` operator CPU seconds."""
+    samples, cpu = [], 0.0
+    for n in range(1, turns + 1):
+        cpu += per_turn(n)
+        samples.append(TurnSample((n - 1) * seconds, n, cpu))
+    return samples
+
+
+def test_a_long_agent_run_compares_its_late_turns_with_its_early_ones() -> None:
+    # 0.2 s a turn: the early window starts at turn 201 (40 s in), the late one ends 20
+    # before the last; 50 ms a turn until 600, 60 after.
+    samples = _sampled(1000, lambda n: 0.05 if n <= 600 else 0.06)
+    found = steady_windows(samples)
+    assert found is not None
+    early, late = found
+    assert (early.first, early.last, late.first, late.last) == (201, 401, 780, 980)
+    assert early.cpu_per_turn == pytest.approx(0.05) and late.cpu_per_turn == pytest.approx(0.06)
+    # a cost that only the run's first turns pay (its start) is in neither window
+    assert steady_windows(_sampled(1000, lambda n: 2.0 if n <= 5 else 0.05)) is not None
+    # too short for two windows apart, or not sampled: none
+    assert steady_windows(_sampled(400, lambda n: 0.05)) is None
+    assert steady_windows([]) is None
+    agent = _agent(1000, 55.0)
+    agent.samples = samples
+    text = Report(agents=[_agent(20, 1.0), agent]).render()
+    assert "turns 201-401 50 ms, turns 780-980 60 ms" in text
+    row = next(line for line in text.splitlines() if "turns 780-980 / 201-401" in line)
+    assert "of the 1000-turn run" in row and "1.20 x" in row and "<= 1.20x" in row
+    assert "within the run" not in Report(agents=[_agent(20, 1.0)]).render()
 
 
 def test_medians_by_size_and_repeated_sizes_named_apart() -> None:

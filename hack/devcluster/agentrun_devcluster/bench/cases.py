@@ -424,6 +424,8 @@ class AgentResult:
     the intent of its call."""
     into_turns: list[int] = field(default_factory=list)
     """The turn whose model request each of :attr:`into_model` timed."""
+    samples: list[TurnSample] = field(default_factory=list)
+    """The operator's CPU as the run went (see :func:`steady_windows`)."""
 
     @property
     def cpu_per_turn(self) -> float | None:
@@ -438,13 +440,106 @@ class AgentResult:
         return self.into_turns[self.into_model.index(max(self.into_model))]
 
 
+@dataclass(frozen=True)
+class TurnSample:
+    """The operator's CPU seconds so far when the model had been asked ``turns`` times,
+    ``at`` seconds after the run's first model request."""
+
+    at: float
+    turns: int
+    cpu: float
+
+
+@dataclass(frozen=True)
+class TurnWindow:
+    """The operator's CPU per turn over the turns ``first`` to ``last`` of one run."""
+
+    first: int
+    last: int
+    cpu_per_turn: float
+
+
+STEADY_TURNS = 200
+"""Turns in each of the two windows of a long agent run whose CPU per turn is compared."""
+STEADY_AFTER_SECONDS = 40.0
+"""The early window starts this long after the run's first model request: past the grace
+after which the operator lets a turn's Jobs go (``AGENTRUN_JOB_DELETION_GRACE_SECONDS``, 30 s
+by default), so that both windows hold the same kinds of work (a window at the run's start
+holds none of those releases, which come later for its turns)."""
+TAIL_TURNS = 20
+"""Turns left out at the end of a long run (its last turns' work is not done in the window)."""
+SAMPLE_SECONDS = 0.1
+
+
+def steady_windows(samples: list[TurnSample]) -> tuple[TurnWindow, TurnWindow] | None:
+    """The operator's CPU per turn early and late in one long agent run, each over
+    :data:`STEADY_TURNS` turns: the early window from the first turn asked
+    :data:`STEADY_AFTER_SECONDS` after the first, the late one ending :data:`TAIL_TURNS` before
+    the last. None when the run is too short for two windows apart (or was not sampled).
+
+    Both windows are of the same run, at the same pace, with the same background work (the
+    Jobs of turns 30 s older let go): the ratio of the two is what a turn costs late in a run
+    against early, which is the flat-cost claim, without the noise of comparing short runs
+    measured at other times."""
+    if not samples:
+        return None
+    ordered = sorted(samples, key=lambda s: (s.at, s.turns))
+    early_from = next((s.turns for s in ordered if s.at >= STEADY_AFTER_SECONDS), None)
+    most = ordered[-1].turns
+    late_to = most - TAIL_TURNS
+    if early_from is None or late_to - STEADY_TURNS < early_from + STEADY_TURNS:
+        return None
+
+    def window(first: int, last: int) -> TurnWindow | None:
+        start = next((s for s in ordered if s.turns >= first), None)
+        end = next((s for s in ordered if s.turns >= last), None)
+        if start is None or end is None or end.turns <= start.turns:
+            return None
+        per_turn = (end.cpu - start.cpu) / (end.turns - start.turns)
+        return TurnWindow(start.turns, end.turns, per_turn)
+
+    early = window(early_from, early_from + STEADY_TURNS)
+    late = window(late_to - STEADY_TURNS, late_to)
+    return None if early is None or late is None else (early, late)
+
+
+class _TurnSampler:
+    """Samples the operator's CPU and the model's request count every
+    :data:`SAMPLE_SECONDS` while a run goes (a thread)."""
+
+    def __init__(self, bench: BenchCluster, model: ScriptedModel) -> None:
+        self.bench, self.model = bench, model
+        self.samples: list[TurnSample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="turn-sampler", daemon=True)
+
+    def __enter__(self) -> _TurnSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        first: float | None = None
+        while not self._stop.wait(SAMPLE_SECONDS):
+            asked = self.model.completions()
+            cpu = self.bench.cpu().get("operator")
+            if not asked or cpu is None:
+                continue
+            first = asked[0].at if first is None else first
+            self.samples.append(TurnSample(time.time() - first, len(asked), cpu))
+
+
 def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> AgentResult:
     """Run one agent run of ``turns`` model turns (every turn but the last calls
     :data:`~.workloads.AGENT_TOOL`) on a scripted model on 127.0.0.1, and time the operator's
     part of each turn."""
     with ScriptedModel(responder=turn_answer(turns), strict=True) as model:
         body = agent_run(f"{case}-000", turns, case, model.base_url)
-        result = _runs(bench, case, [body], turns, timeout)
+        with _TurnSampler(bench, model) as sampler:
+            result = _runs(bench, case, [body], turns, timeout)
         asked = [r.at for r in model.completions()]
         answered = list(model.answered_at)
     name = f"{case}-000"
@@ -475,7 +570,12 @@ def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> A
             into.append(asked[turn] - done)
             into_turns.append(turn + 1)
     return AgentResult(
-        run=result, turns=len(asked), into_model=into, out_of_model=out, into_turns=into_turns
+        run=result,
+        turns=len(asked),
+        into_model=into,
+        out_of_model=out,
+        into_turns=into_turns,
+        samples=sampler.samples,
     )
 
 

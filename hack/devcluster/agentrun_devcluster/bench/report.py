@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
-from .cases import AgentResult, CaseResult, ReplicaResult, RestResult
+from .cases import AgentResult, CaseResult, ReplicaResult, RestResult, steady_windows
 from .peer import ENGINE_PROCESS, LEGS, PeerResult, all_writes, engine_writes
 from .stats import fmt, medians_by_size, ratio, summarize
 
@@ -334,6 +334,14 @@ class Report:
                 )
         if agent.slowest_into is not None:
             lines.append(f"    the slowest model request after a result: turn {agent.slowest_into}")
+        windows = steady_windows(agent.samples)
+        if windows is not None:
+            early, late = windows
+            lines.append(
+                f"    operator CPU per turn within the run: turns {early.first}-{early.last} "
+                f"{fmt(early.cpu_per_turn * 1000, 'ms', 0)}, turns {late.first}-{late.last} "
+                f"{fmt(late.cpu_per_turn * 1000, 'ms', 0)} (sampled every 0.1 s)"
+            )
         return lines
 
     def _replica_speedups(self) -> dict[int, float | None]:
@@ -529,6 +537,18 @@ class Report:
                     "<= 1.20x",
                 )
             )
+        for agent in self.agents:
+            windows = steady_windows(agent.samples)
+            if windows is not None:
+                early, late = windows
+                rows.append(
+                    (
+                        f"operator CPU per turn, turns {late.first}-{late.last} / "
+                        f"{early.first}-{early.last} of the {agent.turns}-turn run",
+                        fmt(ratio(late.cpu_per_turn, early.cpu_per_turn), "x"),
+                        "<= 1.20x",
+                    )
+                )
         for rest in self.rests:
             which = f"{rest.finished} finished, {rest.without_finalizer} unfinalized"
             rows.append(
