@@ -140,6 +140,79 @@ def test_the_turns_after_the_first_go_to_one_executor_each_once(
     )
 
 
+def _launched_on(run: dict[str, Any]) -> dict[str, str]:
+    """Each model turn's step, by its launch's message (which names the executor a turn
+    sent to it was launched on)."""
+    return {
+        str(t["step"]): t.get("message") or ""
+        for t in status_of(run).get("history") or []
+        if t.get("reason") == "Launching" and turns.is_model_turn(str(t.get("step", "")))
+    }
+
+
+def test_an_operator_restarted_mid_run_sends_the_next_turns_to_the_same_executor(
+    cluster: TestCluster, start_operator: StartOperator, kube: KubeClients, namespace: str
+) -> None:
+    """The executor this process did not make is verified as an attempt's Job is (signed by
+    the operator's key, and what it would create), so the turns after a restart go to it: no
+    new executor, no turn in a Job of its own."""
+    if cluster.external:
+        pytest.skip("model turns run `agentrun step llm` from this checkout (no step image)")
+    env = {"AGENTRUN_LLM_COMMAND": shlex.join(LLM_COMMAND), "AGENTRUN_EXECUTOR": "on"}
+    first = start_operator(env=env)
+    last = TURNS + 1
+    release = threading.Event()
+    asked: list[int] = []
+
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        turn = 1 + sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        asked.append(turn)
+        if turn == 3:
+            release.wait(180)  # held while the operator is restarted
+        if turn < last:
+            return reply("", [tool_call("search", {"query": f"q{turn}"}, f"c{turn}")])
+        return reply("the database is slow")
+
+    with ScriptedModel(responder=answer) as model:
+        body = _run("executor-restart", model)
+        body["spec"]["agent"]["maxTurns"] = last
+        uid = str(create(kube, namespace, body)["metadata"]["uid"])
+        executor = job_name("executor-restart", uid, turns.EXECUTOR_STEP, 1)
+        selector = f"agentrun.dev/run-uid={uid},agentrun.dev/step={turns.EXECUTOR_STEP}"
+        wait_for("turn 3 to reach the model", lambda: 3 in asked or None, timeout=180)
+        wait_for(
+            "the executor's pod to run",
+            lambda: (
+                [
+                    p
+                    for p in kube.core.list_namespaced_pod(namespace, label_selector=selector).items
+                    if p.status.phase == "Running" and p.status.pod_ip
+                ]
+                or None
+            ),
+            timeout=180,
+        )
+        first.stop()
+        try:
+            second = start_operator(env=env)
+        finally:
+            release.set()
+        run = wait_phase(kube, namespace, "executor-restart", "Succeeded", timeout=240)
+        executors = [
+            j.metadata.name
+            for j in _jobs(kube, namespace, uid)
+            if j.metadata.labels.get("agentrun.dev/step") == turns.EXECUTOR_STEP
+        ]
+    assert status_of(run)["agent"]["answer"] == "the database is slow"
+    launched = _launched_on(run)
+    print("model turns launched:", launched)
+    for turn in (4, last):
+        said = launched.get(turns.model_step(turn), "")
+        assert f"on the run's executor {executor} " in said, (turn, launched)
+    assert executors in ([executor], []), executors  # none made after the restart
+    assert "created the run's executor" not in second.log_path.read_text(), "a new executor"
+
+
 def test_a_turn_whose_executor_is_killed_fails_as_lost_and_its_retry_completes(
     executor_operator: OperatorProcess, kube: KubeClients, namespace: str
 ) -> None:

@@ -26,7 +26,7 @@ from tests.support.agent_sim import AgentSim, turn_envelope
 class SimExecutor:
     generation: int
     state: JobState = JobState.ACTIVE
-    created_here: bool = True
+    trusted: bool = True
     started: bool = False
     """Its pod was let start (StartPod): it then runs, with an address."""
 
@@ -64,7 +64,7 @@ class ExecutorSim(AgentSim):
             pod_uid=found.pod_uid if running else None,
             running_since=self.now if running else None,
         )
-        return AheadJob(job, found.created_here)
+        return AheadJob(job, found.trusted)
 
     def observed(self) -> Observed:
         base = super().observed()

@@ -125,7 +125,7 @@ def test_an_executor_found_after_a_restart_is_replaced_once_nothing_is_bound_to_
     sim.answer("", [call("search", {"query": "db"})])
     sim.tools_return()
     name = turns.executor_name(sim.run, 1)
-    sim.executors[name].created_here = False  # another process made it
+    sim.executors[name].trusted = False  # not made by this process, nor verified
     # The attempt in flight is still asked of it, and it is kept meanwhile.
     decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
     assert [s.executor for s in decision.after_commit if isinstance(s, SendTurn)] == [name]

@@ -65,7 +65,50 @@ def _observer(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> Reconci
     view.replace(Source(JOBS, None), [job] if job is not None else [])
     view.replace(Source(PODS, None), pods)
     apis = Apis(core=mock.Mock(), batch=mock.Mock(), custom=mock.Mock())
-    return Reconciler(apis, s.Settings(namespaces=("default",)), view=view)
+    rec = Reconciler(apis, s.Settings(namespaces=("default",)), view=view)
+    # Not the key the fixtures are signed with: an executor it did not make is not verified
+    # (and no dry run is made) unless a test says so (_verifying).
+    rec.observer.adoption.key = lambda: bytes([7]) * 32
+    return rec
+
+
+def _verifying(rec: Reconciler, key: bytes, stored: dict[str, Any]) -> mock.Mock:
+    """Give ``rec`` the key ``key`` and a dry-run create that stores ``stored``'s spec."""
+    rec.observer.adoption.key = lambda: key
+
+    def dry_run(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        return {**manifest, "spec": copy.deepcopy(stored["spec"])}
+
+    made = rec.observer.adoption.dry_run = mock.Mock(side_effect=dry_run)
+    return made
+
+
+def test_an_executor_another_process_made_is_trusted_once_verified() -> None:
+    """After a restart the executor status names is the operator's when it carries the proof
+    of the operator's key and its spec is the one the operator creates for it (a dry run), as
+    an attempt's Job is: turns go on to it (not replaced, its pod not let start again)."""
+    sim, prepare = _bound_run()
+    job, pod = _executor_objects(sim.run, prepare)
+    rec = _observer(job, [pod])
+    made = _verifying(rec, bytes(32), job)
+    observed = rec.observer._observe(sim.run)
+    assert observed.executor is not None and observed.executor.trusted
+    assert observed.executor.job.pod_uid == "executor-pod-1"
+    assert observed.executor.job.start_pod is None, "its pod started: no other is let start"
+    rec.observer._observe(sim.run)
+    assert made.call_count == 1, "kept by the Job's uid and generation"
+    # Signed with another key (say a Job someone made and signed with a key of their own).
+    rec = _observer(job, [pod])
+    _verifying(rec, bytes([7]) * 32, job)
+    observed = rec.observer._observe(sim.run)
+    assert observed.executor is not None and not observed.executor.trusted
+    # Signed, but its spec is not what the operator makes for it now (another turns' image).
+    rec = _observer(job, [pod])
+    other = copy.deepcopy(job)
+    other["spec"]["template"]["spec"]["containers"][0]["image"] = "elsewhere/agentrun:1"
+    _verifying(rec, bytes(32), other)
+    observed = rec.observer._observe(sim.run)
+    assert observed.executor is not None and not observed.executor.trusted
 
 
 def test_the_executor_is_observed_and_its_attempt_runs_while_its_pod_does() -> None:
@@ -74,7 +117,7 @@ def test_the_executor_is_observed_and_its_attempt_runs_while_its_pod_does() -> N
     rec = _observer(job, [pod])
     read = rec.observer.adoption.read_job = mock.Mock(return_value=None)
     observed = rec.observer._observe(sim.run)
-    assert observed.executor is not None and not observed.executor.created_here
+    assert observed.executor is not None and not observed.executor.trusted
     assert observed.executor.job.name == prepare.job_name
     assert observed.executor.job.pod_uid == "executor-pod-1"
     assert prepare.job_name not in {j.name for j in observed.jobs}

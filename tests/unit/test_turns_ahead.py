@@ -81,7 +81,7 @@ def _not_launched(decision: Decision) -> bool:
 def _ahead(sim: AgentSim, turn: int, **job: Any) -> AheadJob:
     fields: dict[str, Any] = {"state": JobState.ACTIVE, **job}
     observed = ObservedJob(_name(sim, turn), loop.model_step(turn), 1, **fields)
-    return AheadJob(observed, created_here=True)
+    return AheadJob(observed, trusted=True)
 
 
 def _turns_ahead(sim: AgentSim, n: int) -> AgentSim:
@@ -236,7 +236,7 @@ def test_a_job_made_ahead_still_going_holds_its_name_whoever_made_it(keyed: bool
     sim = _next_turn_sim(keyed)
     going = AheadJob(
         ObservedJob(_name(sim, 2), "t2-model", 1, JobState.FAILED, deleting=True),
-        created_here=False,
+        trusted=False,
     )
     decision = _decide(sim, dataclasses.replace(sim.observed(), ahead=(going,)))
     actions = decision.after_commit

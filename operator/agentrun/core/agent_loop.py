@@ -903,7 +903,7 @@ def launch_actions(
     if (
         ag is None
         or ahead is None
-        or not ahead.created_here
+        or not ahead.trusted
         or create.attempt != 1
         or ahead.job.state != JobState.ACTIVE
         or ahead.job.deleting
@@ -931,7 +931,7 @@ def clear_name(b: Host, name: str) -> bool:
         # (its pods are deleted first), and its deletion made it a generation this process
         # never created. A create under its name would meet it and take it for the attempt's.
         return True
-    if not ahead.created_here:
+    if not ahead.trusted:
         return False
     if ahead.job.state == JobState.ACTIVE and not ahead.job.pod_lost:
         return False
@@ -987,7 +987,7 @@ def _prepare_next_turn(
             continue  # it ended before its turn: made again once it is gone
         if ahead is None:
             b.later.append(PrepareTurn(model_turn_step(b.run, ag, turn, config), name))
-        elif ahead.created_here and ahead.job.start_pod is not None:
+        elif ahead.trusted and ahead.job.start_pod is not None:
             b.later.append(StartPod(ahead.job.name, ahead.job.start_pod))
 
 

@@ -10,7 +10,8 @@ loop keeps one executor per run while the run may still take turns:
   (:class:`agentrun.core.actions.PrepareExecutor`), signed and owned as every step Job, its
   pod held by the operator's gate and let start by this process only (:class:`StartPod`).
 - **A turn is bound to the pod it is sent to.** A model turn's attempt whose launch finds
-  the executor running (made by this process, its pod started and with an address) commits
+  the executor running (made by this process, or verified as the operator's after a restart:
+  :attr:`agentrun.core.observed.AheadJob.trusted`; its pod started and with an address) commits
   ``executorPod``, the pod's uid, with its intent, and its request goes to that pod once the
   intent is committed (:class:`SendTurn` with ``executor``). Only that pod is asked for the
   attempt's outcome: the shell observes the attempt as a Job whose termination message is
@@ -23,15 +24,16 @@ loop keeps one executor per run while the run may still take turns:
   hold those Secrets' values (:func:`call_env`: the executor's Job takes every header Secret
   of the run's MCP servers; the operator never reads one).
 - **Otherwise a Job, as before.** A turn that finds no executor running (the first turn,
-  while the executor starts; after an operator restart) runs as a Job of its own.
+  while the executor starts) runs as a Job of its own.
 - **Made early for MCP servers.** A run with MCP servers has its executor made while their
   tools are discovered (steps of their own, before the first turn), so that its first turn
   finds it running too.
 - **Replaced when it ends or is lost.** An executor whose Job ended (it ends itself after an
   hour without a request; none is made again while a call waits for approval), is being
-  deleted or lost its pod, or one this process did not
-  create (found after a restart, once no attempt in flight is bound to it), is replaced by
-  the next generation; the old one, no longer named in status, goes as a stray.
+  deleted or lost its pod, or one not known to be the operator's (neither made by this
+  process nor verified: say an operator restarted with other settings for the turns' image,
+  whose dry-run create differs), once no attempt in flight is bound to it, is replaced by the
+  next generation; the old one, no longer named in status, goes as a stray.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from collections.abc import Mapping
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import naming
-from agentrun.core.actions import Action, PrepareExecutor, SendTurn, StartPod
+from agentrun.core.actions import Action, CreateJob, PrepareExecutor, SendTurn, StartPod
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
 from agentrun.core.turns import (
     AgentConfig,
@@ -56,6 +58,24 @@ from agentrun.core.turns import (
     rights_granted,
     turn_of_step,
 )
+
+
+def creation(run: m.AgentRun, config: AgentConfig) -> CreateJob | None:
+    """The create of the executor ``status.agent.executor`` names, as the shell makes it of
+    :class:`PrepareExecutor`: what a Job of that name must be to be the run's executor when
+    this process did not make it (the shell compares the two, as for an attempt's Job). None
+    when status names none."""
+    ag = run.status.agent if run.status is not None else None
+    if run.spec.agent is None or ag is None or ag.executor is None:
+        return None
+    step = executor_step(run, ag, config)
+    return executor_create(PrepareExecutor(step, ag.executor.job_name, ag.executor.generation))
+
+
+def executor_create(action: PrepareExecutor) -> CreateJob:
+    """The Job create of ``action``: the executor's step, its generation as the attempt, no
+    idempotency key and no args hash (no intent is committed for it)."""
+    return CreateJob(action.step, action.generation, action.job_name, "", "")
 
 
 def _gone(job: ObservedJob) -> bool:
@@ -89,7 +109,7 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
         found = None  # not the one named in status (the shell observes only that one)
     replace = current is None or (
         found is not None
-        and (_gone(found.job) or not found.created_here)
+        and (_gone(found.job) or not found.trusted)
         and not _bound(b, found.job.pod_uid)
     )
     if replace:
@@ -103,13 +123,14 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
         # Named in status, not found: created after that write, and again by a later pass
         # (the shell creates each name once per process; one that exists already is found).
         b.later.append(PrepareExecutor(step, current.job_name, current.generation))
-    elif found.created_here and found.job.start_pod is not None:
+    elif found.trusted and found.job.start_pod is not None:
         b.later.append(StartPod(found.job.name, found.job.start_pod))
 
 
 def usable(b: Host, config: AgentConfig) -> ObservedJob | None:
     """The executor a new model turn's attempt may be sent to: the one named in status, made
-    by this process, running with an address; None when there is none."""
+    by this process or verified (:attr:`AheadJob.trusted`), running with an address; None when
+    there is none."""
     if not config.executor:
         return None
     current = b.status.agent.executor if b.status.agent is not None else None
@@ -117,7 +138,7 @@ def usable(b: Host, config: AgentConfig) -> ObservedJob | None:
     if current is None or found is None or found.job.name != current.job_name:
         return None
     job = found.job
-    if not found.created_here or _gone(job) or job.address is None or job.pod_uid is None:
+    if not found.trusted or _gone(job) or job.address is None or job.pod_uid is None:
         return None
     return job
 

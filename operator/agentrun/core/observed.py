@@ -119,14 +119,19 @@ class StrayJob:
 
 @dataclass(frozen=True)
 class AheadJob:
-    """The next model turn's Job, made while the current turn runs (see
-    :class:`agentrun.core.actions.PrepareTurn`), as found before its turn starts."""
+    """A Job of the run made with no committed intent: the next model turn's, made while the
+    current turn runs (see :class:`agentrun.core.actions.PrepareTurn`), as found before its
+    turn starts; or the run's executor (:mod:`agentrun.core.executor`)."""
 
     job: ObservedJob
-    created_here: bool
-    """This process created it (its uid is one its create returned). Only then is its pod let
-    start before its turn: after a restart it waits for the turn's intent, which verifies it
-    as every attempt's Job is verified (agentrun.observation.adoption)."""
+    trusted: bool
+    """A next turn's Job: this process created it (its uid is one its create returned). Only
+    then is its pod let start before its turn: after a restart it waits for the turn's
+    intent, which verifies it as every attempt's Job is verified
+    (agentrun.observation.adoption). The run's executor: this process created it, or it is
+    verified as the operator's as an attempt's Job is (signed with the operator's key, and
+    what the operator would create for the executor status names, by a dry-run create), so
+    that an operator restarted mid-run goes on sending turns to it."""
 
 
 @dataclass(frozen=True)

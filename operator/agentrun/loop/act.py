@@ -27,6 +27,7 @@ from agentrun.core import (
     ReleaseJob,
     StartPod,
     StoreResult,
+    executor,
     naming,
 )
 from agentrun.core.actions import (
@@ -286,8 +287,8 @@ class Actor:
 
     def _prepare_executor(self, run: m.AgentRun, action: PrepareExecutor) -> None:
         """Create the run's executor (see PrepareExecutor). One that exists already is found
-        by the next pass (and used only if this process made it)."""
-        intent = CreateJob(action.step, action.generation, action.job_name, "", "")
+        by the next pass (and used only once verified as the operator's)."""
+        intent = executor.executor_create(action)
         if self._create_once(run, intent, warn="the run's executor"):
             log.info("created the run's executor %s", action.job_name, extra=run_fields(run))
             self.checkpoint("after-executor-create")

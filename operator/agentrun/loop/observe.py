@@ -40,6 +40,7 @@ from agentrun.core.context import Stored
 from agentrun.execution import inputs, jobs, objects
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
+from agentrun.loop.decide import core_config
 from agentrun.loop.ledger import Ledger
 from agentrun.loop.signing import JobKey
 from agentrun.loop.written import Written
@@ -67,6 +68,9 @@ class Observer:
     ) -> None:
         self.apis = apis
         self.settings = settings
+        self.agent_config = core_config(settings).agent
+        """What the core builds the run's executor with: a Job of the executor's name this
+        process did not make counts as the operator's only if it is what that builds."""
         self.ledger = ledger
         self.view = view
         """The watched step Jobs, pods and pod refusals (agentrun.observation.watches); a pass
@@ -210,7 +214,13 @@ class Observer:
         found = self._observe_jobs(run)
         uid = run.metadata.uid
         wanted = turns.executor_wanted(run)
-        holder = self.adoption.observe_executor(run, wanted) if wanted is not None else None
+        holder = (
+            self.adoption.observe_executor(
+                run, wanted, lambda: executor.creation(run, self.agent_config)
+            )
+            if wanted is not None
+            else None
+        )
         bound = executor.attempts_on(run, holder.job if holder else None, self._answers_of(run))
         found = (*found, *bound)
         launching = launching_jobs(run)

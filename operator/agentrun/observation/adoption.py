@@ -66,6 +66,9 @@ ListPods = Callable[[str, str], list[Obj]]
 Bind = Callable[[m.AgentRun, CreateJob], CreateJob | str]
 """``bind(run, intent)``: the intent with its inputs by reference bound to their verified
 values, as the operator creates the Job (agentrun.execution.inputs), or why they cannot be."""
+Expected = Callable[[], CreateJob | None]
+"""``expected()``: the create of a Job made with no committed intent (the run's executor),
+as the operator makes it now; None when there is none to compare with."""
 Key = Callable[[], bytes]
 """``key()``: the key of step Jobs' proofs (agentrun.loop.signing)."""
 Report = Callable[[m.AgentRun, str, str], None]
@@ -380,6 +383,17 @@ class Adoption:
         if intent is None or intent.job_name != _name(job):
             problem = ownership_problem(job, run.metadata.uid)
             return Verdict(problem) if problem is not None else None
+        return self._checked(run, job, intent)
+
+    def _checked(self, run: m.AgentRun, job: Obj, intent: CreateJob) -> Verdict:
+        """Whether ``job`` is the Job the operator creates for ``intent`` (its proof, then a
+        dry-run create of that manifest compared with it), kept by the Job's uid and
+        generation."""
+        job_uid, generation = _uid(job), _generation(job)
+        with self._lock:
+            cached: tuple[int, Verdict] | None = self._verdicts.get(job_uid)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
         bound = intent if self.bind is None else self.bind(run, intent)
         if isinstance(bound, str):  # its inputs are not the committed ones: nothing to match
             found = Verdict(f"its inputs cannot be verified: {bound}")
@@ -476,22 +490,36 @@ class Adoption:
         process created it: only then may its pod start before the turn's intent."""
         return self._observe_made(run, name, pods_otherwise=False)
 
-    def observe_executor(self, run: m.AgentRun, name: str) -> AheadJob | None:
+    def observe_executor(
+        self, run: m.AgentRun, name: str, expected: Expected | None = None
+    ) -> AheadJob | None:
         """The run's executor, the Job ``name`` (status names it), as the view holds it;
-        None when there is none controlled by the run. One this process created is observed
-        as a step Job is (its pod let start by this process only); another only with its
-        pods as they are, for an attempt bound to its pod's uid to be asked of it."""
-        return self._observe_made(run, name, pods_otherwise=True)
+        None when there is none controlled by the run. One this process created, or that is
+        what the operator creates for ``expected`` (signed by its key, and as its dry-run
+        create: :meth:`verdict` for an attempt's Job; ``expected`` is called only for one this
+        process did not create), is observed as a step Job is (trusted:
+        sent turns, its pod let start only as a step's); another only with its pods as they
+        are, for an attempt bound to its pod's uid to be asked of it."""
+        return self._observe_made(run, name, pods_otherwise=True, expected=expected)
 
-    def _observe_made(self, run: m.AgentRun, name: str, pods_otherwise: bool) -> AheadJob | None:
+    def _observe_made(
+        self,
+        run: m.AgentRun,
+        name: str,
+        pods_otherwise: bool,
+        expected: Expected | None = None,
+    ) -> AheadJob | None:
         """Job ``name`` of the run, made with no committed intent (see the two callers): in
-        full when this process created it, else with its own pods (``pods_otherwise``) or
-        from the Job alone."""
+        full when this process created it or it is verified against ``expected``, else with
+        its own pods (``pods_otherwise``) or from the Job alone."""
         job = self._current_object(run.metadata.namespace, name)
         if job is None or not _controlled_by(job, run.metadata.uid):
             return None
         with self._lock:
             here = self._made_here(job)
+        intent = expected() if not here and expected is not None else None
+        if intent is not None and intent.job_name == name:
+            here = self._checked(run, job, intent).ok
         if here:
             observed = self._observe_verified(run, job)
         elif pods_otherwise:
