@@ -58,7 +58,7 @@ from agentrun_devcluster.testing import (
     wait_for,
 )
 from tests.support.admission import creator_recorded, policies_bound_to
-from tests.support.agents import tool
+from tests.support.agents import tool, turn_asked
 from tests.support.cluster import StartOperator
 from tests.support.mcp_pods import Server as McpServerPod
 from tests.support.mcp_pods import create_auth_secret
@@ -753,7 +753,7 @@ class CrashModel:
         messages = body.get("messages") or []
         goal = next((m["content"] for m in messages if m.get("role") == "user"), "")
         run = str(goal).removeprefix("crash test ").split()[0]
-        turn = 1 + sum(1 for m in messages if m.get("role") == "assistant")
+        turn = turn_asked(body)
         with self.guard:
             self.asked[(run, turn)] += 1
         if turn >= AGENT_TURNS:
@@ -1027,7 +1027,7 @@ class FamilyModel:
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body.get("messages") or []
         goal = str(next((m["content"] for m in messages if m.get("role") == "user"), ""))
-        turn = 1 + sum(1 for m in messages if m.get("role") == "assistant")
+        turn = turn_asked(body)
         with self.guard:
             self.asked[(goal, turn)] += 1
         if not any(t["function"]["name"] == "helper" for t in body.get("tools") or []):

@@ -19,10 +19,10 @@ from agentrun.core.naming import job_name
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.support.agents import search
+from tests.support.agents import search, turn_asked
 from tests.support.cluster import StartOperator
 from tests.support.plugin import LLM_COMMAND
-from tests.support.runs import create, status_of
+from tests.support.runs import create, launch_messages, status_of
 from tests.support.waiting import wait_phase
 
 pytestmark = pytest.mark.e2e
@@ -140,16 +140,6 @@ def test_the_turns_after_the_first_go_to_one_executor_each_once(
     )
 
 
-def _launched_on(run: dict[str, Any]) -> dict[str, str]:
-    """Each model turn's step, by its launch's message (which names the executor a turn
-    sent to it was launched on)."""
-    return {
-        str(t["step"]): t.get("message") or ""
-        for t in status_of(run).get("history") or []
-        if t.get("reason") == "Launching" and turns.is_model_turn(str(t.get("step", "")))
-    }
-
-
 def test_an_operator_restarted_mid_run_sends_the_next_turns_to_the_same_executor(
     cluster: TestCluster, start_operator: StartOperator, kube: KubeClients, namespace: str
 ) -> None:
@@ -165,7 +155,7 @@ def test_an_operator_restarted_mid_run_sends_the_next_turns_to_the_same_executor
     asked: list[int] = []
 
     def answer(body: dict[str, Any]) -> dict[str, Any]:
-        turn = 1 + sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        turn = turn_asked(body)
         asked.append(turn)
         if turn == 3:
             release.wait(180)  # held while the operator is restarted
@@ -204,7 +194,7 @@ def test_an_operator_restarted_mid_run_sends_the_next_turns_to_the_same_executor
             if j.metadata.labels.get("agentrun.dev/step") == turns.EXECUTOR_STEP
         ]
     assert status_of(run)["agent"]["answer"] == "the database is slow"
-    launched = _launched_on(run)
+    launched = {s: said for s, said in launch_messages(run).items() if turns.is_model_turn(s)}
     print("model turns launched:", launched)
     for turn in (4, last):
         said = launched.get(turns.model_step(turn), "")
@@ -220,7 +210,7 @@ def test_a_turn_whose_executor_is_killed_fails_as_lost_and_its_retry_completes(
     asked: list[int] = []
 
     def answer(body: dict[str, Any]) -> dict[str, Any]:
-        turn = 1 + sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        turn = turn_asked(body)
         asked.append(turn)
         if turn == 1:
             return reply("", [tool_call("search", {"query": "q1"}, "c1")])

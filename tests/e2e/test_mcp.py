@@ -41,7 +41,16 @@ from tests.support.cluster import (
 from tests.support.mcp_pods import TOKEN, Server, create_auth_secret
 from tests.support.mcp_pods import entry as server_entry
 from tests.support.plugin import LLM_COMMAND, kubectl_agentrun
-from tests.support.runs import Run, agentrun, create, get, status_of, step, step_status
+from tests.support.runs import (
+    Run,
+    agentrun,
+    create,
+    get,
+    launch_messages,
+    status_of,
+    step,
+    step_status,
+)
 from tests.support.waiting import wait_phase, wait_step_phase
 
 STEP_MCP = [*LLM_COMMAND[:-1], "mcp"]
@@ -355,9 +364,7 @@ def test_an_agents_mcp_calls_run_on_its_executor_once_each(
     assert sorted(c["key"].split(":")[2] for c in reached) == [f"c{t}" for t in range(1, 4)]
     assert {c["authorization"] for c in reached} == {TOKEN}
     launched = {
-        t["step"]: t.get("message") or ""
-        for t in status_of(run).get("history") or []
-        if t.get("reason") == "Launching" and str(t.get("step", "")).endswith(("-add", "-model"))
+        n: said for n, said in launch_messages(run).items() if n.endswith(("-add", "-model"))
     }
     on_executor = sorted(n for n, said in launched.items() if "on the run's executor" in said)
     print("launched on the executor:", on_executor, "of", sorted(launched))

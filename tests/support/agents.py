@@ -21,6 +21,12 @@ RESTART_PARAMETERS: dict[str, Any] = {
 }
 
 
+def turn_asked(body: dict[str, Any]) -> int:
+    """The turn a chat completion request ``body`` is for: one more than the model's answers
+    it carries."""
+    return 1 + sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+
+
 def tool(
     name: str, description: str, parameters: dict[str, Any], container: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:

@@ -116,6 +116,16 @@ def status_of(run: Run) -> dict[str, Any]:
     return status
 
 
+def launch_messages(run: Run) -> dict[str, str]:
+    """Each step's message when its last attempt was launched, by step (the history's
+    Launching transitions, which say where: a Job, or the run's executor)."""
+    return {
+        str(t["step"]): t.get("message") or ""
+        for t in status_of(run).get("history") or []
+        if t.get("reason") == "Launching" and t.get("step")
+    }
+
+
 def step_status(run: Run, name: str) -> dict[str, Any]:
     """The status of step ``name`` (empty if the run's status does not list it yet)."""
     for st in status_of(run).get("steps") or []:

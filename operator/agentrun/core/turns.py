@@ -188,17 +188,21 @@ def keeps_executor(status: a.AgentStatus, steps: Iterable[str]) -> bool:
     )
 
 
+def _keeping(run: m.AgentRun) -> a.AgentStatus | None:
+    """The loop's status of ``run`` as read, while the run keeps its executor
+    (:func:`keeps_executor`, and the run not ended); None otherwise."""
+    status = run.status
+    ag = status.agent if status is not None else None
+    if status is None or ag is None or status.phase in m.TERMINAL_RUN_PHASES:
+        return None
+    return ag if keeps_executor(ag, (st.name for st in status.steps or [])) else None
+
+
 def executor_wanted(run: m.AgentRun) -> str | None:
     """The Job of the executor ``status.agent.executor`` names, while the run as read may
     still send it turns; None otherwise (a Job of it left is then a stray, and goes)."""
-    status = run.status.agent if run.status is not None else None
+    status = _keeping(run)
     if status is None or status.executor is None:
-        return None
-    if not keeps_executor(
-        status, (st.name for st in (run.status.steps if run.status else None) or [])
-    ):
-        return None
-    if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
         return None
     return status.executor.job_name
 
@@ -748,12 +752,8 @@ def executor_checks(run: m.AgentRun) -> list[Check]:
     Secret, the MCP servers' header Secrets, the ServiceAccount), while the run may take turns
     (none otherwise): the shell keeps its verdicts on them current, so that an executor can be
     made (:func:`rights_granted`) without waiting for a step that uses each of them."""
-    status = run.status.agent if run.status else None
-    if run.spec.agent is None or status is None or run.status is None:
-        return []
-    if not keeps_executor(status, (st.name for st in run.status.steps or [])):
-        return []
-    if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
+    status = _keeping(run)
+    if run.spec.agent is None or status is None:
         return []
     return checks_for(run, executor_step(run, status, AgentConfig()))
 

@@ -370,30 +370,33 @@ class Adoption:
     def verdict(self, run: m.AgentRun, job: Obj, step: str | None) -> Verdict | None:
         """Whether ``job`` is the Job of ``step``'s last committed attempt; None when that
         cannot be told (no such step, or the step changed since: no intent to compare)."""
-        job_uid, generation = _uid(job), _generation(job)
         with self._lock:
             if self._made_here(job):
                 # This process created it: its uid is the proof, whatever labels or owner
                 # references someone gave it since.
                 return VERIFIED
-            cached: tuple[int, Verdict] | None = self._verdicts.get(job_uid)
-        if cached is not None and cached[0] == generation:
-            return cached[1]
+        cached = self._cached(job)
+        if cached is not None:
+            return cached
         intent = committed_launch(run, step) if step is not None else None
         if intent is None or intent.job_name != _name(job):
             problem = ownership_problem(job, run.metadata.uid)
             return Verdict(problem) if problem is not None else None
         return self._checked(run, job, intent)
 
+    def _cached(self, job: Obj) -> Verdict | None:
+        """The verdict of ``job`` at its current generation, if one was reached."""
+        with self._lock:
+            cached: tuple[int, Verdict] | None = self._verdicts.get(_uid(job))
+        return cached[1] if cached is not None and cached[0] == _generation(job) else None
+
     def _checked(self, run: m.AgentRun, job: Obj, intent: CreateJob) -> Verdict:
         """Whether ``job`` is the Job the operator creates for ``intent`` (its proof, then a
         dry-run create of that manifest compared with it), kept by the Job's uid and
         generation."""
-        job_uid, generation = _uid(job), _generation(job)
-        with self._lock:
-            cached: tuple[int, Verdict] | None = self._verdicts.get(job_uid)
-        if cached is not None and cached[0] == generation:
-            return cached[1]
+        cached = self._cached(job)
+        if cached is not None:
+            return cached
         bound = intent if self.bind is None else self.bind(run, intent)
         if isinstance(bound, str):  # its inputs are not the committed ones: nothing to match
             found = Verdict(f"its inputs cannot be verified: {bound}")
@@ -411,7 +414,7 @@ class Adoption:
                 expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, bound, key))
                 found = Verdict(spec_problem(expected, job))
         with self._lock:
-            self._verdicts.remember(job_uid, (generation, found))
+            self._verdicts.remember(_uid(job), (_generation(job), found))
         if not found.ok:
             log.warning("Job %s is not the operator's: %s", _name(job), found.problem)
         return found
