@@ -69,6 +69,8 @@ __all__ = [
 
 Say = Callable[[str], None]
 CREATE_THREADS = 16
+PASSES = "agentrun_reconcile_duration_seconds_count"
+"""The operator's reconcile passes so far, on its /metrics."""
 """Threads that create the runs of a case (so that 200 runs start within a second or so)."""
 QUIET_SECONDS = 3.0
 """The operator counts as done with a case when it made no request for this long."""
@@ -94,6 +96,10 @@ class CaseResult:
     """Every API request of the case's window, of every client."""
     window: float = 0.0
     """Seconds the audited window lasted."""
+    passes: float | None = None
+    """The operator's reconcile passes during the case, of every run (:data:`PASSES` of its
+    /metrics, over the same window as ``cpu``); None for another engine, or when /metrics
+    did not answer."""
 
     @property
     def total_steps(self) -> int:
@@ -316,11 +322,13 @@ def custom_objects_at_once(
 
     start_offset = bench.audit.mark()
     cpu_before = bench.cpu()
+    passes_before = bench.operator_sample(PASSES) if kind == "operator" else None
     started = time.monotonic()
     with ThreadPoolExecutor(min(CREATE_THREADS, len(bodies))) as pool:
         list(pool.map(create, bodies))
     all_done = tracker.wait_all(names, timeout)
     cpu_after = bench.cpu()
+    passes_after = bench.operator_sample(PASSES) if passes_before is not None else None
     tracker.stop()
     if settle is not None and all_done:
         settle()
@@ -340,6 +348,7 @@ def custom_objects_at_once(
         cpu=_cpu_delta(cpu_before, cpu_after),
         requests=bench.audit.read(start_offset, end_offset),
         window=window,
+        passes=None if passes_after is None else passes_after - (passes_before or 0.0),
     )
 
 

@@ -275,7 +275,7 @@ class Report:
         lines = [
             "",
             "Plan size: one run of N sequential steps (operator CPU from /proc, requests from "
-            "the audit log until the run finished)",
+            "the audit log, passes from the operator's /metrics, until the run finished)",
             "    "
             + "".join(
                 f"{h:>14}"
@@ -286,6 +286,7 @@ class Report:
                     "CPU/step",
                     "requests/step",
                     "writes/step",
+                    "passes/step",
                 )
             ),
         ]
@@ -299,6 +300,7 @@ class Report:
                 fmt(ratio(cpu, case.steps / 1000), "ms", 0),
                 fmt(len(mine) / case.steps, "", 1),
                 fmt(_writes(mine) / case.steps, "", 1),
+                fmt(ratio(case.passes, case.steps), "", 1),
             ]
             lines.append("    " + "".join(f"{c:>14}" for c in cells))
         return lines

@@ -259,6 +259,17 @@ class BenchCluster:
             replica.wait_ready(600.0)
         return self.replicas
 
+    def operator_sample(self, name: str) -> float | None:
+        """The sample ``name`` (no labels) of the operator's /metrics; None when there is no
+        operator, it did not answer, or it has no such sample."""
+        if self.operator is None or not self.operator.alive():
+            return None
+        try:
+            with urllib.request.urlopen(self.operator.metrics_url, timeout=5) as answer:
+                return sample(answer.read().decode(), name)
+        except OSError:
+            return None
+
     def replica_samples(self, name: str, labels: Mapping[str, str] | None = None) -> list[float]:
         """The sample ``name`` (with ``labels``) of each replica's /metrics (-1 when it did
         not answer, 0 when it has no such sample yet)."""
