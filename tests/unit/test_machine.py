@@ -6,6 +6,7 @@ import dataclasses
 import json
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from pydantic import ValidationError
@@ -24,6 +25,7 @@ from agentrun.core import (
 )
 from agentrun.core import fork_plan as fork
 from agentrun.core.backoff import backoff_seconds
+from agentrun.core.graph import plan_problems
 from agentrun.core.naming import sha256_text
 from agentrun.core.observed import CarriedSource, Observed
 from tests.support.sim import T0, Sim, SimJob, make_run, step
@@ -388,6 +390,26 @@ def test_dependency_cycle_ends_the_run_naming_the_cycle() -> None:
     assert cond is not None and cond.reason == "InvalidPlan"
     assert "dependency cycle: a -> b -> c -> a" in cond.message
     assert not sim.creations
+
+
+def test_the_plan_is_checked_once_per_generation_of_the_spec() -> None:
+    """A pass walks the whole plan to check it only for a spec no pass has checked yet: a run
+    of many steps would otherwise pay for it on each of its passes."""
+    sim = Sim(make_run([step("a"), step("b", "a")]))
+    with mock.patch("agentrun.core.machine.plan_problems", wraps=plan_problems) as checked:
+        sim.tick()
+        sim.tick()
+        sim.finish(sim.job_of("a").name)
+        sim.tick()
+        assert checked.call_count == 1
+        assert sim.step_status("b").phase == SP.LAUNCHING
+        cycle = m.Plan.model_validate({"steps": [step("a", "b"), step("b", "a")]})
+        sim.spec_update(plan=cycle)  # past admission's CEL rules (an older CRD, say)
+        sim.tick()
+        assert checked.call_count == 2
+    cond = sim.condition("Succeeded")
+    assert sim.status.phase == m.RunPhase.FAILED
+    assert cond is not None and cond.reason == "InvalidPlan"
 
 
 def test_missing_dependency_is_reported_like_admission_would() -> None:

@@ -43,14 +43,14 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
         st = steps[step.name]
         if st.phase not in (SP.PENDING, SP.WAITING_FOR_APPROVAL, SP.BACKING_OFF):
             continue
+        if _waits_for_dependencies(steps, step):
+            continue  # most of a long plan's steps, on most passes: told before anything else
         if not agent_loop.committed(b.run, step.name) and not agent_loop.rights_confirmed(b, step):
             continue  # a new step of the loop starts once committed (and checked by the shell)
         skipped = [d for d in step.depends_on or [] if steps[d].phase == SP.SKIPPED]
         if skipped:
             st.finished_at = b.now
             b.move(st, SP.SKIPPED, "DependencySkipped", f"{', '.join(skipped)} was skipped")
-            continue
-        if any(steps[d].phase != SP.SUCCEEDED for d in step.depends_on or []):
             continue
         if st.phase == SP.BACKING_OFF and st.next_attempt_at and b.now < st.next_attempt_at:
             b.timer(st.next_attempt_at)
@@ -131,6 +131,13 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
         if _name_held(b, step.name, st.attempt + 1):
             continue  # a Job made ahead that ended before its turn holds the name, going
         _commit_launch_intent(b, step, st, h, input_env, first, decision)
+
+
+def _waits_for_dependencies(steps: dict[str, m.StepStatus], step: m.Step) -> bool:
+    """Whether ``step`` waits for a dependency to succeed, none of them skipped (a skipped one
+    skips it instead)."""
+    phases = [st.phase if (st := steps.get(d)) else None for d in step.depends_on or []]
+    return SP.SKIPPED not in phases and any(p != SP.SUCCEEDED for p in phases)
 
 
 def _earlier_attempt_running(b: Builder, step_name: str) -> bool:

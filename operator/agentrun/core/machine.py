@@ -117,15 +117,16 @@ def reconcile(
             set_conditions(b, ended_reason(status))  # finished before Ready existed
         return _finish(b)
 
-    problems = plan_problems(run.spec.plan.steps)
-    if problems:
-        end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
-        return _finish(b)
-    agent = run.spec.agent
-    problems = agent_problems(agent) if agent is not None else []
-    if problems:
-        end_run(b, m.RunPhase.FAILED, "InvalidAgent", "; ".join(problems))
-        return _finish(b)
+    if not _spec_checked(run, status):
+        problems = plan_problems(run.spec.plan.steps)
+        if problems:
+            end_run(b, m.RunPhase.FAILED, "InvalidPlan", "; ".join(problems))
+            return _finish(b)
+        agent = run.spec.agent
+        problems = agent_problems(agent) if agent is not None else []
+        if problems:
+            end_run(b, m.RunPhase.FAILED, "InvalidAgent", "; ".join(problems))
+            return _finish(b)
 
     # Before any step of the loop is built: its model turns are built from what this froze,
     # and a run whose spec.agent changed since stops here, launching nothing.
@@ -177,6 +178,15 @@ def _copy_status(status: m.AgentRunStatus | None) -> m.AgentRunStatus:
     if status.history is not None:
         copy.history = list(status.history)
     return copy
+
+
+def _spec_checked(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
+    """Whether a pass already found nothing wrong with this spec (its plan and agent): the
+    status read was written for this generation of it (``observedGeneration``) and the run
+    goes on, which a problem found would have ended. The checks walk the whole plan, so a run
+    of many steps would otherwise pay them on each of its passes."""
+    generation = run.metadata.generation
+    return bool(generation) and status.observed_generation == generation
 
 
 def agent_problems(agent: a.Agent) -> list[str]:
@@ -330,8 +340,9 @@ def _finish(b: Builder) -> Decision:
     status = b.status
     status.observed_generation = b.run.metadata.generation or None
     plan_names = [s.name for s in b.run.spec.plan.steps]
+    in_plan = set(plan_names)
     ordered = [b.steps[n] for n in plan_names if n in b.steps]
-    ordered += [st for n, st in b.steps.items() if n not in plan_names]
+    ordered += [st for n, st in b.steps.items() if n not in in_plan]
     status.steps = ordered or None
     done = sum(1 for n in plan_names if n in b.steps and b.steps[n].phase == SP.SUCCEEDED)
     status.progress = f"{done}/{len(plan_names)}"

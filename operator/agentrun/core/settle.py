@@ -297,6 +297,24 @@ def apply_retention(b: Builder) -> None:
     """Delete finished step Jobs (after a grace) and, past its TTL, the finished run."""
     retention = b.run.spec.retention or m.Retention()
     grace = timedelta(seconds=b.config.job_deletion_grace_seconds)
+    _retain_jobs(b, retention, grace)
+    let_strays_go(b, retention, grace)
+    status = b.status
+    ttl = retention.ttl_seconds_after_finished
+    if status.phase in m.TERMINAL_RUN_PHASES and ttl is not None and status.completed_at:
+        # The API allows any int64; past a century it means "keep", and stays a valid date.
+        due = status.completed_at + timedelta(seconds=min(ttl, TTL_LIMIT))
+        if b.now >= due:
+            b.after.append(DeleteRun(f"ttlSecondsAfterFinished ({ttl}s) passed"))
+        else:
+            b.timer(due)
+
+
+def _retain_jobs(b: Builder, retention: m.Retention, grace: timedelta) -> None:
+    """Release, delete or keep each of the run's Jobs observed (none on most passes of a
+    plan: the Jobs let go are not observed)."""
+    if not b.observed.jobs:
+        return
     current = {st.job_name: st for st in b.steps.values() if st.job_name}
     committed = {st.name: st for st in (b.run.status.steps if b.run.status else None) or []}
     derived = {**b.closed, **{st.name: st for st in b.steps.values()}}
@@ -341,15 +359,5 @@ def apply_retention(b: Builder) -> None:
         due = min(floor_seconds(since), b.now) + grace
         if b.now >= due:
             b.after.append(DeleteJob(job.name, "Retention"))
-        else:
-            b.timer(due)
-    let_strays_go(b, retention, grace)
-    status = b.status
-    ttl = retention.ttl_seconds_after_finished
-    if status.phase in m.TERMINAL_RUN_PHASES and ttl is not None and status.completed_at:
-        # The API allows any int64; past a century it means "keep", and stays a valid date.
-        due = status.completed_at + timedelta(seconds=min(ttl, TTL_LIMIT))
-        if b.now >= due:
-            b.after.append(DeleteRun(f"ttlSecondsAfterFinished ({ttl}s) passed"))
         else:
             b.timer(due)
