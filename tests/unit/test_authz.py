@@ -253,6 +253,29 @@ def test_only_steps_that_may_still_launch_are_checked() -> None:
     assert api.asked == []
 
 
+def test_a_step_is_checked_once_its_dependencies_succeeded() -> None:
+    """The core launches a step only then, so a review asked before is a review for nothing,
+    and walking the rest of a long plan on every pass a cost for nothing."""
+    run = created_by(
+        make_run([step("a"), with_env("b", secret_env("DB", "db"), deps=("a",))]), "alice", []
+    )
+    api = FakeAuthorization(set())
+    authorizer = authz.Authorizer(api)
+    run.status = m.AgentRunStatus(
+        phase=m.RunPhase.RUNNING,
+        steps=[m.StepStatus(name="a", phase=SP.RUNNING), m.StepStatus(name="b", phase=SP.PENDING)],
+    )
+    assert authorizer.refusals(run) == {}
+    assert api.asked == [], "a step waiting for its dependencies was checked"
+    run.status.steps = [
+        m.StepStatus(name="a", phase=SP.SUCCEEDED),
+        m.StepStatus(name="b", phase=SP.PENDING),
+    ]
+    (refusal,) = authorizer.refusals(run).items()
+    assert refusal[0] == "b" and "may not get secrets/db" in refusal[1]
+    assert len(api.asked) == 1
+
+
 # -- the core acts on the verdicts -----------------------------------------------------------------
 
 

@@ -198,8 +198,9 @@ class Authorizer:
 
     def refusals(self, run: m.AgentRun) -> dict[str, str]:
         """Step name -> why it may not be launched, for the steps the core may launch next
-        (not yet launched, or between attempts). Reviews are asked only for permissions
-        not decided before for this run; an API error propagates (the pass is retried)."""
+        (not yet launched, or between attempts, their dependencies done). Reviews are asked
+        only for permissions not decided before for this run; an API error propagates (the
+        pass is retried)."""
         if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
             return {}
         phases = {st.name: st.phase for st in (run.status.steps if run.status else None) or []}
@@ -212,6 +213,8 @@ class Authorizer:
         for step in [*run.spec.plan.steps, *current]:
             if phases.get(step.name) not in PENDING_PHASES:
                 continue
+            if any(phases.get(d) != m.StepPhase.SUCCEEDED for d in step.depends_on or []):
+                continue  # not launched before they succeed: asked then (most of a long plan)
             needed = checks_for(run, step)
             if not needed:
                 continue
