@@ -718,6 +718,28 @@ def test_a_job_let_go_after_its_outcome_is_not_checked_on_any_pass() -> None:
         verdict.assert_not_called()
 
 
+def test_a_job_let_go_is_told_so_once_per_version() -> None:
+    """A pass of a long run meets a hundred Jobs let go: each is looked at (its pods asked
+    for) once, and again only once it changes, when it may no longer be let go."""
+    run, settled = _settled_run()
+    job = _versioned(settled, "5")
+    view, api = ClusterView(), FakeApi()
+    view.apply(JOBS, "ADDED", job)
+    view.apply(PODS, "ADDED", _versioned(job_pod(job, '{"ok":true}'), "6"))
+    taker = adopter(view, api)
+    with mock.patch.object(view, "pods_of_job", wraps=view.pods_of_job) as pods_of:
+        assert taker.observe(run) == ()
+        asked = pods_of.call_count
+        assert asked > 0
+        assert taker.observe(run) == ()
+        assert pods_of.call_count == asked, "a Job let go was looked at again, unchanged"
+        kept = _versioned(job, "7")
+        kept["spec"].pop("ttlSecondsAfterFinished")  # the operator deletes it after the grace
+        view.apply(JOBS, "MODIFIED", kept)
+        (seen,) = taker.observe(run)
+        assert seen.name == job["metadata"]["name"] and pods_of.call_count > asked
+
+
 @pytest.mark.parametrize(
     "change",
     [

@@ -240,6 +240,10 @@ def _generation(obj: Mapping[str, Any]) -> int:
     return int((obj.get("metadata") or {}).get("generation") or 0)
 
 
+def _version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
 def _name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
 
@@ -293,6 +297,10 @@ class Adoption:
         self._started = _Lru()
         """Job uid -> uid of the pod this process let start (its gate removed): no other pod
         of that Job starts, even before the view shows that one started."""
+        self._let_go = _Lru()
+        """Job uid -> the resourceVersion at which it was found :func:`_passed_over`: so it
+        stays until it changes (a finished Job makes no pod, an ended pod never runs again),
+        and a pass over a run's hundred Jobs let go need not look at them again."""
         self._fresh = _Lru()
         """namespace/name -> (until when, a Job as read by this process: created, or read on
         a conflict or because the view lacks it) not yet in the view, which lags the API
@@ -449,6 +457,19 @@ class Adoption:
 
     # -- observing ---------------------------------------------------------------------------
 
+    def _passed_over(self, job: Obj) -> bool:
+        """:func:`_passed_over`, told once per version of ``job``."""
+        uid, version = _uid(job), _version(job)
+        with self._lock:
+            if version and self._let_go.get(uid) == version:
+                return True
+        if not _passed_over(job, self.view.pods_of_job):
+            return False
+        if version:
+            with self._lock:
+                self._let_go.remember(uid, version)
+        return True
+
     def observe(self, run: m.AgentRun) -> tuple[ObservedJob, ...]:
         """The run's Jobs as the core must see them: verified Jobs in full (with their own
         pods), and, for an attempt in flight whose name another Job holds, a marker saying
@@ -464,7 +485,7 @@ class Adoption:
             name = _name(listed)
             if name not in in_flight and (
                 name == executor
-                or _passed_over(listed, self.view.pods_of_job)
+                or self._passed_over(listed)
                 or turns.made_ahead(run, name, _step(listed))
             ):
                 # The run's executor (observe_executor), or its outcome is committed and the
