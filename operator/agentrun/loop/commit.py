@@ -48,7 +48,7 @@ def commit(
         return None
     if old is None:
         old = run.status.to_wire() if run.status is not None else {}
-    new = decision.status.to_wire()
+    new = wire_of(decision.status, run.status, old)
     changed = old != new and not _only_record_progress(old, new, decision.status.phase)
     if not changed and not decision.needs_fence:
         return None
@@ -61,6 +61,41 @@ def commit(
     if any(isinstance(a, CreateJob) for a in decision.after_commit):
         checkpoint("after-intent-commit")
     return stored
+
+
+def wire_of(
+    status: m.AgentRunStatus, read: m.AgentRunStatus | None, read_wire: dict[str, Any]
+) -> dict[str, Any]:
+    """``status.to_wire()``, made from ``read_wire`` (``read.to_wire()``) for the steps equal
+    to those of ``read`` and the transitions it shares with it: a pass changes a step or two
+    of a run, and writing every step's timestamps anew is most of what its status costs to
+    turn into JSON on a run of many steps (comparing them is a fraction of it)."""
+    read_steps, read_history = read.steps if read else None, read.history if read else None
+    wire_steps, wire_history = read_wire.get("steps") or [], read_wire.get("history") or []
+    if (
+        read is None
+        or len(read_steps or []) != len(wire_steps)
+        or len(read_history or []) != len(wire_history)
+    ):
+        return status.to_wire()  # not the wire form of the status read
+    wire = status.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude={"steps", "history"}
+    )
+    if status.steps is not None:
+        known = {st.name: (st, w) for st, w in zip(read_steps or [], wire_steps, strict=True)}
+        wire["steps"] = [_step_wire(st, known.get(st.name)) for st in status.steps]
+    if status.history is not None:
+        shared = {id(t): w for t, w in zip(read_history or [], wire_history, strict=True)}
+        wire["history"] = [shared.get(id(t)) or t.to_wire() for t in status.history]
+    return wire
+
+
+def _step_wire(
+    st: m.StepStatus, read: tuple[m.StepStatus, dict[str, Any]] | None
+) -> dict[str, Any]:
+    if read is not None and read[0] == st:
+        return read[1]
+    return st.to_wire()
 
 
 def _only_record_progress(
