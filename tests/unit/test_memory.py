@@ -107,3 +107,23 @@ def test_agentrun_run_starts_again_only_as_its_own_process(monkeypatch: pytest.M
     monkeypatch.setattr(sys, "argv", ["agentrun", "run", "--standalone"])
     assert cli.main() == 0
     assert started == ["again"]
+
+
+def test_what_the_start_made_is_left_out_of_later_collections_and_its_garbage_is_not_kept() -> None:
+    # In a process of its own: nothing frozen is ever collected again in that process.
+    code = (
+        "import gc, weakref\n"
+        "from agentrun.loop import memory\n"
+        "class Node: pass\n"
+        "garbage = Node(); garbage.me = garbage; gone = weakref.ref(garbage); del garbage\n"
+        "kept = Node(); kept.me = kept\n"
+        "assert memory.freeze_startup() > 1000\n"
+        "assert gone() is None, 'garbage of the start was frozen'\n"
+        "later = Node(); later.me = later; after = weakref.ref(later); del later\n"
+        "gc.collect()\n"
+        "assert after() is None, 'a cycle made after the start was not collected'\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

@@ -35,7 +35,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core.shards import shard_of
 from agentrun.kubeapi import dead_peer_socket
-from agentrun.loop import concurrency
+from agentrun.loop import concurrency, memory
 from agentrun.loop.janitor import Janitor, keep_sweeping
 from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
 from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
@@ -380,6 +380,7 @@ def run_operator(
     unwatch = watch_kopf_listings(state.readiness)
     undo_sockets = _kopf_detects_dead_peers()
     tracing.install(settings)
+    memory.freeze_startup()
     try:
         kopf.run(
             clusterwide=not settings.namespaces,
