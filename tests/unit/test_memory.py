@@ -32,9 +32,7 @@ def test_glibc_takes_the_arena_limit_and_gives_memory_back() -> None:
         "memory.give_back()\n"
         "print('ok')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    _prints_ok_in_its_own_process(code)
 
 
 def test_the_setting_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,6 +122,10 @@ def test_what_the_start_made_is_left_out_of_later_collections_and_its_garbage_is
         "assert after() is None, 'a cycle made after the start was not collected'\n"
         "print('ok')\n"
     )
+    _prints_ok_in_its_own_process(code)
+
+
+def _prints_ok_in_its_own_process(code: str) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
