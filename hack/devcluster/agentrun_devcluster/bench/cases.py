@@ -69,9 +69,9 @@ __all__ = [
 
 Say = Callable[[str], None]
 CREATE_THREADS = 16
+"""Threads that create the runs of a case (so that 200 runs start within a second or so)."""
 PASSES = "agentrun_reconcile_duration_seconds_count"
 """The operator's reconcile passes so far, on its /metrics."""
-"""Threads that create the runs of a case (so that 200 runs start within a second or so)."""
 QUIET_SECONDS = 3.0
 """The operator counts as done with a case when it made no request for this long."""
 

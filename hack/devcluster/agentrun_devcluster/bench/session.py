@@ -83,6 +83,15 @@ def sample(text: str, name: str, labels: Mapping[str, str] | None = None) -> flo
     return None
 
 
+def scrape(
+    operator: OperatorProcess, name: str, labels: Mapping[str, str] | None = None
+) -> float | None:
+    """:func:`sample` of ``operator``'s /metrics as it answers now. Raises OSError when it
+    does not answer."""
+    with urllib.request.urlopen(operator.metrics_url, timeout=5) as answer:
+        return sample(answer.read().decode(), name, labels)
+
+
 @dataclass
 class Clients:
     api_client: Any
@@ -265,8 +274,7 @@ class BenchCluster:
         if self.operator is None or not self.operator.alive():
             return None
         try:
-            with urllib.request.urlopen(self.operator.metrics_url, timeout=5) as answer:
-                return sample(answer.read().decode(), name)
+            return scrape(self.operator, name)
         except OSError:
             return None
 
@@ -276,8 +284,7 @@ class BenchCluster:
         values: list[float] = []
         for replica in self.replicas:
             try:
-                with urllib.request.urlopen(replica.metrics_url, timeout=5) as answer:
-                    value = sample(answer.read().decode(), name, labels)
+                value = scrape(replica, name, labels)
             except OSError:
                 values.append(-1.0)
                 continue
