@@ -19,7 +19,7 @@ import pytest
 from agentrun_devcluster.modelserver import Raw, ScriptedModel, Status, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.ports import lease_ports
-from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from agentrun_devcluster.testing import KubeClients, TestCluster
 from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.agents import RESTART, SEARCH, agent_run
 from tests.support.cluster import Kubectl, StartOperator, bind_role, mint_user, user_subject
@@ -28,13 +28,12 @@ from tests.support.runs import (
     Run,
     condition,
     create,
-    event_reasons,
     get,
     patch_spec,
     status_of,
     step_status,
 )
-from tests.support.waiting import wait_phase, wait_step_phase
+from tests.support.waiting import wait_events, wait_phase, wait_step_phase
 
 
 @pytest.fixture
@@ -219,11 +218,7 @@ def test_the_token_budget_pauses_the_run_and_raising_it_resumes(
     assert condition(run)["reason"] == "BudgetExhausted"
     assert "raise spec.budget.maxTokens to resume" in status["message"]
     # Posted after the commit that paused it: a moment after the phase shows.
-    wait_for(
-        "the BudgetExhausted Event",
-        lambda: "BudgetExhausted" in event_reasons(kube, namespace, "budget"),
-        timeout=30,
-    )
+    wait_events(kube, namespace, "budget", "BudgetExhausted")
     assert len(model.completions()) == 1
     patch_spec(kubectl, namespace, "budget", budget={"maxTokens": 5000})
     run = wait_phase(kube, namespace, "budget", "Succeeded")
@@ -388,11 +383,7 @@ def test_an_answer_cut_off_at_the_output_limit_fails_the_run_with_the_reason(
         "the model's answer in turn 1 was cut off at maxOutputTokens (64; finish reason length)"
     )
     assert "answer" not in status_of(run)["agent"]
-    wait_for(
-        "the AnswerCutOff Event",
-        lambda: "AnswerCutOff" in event_reasons(kube, namespace, "cut-answer"),
-        timeout=30,
-    )
+    wait_events(kube, namespace, "cut-answer", "AnswerCutOff")
 
 
 def test_a_long_answer_works_with_the_default_service_account(
@@ -445,11 +436,7 @@ def test_reported_usage_of_ten_to_the_thirty_does_not_exhaust_the_budget(
     assert agent["overReportedTurns"] == 1
     assert agent["recent"][0]["reportedTokens"] == 2**53 - 1
     assert "ReportedUsageRefused" in [t["reason"] for t in _history(run)]
-    wait_for(
-        "the ReportedUsageRefused Event",
-        lambda: "ReportedUsageRefused" in event_reasons(kube, namespace, "liar"),
-        timeout=30,
-    )
+    wait_events(kube, namespace, "liar", "ReportedUsageRefused")
 
 
 @pytest.mark.parametrize(

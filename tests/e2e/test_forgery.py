@@ -58,7 +58,7 @@ from tests.support.runs import (
     step,
     step_status,
 )
-from tests.support.waiting import wait_phase, wait_step_phase
+from tests.support.waiting import wait_events, wait_phase, wait_step_phase
 
 MALLORY = "mallory"
 MARK = "FORGED-BY-MALLORY"
@@ -242,13 +242,7 @@ def test_a_job_made_first_under_a_steps_name_never_counts_as_the_step(
     assert failures, status_of(run).get("history")
     assert "not created by the operator" in failures[0]["message"]
 
-    warnings = [
-        e
-        for e in kube.core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={name}"
-        ).items
-        if e.reason == "JobNameTaken"
-    ]
+    warnings = wait_events(kube, namespace, name, "JobNameTaken")
     assert warnings and warnings[0].type == "Warning", [e.reason for e in warnings]
     assert taken in warnings[0].message and "not created by the operator" in warnings[0].message
 

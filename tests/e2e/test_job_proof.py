@@ -47,7 +47,7 @@ from tests.support.runs import (
     step,
     step_status,
 )
-from tests.support.waiting import assert_holds, wait_phase, wait_step_phase
+from tests.support.waiting import assert_holds, wait_events, wait_phase, wait_step_phase
 
 EVE = "eve"
 RETRY = {"limit": 1, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 1}}
@@ -143,13 +143,7 @@ def test_a_gated_steps_exact_job_made_before_its_approval_never_counts(
     ]
     assert failures, status_of(run).get("history")
     assert ANNOTATION_PROOF in failures[0]["message"], failures[0]
-    warnings = [
-        e
-        for e in kube.core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={name}"
-        ).items
-        if e.reason == "JobNameTaken"
-    ]
+    warnings = wait_events(kube, namespace, name, "JobNameTaken")
     assert warnings and warnings[0].type == "Warning"
     assert taken in warnings[0].message and ANNOTATION_PROOF in warnings[0].message
     # Her Job is hers: left alone (it carries the outcome finalizer only because she copied it).

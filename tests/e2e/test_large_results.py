@@ -37,13 +37,12 @@ from tests.support.runs import (
     Run,
     agentrun,
     create,
-    event_reasons,
     jobs_of,
     patch_spec,
     step,
     step_status,
 )
-from tests.support.waiting import wait_phase, wait_step_phase
+from tests.support.waiting import wait_events, wait_phase, wait_step_phase
 
 ROWS = 10_000
 SERVICE_ACCOUNT = "agent-steps"
@@ -266,7 +265,7 @@ def test_a_result_changed_after_its_commit_is_refused_and_one_recreated_never_ru
     assert consume["error"]["reason"] == "ResultTampered", consume
     assert "digest" in consume["error"]["message"], consume
     _assert_never_ran_forged(kube, namespace, run)
-    assert "ResultTampered" in event_reasons(kube, namespace, name)
+    wait_events(kube, namespace, name, "ResultTampered")
 
 
 def test_a_result_object_created_before_the_step_wrote_it_fails_the_step(

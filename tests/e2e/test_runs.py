@@ -48,6 +48,7 @@ from tests.support.runs import (
 )
 from tests.support.waiting import (
     assert_holds,
+    wait_events,
     wait_phase,
     wait_step_phase,
     wait_until,
@@ -120,11 +121,7 @@ def test_sequential_run_succeeds_with_results_progress_history_and_events(
     assert RUN_FINALIZER in run["metadata"].get("finalizers", [])
 
     # Events mark what a person acts on (here, the run's end); history has every transition.
-    wait_for(
-        "the Succeeded Event on the run",
-        lambda: "Succeeded" in event_reasons(kube, namespace, name),
-        timeout=30,
-    )
+    wait_events(kube, namespace, name, "Succeeded")
     routine = {"Launching", "Started", "StepSucceeded"}
     assert not routine & event_reasons(kube, namespace, name)
     assert {"Launching", "StepSucceeded"} <= {t["reason"] for t in status["history"]}
@@ -450,7 +447,7 @@ def test_finished_run_is_deleted_after_its_ttl(
     run = wait_phase(kube, namespace, name, "Succeeded")
     assert status_of(run).get("completedAt")
     wait_for(f"{name} to be deleted after its TTL", lambda: gone(kube, namespace, name), timeout=60)
-    assert "Succeeded" in event_reasons(kube, namespace, name)
+    wait_events(kube, namespace, name, "Succeeded")
 
 
 def test_each_step_attempt_job_is_created_exactly_once(

@@ -16,6 +16,10 @@ from agentrun_devcluster.testing import KubeClients, wait_for
 
 from .runs import TERMINAL, TIMEOUT, Run, get, status_of, step_status
 
+# The operator posts an Event after the status write it reports: a test that saw the write
+# waits this long for the Event.
+EVENT_TIMEOUT = 30.0
+
 
 def wait_until(
     kube: KubeClients,
@@ -85,6 +89,36 @@ def wait_step_phase(
         f"{status_of(run).get('message')}"
     )
     return run
+
+
+def wait_events(
+    kube: KubeClients,
+    namespace: str,
+    name: str,
+    reason: str,
+    *,
+    warning: bool = False,
+    timeout: float = EVENT_TIMEOUT,
+) -> list[Any]:
+    """The Events with ``reason`` about AgentRun ``name`` (only Warnings if ``warning``), once
+    there is one."""
+
+    def found() -> list[Any] | None:
+        events = kube.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={name}"
+        ).items
+        matching = [
+            e
+            for e in events
+            if e.involved_object.kind == "AgentRun"
+            and e.reason == reason
+            and (e.type == "Warning" or not warning)
+        ]
+        return matching or None
+
+    kind = "Warning Event" if warning else "Event"
+    events: list[Any] = wait_for(f"a {reason} {kind} on {name}", found, timeout=timeout)
+    return events
 
 
 def assert_holds(check: Callable[[], None], *, seconds: float, interval: float = 0.5) -> int:
