@@ -1,7 +1,7 @@
 """A pass starts from the run as the watch delivered it (agentrun.loop.reconciler.RunBodies): the
-newest body wins, whoever offered it; a run is read (a quorum read) on its first pass and at
-least once per resync period, and a decision that would delete a Job without a commit fencing
-it is taken again from a quorum read."""
+newest body wins, whoever offered it; a run is read (a quorum read) only without a body, at
+least once per resync period counted from its first pass, and when a decision would delete a
+Job without a commit fencing it (then it is taken again from that read)."""
 
 from __future__ import annotations
 
@@ -69,23 +69,30 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
                         after_commit=(DeleteJob("x", "NotCurrentAttempt"),))  # fmt: skip
     for patcher in _isolated():
         patcher.start()
+    reads = custom.get_namespaced_custom_object
+    clock = mock.patch("agentrun.loop.reconciler.time.monotonic", return_value=1000.0).start()
     with (
         mock.patch("agentrun.loop.decide.reconcile", return_value=quiet),
         mock.patch.object(Observer, "observe", return_value=sim.observed()),
         mock.patch.object(Actor, "act") as act,
     ):
-        rec.reconcile("default", "demo")  # the first pass of a run reads it
-        assert custom.get_namespaced_custom_object.call_count == 1
+        rec.reconcile("default", "demo")  # the first pass starts from the watched body
         rec.reconcile("default", "demo")
-        assert custom.get_namespaced_custom_object.call_count == 1, "read despite the body"
+        assert reads.call_count == 0, "read despite the body"
         assert act.call_args_list[-1].args[1] == quiet.after_commit
+        # A resync period after the first pass: read once, and the period starts again.
+        clock.return_value = 1000.0 + rec.settings.resync_seconds
+        rec.reconcile("default", "demo")
+        assert reads.call_count == 1, "not read after a resync period"
+        rec.reconcile("default", "demo")
+        assert reads.call_count == 1, "read twice in one period"
     with (
         mock.patch("agentrun.loop.decide.reconcile", return_value=deleting),
         mock.patch.object(Observer, "observe", return_value=sim.observed()),
         mock.patch.object(Actor, "act") as act,
     ):
         rec.reconcile("default", "demo")
-        assert custom.get_namespaced_custom_object.call_count == 2, "deleted on a watched body"
+        assert reads.call_count == 2, "deleted on a watched body"
         # The first derivation (from the watched body) acted on nothing after its commit.
         after = [c.args[1] for c in act.call_args_list if c.args[1]]
         assert after == [deleting.after_commit]
@@ -144,3 +151,35 @@ def test_a_decision_equal_to_the_status_read_writes_nothing_and_one_that_differs
     commit(ledger, lambda _: None, body, run, Decision(status=moved))
     ledger.commit.assert_called_once()
     assert ledger.commit.call_args.args[1]["message"] == "something else"
+
+
+def test_the_pass_that_levels_a_finished_runs_record_starts_from_its_own_write() -> None:
+    sim = Sim(make_run([step("a")]))
+    sim.tick()
+    run = sim.run.to_wire()
+    run["metadata"].update(namespace="default", resourceVersion="7", finalizers=[s.RUN_FINALIZER])
+    bodies = RunBodies()
+    bodies.offer(run)
+    rec, custom = _reconciler(bodies, run)
+    done = copy.deepcopy(run)
+    done["metadata"]["resourceVersion"] = "8"
+    done["status"]["phase"] = "Succeeded"  # a finished run's body is not kept
+    seen: list[str] = []
+
+    def decide(run: Any, *_: Any) -> Decision:
+        seen.append(run.metadata.resource_version)
+        return Decision(status=sim.status.model_copy(deep=True))
+
+    with (
+        mock.patch.object(AuditRecord, "anchor"),
+        # Appended on the first derivation: the second commits recordedSeq.
+        mock.patch.object(AuditRecord, "flush", side_effect=[True, False]),
+        mock.patch("agentrun.loop.decide.reconcile", side_effect=decide),
+        mock.patch("agentrun.loop.reconciler.commit", side_effect=[done, None]),
+        mock.patch.object(Observer, "observe", return_value=sim.observed()),
+        mock.patch.object(Actor, "act"),
+    ):
+        rec.reconcile("default", "demo")
+    assert bodies.get("default", "demo") is None
+    assert seen == ["7", "8"]
+    custom.get_namespaced_custom_object.assert_not_called()

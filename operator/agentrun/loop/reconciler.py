@@ -114,16 +114,17 @@ class Reconciler:
     def _reconcile(self, namespace: str, name: str) -> Outcome:
         conflicts = 0
         levelled = False
+        written: dict[str, Any] | None = None  # the run as this pass's own write left it
+        now = time.monotonic()
         with self._guard:
-            last = self._read_at.get((namespace, name))
+            # The first pass starts the period: a body the watch delivered (its list at a
+            # start, or an event since) is as current as a read would be, and a stale one
+            # fails its commit as any other does.
+            last = self._read_at.setdefault((namespace, name), now)
         # At least one quorum read per resync period, should the watch have missed a change.
-        quorum = (
-            self.bodies is None
-            or last is None
-            or (time.monotonic() - last >= self.settings.resync_seconds)
-        )
+        quorum = self.bodies is None or now - last >= self.settings.resync_seconds
         for _ in range(self.settings.max_conflict_retries):
-            body, quorum = self._run_body(namespace, name, quorum)
+            body, quorum = self._run_body(namespace, name, quorum, written)
             if body is None:
                 return Outcome(None, None, conflicts)
             if (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -166,6 +167,7 @@ class Reconciler:
             self.actor.act(run, decision.after_commit)
             if self.record.flush(run, decision.status) and not levelled:
                 levelled = True  # once more: commit recordedSeq, now that the record has it
+                written = stored
                 continue
             phase = decision.status.phase
             # A Job the API refused: the next pass fails the attempt at once.
@@ -179,11 +181,15 @@ class Reconciler:
         return Outcome(1.0, None, conflicts)
 
     def _run_body(
-        self, namespace: str, name: str, quorum: bool
+        self, namespace: str, name: str, quorum: bool, written: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any] | None, bool]:
         """The run as last watched or written, unless ``quorum`` (or none is known): then as
-        stored now (None when it is gone). Returns it and whether it came from a quorum read."""
-        body = None if quorum or self.bodies is None else self.bodies.get(namespace, name)
+        stored now (None when it is gone). Returns it and whether it came from a quorum read.
+        ``written``: the run as this pass's own write left it, for a run whose body is not
+        kept (a finished one, levelling its audit record)."""
+        body = None
+        if not quorum and self.bodies is not None:
+            body = self.bodies.get(namespace, name) or written
         if body is not None:
             return body, quorum
         with self._guard:
