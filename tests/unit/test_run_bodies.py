@@ -56,7 +56,9 @@ def _isolated() -> list[Any]:
     ]
 
 
-def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete() -> None:
+def _watched() -> tuple[Sim, dict[str, Any], RunBodies, Reconciler, mock.Mock]:
+    """A one-step run after its first tick, its body (version 7, held) as the watch delivered
+    it, kept, and a reconciler whose quorum read would return that body."""
     sim = Sim(make_run([step("a")]))
     sim.tick()
     run = sim.run.to_wire()
@@ -64,6 +66,11 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
     bodies = RunBodies()
     bodies.offer(run)
     rec, custom = _reconciler(bodies, run)
+    return sim, run, bodies, rec, custom
+
+
+def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete() -> None:
+    sim, _, _, rec, custom = _watched()
     quiet = Decision(status=sim.status.model_copy(deep=True))
     deleting = Decision(status=sim.status.model_copy(deep=True),
                         after_commit=(DeleteJob("x", "NotCurrentAttempt"),))  # fmt: skip
@@ -154,13 +161,7 @@ def test_a_decision_equal_to_the_status_read_writes_nothing_and_one_that_differs
 
 
 def test_the_pass_that_levels_a_finished_runs_record_starts_from_its_own_write() -> None:
-    sim = Sim(make_run([step("a")]))
-    sim.tick()
-    run = sim.run.to_wire()
-    run["metadata"].update(namespace="default", resourceVersion="7", finalizers=[s.RUN_FINALIZER])
-    bodies = RunBodies()
-    bodies.offer(run)
-    rec, custom = _reconciler(bodies, run)
+    sim, run, bodies, rec, custom = _watched()
     done = copy.deepcopy(run)
     done["metadata"]["resourceVersion"] = "8"
     done["status"]["phase"] = "Succeeded"  # a finished run's body is not kept
