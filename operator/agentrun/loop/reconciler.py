@@ -3,7 +3,8 @@
 One :meth:`Reconciler.reconcile` call is one level-triggered pass over one run:
 
 1. take the run as last watched or written (:class:`RunBodies`; a quorum read without one,
-   after a conflict, or before deleting a Job on a decision no commit fenced), and observe its
+   after a conflict, before deleting a Job on a decision no commit fenced, and once per resync
+   period counted from the run's first pass), and observe its
    Jobs and their pods from the view, and what else the core is given (:mod:`.observe`);
 2. ``decision = core.reconcile(run, observed, now)`` (:mod:`.decide`);
 3. run ``decision.before_commit`` (result ConfigMaps: :mod:`.act`);
