@@ -32,14 +32,14 @@ import yaml
 
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
-from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
+from agentrun_devcluster.testing import KubeClients, TestCluster
 from tests.support.admission import creator_recorded, mutating_only, policies_bound_to
 from tests.support.agents import agent_run, search
 from tests.support.cluster import StartOperator, bind_role, mint_user, user_subject
 from tests.support.paths import MANIFESTS
 from tests.support.plugin import LLM_COMMAND
 from tests.support.runs import Run, condition, get, status_of, step_status
-from tests.support.waiting import assert_holds, wait_phase, wait_step_phase
+from tests.support.waiting import assert_holds, wait_events, wait_phase, wait_step_phase
 
 SECRET = "llm"
 RUN = "investigate"
@@ -202,13 +202,8 @@ def test_without_the_policy_the_operator_fails_the_run_and_the_key_goes_nowhere(
         "mallory",
     )
 
-    def warned() -> list[str]:
-        events = keyed.kube.core.list_namespaced_event(
-            keyed.namespace, field_selector=f"involvedObject.name={RUN}"
-        ).items
-        return [e.message for e in events if e.type == "Warning" and e.reason == "AgentSpecChanged"]
-
-    warnings = wait_for("an AgentSpecChanged Warning Event", warned, timeout=30)
+    warned = wait_events(keyed.kube, keyed.namespace, RUN, "AgentSpecChanged", warning=True)
+    warnings = [e.message for e in warned]
     assert "spec.agent.model.baseURL" in warnings[0], warnings
     # carol's endpoint had turn 1, with her key; mallory's server nothing, ever.
     (turn,) = keyed.model.completions()

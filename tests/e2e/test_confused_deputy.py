@@ -21,7 +21,7 @@ import pytest
 
 from agentrun.api.models import GROUP, PLURAL
 from agentrun_devcluster.operator import OperatorProcess
-from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events, wait_for
+from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events
 from tests.support.admission import creator_recorded, policies_bound_to
 from tests.support.cluster import bind_role, mint_user, user_subject
 from tests.support.runs import (
@@ -34,7 +34,7 @@ from tests.support.runs import (
     step,
     step_status,
 )
-from tests.support.waiting import assert_holds, wait_phase
+from tests.support.waiting import assert_holds, wait_events, wait_phase
 
 SECRET = "db-password"
 ACCOUNT = "deployer"
@@ -147,13 +147,7 @@ def assert_refused_without_a_job(ns: Namespace, name: str, step_name: str, missi
     assert st.get("attempt", 0) == 0 and not st.get("jobName"), st
     assert condition(run)["reason"] == "Forbidden", status_of(run)
 
-    def warned() -> list[str]:  # Events are posted after the status write seen above
-        events = ns.kube.core.list_namespaced_event(
-            ns.name, field_selector=f"involvedObject.name={name}"
-        ).items
-        return [e.message for e in events if e.type == "Warning" and e.reason == "Forbidden"]
-
-    warnings = wait_for(f"a Forbidden Warning Event on {name}", warned, timeout=30)
+    warnings = [e.message for e in wait_events(ns.kube, ns.name, name, "Forbidden", warning=True)]
     assert any(missing in w for w in warnings), warnings
 
     def no_job() -> None:

@@ -166,9 +166,14 @@ def audit_record(kube: KubeClients, namespace: str, uid: str) -> list[Any]:
     return items
 
 
-def event_reasons(kube: KubeClients, namespace: str, name: str) -> set[str]:
-    """The reasons of the Events about AgentRun ``name``."""
+def run_events(kube: KubeClients, namespace: str, name: str) -> list[Any]:
+    """The Events about AgentRun ``name``."""
     events = kube.core.list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}"
     ).items
-    return {e.reason for e in events if e.involved_object.kind == "AgentRun"}
+    return [e for e in events if e.involved_object.kind == "AgentRun"]
+
+
+def event_reasons(kube: KubeClients, namespace: str, name: str) -> set[str]:
+    """The reasons of the Events about AgentRun ``name``."""
+    return {e.reason for e in run_events(kube, namespace, name)}

@@ -14,7 +14,7 @@ from typing import Any
 
 from agentrun_devcluster.testing import KubeClients, wait_for
 
-from .runs import TERMINAL, TIMEOUT, Run, get, status_of, step_status
+from .runs import TERMINAL, TIMEOUT, Run, get, run_events, status_of, step_status
 
 # The operator posts an Event after the status write it reports: a test that saw the write
 # waits this long for the Event.
@@ -104,15 +104,10 @@ def wait_events(
     there is one."""
 
     def found() -> list[Any] | None:
-        events = kube.core.list_namespaced_event(
-            namespace, field_selector=f"involvedObject.name={name}"
-        ).items
         matching = [
             e
-            for e in events
-            if e.involved_object.kind == "AgentRun"
-            and e.reason == reason
-            and (e.type == "Warning" or not warning)
+            for e in run_events(kube, namespace, name)
+            if e.reason == reason and (e.type == "Warning" or not warning)
         ]
         return matching or None
 
