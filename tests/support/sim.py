@@ -166,7 +166,12 @@ class Sim:
 
     def decide(self, snapshot: tuple[m.AgentRun, int] | None = None) -> tuple[Decision, int]:
         run, version = snapshot or self.snapshot()
-        return reconcile(run, self.observed(), self.now, self.config), version
+        read = run.model_dump()
+        decision = reconcile(run, self.observed(), self.now, self.config)
+        # A pass changes a copy of the status; the run as read stays as it was (the shell
+        # keeps one model per version of a run and starts every pass of it from that).
+        assert run.model_dump() == read, "reconcile changed the run it was given"
+        return decision, version
 
     def commit(self, decision: Decision, version: int) -> bool:
         """Before-commit actions, then the conditional status write. False on conflict."""

@@ -168,16 +168,37 @@ def reconcile(
 
 
 def _copy_status(status: m.AgentRunStatus | None) -> m.AgentRunStatus:
-    """A copy of ``status`` the pass may change, ``run.status`` staying as read. Validated
-    from its dump rather than deep-copied: a fraction of the cost on a run of many steps (the
-    models are plain data, so the two are the same). The history's transitions, most of the
-    status once its ring is full, are frozen: shared, in a list of the copy's own."""
+    """A copy of ``status`` the pass may change, ``run.status`` staying as read. Its steps are
+    copied field by field, sharing their values (strings, numbers, timestamps: none of them
+    changes in place) and copying the small models among them (:func:`_copy_step`): a pass
+    changes a step or two, and validating every step again from its dump was the cost of a
+    pass that grew most with a plan's size. The rest is validated from its dump (the models
+    are plain data, so that is a deep copy). The history's transitions, most of the status
+    once its ring is full, are frozen: shared, in a list of the copy's own."""
     if status is None:
         return m.AgentRunStatus()
-    copy = m.AgentRunStatus.model_validate(status.model_dump(exclude={"history"}))
+    copy = m.AgentRunStatus.model_validate(status.model_dump(exclude={"history", "steps"}))
+    if status.steps is not None:
+        copy.steps = [_copy_step(st) for st in status.steps]
     if status.history is not None:
         copy.history = list(status.history)
     return copy
+
+
+def _copy_step(st: m.StepStatus) -> m.StepStatus:
+    """``st`` as a pass may change it without changing ``st``: its fields are immutable values
+    or the models copied here, whose own fields are immutable values
+    (``tests/unit/test_machine_copy.py`` checks that this stays so)."""
+    copy = st.model_copy()
+    for name in _STEP_MODELS:
+        value = getattr(st, name)
+        if value is not None:
+            setattr(copy, name, value.model_copy())
+    return copy
+
+
+_STEP_MODELS = ("error", "usage", "result_ref")
+"""The fields of a step's status that hold models (see :func:`_copy_step`)."""
 
 
 def _spec_checked(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
