@@ -10,6 +10,7 @@ from typing import Any
 from unittest import mock
 
 from agentrun import settings as s
+from agentrun.api import models as m
 from agentrun.core import Decision, DeleteJob
 from agentrun.loop.act import Actor
 from agentrun.loop.commit import AuditRecord, commit
@@ -139,6 +140,24 @@ def test_what_a_pass_derives_from_a_kept_body_is_made_once_per_version() -> None
     with mock.patch.object(type(loose), "model_validate") as validate:
         assert bodies.status_wire(newer, loose) == (loose.status.to_wire() if loose.status else {})
         validate.assert_not_called()
+
+
+def test_a_write_whose_watch_event_came_first_keeps_the_model_written() -> None:
+    bodies = RunBodies()
+    bodies.offer(_run_body("7"))
+    written = _run_body("8")
+    watched = copy.deepcopy(written)
+    bodies.offer(watched)  # the watch event of the write, before the write's answer
+    run = m.AgentRun.model_validate(written)
+    bodies.offer(written, run)
+    assert bodies.get("default", "demo") is watched
+    with mock.patch.object(m.AgentRun, "model_validate") as validate:
+        assert bodies.model(watched) is run
+        validate.assert_not_called()
+    assert bodies.status_wire(watched, run) == (run.status.to_wire() if run.status else {})
+    # A late answer of an older write keeps nothing of it.
+    bodies.offer(_run_body("7"), m.AgentRun.model_validate(_run_body("7")))
+    assert bodies.model(watched) is run
 
 
 def test_a_decision_equal_to_the_status_read_writes_nothing_and_one_that_differs_does() -> None:

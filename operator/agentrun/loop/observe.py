@@ -598,6 +598,15 @@ class RunBodies:
         with self._lock:
             known = self._bodies.get(key)
             if known is not None and _not_newer(body, known):
+                derived = self._derived.get(key)
+                if (
+                    run is not None
+                    and _same_version(body, known)
+                    and (derived is None or derived.body is not known)
+                ):
+                    # The watch event of this write came first: it is the run as written,
+                    # so the model written is what the next pass would validate from it.
+                    self._derived[key] = _Derived(known, run, body.get("status") or {})
                 return  # the one kept is as new (then what is derived from it is kept too)
             if finished:
                 self._bodies.pop(key, None)
@@ -659,6 +668,17 @@ def _key(body: dict[str, Any]) -> tuple[str, str]:
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
+def _same_version(body: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Whether ``body`` and ``than`` are the same run at the same resourceVersion."""
+    mine, theirs = body.get("metadata") or {}, than.get("metadata") or {}
+    version = mine.get("resourceVersion")
+    return (
+        bool(version)
+        and mine.get("uid") == theirs.get("uid")
+        and (version == theirs.get("resourceVersion"))
+    )
+
+
 def _not_newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
     """Whether ``body`` is the run ``than`` is, at an older resourceVersion (a late watch
     event) or at the same one (the same object: a status write's result, and the watch event
@@ -666,8 +686,8 @@ def _not_newer(body: dict[str, Any], than: dict[str, Any]) -> bool:
     mine_meta, their_meta = body.get("metadata") or {}, than.get("metadata") or {}
     if mine_meta.get("uid") != their_meta.get("uid"):
         return False  # another run of that name: the newer one
+    if _same_version(body, than):
+        return True
     mine = str(mine_meta.get("resourceVersion") or "")
     theirs = str(their_meta.get("resourceVersion") or "")
-    if mine and mine == theirs:
-        return True
     return mine.isdigit() and theirs.isdigit() and int(mine) < int(theirs)
