@@ -9,10 +9,11 @@ re-exported by :mod:`agentrun.api.models`, where the rest of the code reads them
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 # Bounds of a container (see models.py for the others): they keep objects far below etcd's
@@ -35,6 +36,24 @@ Quantity = Annotated[
     ),
 ]
 """A Kubernetes resource quantity such as ``500m``, ``1`` or ``256Mi``."""
+
+
+def _format_time(value: datetime) -> str:
+    """RFC 3339 in UTC with second precision, the way Kubernetes writes metav1.Time."""
+    if value.tzinfo is not None and value.utcoffset():
+        value = value.astimezone(UTC)  # naive times are taken as UTC
+    return (
+        f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
+        f"T{value.hour:02d}:{value.minute:02d}:{value.second:02d}Z"
+    )
+
+
+Timestamp = Annotated[
+    datetime,
+    PlainSerializer(_format_time, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+"""A point in time, serialized as RFC 3339 UTC with second precision."""
 
 
 class ApiModel(BaseModel):

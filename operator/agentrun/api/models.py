@@ -9,11 +9,10 @@ Every field carries a description; keep them written for the person typing ``kub
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, PlainSerializer, WithJsonSchema, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from agentrun.api.agent import Agent, AgentStatus
 
@@ -34,6 +33,7 @@ from agentrun.api.base import ResultRef as ResultRef
 from agentrun.api.base import RetryPolicy as RetryPolicy
 from agentrun.api.base import Risk as Risk
 from agentrun.api.base import SecretKeySelector as SecretKeySelector
+from agentrun.api.base import Timestamp as Timestamp
 from agentrun.api.names import API_VERSION as API_VERSION
 from agentrun.api.names import CATEGORIES as CATEGORIES
 from agentrun.api.names import GROUP as GROUP
@@ -71,24 +71,6 @@ ANNOTATION_MODIFIED_BY = f"{GROUP}/last-modified-by"
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ARGS_HASH_PATTERN = r"^[a-f0-9]{64}$"
-
-
-def _format_time(value: datetime) -> str:
-    """RFC 3339 in UTC with second precision, the way Kubernetes writes metav1.Time."""
-    if value.tzinfo is not None and value.utcoffset():
-        value = value.astimezone(UTC)  # naive times are taken as UTC
-    return (
-        f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
-        f"T{value.hour:02d}:{value.minute:02d}:{value.second:02d}Z"
-    )
-
-
-Timestamp = Annotated[
-    datetime,
-    PlainSerializer(_format_time, return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "format": "date-time"}),
-]
-"""A point in time, serialized as RFC 3339 UTC with second precision."""
 
 
 # --------------------------------------------------------------------------------------------
