@@ -7,7 +7,7 @@ from typing import Any
 
 from agentrun.access import audit
 from agentrun_devcluster.operator import OperatorProcess
-from agentrun_devcluster.testing import KubeClients, wait_for
+from agentrun_devcluster.testing import KubeClients
 from tests.support.cluster import Kubectl
 from tests.support.runs import (
     Run,
@@ -16,14 +16,13 @@ from tests.support.runs import (
     condition,
     create,
     envelope,
-    get,
     jobs_of,
     patch_spec,
     status_of,
     step,
     step_status,
 )
-from tests.support.waiting import wait_phase, wait_step_phase, wait_until
+from tests.support.waiting import wait_phase, wait_recorded, wait_step_phase, wait_until
 
 
 def _approval(step_name: str, args_hash: str, decision: str = "approve") -> dict[str, Any]:
@@ -108,15 +107,7 @@ def test_audit_record_chain_verifies_and_a_tampered_entry_is_detected(
     )
     uid = created["metadata"]["uid"]
     run = wait_phase(kube, namespace, "audited", "Succeeded")
-
-    def settled() -> list[Any] | None:
-        current = get(kube, namespace, "audited")
-        seq = status_of(current).get("historySeq")
-        maps = audit_record(kube, namespace, uid)
-        entries = audit.parse(m.data or {} for m in maps)
-        return maps if entries and entries[-1]["seq"] == seq else None
-
-    maps = wait_for("the audit record to hold every transition", settled, timeout=60)
+    maps = wait_recorded(kube, namespace, "audited", uid)
     entries = audit.parse(m.data or {} for m in maps)
     assert audit.verify(entries, uid) == []
     seqs = [t["seq"] for t in status_of(run)["history"]]

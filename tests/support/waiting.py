@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agentrun.access import audit
 from agentrun_devcluster.testing import KubeClients, wait_for
 
-from .runs import TERMINAL, TIMEOUT, Run, get, run_events, status_of, step_status
+from .runs import TERMINAL, TIMEOUT, Run, audit_record, get, run_events, status_of, step_status
 
 # The operator posts an Event after the status write it reports: a test that saw the write
 # waits this long for the Event.
@@ -114,6 +115,25 @@ def wait_events(
     kind = "Warning Event" if warning else "Event"
     events: list[Any] = wait_for(f"a {reason} {kind} on {name}", found, timeout=timeout)
     return events
+
+
+def wait_recorded(
+    kube: KubeClients, namespace: str, name: str, uid: str, timeout: float = 60.0
+) -> list[Any]:
+    """The ConfigMaps of run ``name``'s audit record, once they hold every transition its
+    status counts (``historySeq``): a run at rest has its record appended after the status
+    write that brought it there."""
+
+    def settled() -> list[Any] | None:
+        seq = status_of(get(kube, namespace, name)).get("historySeq")
+        maps = audit_record(kube, namespace, uid)
+        entries = audit.parse(m.data or {} for m in maps)
+        return maps if entries and entries[-1]["seq"] == seq else None
+
+    maps: list[Any] = wait_for(
+        f"the audit record of {name} to hold every transition", settled, timeout=timeout
+    )
+    return maps
 
 
 def assert_holds(check: Callable[[], None], *, seconds: float, interval: float = 0.5) -> int:
