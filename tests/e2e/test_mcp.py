@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
+from agentrun.access import audit
 from agentrun.api.mcp import McpServer
 from agentrun.core.mcp import tool_digest
 from agentrun.core.naming import sha256_text
@@ -51,7 +52,7 @@ from tests.support.runs import (
     step,
     step_status,
 )
-from tests.support.waiting import wait_phase, wait_step_phase
+from tests.support.waiting import wait_phase, wait_recorded, wait_step_phase
 
 STEP_MCP = [*LLM_COMMAND[:-1], "mcp"]
 """``agentrun step mcp`` as the local node's processes can run it."""
@@ -347,7 +348,9 @@ def test_an_agents_mcp_calls_run_on_its_executor_once_each(
 ) -> None:
     """With the run's executor running (docs/agent.md, "The run's executor"), a call of an MCP
     server's tool is sent to it instead of a Job of its own: the executor sends the header's
-    value from the Secret its Job takes, and each call reaches the server once."""
+    value from the Secret its Job takes, and each call reaches the server once. The
+    discovery of the server's tools before the first turn waited for the executor and ran
+    on it too."""
     calls = 3
     for turn in range(1, calls + 1):
         model.add(reply("", [tool_call("add", {"a": turn, "b": 10}, f"c{turn}")]))
@@ -375,6 +378,13 @@ def test_an_agents_mcp_calls_run_on_its_executor_once_each(
     job_steps = {(j.metadata.labels or {}).get("agentrun.dev/step") for j in jobs.items}
     assert not job_steps & set(on_executor), "a call sent to the executor had a Job too"
     assert TOKEN not in json.dumps(run)
+    # The whole trail (the history ring may have dropped the discovery's transitions).
+    maps = wait_recorded(kube, namespace, "mcp-executor", uid)
+    entries = audit.parse(m.data or {} for m in maps)
+    discovery = [e for e in entries if e.get("step") == "t0-mcp-tools"]
+    launches = [str(e.get("message")) for e in discovery if e.get("reason") == "Launching"]
+    assert len(launches) == 1 and "on the run's executor" in launches[0], discovery
+    assert "t0-mcp-tools" not in job_steps, "the discovery sent to the executor had a Job too"
 
 
 def test_a_gated_mcp_call_approved_after_the_server_changed_the_tool_is_refused_unsent(

@@ -42,6 +42,8 @@ class ExecutorSim(AgentSim):
     executors: dict[str, SimExecutor] = field(default_factory=dict)
     sent: list[SendTurn] = field(default_factory=list)
     answers: dict[str, tuple[int, str]] = field(default_factory=dict)
+    pods_start: bool = True
+    """Whether an executor's pod let start runs (False: it stays pending, as without a node)."""
 
     def __post_init__(self) -> None:
         agent = dataclasses.replace(self.config.agent, executor=True)
@@ -77,12 +79,25 @@ class ExecutorSim(AgentSim):
             self.executors.setdefault(action.job_name, SimExecutor(action.generation))
             return
         if isinstance(action, StartPod) and action.job_name in self.executors:
-            self.executors[action.job_name].started = True
+            self.executors[action.job_name].started = self.pods_start
             return
         if isinstance(action, SendTurn) and action.executor:
             self.sent.append(action)
             return
         super().apply(action)
+
+    def settle(self, limit: int = 20) -> None:
+        """Tick until nothing changes: no status write, no Job made, no executor made or let
+        start (a step may wait for the executor to run)."""
+        for _ in range(limit):
+            before = (self.version, len(self.jobs), self._executors_state())
+            self.tick()
+            if (self.version, len(self.jobs), self._executors_state()) == before:
+                return
+        raise AssertionError("the run did not settle")
+
+    def _executors_state(self) -> tuple[tuple[str, bool], ...]:
+        return tuple((name, e.started) for name, e in self.executors.items())
 
     def executor_answers(self, content: str = "", calls: Any = (), **usage: Any) -> None:
         """The executor answers the model turn's attempt in flight; the run settles."""

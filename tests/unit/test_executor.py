@@ -23,6 +23,7 @@ from agentrun.core import agent_loop as loop
 from agentrun.core import executor as ex
 from tests.support.agent_sim import RESTART, SEARCH, AgentSim, agent_run, call, tool_envelope
 from tests.support.executor_sim import ExecutorSim
+from tests.support.sim import T0
 
 KEYED = {"baseURL": "http://127.0.0.1:9/v1", "name": "m",
          "apiKeySecretRef": {"name": "llm-key", "key": "token"}}  # fmt: skip
@@ -37,7 +38,7 @@ def test_a_run_makes_one_executor_and_its_turns_after_the_first_go_to_it() -> No
     sim.settle()
     # Named in status first, then made; its pod let start by this process.
     assert sim.agent.executor == a.ExecutorStatus(
-        generation=1, job_name=turns.executor_name(sim.run, 1)
+        generation=1, job_name=turns.executor_name(sim.run, 1), named_at=T0
     )
     assert list(sim.executors) == [turns.executor_name(sim.run, 1)]
     assert sim.executors[turns.executor_name(sim.run, 1)].started
@@ -110,8 +111,11 @@ def test_an_attempt_whose_executor_went_fails_and_its_retry_goes_to_the_next() -
     assert any(ex.LOST in text and "is gone without its outcome" in text for text in history)
     sim.advance(30)
     sim.settle()
+    assert sim.agent.executor is not None and sim.agent.executor.named_at is not None
     assert sim.agent.executor == a.ExecutorStatus(
-        generation=2, job_name=turns.executor_name(sim.run, 2)
+        generation=2,
+        job_name=turns.executor_name(sim.run, 2),
+        named_at=sim.agent.executor.named_at,
     )
     retry = _model_attempt(sim, 2)
     assert (retry.attempt, retry.executor_pod) == (2, "executor-pod-2")
@@ -244,11 +248,18 @@ def _mcp_sim(granted: bool = True) -> ExecutorSim:
 
 
 def _discover(sim: ExecutorSim) -> None:
-    """The discovery step reports the server's one tool."""
-    (job,) = sim.tool_jobs()
+    """The discovery step reports the server's one tool: from the run's executor, or from its
+    own Job when the run has no executor."""
     server = mcp_api.McpServer.model_validate(MCP_SERVER)
     found = mcp.pin(server, [LOOKUP])
-    sim.finish(job.name, True, tool_envelope(json.dumps(found.to_wire()), "1 tool"))
+    envelope = tool_envelope(json.dumps(found.to_wire()), "1 tool")
+    sent = {s.job_name for s in sim.sent if s.program == ex.MCP_DISCOVER}
+    if sent:
+        (attempt,) = sent  # sent again on each pass until it answers
+        sim.answers[attempt] = (0, envelope)
+    else:
+        (job,) = sim.tool_jobs()
+        sim.finish(job.name, True, envelope)
     sim.settle()
 
 
@@ -256,11 +267,50 @@ def test_with_mcp_servers_the_executor_starts_beside_the_discovery_and_takes_tur
     sim = ExecutorSim(agent_run(mcpServers=[MCP_SERVER]))
     sim.granted = frozenset({MCP_SECRET})
     sim.settle()
-    assert sim.agent.turn == 0 and [j.step for j in sim.tool_jobs()] == ["t0-mcp-tools"]
     assert sim.executors[turns.executor_name(sim.run, 1)].started
+    # The discovery waited for the executor and was sent to it: no Job of its own.
+    assert sim.agent.turn == 0 and sim.tool_jobs() == []
+    discovery = sim.step_status("t0-mcp-tools")
+    assert discovery.executor_pod == "executor-pod-1" and discovery.job_name not in sim.jobs
+    sent = next(s for s in sim.sent if s.step == "t0-mcp-tools")
+    assert (sent.program, sent.parts, sent.turn) == (ex.MCP_DISCOVER, 0, 0)
+    assert [name for name, _ in sent.env] == [turns.ENV_MCP_SERVER]
+    assert sent.digest == ex.call_digest(dict(sent.env), dict(sent.secret_env))
     _discover(sim)
     first = _model_attempt(sim, 1)
     assert first.executor_pod == "executor-pod-1" and first.job_name not in sim.jobs
+
+
+def test_a_discovery_waits_for_an_executor_that_does_not_run_then_runs_as_a_job() -> None:
+    sim = ExecutorSim(agent_run(mcpServers=[MCP_SERVER]), pods_start=False)
+    sim.granted = frozenset({MCP_SECRET})
+    sim.settle()
+    # The executor is made, its pod let start, and it does not run: the discovery waits.
+    assert list(sim.executors) == [turns.executor_name(sim.run, 1)]
+    assert sim.step_status("t0-mcp-tools").phase == m.StepPhase.PENDING
+    assert sim.tool_jobs() == [] and sim.sent == []
+    decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
+    assert decision.requeue_after == ex.WAIT_SECONDS  # the pass that stops waiting
+    sim.advance(ex.WAIT_SECONDS - 1)
+    sim.settle()
+    assert sim.tool_jobs() == []
+    sim.advance(1)
+    sim.settle()
+    (job,) = sim.tool_jobs()
+    assert job.step == "t0-mcp-tools" and sim.sent == []
+    assert sim.step_status("t0-mcp-tools").executor_pod is None
+    _discover(sim)
+    assert sim.agent.turn == 1
+
+
+def test_without_the_executor_a_discovery_is_a_job_at_once() -> None:
+    sim = ExecutorSim(agent_run(mcpServers=[MCP_SERVER]))
+    sim.config = dataclasses.replace(
+        sim.config, agent=dataclasses.replace(sim.config.agent, executor=False)
+    )
+    sim.granted = frozenset({MCP_SECRET})
+    sim.settle()
+    assert [j.step for j in sim.tool_jobs()] == ["t0-mcp-tools"] and not sim.executors
 
 
 def test_a_call_of_an_mcp_tool_goes_to_the_executor_which_holds_the_header_secret() -> None:

@@ -447,7 +447,48 @@ def _executor(calc: Calc, seen: list[Mapping[str, str]], connect: Any = None) ->
     env = {HELD: "Bearer t0ken", "AGENTRUN_MODEL_API_KEY": "model-key"}
     turn = executor.turn_call(store_factory=_no_store)
     call = executor.mcp_call(connect or _connect(calc, seen), _no_store)
-    return executor.Turns(env, sha256_text(TOKEN), turn, call)
+    discover = executor.mcp_discover(connect or _connect(calc, seen), _no_store)
+    return executor.Turns(env, sha256_text(TOKEN), turn, call, discover)
+
+
+def _discovery_request(server: api.McpServer, **changes: Any) -> bytes:
+    request: dict[str, Any] = {
+        "token": TOKEN,
+        "job": "r-t0-mcp-calc-1",
+        "step": "t0-mcp-calc",
+        "attempt": 1,
+        "turn": 0,
+        "idempotencyKey": "",
+        "program": executor.MCP_DISCOVER,
+        "env": {pod.ENV_SERVER: json.dumps(server.to_wire())},
+        "secretEnv": {f"{pod.ENV_HEADER}0": HELD},
+        "timeoutSeconds": 30,
+    }
+    request.update(changes)
+    request.setdefault("sha256", call_digest(request["env"], request["secretEnv"]))
+    return json.dumps(request).encode()
+
+
+def test_the_executor_discovers_a_servers_tools_as_a_discovery_step_would(
+    tmp_path: Path,
+) -> None:
+    calc = Calc()
+    server = _server("add", headers=1)
+    env = _env(tmp_path, server, **{f"{pod.ENV_HEADER}0": "Bearer t0ken"})
+    assert pod.run("discover", env, _connect(calc), _no_store) == 0
+    in_a_pod = json.loads(_termination(tmp_path))
+    seen: list[Mapping[str, str]] = []
+    turns = _executor(calc, seen)
+    assert turns.take(_discovery_request(server))[0] == 202
+    answer = _answer(turns, "r-t0-mcp-calc-1")
+    assert answer["exitCode"] == 0
+    assert json.loads(answer["message"]) == in_a_pod
+    assert seen == [{"X-H0": "Bearer t0ken"}] and calc.calls == []
+    # Only the server's entry: a call's variables make it no discovery's request.
+    env = json.loads(_discovery_request(server))["env"]
+    arguments = {**env, pod.ENV_TOOL_ARGS: "{}"}
+    code, said = turns.take(_discovery_request(server, job="other", env=arguments))
+    assert code == 400 and pod.ENV_TOOL_ARGS in said["error"]
 
 
 def _answer(turns: executor.Turns, job: str = "r-t1-0-add-1") -> dict[str, Any]:

@@ -27,6 +27,7 @@ from agentrun.api.base import (
     RetryPolicy,
     Risk,
     SecretKeySelector,
+    Timestamp,
 )
 from agentrun.api.mcp import MAX_SERVER_TOOLS, MAX_SERVERS, McpServer, PinnedTool
 from agentrun.api.names import TOOL_CHOICE_MODES as TOOL_CHOICE_MODES
@@ -649,6 +650,15 @@ class ExecutorStatus(ApiModel):
         ),
     )
     job_name: str = Field(description="The executor's Job.", max_length=63)
+    named_at: Timestamp | None = Field(
+        default=None,
+        description=(
+            "When this executor was named (its Job is made after that write). The "
+            "discovery of an MCP server's tools waits up to 30 seconds from then for it to "
+            "run, and is sent to it; after that, or once it is lost, a discovery runs as a "
+            "Job of its own."
+        ),
+    )
 
 
 class AgentStatus(ApiModel):

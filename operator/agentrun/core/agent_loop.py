@@ -474,6 +474,7 @@ def _discover(
         return None
     sts = [b.steps[discovery_step(s.name)] for s in servers]
     if any(st.phase not in m.TERMINAL_STEP_PHASES for st in sts):
+        _send_calls(b, [st for st in sts if st.executor_pod], config)
         return None
     discoveries: list[mcp_core.Discovery] = []
     for server, st in zip(servers, sts, strict=True):
@@ -855,9 +856,9 @@ def _unsettled(st: m.StepStatus | None) -> bool:
 
 
 def _send_calls(b: Host, bound: list[m.StepStatus], config: AgentConfig) -> None:
-    """Send the run's executor the request of each call's attempt in ``bound`` (bound to an
-    executor's pod), while it runs there (it answers a repeat without a second call: an
-    operator restarted while the call ran asks for its outcome so)."""
+    """Send the run's executor the request of each call's (or discovery's) attempt in
+    ``bound`` (bound to an executor's pod), while it runs there (it answers a repeat without
+    a second call: an operator restarted while the call ran asks for its outcome so)."""
     if not bound:
         return
     steps = {x.name: x for x in current_steps(b, config)}
@@ -882,8 +883,9 @@ def _ahead(b: Host, name: str) -> AheadJob | None:
 def launch_actions(
     b: Host, st: m.StepStatus, create: CreateJob, config: AgentConfig
 ) -> list[Action]:
-    """What carries out a committed launch intent: its Job's create; for a model turn or a
-    call of an MCP server's tool that the run's executor takes (:mod:`agentrun.core.executor`),
+    """What carries out a committed launch intent: its Job's create; for a model turn, or a
+    call of an MCP server's tool or a discovery of its tools, that the run's executor takes
+    (:mod:`agentrun.core.executor`),
     the request to it, once the intent (binding the attempt to the executor's pod) is
     committed; for a model turn whose
     Job this process made ahead of the turn (:class:`PrepareTurn`), none is needed, and its

@@ -25,9 +25,11 @@ loop keeps one executor per run while the run may still take turns:
   of the run's MCP servers; the operator never reads one).
 - **Otherwise a Job, as before.** A turn that finds no executor running (the first turn,
   while the executor starts) runs as a Job of its own.
-- **Made early for MCP servers.** A run with MCP servers has its executor made while their
-  tools are discovered (steps of their own, before the first turn), so that its first turn
-  finds it running too.
+- **Discovery too.** A run with MCP servers has its executor made before their tools are
+  discovered (steps of their own, before the first turn). A discovery step waits for it
+  (:func:`awaits`: up to :data:`WAIT_SECONDS` from the write that named it) and is sent to it
+  as a call is (program :data:`MCP_DISCOVER`), so the first turn finds it running too; one
+  that finds no executor coming, or waited that long, is a Job of its own.
 - **Replaced when it ends or is lost.** An executor whose Job ended (it ends itself after an
   hour without a request; none is made again while a call waits for approval), is being
   deleted or lost its pod, or one not known to be the operator's (neither made by this
@@ -39,6 +41,7 @@ loop keeps one executor per run while the run may still take turns:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
@@ -46,9 +49,11 @@ from agentrun.core import naming
 from agentrun.core.actions import Action, CreateJob, PrepareExecutor, SendTurn, StartPod
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
 from agentrun.core.turns import (
+    DISCOVERY,
     AgentConfig,
     Host,
     call_of,
+    dynamic_names,
     executor_name,
     executor_secret_env,
     executor_secrets,
@@ -115,7 +120,7 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
     if replace:
         generation = current.generation + 1 if current is not None else 1
         name = executor_name(b.run, generation)
-        ag.executor = a.ExecutorStatus(generation=generation, job_name=name)
+        ag.executor = a.ExecutorStatus(generation=generation, job_name=name, named_at=b.now)
         b.later.append(PrepareExecutor(step, name, generation))
         return
     assert current is not None
@@ -184,6 +189,8 @@ def request_to(
 MCP_CALL = "mcp-call"
 """The program of a call of an MCP server's tool sent to the executor (``agentrun step llm``
 as the executor runs it: :mod:`agentrun.pod.executor`)."""
+MCP_DISCOVER = "mcp-discover"
+"""The program of the discovery of an MCP server's tools sent to the executor."""
 
 
 def call_env(
@@ -217,18 +224,62 @@ def call_digest(env: Mapping[str, object], secret_env: Mapping[str, object]) -> 
 
 def takes_call(b: Host, step: m.Step, inputs: int) -> bool:
     """Whether ``step``, of a committed launch intent with ``inputs`` input variables, is a
-    call of an MCP server's tool that the run's executor can run."""
-    call = call_of(b.status.agent, step.name)
+    call of an MCP server's tool, or the discovery of a server's tools, that the run's
+    executor can run."""
     agent = b.run.spec.agent
-    if call is None or agent is None or inputs:
+    if agent is None or inputs or call_env(b.run, step) is None:
         return False
-    return call.tool in mcp_tools_of(agent, b.status.agent) and call_env(b.run, step) is not None
+    if _discovers(b, step.name):
+        return True
+    call = call_of(b.status.agent, step.name)
+    return call is not None and call.tool in mcp_tools_of(agent, b.status.agent)
+
+
+def _discovers(b: Host, name: str) -> bool:
+    """Whether ``name`` is the discovery step of one of the run's MCP servers, before the
+    first turn."""
+    ag = b.status.agent
+    return ag is not None and ag.turn == 0 and name in dynamic_names(ag, b.run.spec.agent)
+
+
+WAIT_SECONDS = 30
+"""How long a discovery step waits for the run's executor, from the write that named it."""
+
+
+def awaits(b: Host, step: m.Step, config: AgentConfig) -> bool:
+    """Whether the launch of ``step`` waits for the run's executor: a discovery (it has no
+    inputs) the executor can run (:func:`takes_call`) while the executor named in status is
+    coming (not running with an address yet, neither ended, lost nor refused its pod) and
+    was named less than :data:`WAIT_SECONDS` ago. A timer brings the pass that stops
+    waiting."""
+    ag = b.status.agent
+    current = ag.executor if ag is not None else None
+    if (
+        not config.executor
+        or current is None
+        or current.named_at is None
+        or not _discovers(b, step.name)
+        or not takes_call(b, step, 0)
+        or usable(b, config) is not None
+    ):
+        return False
+    found = b.observed.executor
+    if found is not None and found.job.name == current.job_name:
+        job = found.job
+        if _gone(job) or job.pod_refused is not None:
+            return False
+    due = current.named_at + timedelta(seconds=WAIT_SECONDS)
+    if b.now >= due:
+        return False
+    b.timer(due)
+    return True
 
 
 def call_request(
     st: m.StepStatus, step: m.Step, executor: ObservedJob, run: m.AgentRun
 ) -> list[Action]:
-    """The request of the MCP call's attempt ``st`` (of ``step``) to ``executor``."""
+    """The request of the MCP call's (or discovery's) attempt ``st`` (of ``step``) to
+    ``executor``."""
     found = call_env(run, step)
     if found is None or executor.address is None or not st.job_name:
         return []
@@ -245,7 +296,7 @@ def call_request(
             digest=call_digest(dict(env), dict(secret)),
             executor=executor.name,
             turn=turn_of_step(st.name) or 0,
-            program=MCP_CALL,
+            program=MCP_DISCOVER if st.name.startswith(DISCOVERY) else MCP_CALL,
             env=env,
             secret_env=secret,
             timeout_seconds=step.timeout_seconds,

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop, children, naming
+from agentrun.core import agent_loop, children, executor, naming
 from agentrun.core import frozen as freezing
 from agentrun.core.actions import Action, CreateJob
 from agentrun.core.arguments import (
@@ -74,6 +74,8 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
             st.approval_requested_at = None
             _fail_before_launch(b, step, st, "Forbidden", refusal)
             return
+        if executor.awaits(b, step, b.config.agent):
+            continue  # a discovery waits for the run's executor while it starts
         resolved = resolve_inputs(b, step)
         if isinstance(resolved, str):
             _fail_before_launch(b, step, st, "InputMissing", resolved)

@@ -30,7 +30,10 @@ tool instead (taken, remembered and answered the same way): its step's variables
 variable holding that header's Secret value (``secretEnv``; its Job takes every header
 Secret of the run's MCP servers, :func:`agentrun.core.turns.executor_secret_env`), with their
 sha256; it runs as ``agentrun step mcp call`` would in a pod of its own
-(:func:`agentrun.pod.mcp.outcome`), stopped after the request's ``timeoutSeconds``.
+(:func:`agentrun.pod.mcp.outcome`), stopped after the request's ``timeoutSeconds``. With
+``program`` :data:`MCP_DISCOVER` it is the discovery of a server's tools, before the run's
+first turn (its ``env`` only the server's entry, :data:`DISCOVER_ENV`), run as ``agentrun step
+mcp discover`` would.
 
 It never runs a container tool. The model settings and the API key are its Job's, fixed when
 the operator made it from the run's frozen model; the header Secrets its Job's, from the
@@ -51,6 +54,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from agentrun import settings as s
+from agentrun.core import executor as core_executor
 from agentrun.core import naming, pod_env
 from agentrun.core.executor import call_digest
 from agentrun.pod import llm, mcp, runner
@@ -58,8 +62,13 @@ from agentrun.pod import llm, mcp, runner
 REMEMBERED = 64
 """Attempts whose outcome is kept (a run's turns come one at a time, each with at most a few
 calls: the last ones are all an operator may ask for again)."""
-MCP_CALL = "mcp-call"
+MCP_CALL = core_executor.MCP_CALL
 """The program of a request for a call of an MCP server's tool (none: a model turn)."""
+MCP_DISCOVER = core_executor.MCP_DISCOVER
+"""The program of a request for the discovery of an MCP server's tools."""
+DISCOVER_ENV = frozenset({mcp.ENV_SERVER})
+"""The variables of a discovery's step a request may set
+(:func:`agentrun.core.turns.discovery_step_of`)."""
 CALL_ENV = frozenset(
     {
         mcp.ENV_SERVER,
@@ -104,12 +113,18 @@ class Turns:
     in a thread of its own."""
 
     def __init__(
-        self, env: Mapping[str, str], token_sha256: str, call: Call, mcp_call: Call | None = None
+        self,
+        env: Mapping[str, str],
+        token_sha256: str,
+        call: Call,
+        mcp_call: Call | None = None,
+        mcp_discover: Call | None = None,
     ) -> None:
         self.env = dict(env)
         self.token_sha256 = token_sha256
         self.call = call
         self.mcp_call = mcp_call
+        self.mcp_discover = mcp_discover
         self.last_request = time.monotonic()
         self._lock = threading.Lock()
         self._attempts: OrderedDict[str, Attempt] = OrderedDict()
@@ -136,8 +151,11 @@ class Turns:
             return 403, {"error": "the token is not this executor's"}
         ids = {s.ENV_STEP: step, s.ENV_ATTEMPT: str(attempt)}
         if program == MCP_CALL and self.mcp_call is not None:
-            env_or_error = self._call_env(request, digest, key, ids)
+            env_or_error = self._call_env(request, digest, key, ids, CALL_ENV)
             call = self.mcp_call
+        elif program == MCP_DISCOVER and self.mcp_discover is not None:
+            env_or_error = self._call_env(request, digest, key, ids, DISCOVER_ENV)
+            call = self.mcp_discover
         elif not program:
             env_or_error = self._turn_env(request, digest, key, ids)
             call = self.call
@@ -175,11 +193,17 @@ class Turns:
         return llm.request_env(self.env, parts, digest, key, **ids, **{pod_env.ENV_TURN: str(turn)})
 
     def _call_env(
-        self, request: Mapping[str, Any], digest: str, key: str, ids: dict[str, str]
+        self,
+        request: Mapping[str, Any],
+        digest: str,
+        key: str,
+        ids: dict[str, str],
+        allowed: frozenset[str],
     ) -> dict[str, str] | str:
-        """The environment of a call of an MCP server's tool (as its own pod would have
-        had it), or why the request is not one: only the variables such a step has, and
-        for those from a Secret, a variable of this pod holding that Secret's value."""
+        """The environment of a call of an MCP server's tool or a discovery of its tools (as
+        its own pod would have had it), or why the request is not one: only the variables
+        such a step has (``allowed``), and for those from a Secret, a variable of this pod
+        holding that Secret's value."""
         plain, secret = request.get("env"), request.get("secretEnv")
         if not (isinstance(plain, dict) and isinstance(secret, dict)):
             return "a call's request needs its env and secretEnv"
@@ -191,7 +215,7 @@ class Turns:
         if isinstance(timeout, int) and timeout > 0:
             env[ENV_CALL_TIMEOUT] = str(timeout)
         for name, value in plain.items():
-            if name not in CALL_ENV or not isinstance(value, str):
+            if name not in allowed or not isinstance(value, str):
                 return f"a call's env may not set {name}"
             env[name] = value
         for name, source in secret.items():
@@ -283,6 +307,21 @@ def mcp_call(
     return _replaying(outcome, store_factory)
 
 
+def mcp_discover(
+    connect: mcp.Connect = mcp.connect_http,
+    store_factory: runner.StoreFactory = runner.default_store,
+) -> Call:
+    """What the executor runs for the discovery of an MCP server's tools: as its own pod
+    runs it (:func:`agentrun.pod.mcp.outcome`), stopped after the request's
+    ``timeoutSeconds`` (the server's, which is the deadline of a discovery's Job)."""
+
+    def outcome(env: dict[str, str], store: runner.ResultStore | None) -> tuple[int, str]:
+        limit = env.get(ENV_CALL_TIMEOUT)
+        return mcp.outcome("discover", env, store, connect, float(limit) if limit else None)
+
+    return _replaying(outcome, store_factory)
+
+
 def serve(
     env: dict[str, str] | None = None,
     client_factory: Callable[[str, str], Any] | None = None,
@@ -307,6 +346,7 @@ def serve(
         env[s.ENV_EXECUTOR_TOKEN_SHA256],
         turn_call(factory, store_factory),
         mcp_call(store_factory=store_factory),
+        mcp_discover(store_factory=store_factory),
     )
     routes = {"/turn": turns.take, "/answer": turns.answer}
     server = ThreadingHTTPServer(

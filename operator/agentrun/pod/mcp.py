@@ -164,11 +164,19 @@ def _pinned(env: Mapping[str, str], server: api.McpServer) -> api.PinnedTool:
 async def _work(
     action: str, env: Mapping[str, str], connect: Connect, timeout: float | None = None
 ) -> dict[str, Any]:
-    """The step's envelope (ok, summary, result); a call stopped after ``timeout`` seconds."""
+    """The step's envelope (ok, summary, result); a discovery or a call stopped after
+    ``timeout`` seconds."""
     server, headers = server_of(env)
     if action == "discover":
-        async with connect(server, headers) as client:
-            found = await discover(client, server)
+        try:
+            with anyio.fail_after(timeout):
+                async with connect(server, headers) as client:
+                    found = await discover(client, server)
+        except TimeoutError:
+            raise McpFailed(
+                f"the tools of MCP server {server.name} were not listed within {timeout:g} s "
+                "(its timeoutSeconds): stopped"
+            ) from None
         if found.problems:
             raise McpFailed(f"MCP server {server.name}: " + "; ".join(found.problems))
         names = ", ".join(p.name for p in found.pinned)
