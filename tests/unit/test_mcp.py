@@ -560,3 +560,11 @@ def test_the_executor_stops_a_call_at_its_timeout(tmp_path: Path) -> None:
     assert answer["message"] == (
         "the call of add did not end within 1 s (the tool's timeoutSeconds): stopped"
     )
+    # A discovery too, at the server's timeoutSeconds.
+    request = _discovery_request(server, secretEnv={}, timeoutSeconds=1)
+    assert turns.take(request)[0] == 202
+    answer = _answer(turns, "r-t0-mcp-calc-1")
+    assert answer["exitCode"] == 1
+    assert answer["message"] == (
+        "the tools of MCP server calc were not listed within 1 s (its timeoutSeconds): stopped"
+    )
