@@ -44,6 +44,13 @@ def test_every_field_of_a_step_status_is_immutable_or_a_model_copied_with_the_st
                 assert all(_immutable(k) for k in kinds), (name, inner, kinds)
 
 
+def test_the_models_a_step_copy_copies_have_no_extra_fields_nor_private_attributes() -> None:
+    # machine._shallow copies a model's fields and the set of those set, nothing else.
+    for model in (m.StepStatus, m.StepError, m.StepUsage, m.ResultRef):
+        assert model.model_config.get("extra") == "forbid", model
+        assert not model.__private_attributes__, model
+
+
 def _status() -> m.AgentRunStatus:
     return m.AgentRunStatus(
         phase=m.RunPhase.RUNNING,
@@ -75,6 +82,10 @@ def test_changing_the_copy_leaves_the_status_read_as_it_was() -> None:
     copy.steps.append(m.StepStatus(name="c", phase=m.StepPhase.PENDING))
     assert read.model_dump() == before
     assert copy != read
+    # Each copy has its own set of the fields set.
+    assert read.steps is not None
+    assert b.model_fields_set == {"name", "phase", "job_name"}
+    assert read.steps[1].model_fields_set == {"name", "phase"}
 
 
 def test_a_step_left_alone_compares_equal_to_the_one_read() -> None:
