@@ -50,11 +50,13 @@ def new_transitions(before: m.AgentRunStatus | None, after: m.AgentRunStatus) ->
 def derive(before: m.AgentRunStatus | None, after: m.AgentRunStatus) -> Changes:
     """What was committed between the status as read (``before``, None for a new run) and the
     status written (``after``)."""
-    old_steps = {st.name: st for st in (before.steps if before else None) or []}
-    new_steps = {st.name: st for st in after.steps or []}
     old_usage = (before.usage if before else None) or m.Usage()
     new_usage = after.usage or m.Usage()
     transitions = new_transitions(before, after)
+    # Only the steps the new transitions name: a pass of a long plan changes a step or two.
+    named = {t.step for t in transitions if t.step is not None}
+    old_steps = _named(before.steps if before else None, named)
+    new_steps = _named(after.steps, named)
 
     attempt = {name: st.attempt for name, st in old_steps.items()}
     launched_at: dict[str, datetime] = {}
@@ -107,6 +109,13 @@ def derive(before: m.AgentRunStatus | None, after: m.AgentRunStatus) -> Changes:
         tokens=max(new_usage.tokens - old_usage.tokens, 0),
         run_ended=_run_ended(before, after),
     )
+
+
+def _named(steps: list[m.StepStatus] | None, names: set[str]) -> dict[str, m.StepStatus]:
+    """The statuses among ``steps`` of the steps ``names``, by name."""
+    if not names:
+        return {}
+    return {st.name: st for st in steps or [] if st.name in names}
 
 
 def _attempt_outcome(t: m.Transition) -> str | None:
