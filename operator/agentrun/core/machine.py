@@ -208,9 +208,9 @@ _Model = TypeVar("_Model", bound=BaseModel)
 
 def _shallow(model: _Model) -> _Model:
     """A shallow copy of ``model``: what pydantic's ``model_copy()`` makes of a model without
-    extra fields or private attributes (the API's: ``extra="forbid"``, none declared; the
-    test above checks both), without the generic copies it pays for, which cost twice as
-    much on every step of every pass."""
+    extra fields or private attributes (the API's: ``extra="forbid"``, none declared;
+    ``tests/unit/test_machine_copy.py`` checks both), without the generic copies it pays for,
+    which cost twice as much on every step of every pass."""
     copy = object.__new__(type(model))
     object.__setattr__(copy, "__dict__", model.__dict__.copy())
     object.__setattr__(copy, "__pydantic_fields_set__", set(model.__pydantic_fields_set__))
