@@ -239,13 +239,17 @@ class AgentSim(Sim):
     # -- driving it ---------------------------------------------------------------------------
 
     def settle(self, limit: int = 20) -> None:
-        """Tick until nothing changes (and no Job is left to create)."""
+        """Tick until nothing changes (:meth:`progress`: and no Job is left to create)."""
         for _ in range(limit):
-            before = (self.version, len(self.jobs))
+            before = self.progress()
             self.tick()
-            if (self.version, len(self.jobs)) == before:
+            if self.progress() == before:
                 return
         raise AssertionError("the run did not settle")
+
+    def progress(self) -> tuple[object, ...]:
+        """What a tick that did something changed: the status written, the Jobs made."""
+        return (self.version, len(self.jobs))
 
     def answer(self, content: str = "", calls: Sequence[cx.ToolCall] = (), **usage: Any) -> None:
         """The running model turn returns (``usage``: the keywords of :func:`turn_envelope`);

@@ -86,18 +86,10 @@ class ExecutorSim(AgentSim):
             return
         super().apply(action)
 
-    def settle(self, limit: int = 20) -> None:
-        """Tick until nothing changes: no status write, no Job made, no executor made or let
-        start (a step may wait for the executor to run)."""
-        for _ in range(limit):
-            before = (self.version, len(self.jobs), self._executors_state())
-            self.tick()
-            if (self.version, len(self.jobs), self._executors_state()) == before:
-                return
-        raise AssertionError("the run did not settle")
-
-    def _executors_state(self) -> tuple[tuple[str, bool], ...]:
-        return tuple((name, e.started) for name, e in self.executors.items())
+    def progress(self) -> tuple[object, ...]:
+        """Also the executors made or let start (a step may wait for the executor to run)."""
+        started = tuple((name, e.started) for name, e in self.executors.items())
+        return (*super().progress(), started)
 
     def executor_answers(self, content: str = "", calls: Any = (), **usage: Any) -> None:
         """The executor answers the model turn's attempt in flight; the run settles."""
