@@ -75,6 +75,10 @@ TURN_POINTS = ("after-turn-prepare", "before-turn-request", "after-turn-request"
 """The crash points of model turns' Jobs made ahead and their requests (agent runs only)."""
 EXECUTOR_POINTS = ("after-executor-create", "before-turn-request", "after-executor-answer")
 """The crash points of a run's executor and its turns (agent runs with AGENTRUN_EXECUTOR)."""
+RUN_START_POINTS = ("after-executor-create",)
+"""Crash points reached only as a run starts: its executor is made once, and a later life
+verifies it instead of making it again. A life that is to crash at one of them starts a wave
+of runs of its own (one that waited for the last wave to end may never make an executor)."""
 POINTS = tuple(
     p for p in ALL_POINTS if p != CHILD_POINT and p not in TURN_POINTS and p not in EXECUTOR_POINTS
 )
@@ -536,6 +540,9 @@ class CrashDriver:
     working: Callable[[OperatorProcess], None] | None = None
     """Waits, once a life is ready, until it has work of its own (a sharded replica: until
     it owns shards); the outside SIGKILL's moment counts from then."""
+    prepare: Callable[[str], None] | None = None
+    """Called with the next life's ``point:n`` before it starts: gives it the work that
+    point needs (see :data:`RUN_START_POINTS`)."""
 
     @property
     def kills(self) -> int:
@@ -550,6 +557,8 @@ class CrashDriver:
         """Choose the next crash point from the seed, start the operator with it, live."""
         crash_at, kill_after = choose(self.rng, self.hits, self.points, self.min_hits)
         kill_after += self.later
+        if self.prepare is not None:
+            self.prepare(crash_at)
         offset = self.op.log_path.stat().st_size if self.op.log_path.exists() else 0
         self.op.env["AGENTRUN_CRASH_AT"] = crash_at
         self.op.start(wait_ready=False)  # a crash point may fire before it is ready
@@ -943,8 +952,14 @@ def _agent_crash_test(
             uids[name] = created["metadata"]["uid"]
             names.append(name)
 
+    hits: Counter[str] = Counter()
+
+    def prepare(crash_at: str) -> None:
+        point = crash_at.partition(":")[0]
+        if point in RUN_START_POINTS and hits[point] < MIN_HITS_PER_POINT:
+            next_wave()
+
     try:
-        hits: Counter[str] = Counter()
         crash_at, kill_after = choose(rng, hits, points)
         env = {
             **OPERATOR_ENV,
@@ -954,8 +969,9 @@ def _agent_crash_test(
         }
         later = EXECUTOR_LATER if executor else AGENT_LATER
         driver = CrashDriver(
-            op=start_operator(env=env), rng=rng, hits=hits, points=points, later=later
-        )
+            op=start_operator(env=env), rng=rng, hits=hits, points=points, later=later,
+            prepare=prepare,
+        )  # fmt: skip
         next_wave()
         driver.live(crash_at, kill_after + driver.later, offset=0)
         live_until(
