@@ -336,3 +336,22 @@ def test_the_rights_a_runs_executor_needs_are_kept_current_without_a_step_using_
     assert authorizer.reviews == 1, "asked again only after the ttl"
     sim.status.phase = m.RunPhase.FAILED
     assert turns.executor_checks(sim.run) == [], "a run that ended keeps no executor"
+
+
+def test_the_executors_rights_are_asked_before_the_first_turn_begins() -> None:
+    """Its verdicts are wanted in the pass that begins the first turn (which waits for the
+    executor instead of running as a Job of its own), so the shell asks for them from the
+    run's first pass; not while its plan still runs (the first turn is further off)."""
+    keyed = {"baseURL": "http://127.0.0.1:9/v1", "name": "m",
+             "apiKeySecretRef": {"name": "llm-key", "key": "token"}}  # fmt: skip
+    fresh = agent_run(model=keyed)
+    assert fresh.status is None
+    key = ("get", "secrets", "llm-key")
+    assert key in {c.permission for c in turns.executor_checks(fresh)}
+    planned = ExecutorSim(agent_run(model=keyed, plan=[step("prepare")]))
+    planned.settle()
+    assert planned.step_status("prepare").phase == SP.LAUNCHING
+    assert turns.executor_checks(planned.run) == []
+    planned.finish(planned.job_of("prepare").name)
+    planned.settle()  # the plan done: the first turn begins once the rights are confirmed
+    assert key in {c.permission for c in turns.executor_checks(planned.run)}

@@ -33,7 +33,7 @@ def _model_attempt(sim: AgentSim, turn: int) -> m.StepStatus:
     return sim.step_status(turns.model_step(turn))
 
 
-def test_a_run_makes_one_executor_and_its_turns_after_the_first_go_to_it() -> None:
+def test_a_run_makes_one_executor_and_every_turn_goes_to_it() -> None:
     sim = ExecutorSim(agent_run())
     sim.settle()
     # Named in status first, then made; its pod let start by this process.
@@ -42,16 +42,16 @@ def test_a_run_makes_one_executor_and_its_turns_after_the_first_go_to_it() -> No
     )
     assert list(sim.executors) == [turns.executor_name(sim.run, 1)]
     assert sim.executors[turns.executor_name(sim.run, 1)].started
-    # The first turn launched before the executor ran: a Job of its own, as before.
+    # The first turn waited for the executor and is bound to its pod: no Job of its own.
     first = _model_attempt(sim, 1)
-    assert first.executor_pod is None and first.job_name in sim.jobs
-    sim.answer("", [call("search", {"query": "db"})])
+    assert first.executor_pod == "executor-pod-1" and first.job_name not in sim.jobs
+    sim.executor_answers("", [call("search", {"query": "db"})])
     sim.tools_return()
-    # The second turn's attempt is bound to the executor's pod, and sent to it: no Job.
+    # So is the second, sent once its intent is committed.
     second = _model_attempt(sim, 2)
     assert second.executor_pod == "executor-pod-1"
     assert second.job_name not in sim.jobs and second.phase == m.StepPhase.LAUNCHING
-    (sent,) = set(sim.sent)  # each pass asks again; the shell sends once per process
+    (sent,) = {s for s in sim.sent if s.step == "t2-model"}  # each pass asks again
     assert (sent.job_name, sent.step, sent.attempt, sent.turn) == (
         second.job_name,
         "t2-model",
@@ -66,16 +66,39 @@ def test_a_run_makes_one_executor_and_its_turns_after_the_first_go_to_it() -> No
     sim.executor_answers("the disk is full")
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     assert sim.agent.answer == "the disk is full"
-    assert sorted({s.step for s in sim.sent}) == ["t2-model", "t3-model"]
+    assert sorted({s.step for s in sim.sent}) == ["t1-model", "t2-model", "t3-model"]
     assert len(sim.executors) == 1
-    # No model turn's Job was made ahead: the executor takes them.
-    assert [n for n in sim.creations if "model" in n] == [first.job_name]
+    # No model turn's Job was made, ahead or at its launch: the executor takes them.
+    assert [n for n in sim.creations if "model" in n] == []
+
+
+def test_a_turn_waits_for_an_executor_that_does_not_run_then_runs_as_a_job() -> None:
+    sim = ExecutorSim(agent_run(), pods_start=False)
+    sim.settle()
+    # The executor is made, its pod let start, and it does not run: the first turn waits.
+    assert list(sim.executors) == [turns.executor_name(sim.run, 1)]
+    assert sim.step_status("t1-model").phase == m.StepPhase.PENDING
+    assert not [n for n in sim.creations if "model" in n] and sim.sent == []
+    decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
+    assert decision.requeue_after == ex.WAIT_SECONDS  # the pass that stops waiting
+    sim.advance(ex.WAIT_SECONDS - 1)
+    sim.settle()
+    assert sim.step_status("t1-model").phase == m.StepPhase.PENDING
+    sim.advance(1)
+    sim.settle()
+    first = _model_attempt(sim, 1)
+    assert first.executor_pod is None and first.job_name in sim.jobs
+    sim.answer("", [call("search", {"query": "db"})])
+    sim.tools_return()
+    # Named 30 s ago and still not running: the next turn does not wait for it again.
+    second = _model_attempt(sim, 2)
+    assert second.executor_pod is None and second.job_name in sim.jobs
 
 
 def test_no_turn_jobs_are_made_ahead_with_an_executor() -> None:
     sim = ExecutorSim(agent_run())
     sim.settle()
-    sim.answer("", [call("search", {"query": "db"})])
+    sim.executor_answers("", [call("search", {"query": "db"})])
     decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
     assert not [p for p in decision.after_commit if isinstance(p, PrepareTurn)]
 
@@ -83,7 +106,7 @@ def test_no_turn_jobs_are_made_ahead_with_an_executor() -> None:
 def test_a_turn_sent_again_to_the_executor_it_is_bound_to_until_answered() -> None:
     sim = ExecutorSim(agent_run())
     sim.settle()
-    sim.answer("", [call("search", {"query": "db"})])
+    sim.executor_answers("", [call("search", {"query": "db"})])
     sim.tools_return()
     second = _model_attempt(sim, 2)
     decision = reconcile(sim.run, sim.observed(), sim.now, sim.config)
@@ -98,7 +121,7 @@ def test_an_attempt_whose_executor_went_fails_and_its_retry_goes_to_the_next() -
     retried = {"baseURL": "http://127.0.0.1:9/v1", "name": "scripted", "retry": {"limit": 2}}
     sim = ExecutorSim(agent_run(model=retried))
     sim.settle()
-    sim.answer("", [call("search", {"query": "db"})])
+    sim.executor_answers("", [call("search", {"query": "db"})])
     sim.tools_return()
     lost = _model_attempt(sim, 2)
     assert lost.executor_pod == "executor-pod-1"
@@ -126,7 +149,7 @@ def test_an_attempt_whose_executor_went_fails_and_its_retry_goes_to_the_next() -
 def test_an_executor_found_after_a_restart_is_replaced_once_nothing_is_bound_to_it() -> None:
     sim = ExecutorSim(agent_run())
     sim.settle()
-    sim.answer("", [call("search", {"query": "db"})])
+    sim.executor_answers("", [call("search", {"query": "db"})])
     sim.tools_return()
     name = turns.executor_name(sim.run, 1)
     sim.executors[name].trusted = False  # not made by this process, nor verified
@@ -137,16 +160,26 @@ def test_an_executor_found_after_a_restart_is_replaced_once_nothing_is_bound_to_
     assert decision.status.agent.executor == sim.agent.executor
     sim.executor_answers("", [call("search", {"query": "disk"})])
     sim.tools_return()
-    # The next turn does not go to it: a new executor is made, the turn runs as a Job.
+    # The next turn does not go to it: a new executor is made, and the turn waits for it.
     assert sim.agent.executor is not None and sim.agent.executor.generation == 2
     third = _model_attempt(sim, 3)
-    assert third.executor_pod in (None, "executor-pod-2")
+    assert third.executor_pod == "executor-pod-2" and third.job_name not in sim.jobs
 
 
 def test_a_keyed_models_executor_is_made_only_while_its_rights_are_confirmed() -> None:
     sim = ExecutorSim(agent_run(model=KEYED))
     sim.settle()
     assert sim.agent.executor is None and not sim.executors
+    # Nothing coming: the first turn is a Job of its own at once.
+    assert _model_attempt(sim, 1).job_name in sim.jobs
+
+
+def test_a_keyed_models_first_turn_goes_to_the_executor_once_its_rights_are_confirmed() -> None:
+    sim = ExecutorSim(agent_run(model=KEYED))
+    sim.granted = frozenset({("get", "secrets", "llm-key")})  # asked from the first pass
+    sim.settle()
+    first = _model_attempt(sim, 1)
+    assert first.executor_pod == "executor-pod-1" and first.job_name not in sim.jobs
 
 
 def test_without_the_setting_there_is_no_executor() -> None:
@@ -161,7 +194,7 @@ def test_without_the_setting_there_is_no_executor() -> None:
 def test_the_attempts_bound_to_an_executor_as_the_core_observes_them() -> None:
     sim = ExecutorSim(agent_run())
     sim.settle()
-    sim.answer("", [call("search", {"query": "db"})])
+    sim.executor_answers("", [call("search", {"query": "db"})])
     sim.tools_return()
     st = _model_attempt(sim, 2)
     executor = sim.executor_job()
@@ -189,7 +222,7 @@ def test_the_attempts_bound_to_an_executor_as_the_core_observes_them() -> None:
 def test_an_executor_that_ended_is_not_made_again_while_a_call_waits_for_approval() -> None:
     sim = ExecutorSim(agent_run(tools=[SEARCH, RESTART]))
     sim.settle()
-    sim.answer("", [call("restart", {"service": "checkout"}, "r1")])
+    sim.executor_answers("", [call("restart", {"service": "checkout"}, "r1")])
     assert sim.step_status("t1-0-restart").phase == m.StepPhase.WAITING_FOR_APPROVAL
     # It ends itself after an hour idle: no new one while the approval is awaited.
     sim.executors[turns.executor_name(sim.run, 1)].state = JobState.SUCCEEDED
@@ -209,7 +242,7 @@ def test_a_retry_that_finds_no_executor_running_is_a_job_not_bound_to_the_lost_p
     retried = {"baseURL": "http://127.0.0.1:9/v1", "name": "scripted", "retry": {"limit": 2}}
     sim = ExecutorSim(agent_run(model=retried))
     sim.settle()
-    sim.answer("", [call("search", {"query": "db"})])
+    sim.executor_answers("", [call("search", {"query": "db"})])
     sim.tools_return()
     launch = [h for h in sim.status.history or [] if h.step == "t2-model"][-1]
     assert "on the run's executor" in (launch.message or "") and "executor-pod-1" in (

@@ -33,7 +33,7 @@ def _bound_run() -> tuple[ExecutorSim, PrepareExecutor]:
 
     sim.apply = apply  # type: ignore[method-assign]
     sim.settle()
-    sim.answer("", [call("search", {"query": "db"})])
+    sim.executor_answers("", [call("search", {"query": "db"})])
     sim.tools_return()
     assert sim.step_status("t2-model").executor_pod == "executor-pod-1"
     return sim, prepare[0]

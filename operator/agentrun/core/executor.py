@@ -23,13 +23,18 @@ loop keeps one executor per run while the run may still take turns:
   the call step's variables, and for its header variables the executor's own variables that
   hold those Secrets' values (:func:`call_env`: the executor's Job takes every header Secret
   of the run's MCP servers; the operator never reads one).
-- **Otherwise a Job, as before.** A turn that finds no executor running (the first turn,
-  while the executor starts) runs as a Job of its own.
+- **A turn waits for one that is coming.** The executor is named in the pass that begins
+  the first turn, so that turn finds it starting: a model turn's launch waits for an
+  executor named in status that is coming (:func:`awaits`: up to :data:`WAIT_SECONDS` from
+  the write that named it; a timer brings the pass that stops waiting), then binds it. The
+  wait costs what a Job of its own would have (a pod's start), once per executor.
+- **Otherwise a Job, as before.** A turn that finds no executor coming (the setting off, the
+  creator's rights to the Secrets its pod holds not confirmed, its pod refused, lost or
+  ended) or waited that long runs as a Job of its own.
 - **Discovery too.** A run with MCP servers has its executor made before their tools are
-  discovered (steps of their own, before the first turn). A discovery step waits for it
-  (:func:`awaits`: up to :data:`WAIT_SECONDS` from the write that named it) and is sent to it
-  as a call is (program :data:`MCP_DISCOVER`), so the first turn finds it running too; one
-  that finds no executor coming, or waited that long, is a Job of its own.
+  discovered (steps of their own, before the first turn). A discovery step waits for it as
+  a turn does and is sent to it as a call is (program :data:`MCP_DISCOVER`), so the first
+  turn finds it running too.
 - **Replaced when it ends or is lost.** An executor whose Job ended (it ends itself after an
   hour without a request; none is made again while a call waits for approval), is being
   deleted or lost its pod, or one not known to be the operator's (neither made by this
@@ -58,6 +63,7 @@ from agentrun.core.turns import (
     executor_secret_env,
     executor_secrets,
     executor_step,
+    is_model_turn,
     keeps_executor,
     mcp_tools_of,
     rights_granted,
@@ -243,23 +249,23 @@ def _discovers(b: Host, name: str) -> bool:
 
 
 WAIT_SECONDS = 30
-"""How long a discovery step waits for the run's executor, from the write that named it."""
+"""How long a model turn or a discovery waits for the run's executor, from the write that
+named it."""
 
 
 def awaits(b: Host, step: m.Step, config: AgentConfig) -> bool:
-    """Whether the launch of ``step`` waits for the run's executor: a discovery (it has no
-    inputs) the executor can run (:func:`takes_call`) while the executor named in status is
-    coming (not running with an address yet, neither ended, lost nor refused its pod) and
-    was named less than :data:`WAIT_SECONDS` ago. A timer brings the pass that stops
-    waiting."""
+    """Whether the launch of ``step`` waits for the run's executor: a model turn, or a
+    discovery (it has no inputs) the executor can run (:func:`takes_call`), while the
+    executor named in status is coming (not running with an address yet, neither ended,
+    lost nor refused its pod) and was named less than :data:`WAIT_SECONDS` ago. A timer
+    brings the pass that stops waiting."""
     ag = b.status.agent
     current = ag.executor if ag is not None else None
     if (
         not config.executor
         or current is None
         or current.named_at is None
-        or not _discovers(b, step.name)
-        or not takes_call(b, step, 0)
+        or not _would_take(b, step)
         or usable(b, config) is not None
     ):
         return False
@@ -273,6 +279,14 @@ def awaits(b: Host, step: m.Step, config: AgentConfig) -> bool:
         return False
     b.timer(due)
     return True
+
+
+def _would_take(b: Host, step: m.Step) -> bool:
+    """Whether the run's executor takes ``step`` once it runs: a model turn, or the
+    discovery of an MCP server's tools that it can run."""
+    if is_model_turn(step.name):
+        return True
+    return _discovers(b, step.name) and takes_call(b, step, 0)
 
 
 def call_request(

@@ -750,12 +750,34 @@ def rights_confirmed(b: Host, step: m.Step) -> bool:
 def executor_checks(run: m.AgentRun) -> list[Check]:
     """The permissions the run's executor uses on its creator's behalf (the model's API key
     Secret, the MCP servers' header Secrets, the ServiceAccount), while the run may take turns
-    (none otherwise): the shell keeps its verdicts on them current, so that an executor can be
-    made (:func:`rights_granted`) without waiting for a step that uses each of them."""
-    status = _keeping(run)
+    or is about to begin its first (none otherwise): the shell keeps its verdicts on them
+    current, so that an executor can be made (:func:`rights_granted`) without waiting for a
+    step that uses each of them, in the pass that begins the first turn too (which then
+    waits for it instead of running as a Job of its own)."""
+    status = _keeping(run) or _beginning(run)
     if run.spec.agent is None or status is None:
         return []
     return checks_for(run, executor_step(run, status, AgentConfig()))
+
+
+def _beginning(run: m.AgentRun) -> a.AgentStatus | None:
+    """The loop's status of ``run`` as read (a new one if there is none yet) while the next
+    pass may begin its first turn: the loop not begun, the run not ended, and every step of
+    its plan done; None otherwise."""
+    status = run.status
+    if run.spec.agent is None or (status is not None and status.phase in m.TERMINAL_RUN_PHASES):
+        return None
+    ag = status.agent if status is not None else None
+    if ag is not None and (ag.stage != a.AgentStage.WAITING or ag.turn != 0):
+        return None
+    done = {
+        st.name
+        for st in (status.steps if status is not None else None) or []
+        if st.phase in (m.StepPhase.SUCCEEDED, m.StepPhase.SKIPPED)
+    }
+    if any(step.name not in done for step in run.spec.plan.steps):
+        return None
+    return ag if ag is not None else a.AgentStatus()
 
 
 def rights_granted(b: Host, step: m.Step) -> bool:
