@@ -653,9 +653,9 @@ class ExecutorStatus(ApiModel):
     named_at: Timestamp | None = Field(
         default=None,
         description=(
-            "When this executor was named (its Job is made after that write). The "
-            "discovery of an MCP server's tools waits up to 30 seconds from then for it to "
-            "run, and is sent to it; after that, or once it is lost, a discovery runs as a "
+            "When this executor was named (its Job is made after that write). A model turn, "
+            "or the discovery of an MCP server's tools, waits up to 30 seconds from then for "
+            "it to run, and is sent to it; after that, or once it is lost, either runs as a "
             "Job of its own."
         ),
     )
