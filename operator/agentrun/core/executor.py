@@ -283,10 +283,11 @@ def awaits(b: Host, step: m.Step, config: AgentConfig) -> bool:
 
 def _would_take(b: Host, step: m.Step) -> bool:
     """Whether the run's executor takes ``step`` once it runs: a model turn, or the
-    discovery of an MCP server's tools that it can run."""
+    discovery of an MCP server's tools that it can run (it holds the variables the
+    discovery's step takes from Secrets: :func:`takes_call`'s test for a discovery)."""
     if is_model_turn(step.name):
         return True
-    return _discovers(b, step.name) and takes_call(b, step, 0)
+    return _discovers(b, step.name) and call_env(b.run, step) is not None
 
 
 def call_request(

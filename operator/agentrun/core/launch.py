@@ -75,7 +75,7 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
             _fail_before_launch(b, step, st, "Forbidden", refusal)
             return
         if executor.awaits(b, step, b.config.agent):
-            continue  # a discovery waits for the run's executor while it starts
+            continue  # a model turn or a discovery waits for the run's executor while it starts
         resolved = resolve_inputs(b, step)
         if isinstance(resolved, str):
             _fail_before_launch(b, step, st, "InputMissing", resolved)
