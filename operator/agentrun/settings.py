@@ -37,6 +37,10 @@ LABEL_STEP = f"{GROUP}/step"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_KIND = f"{GROUP}/object"  # "step-job", "result", "audit", "transcript" or "context"
 LABEL_TURN = f"{GROUP}/turn"
+LABEL_SHARD = f"{GROUP}/shard"
+"""On step Jobs and their pods when replicas share the runs (``AGENTRUN_SHARDS``): the run's
+shard, ``<shard>-of-<count>`` (agentrun.core.shards.shard_label), so that a replica watches
+only its shards' Jobs and pods. It routes watch events only: no proof or check covers it."""
 """On an agent run's transcript records and contexts: the model turn."""
 ANNOTATION_PROOF = f"{GROUP}/proof"
 """On step Jobs: the operator's proof that it created the Job (agentrun.execution.proof)."""

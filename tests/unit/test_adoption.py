@@ -625,6 +625,35 @@ def test_after_a_restart_a_signed_job_counts_whatever_its_labels_and_owners() ->
     assert seen.name_taken is None and len(api.dry_runs) == 1
 
 
+@pytest.mark.parametrize("shard", ["3-of-12", "0-of-1"])
+def test_a_job_made_by_a_sharded_replica_counts_for_one_with_any_other_shard_count(
+    shard: str,
+) -> None:
+    """The shard label routes watch events only: a Job a replica made under one shard count is
+    the attempt's for an operator restarted with another count, or without shards."""
+    run = _running(launched(step("a")))
+    intent = committed_launch(run, "a")
+    assert intent is not None
+    manifest = jobs.with_shard_label(jobs.build_job(run, intent), shard)
+    proof.sign(KEY, UID, "a", intent.attempt, manifest)
+    job = stored(manifest, intent.job_name, "job-uid")
+    assert job["spec"]["template"]["metadata"]["labels"][s.LABEL_SHARD] == shard
+    view, api = ClusterView(), FakeApi()
+    view.apply(JOBS, "ADDED", job)
+    (seen,) = adopter(view, api).observe(run)
+    assert seen.name_taken is None and len(api.dry_runs) == 1
+    assert s.LABEL_SHARD not in api.dry_runs[0]["spec"]["template"]["metadata"]["labels"]
+
+    # Every other label of the template is still covered by the proof and the comparison.
+    forged = copy.deepcopy(job)
+    forged["spec"]["template"]["metadata"]["labels"][s.LABEL_STEP] = "b"
+    expected = jobs.build_job(run, intent)
+    forged_manifest = copy.deepcopy(manifest)
+    forged_manifest["spec"]["template"]["metadata"]["labels"][s.LABEL_STEP] = "b"
+    assert proof.proof_problem(KEY, UID, "a", 1, forged_manifest, job) is not None
+    assert adoption.spec_problem(expected, forged) is not None
+
+
 def test_a_job_the_watch_lost_is_read_again_so_its_end_is_seen(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

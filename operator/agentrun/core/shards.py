@@ -39,6 +39,18 @@ def shard_of(namespace: str, name: str, count: int) -> int:
     return int.from_bytes(digest[:8], "big") % count
 
 
+def shard_label(shard: int, count: int) -> str:
+    """The value of the ``agentrun.dev/shard`` label of a step Job (and its pods) whose run is
+    in ``shard`` of ``count``: the count is part of it, so that a Job labelled under another
+    count is told apart (every replica watches those, see agentrun/observation/watches.py)."""
+    return f"{shard}-of-{count}"
+
+
+def run_shard_label(namespace: str, name: str, count: int) -> str:
+    """The ``agentrun.dev/shard`` label of run ``namespace/name``'s step Jobs."""
+    return shard_label(shard_of(namespace, name, count), count)
+
+
 def shard_lease(shard: int) -> str:
     return f"{SHARD_PREFIX}{shard}"
 

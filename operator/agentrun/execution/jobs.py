@@ -150,6 +150,16 @@ def build_job(
     }
 
 
+def with_shard_label(manifest: dict[str, Any], value: str) -> dict[str, Any]:
+    """``manifest`` (a step Job's, changed in place) labelled ``agentrun.dev/shard`` ``value``,
+    the Job and its pod template: replicas that share the runs watch only their shards' Jobs
+    and pods by it. No proof or check covers it (:func:`proof.without_shard_label`)."""
+    manifest["metadata"]["labels"] = {**manifest["metadata"]["labels"], s.LABEL_SHARD: value}
+    template_meta = manifest["spec"]["template"]["metadata"]
+    template_meta["labels"] = {**template_meta["labels"], s.LABEL_SHARD: value}
+    return manifest
+
+
 def _time(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value

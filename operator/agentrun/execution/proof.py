@@ -27,9 +27,28 @@ KEY_BYTES = 32
 
 
 def spec_digest(spec: Mapping[str, Any]) -> str:
-    """SHA-256 of the spec as canonical JSON (sorted keys, no spaces)."""
-    text = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    """SHA-256 of the spec as canonical JSON (sorted keys, no spaces), without the pod
+    template's shard label (:func:`without_shard_label`)."""
+    text = json.dumps(
+        without_shard_label(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def without_shard_label(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``spec`` without its pod template's ``agentrun.dev/shard`` label (a copy of what it
+    changes). That label only says which replica watches the pods (its value depends on
+    ``AGENTRUN_SHARDS``), so neither a proof nor the comparison of a Job found with the
+    operator's manifest covers it: a Job made under another shard count, or before Jobs
+    carried it, is still the attempt's."""
+    template = spec.get("template")
+    meta = template.get("metadata") if isinstance(template, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(labels, Mapping) or s.LABEL_SHARD not in labels:
+        return spec
+    kept = {k: v for k, v in labels.items() if k != s.LABEL_SHARD}
+    assert isinstance(template, Mapping) and isinstance(meta, Mapping)
+    return {**spec, "template": {**template, "metadata": {**meta, "labels": kept}}}
 
 
 def proof(key: bytes, run_uid: str, step: str, attempt: int, manifest: Mapping[str, Any]) -> str:

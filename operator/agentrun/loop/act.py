@@ -29,6 +29,7 @@ from agentrun.core import (
     StoreResult,
     executor,
     naming,
+    shards,
 )
 from agentrun.core.actions import (
     CreateChild,
@@ -150,7 +151,10 @@ class Actor:
         events: Events,
         checkpoint: Checkpoint,
         wake: Wake | None = None,
+        shard_count: int = 0,
     ) -> None:
+        """``shard_count``: ``AGENTRUN_SHARDS``; with shards, step Jobs carry their run's
+        shard label (the replicas' watches select by it)."""
         self.apis = apis
         self.observer = observer
         self.adoption = observer.adoption
@@ -158,6 +162,7 @@ class Actor:
         self.checkpoint = checkpoint
         self.wake = wake
         """Wakes a run's next pass (a create met a Job already holding the name)."""
+        self.shard_count = shard_count
         self.turns = TurnSender(observer, checkpoint, wake)
         """Sends model turns' pods their requests."""
 
@@ -274,6 +279,10 @@ class Actor:
         without one never counts (adoption)."""
         key = self.observer.job_key.get()
         manifest = jobs.step_job(run, action, key)
+        count = self.shard_count
+        if count:  # replicas sharing the runs watch only their shards' Jobs and pods by it
+            label = shards.run_shard_label(run.metadata.namespace, run.metadata.name, count)
+            jobs.with_shard_label(manifest, label)
         proof.sign(key, run.metadata.uid, action.step.name, action.attempt, manifest)
         return manifest
 

@@ -87,7 +87,9 @@ class Reconciler:
         self.observer = Observer(apis, settings, self.ledger, view, self.events.report, self._guard)
         self.decider = Decider(settings, clock)
         self.record = AuditRecord(apis, self.observer, self.events.report, self._guard)
-        self.actor = Actor(apis, self.observer, self.events, checkpoint, wake)
+        self.actor = Actor(
+            apis, self.observer, self.events, checkpoint, wake, shard_count=settings.shards
+        )
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._read_at: dict[tuple[str, str], float] = {}
         """(namespace, name) -> monotonic time of the run's last quorum read."""

@@ -127,8 +127,10 @@ def ownership_problem(job: Mapping[str, Any], run_uid: str) -> str | None:
 
 
 def comparable_spec(job: Mapping[str, Any]) -> Any:
-    """The Job's spec without what the API server derives from its name and uid."""
-    spec = copy.deepcopy(job.get("spec") or {})
+    """The Job's spec without what the API server derives from its name and uid, nor what
+    decides nothing the step runs."""
+    # The shard label routes watch events only (proof.without_shard_label).
+    spec = dict(copy.deepcopy(proof.without_shard_label(job.get("spec") or {})))
     spec.pop("selector", None)
     # Set by the operator when it releases a finished Job (agentrun.core.actions.ReleaseJob);
     # it decides when the Job goes, never what it runs.
