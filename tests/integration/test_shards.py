@@ -242,3 +242,59 @@ def test_replicas_that_disagree_on_the_shard_count_decide_nothing_until_they_agr
     clock.now += 1
     a.tick()
     assert a.owned() == frozenset(range(COUNT))
+
+
+class _Watching:
+    """Records what a keeper tells ``follow`` and checks, at every write of a shard Lease,
+    that the shard was told first: its Jobs and pods are watched before its runs are decided."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.told: frozenset[int] = frozenset()
+        self.late: list[str] = []
+
+    def follow(self, shards: frozenset[int]) -> None:
+        self.told = shards
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.api, name)
+        if name not in ("create_namespaced_lease", "replace_namespaced_lease"):
+            return call
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            body = args[-1] if name == "create_namespaced_lease" else args[2]
+            lease = body["metadata"]["name"]
+            shard = sh.shard_from_lease(lease)
+            holding = (body.get("spec") or {}).get("holderIdentity")
+            if shard is not None and holding and shard not in self.told:
+                self.late.append(lease)
+            return call(*args, **kwargs)
+
+        return checked
+
+
+def test_a_replica_watches_a_shards_jobs_before_it_takes_the_shard_and_until_it_gave_it_back(
+    kube: KubeClients, namespace: str, clock: Clock
+) -> None:
+    api = kube_client.CoordinationV1Api(kube.api_client)
+    watching = {name: _Watching(api) for name in ("a", "b")}
+    a, b = (
+        ShardKeeper(
+            watching[name], namespace, name, COUNT, DURATION, clock=clock,
+            follow=watching[name].follow,
+        )
+        for name in ("a", "b")
+    )  # fmt: skip
+    a.tick()
+    assert a.owned() == watching["a"].told == frozenset(range(COUNT))
+    b.tick()
+    clock.now += 1
+    a.tick()  # over its share: gives three back, and stops watching them once they are given
+    assert a.owned() == watching["a"].told == frozenset({0, 1, 2})
+    for _ in range(2):
+        clock.now += 1
+        b.tick()
+    assert b.owned() == watching["b"].told == frozenset({3, 4, 5})
+    assert watching["a"].late == [] and watching["b"].late == []
+    b.stop(release=True)
+    assert watching["b"].told == frozenset()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from agentrun.observation.watches import (
     PODS,
     SILENT_SECONDS,
     ClusterView,
+    Informer,
     Reflector,
     Source,
     matters,
@@ -209,6 +211,114 @@ def test_passes_wait_until_every_source_has_been_listed() -> None:
     assert not view.synced
     view.replace(pods_source, [])
     assert view.synced and view.wait_synced(timeout=0)
+
+
+# -- shards: sources of one kind split by the shard label -------------------------------------
+
+
+def _labelled(obj: dict[str, Any], shard: str | None) -> dict[str, Any]:
+    labels = {k: v for k, v in obj["metadata"]["labels"].items() if k != s.LABEL_SHARD}
+    if shard is not None:
+        labels[s.LABEL_SHARD] = shard
+    return {**obj, "metadata": {**obj["metadata"], "labels": labels}}
+
+
+OTHERS = frozenset({"0-of-2", "1-of-2"})
+
+
+def test_a_shards_source_selects_its_label_and_the_strays_source_every_other() -> None:
+    mine, strays = Source(JOBS, "ns", shard="0-of-2"), Source(JOBS, "ns", others=OTHERS)
+    assert mine.label_selector() == f"{s.LABEL_RUN_UID},{s.LABEL_SHARD}=0-of-2"
+    assert strays.label_selector() == f"{s.LABEL_RUN_UID},{s.LABEL_SHARD} notin (0-of-2,1-of-2)"
+    assert Source(JOBS, "ns").label_selector() == s.LABEL_RUN_UID
+    j = job("j1", "u1", owner=run_ref())
+    for shard, covered_by_mine, covered_by_strays in (
+        ("0-of-2", True, False),
+        ("1-of-2", False, False),
+        (None, False, True),
+        ("0-of-3", False, True),
+    ):
+        labelled = _labelled(j, shard)
+        assert mine.covers(labelled) is covered_by_mine, shard
+        assert strays.covers(labelled) is covered_by_strays, shard
+    assert not mine.covers(_labelled(job("j1", "u1", ns="other"), "0-of-2"))
+
+
+@pytest.mark.parametrize("strays_first", [True, False])
+def test_a_job_relabelled_from_a_shard_to_the_strays_never_leaves_the_view(
+    strays_first: bool,
+) -> None:
+    mine, strays = Source(JOBS, "ns", shard="0-of-2"), Source(JOBS, "ns", others=OTHERS)
+    view = ClusterView([mine, strays])
+    before = _labelled(job("j1", "u1", owner=run_ref()), "0-of-2")
+    view.replace(mine, [before])
+    view.replace(strays, [])
+    after = _labelled(job("j1", "u1", owner=run_ref(), version="2"), None)
+    # The API server ends the object's life in one watch (DELETED: it no longer matches) and
+    # begins it in the other (ADDED); the two watches' threads deliver in either order.
+    events = [(strays, "ADDED"), (mine, "DELETED")]
+    for source, kind in events if strays_first else reversed(events):
+        view.apply(JOBS, kind, after, source)
+    stored = view.job("u1")
+    assert stored is not None and stored["metadata"]["resourceVersion"] == "2"
+    assert view.jobs_of_run(RUN_UID) == [stored]
+
+
+def test_a_forgotten_shard_leaves_the_view_and_its_late_events_are_dropped() -> None:
+    mine = Source(JOBS, "ns", shard="0-of-2", epoch=1)
+    strays = Source(JOBS, "ns", others=OTHERS)
+    view = ClusterView([strays])
+    view.replace(strays, [_labelled(job("stray", "u9", owner=run_ref()), None)])
+    assert view.synced
+
+    view.expect(mine)
+    assert not view.synced, "a pass of the shard's runs waits until its Jobs are listed"
+    view.replace(mine, [_labelled(job("j1", "u1", owner=run_ref()), "0-of-2")])
+    assert view.synced and view.job("u1") is not None
+
+    view.forget(mine)
+    assert view.synced and view.job("u1") is None and view.job("u9") is not None
+    late = _labelled(job("j2", "u2", owner=run_ref()), "0-of-2")
+    assert view.apply(JOBS, "ADDED", late, mine) is None
+    assert view.replace(mine, [late]) == []
+    assert view.job("u2") is None, "the watch given up still delivered on its way out"
+
+    # Taken again later: a new watch (another epoch) of the same shard.
+    again = Source(JOBS, "ns", shard="0-of-2", epoch=2)
+    view.expect(again)
+    view.replace(again, [late])
+    assert view.job("u2") is not None
+    assert view.apply(JOBS, "DELETED", late, mine) is None
+    assert view.job("u2") is not None, "the earlier watch's last events change nothing"
+
+
+def test_an_unsharded_informer_watches_every_step_job_and_pod() -> None:
+    calls: list[dict[str, Any]] = []
+
+    class Api:
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args, **kwargs: calls.append({"call": name, **kwargs})
+
+    apis = SimpleNamespace(core=Api(), batch=Api())
+    plain = Informer(apis, ["ns"], lambda *_: None)
+    plain.follow(frozenset({0}))
+    assert plain.followed() == frozenset()
+    assert [r.selectors for r in plain.reflectors] == [
+        {"label_selector": s.LABEL_RUN_UID},
+        {"label_selector": s.LABEL_RUN_UID},
+        {"field_selector": "involvedObject.kind=Job,reason=FailedCreate"},
+    ]
+    sharded = Informer(apis, ["ns"], lambda *_: None, shard_count=2)
+    strays = f"{s.LABEL_RUN_UID},{s.LABEL_SHARD} notin (0-of-2,1-of-2)"
+    assert [r.selectors.get("label_selector") for r in sharded.reflectors[:2]] == [strays] * 2
+    for reflector in sharded.reflectors:
+        sharded.view.replace(reflector.source, [])
+    assert sharded.view.synced
+    sharded.follow(frozenset({1}))
+    assert sharded.followed() == frozenset({1})
+    assert not sharded.view.synced, "passes wait for the new shard's list"
+    sharded.follow(frozenset())
+    assert sharded.followed() == frozenset() and sharded.view.synced
 
 
 # -- what wakes a run ------------------------------------------------------------------------

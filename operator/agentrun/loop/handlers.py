@@ -106,6 +106,7 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         waker,
         view,
         relisted=lambda kind: metrics.WATCH_RELISTS.labels(kind).inc(),
+        shard_count=settings.shards,
     )
     readiness = Readiness(settings.namespaces)
     readiness.watch_troubles(informer.troubles)
@@ -121,6 +122,7 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
             settings.shards,
             settings.shard_lease_seconds,
             busy=lambda shards: scheduler.busy(_in_shards(shards, settings.shards)),
+            follow=informer.follow,
         )
         scheduler.owns = janitor.owns = keeper.owns
         scheduler.holds = keeper.holds

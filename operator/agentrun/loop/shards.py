@@ -16,7 +16,10 @@ by the resourceVersion it read (a stale one fails with 409) and a Job it creates
 attempt's own name (a second create fails with 409): a run is never decided twice.
 
 ``on_change(gained, lost)`` is called from the keeper's thread after each tick that changed
-what it owns; :mod:`agentrun.loop.handlers` hands it to the scheduler.
+what it owns; :mod:`agentrun.loop.handlers` hands it to the scheduler. ``follow(shards)`` is
+told the shards held after each tick, and before a tick writes the Leases of shards it takes
+those too: the informer then watches their Jobs and pods (and passes wait until it listed
+them) before the replica may decide their runs.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ FORGET_DURATIONS = 10
 
 Change = Callable[[frozenset[int], frozenset[int]], None]
 Busy = Callable[[frozenset[int]], bool]
+Follow = Callable[[frozenset[int]], None]
+"""``follow(shards)``: watch the Jobs and pods of exactly these shards (the informer's
+:meth:`~agentrun.observation.watches.Informer.follow`). Told the shards held, and those about
+to be taken before their Leases are written: a pass of a shard's run waits for their list."""
 
 
 def _micro_now() -> str:
@@ -67,6 +74,7 @@ class ShardKeeper:
         *,
         on_change: Change = lambda gained, lost: None,
         busy: Busy = lambda shards: False,
+        follow: Follow = lambda shards: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = coordination
@@ -76,6 +84,7 @@ class ShardKeeper:
         self.duration = float(duration)
         self.on_change = on_change
         self.busy = busy
+        self.follow = follow
         self.clock = clock
         self._lock = threading.Lock()
         self._held: dict[int, float] = {}
@@ -149,6 +158,7 @@ class ShardKeeper:
                 self._release(shard)
             except Exception as error:
                 log.warning("shard %d not released: %s", shard, _describe(error))
+        self._tell()  # nothing held now: no shard's Jobs are watched any longer
         with tolerate(404):
             self.api.delete_namespaced_lease(sh.member_lease(self.identity), self.namespace)
 
@@ -190,6 +200,10 @@ class ShardKeeper:
         self._tell()
         for shard in decided.keep:
             self._write_shard(shard, renew=True)
+        if decided.take:
+            with self._lock:
+                held = frozenset(self._held)
+            self.follow(held | frozenset(decided.take))
         for shard in decided.take:
             self._write_shard(shard, renew=False)
         giving = frozenset(decided.give)
@@ -315,6 +329,9 @@ class ShardKeeper:
         log.info("shard %d given back", shard)
 
     def _tell(self) -> None:
+        with self._lock:
+            held = frozenset(self._held)
+        self.follow(held)
         owned = self.owned()
         gained, lost = owned - self._owned, self._owned - owned
         self._owned = owned

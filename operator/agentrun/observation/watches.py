@@ -46,6 +46,7 @@ from typing import Any
 from urllib3.exceptions import ReadTimeoutError
 
 from agentrun import settings as s
+from agentrun.core import shards as sh
 from agentrun.core.turns import is_model_turn
 from agentrun.execution.jobs import (
     has_ttl,
@@ -132,13 +133,37 @@ def _slim(kind: str, obj: Obj) -> Obj:
 
 @dataclass(frozen=True)
 class Source:
-    """One reflector's part of the view: a kind in one namespace, or in all (None)."""
+    """One reflector's part of the view: a kind in one namespace, or in all (None); with
+    shards, only the Jobs or pods of one shard (``shard``: the value of their
+    ``agentrun.dev/shard`` label), or those whose label names no shard of this replica's count
+    (``others``: every such value; a Job made before Jobs carried the label, or under another
+    count, or relabelled). Sources of one kind and scope never cover the same object."""
 
     kind: str
     namespace: str | None
+    shard: str | None = None
+    others: frozenset[str] | None = None
+    epoch: int = 0
+    """Told apart from an earlier watch of the same shard (given up, then taken again): what
+    the earlier one still delivers on its way out is dropped."""
 
     def covers(self, obj: Mapping[str, Any]) -> bool:
-        return self.namespace is None or _meta(obj).get("namespace") == self.namespace
+        if self.namespace is not None and _meta(obj).get("namespace") != self.namespace:
+            return False
+        if self.shard is None and self.others is None:
+            return True
+        value = (_meta(obj).get("labels") or {}).get(s.LABEL_SHARD)
+        if self.shard is not None:
+            return bool(value == self.shard)
+        return value not in (self.others or ())
+
+    def label_selector(self) -> str:
+        """The label selector of the Jobs or pods this source covers."""
+        if self.shard is not None:
+            return f"{STEP_SELECTOR},{s.LABEL_SHARD}={self.shard}"
+        if self.others is not None:
+            return f"{STEP_SELECTOR},{s.LABEL_SHARD} notin ({','.join(sorted(self.others))})"
+        return STEP_SELECTOR
 
 
 class ClusterView:
@@ -154,6 +179,9 @@ class ClusterView:
         self._job_names: dict[tuple[str, str], str] = {}
         self._expected: set[Source] = set(sources)
         self._listed: set[Source] = set()
+        self._retired: set[Source] = set()
+        """Sources forgotten (:meth:`forget`) and not expected again: their reflectors may
+        still deliver a list or an event on their way out, which is dropped."""
         self._synced = threading.Event()
         if not self._expected:
             self._synced.set()
@@ -163,6 +191,7 @@ class ClusterView:
     def expect(self, source: Source) -> None:
         """Passes wait until ``source`` has been listed once."""
         with self._lock:
+            self._retired.discard(source)
             self._expected.add(source)
             if source not in self._listed:
                 self._synced.clear()
@@ -173,6 +202,8 @@ class ClusterView:
         can matter to a pass (:func:`matters`)."""
         changed: list[Obj] = []
         with self._lock:
+            if source in self._retired:
+                return changed
             store = self._objects[source.kind]
             old = {uid: o for uid, o in store.items() if source.covers(o)}
             new: dict[str, Obj] = {}
@@ -196,6 +227,19 @@ class ClusterView:
                 self._synced.set()
         return changed
 
+    def forget(self, source: Source) -> None:
+        """``source`` is no longer watched (its shard went to another replica): its objects
+        leave the view, passes no longer wait for it, and its late events are dropped."""
+        with self._lock:
+            self._retired.add(source)
+            self._expected.discard(source)
+            self._listed.discard(source)
+            store = self._objects[source.kind]
+            for uid in [uid for uid, obj in store.items() if source.covers(obj)]:
+                self._remove(source.kind, uid)
+            if self._expected <= self._listed:
+                self._synced.set()
+
     def made(self, job: Obj) -> None:
         """This process created ``job`` (the create's answer): the watch's event of that
         create tells the operator nothing it does not know (its passes take the Job from the
@@ -209,17 +253,26 @@ class ClusterView:
             while len(self._made) > MADE_REMEMBERED:
                 self._made.popitem(last=False)
 
-    def apply(self, kind: str, event_type: str, obj: Obj) -> Obj | None:
-        """One watch event (ADDED, MODIFIED, DELETED). Returns the object as stored (for
-        DELETED: as it was last seen) when the change can matter to a pass (:func:`matters`),
-        and is not the event of a create this process made (:meth:`made`), else None."""
+    def apply(
+        self, kind: str, event_type: str, obj: Obj, source: Source | None = None
+    ) -> Obj | None:
+        """One watch event (ADDED, MODIFIED, DELETED) of ``source`` (if given: nothing of a
+        source forgotten, :meth:`forget`, and a DELETED only of an object the
+        source covers as stored: one whose labels moved it to another source's watch, which
+        delivered it first, stays). Returns the object as stored (for DELETED: as it was last
+        seen) when the change can matter to a pass (:func:`matters`), and is not the event of
+        a create this process made (:meth:`made`), else None."""
         uid = _meta(obj).get("uid")
         if not uid:
             return None
         slim = _slim(kind, obj)
         with self._lock:
+            if source in self._retired:
+                return None
             before = self._objects[kind].get(str(uid))
             if event_type == "DELETED":
+                if source is not None and before is not None and not source.covers(before):
+                    return None
                 self._remove(kind, str(uid))
                 after = None
             else:
@@ -581,7 +634,7 @@ class Reflector:
                 version = _version(obj) or version
                 if kind == "BOOKMARK":
                     continue
-                stored = self.view.apply(self.source.kind, str(kind), obj)
+                stored = self.view.apply(self.source.kind, str(kind), obj, self.source)
                 if stored is not None:
                     self._wake_all([stored])
         finally:
@@ -623,7 +676,14 @@ def _lines(response: Any) -> Iterator[str]:
 
 
 class Informer:
-    """The reflectors of every watched namespace (or of all namespaces) and one view."""
+    """The reflectors of every watched namespace (or of all namespaces) and one view.
+
+    With ``shard_count`` (replicas sharing the runs, agentrun/loop/shards.py) the Jobs and
+    pods watched are those of the shards this replica holds, one watch each per shard and
+    scope (:meth:`follow`), and, always, those labelled with no shard of that count (made
+    before Jobs carried the label, under another count, or relabelled): a replica's watch
+    traffic, memory and decoding follow its shards, not every run's. Events of refused pods
+    are watched whole (they are rare)."""
 
     def __init__(
         self,
@@ -632,30 +692,32 @@ class Informer:
         wake: Wake,
         view: ClusterView | None = None,
         relisted: Callable[[str], None] = lambda kind: None,
+        shard_count: int = 0,
     ) -> None:
         """``apis``: an object with ``.core`` (CoreV1Api) and ``.batch`` (BatchV1Api);
-        ``relisted``: see :class:`Reflector`."""
+        ``relisted``: see :class:`Reflector`; ``shard_count``: ``AGENTRUN_SHARDS`` (0: not
+        sharded, every step Job and pod is watched)."""
         self.view = view or ClusterView()
+        self.apis = apis
+        self.wake = wake
+        self.relisted = relisted
+        self.shard_count = shard_count
+        self.scopes: Sequence[str | None] = list(namespaces) or [None]
+        self._lock = threading.Lock()
+        self._started = False
+        self._epoch = 0
+        self._sharded: dict[int, list[Reflector]] = {}
+        """Shard -> the watches of its Jobs and pods (every scope), while followed."""
+        others = (
+            frozenset(sh.shard_label(i, shard_count) for i in range(shard_count))
+            if shard_count
+            else None
+        )
         self.reflectors: list[Reflector] = []
-        scopes: Sequence[str | None] = list(namespaces) or [None]
-        for ns in scopes:
+        for ns in self.scopes:
             self.reflectors += [
-                Reflector(
-                    self.view,
-                    Source(JOBS, ns),
-                    _scoped(apis.batch, "job", ns),
-                    wake,
-                    label_selector=STEP_SELECTOR,
-                    relisted=relisted,
-                ),
-                Reflector(
-                    self.view,
-                    Source(PODS, ns),
-                    _scoped(apis.core, "pod", ns),
-                    wake,
-                    label_selector=STEP_SELECTOR,
-                    relisted=relisted,
-                ),
+                self._reflector(Source(JOBS, ns, others=others)),
+                self._reflector(Source(PODS, ns, others=others)),
                 Reflector(
                     self.view,
                     Source(EVENTS, ns),
@@ -666,19 +728,68 @@ class Informer:
                 ),
             ]
 
+    def _reflector(self, source: Source) -> Reflector:
+        api, kind = (self.apis.batch, "job") if source.kind == JOBS else (self.apis.core, "pod")
+        return Reflector(
+            self.view,
+            source,
+            _scoped(api, kind, source.namespace),
+            self.wake,
+            label_selector=source.label_selector(),
+            relisted=self.relisted,
+        )
+
+    def follow(self, shards: frozenset[int]) -> None:
+        """Watch the Jobs and pods of exactly ``shards``: a shard new here is expected by the
+        view at once (passes wait until it is listed), one no longer here is forgotten (its
+        objects leave the view). Called before the replica may decide a shard's runs, and
+        after it gave one up."""
+        if not self.shard_count:
+            return
+        with self._lock:
+            gone = [self._sharded.pop(i) for i in set(self._sharded) - shards]
+            for shard in sorted(shards - set(self._sharded)):
+                self._epoch += 1
+                label = sh.shard_label(shard, self.shard_count)
+                self._sharded[shard] = [
+                    self._reflector(Source(kind, ns, shard=label, epoch=self._epoch))
+                    for ns in self.scopes
+                    for kind in (JOBS, PODS)
+                ]
+                if self._started:
+                    for reflector in self._sharded[shard]:
+                        reflector.start()
+        for reflectors in gone:
+            for reflector in reflectors:
+                reflector.stop()
+                self.view.forget(reflector.source)
+
+    def followed(self) -> frozenset[int]:
+        """The shards whose Jobs and pods are watched."""
+        with self._lock:
+            return frozenset(self._sharded)
+
+    def _all(self) -> list[Reflector]:
+        with self._lock:
+            return self.reflectors + [r for rs in self._sharded.values() for r in rs]
+
     def start(self) -> None:
-        for reflector in self.reflectors:
+        with self._lock:
+            self._started = True
+            reflectors = self.reflectors + [r for rs in self._sharded.values() for r in rs]
+        for reflector in reflectors:
             reflector.start()
 
     def troubles(self) -> list[str]:
         """What is wrong with the watches now (:meth:`Reflector.trouble`), for /readyz."""
         now = time.monotonic()
-        return [t for r in self.reflectors if (t := r.trouble(now)) is not None]
+        return [t for r in self._all() if (t := r.trouble(now)) is not None]
 
     def stop(self, timeout: float = 5.0) -> None:
-        for reflector in self.reflectors:
+        reflectors = self._all()
+        for reflector in reflectors:
             reflector.stop()
-        for reflector in self.reflectors:
+        for reflector in reflectors:
             reflector.join(timeout)
 
 
