@@ -721,8 +721,13 @@ TABLE: tuple[Entry, ...] = (
     Entry(
         id="job-labels",
         object="Job",
-        path="metadata.labels[agentrun.dev/run-uid, step, attempt], metadata.ownerReferences",
-        decides="nothing: a Job this process created is its attempt's by uid",
+        path=(
+            "metadata.labels[agentrun.dev/run-uid, step, attempt, shard], metadata.ownerReferences"
+        ),
+        decides=(
+            "nothing: a Job this process created is its attempt's by uid (the shard label only "
+            "which replica's watch delivers it; read directly when a watch loses it)"
+        ),
         resource=JOBS,
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
