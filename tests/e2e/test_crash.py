@@ -101,6 +101,9 @@ MAX_CRASH_LIVES = 2 * MIN_KILLS + 5
 CRASH_PHASE_BUDGET = 20.0 * MIN_KILLS
 """Seconds of crash lives at most (a cap for a machine so loaded that lives are slow; on an
 idle one the phase ends as soon as the kills are in); then the last life finishes the runs."""
+PATIENCE = 3.0
+"""Seconds added to a point's outside SIGKILL moment for each life that chose it and was
+killed from outside before it fired."""
 READY_TIMEOUT = 60.0
 FINISH_TIMEOUT = 150.0
 SETTLE_SECONDS = 5.0
@@ -543,6 +546,10 @@ class CrashDriver:
     prepare: Callable[[str], None] | None = None
     """Called with the next life's ``point:n`` before it starts: gives it the work that
     point needs (see :data:`RUN_START_POINTS`)."""
+    missed: Counter[str] = field(default_factory=Counter)
+    """Per point, the lives that chose it and were killed from outside before it fired: each
+    gives that point's next lives :data:`PATIENCE` seconds more (on a loaded machine a life
+    gets there later)."""
 
     @property
     def kills(self) -> int:
@@ -555,8 +562,11 @@ class CrashDriver:
 
     def next_life(self) -> Life:
         """Choose the next crash point from the seed, start the operator with it, live."""
-        crash_at, kill_after = choose(self.rng, self.hits, self.points, self.min_hits)
-        kill_after += self.later
+        short = tuple(p for p in self.points if self.hits[p] < self.min_hits)
+        # the kills are in: lives go to the points still short of their hits
+        points = short if short and self.kills >= self.min_kills else self.points
+        crash_at, kill_after = choose(self.rng, self.hits, points, self.min_hits)
+        kill_after += self.later + PATIENCE * self.missed[crash_at.partition(":")[0]]
         if self.prepare is not None:
             self.prepare(crash_at)
         offset = self.op.log_path.stat().st_size if self.op.log_path.exists() else 0
@@ -591,6 +601,8 @@ class CrashDriver:
             life.ended_by = f"crash point {fired[-1]}"
         elif life.ended_by == "?":
             life.ended_by = f"exit {life.returncode}"
+        if life.ended_by == "external SIGKILL":
+            self.missed[crash_at.partition(":")[0]] += 1
         self.lives.append(life)
         assert life.returncode == -9, (
             f"SEED={SEED}: the operator ended otherwise than by SIGKILL in {life}\n{self.op.logs()}"
@@ -970,16 +982,13 @@ def _agent_crash_test(
         later = EXECUTOR_LATER if executor else AGENT_LATER
         driver = CrashDriver(
             op=start_operator(env=env), rng=rng, hits=hits, points=points, later=later,
-            prepare=prepare,
+            prepare=prepare, min_kills=AGENT_MIN_KILLS,
         )  # fmt: skip
         next_wave()
         driver.live(crash_at, kill_after + driver.later, offset=0)
         live_until(
             driver,
-            lambda: (
-                driver.kills >= AGENT_MIN_KILLS
-                and all(driver.hits[p] >= MIN_HITS_PER_POINT for p in points)
-            ),
+            driver.satisfied,
             lambda: all_terminal(kube, namespace, names),
             next_wave,
             began + AGENT_CRASH_PHASE_BUDGET,
