@@ -512,6 +512,11 @@ class Life:
         )
 
 
+def point_of(crash_at: str) -> str:
+    """The crash point of an ``AGENTRUN_CRASH_AT`` value ``point:n``."""
+    return crash_at.partition(":")[0]
+
+
 def choose(
     rng: random.Random,
     hits: Counter[str],
@@ -566,7 +571,7 @@ class CrashDriver:
         # the kills are in: lives go to the points still short of their hits
         points = short if short and self.kills >= self.min_kills else self.points
         crash_at, kill_after = choose(self.rng, self.hits, points, self.min_hits)
-        kill_after += self.later + PATIENCE * self.missed[crash_at.partition(":")[0]]
+        kill_after += self.later + PATIENCE * self.missed[point_of(crash_at)]
         if self.prepare is not None:
             self.prepare(crash_at)
         offset = self.op.log_path.stat().st_size if self.op.log_path.exists() else 0
@@ -602,7 +607,7 @@ class CrashDriver:
         elif life.ended_by == "?":
             life.ended_by = f"exit {life.returncode}"
         if life.ended_by == "external SIGKILL":
-            self.missed[crash_at.partition(":")[0]] += 1
+            self.missed[point_of(crash_at)] += 1
         self.lives.append(life)
         assert life.returncode == -9, (
             f"SEED={SEED}: the operator ended otherwise than by SIGKILL in {life}\n{self.op.logs()}"
@@ -967,7 +972,7 @@ def _agent_crash_test(
     hits: Counter[str] = Counter()
 
     def prepare(crash_at: str) -> None:
-        point = crash_at.partition(":")[0]
+        point = point_of(crash_at)
         if point in RUN_START_POINTS and hits[point] < MIN_HITS_PER_POINT:
             next_wave()
 
