@@ -23,6 +23,7 @@ kopf's own (``agentrun.dev/daemon``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from agentrun.kubeapi import dead_peer_socket
 from agentrun.loop import concurrency, memory
 from agentrun.loop.janitor import Janitor, keep_sweeping
 from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
+from agentrun.loop.run_events import RunEvents
 from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
 from agentrun.loop.shards import ShardKeeper
 from agentrun.observation.watches import ClusterView, Informer
@@ -199,6 +201,43 @@ def _kopf_detects_dead_peers() -> Callable[[], None]:
 
     def undo() -> None:
         kopf_names["aiohttp"] = original
+
+    return undo
+
+
+def _kopf_reuses_held_runs(bodies: RunBodies) -> Callable[[], None]:
+    """Have kopf decode its watch lines with :class:`agentrun.loop.run_events.RunEvents`
+    (the event of a run held at its version is decoded only as far as its metadata); returns
+    the function that undoes it. kopf decodes each line of a watch with ``json.loads`` in its
+    client module; the operator hands that module a ``json`` whose ``loads`` is the
+    decoder's. If kopf no longer decodes there, the log says so and kopf decodes every event
+    whole, as before."""
+    try:
+        from kopf._cogs.clients import api
+
+        kopf_names = vars(api)
+        original = kopf_names["json"]
+        original.loads  # noqa: B018 (the function kopf calls)
+    except (ImportError, KeyError, AttributeError):
+        log.warning(
+            "this kopf decodes its watch events elsewhere than expected; it decodes every "
+            "event of a run whole, the operator's own writes' included"
+        )
+        return lambda: None
+    decoder = RunEvents(bodies.get)
+
+    class _Json:
+        """json, as kopf's client module sees it, but for ``loads``."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(json, name)
+
+        loads = staticmethod(decoder.loads)
+
+    kopf_names["json"] = _Json()
+
+    def undo() -> None:
+        kopf_names["json"] = original
 
     return undo
 
@@ -381,6 +420,11 @@ def run_operator(
         endpoints.start()
     unwatch = watch_kopf_listings(state.readiness)
     undo_sockets = _kopf_detects_dead_peers()
+    undo_decoding = (
+        _kopf_reuses_held_runs(state.reconciler.bodies)
+        if state.reconciler.bodies is not None
+        else lambda: None
+    )
     tracing.install(settings)
     memory.freeze_startup()
     try:
@@ -394,6 +438,7 @@ def run_operator(
         )
     finally:
         tracing.shutdown()
+        undo_decoding()
         undo_sockets()
         unwatch()
         if endpoints is not None:

@@ -114,6 +114,13 @@ WATCH_RELISTS = Counter(
     "kopf's watch of runs; jobs, pods, events: the operator's own).",
     ["resource"],
 )
+RUN_EVENTS = Counter(
+    "agentrun_run_events",
+    "MODIFIED events of kopf's watch of runs, by how they were decoded: metadata (the run at "
+    "that version was held already, as this process wrote or read it: the rest of the event "
+    "is not decoded) or whole.",
+    ["decoded"],
+)
 TOKENS = Counter(
     "agentrun_tokens",
     "Tokens reported by step attempts (model turns, steps that report usage), by the run's "
