@@ -11,15 +11,20 @@ what such an event costs, and it grows with the run.
 
 :class:`RunEvents` is the decoder of kopf's watch lines (handed to kopf by
 ``agentrun.loop.handlers``). A line that begins as the MODIFIED event of an AgentRun is
-decoded up to the end of the run's metadata, by a JSON decoder, from the place the event's
-fixed beginning ends (the API server writes an event's ``type`` and ``object`` in that order
-and a custom resource's fields sorted, so ``apiVersion``, ``kind`` and ``metadata`` come
-first; none of them is a creator's to write). When the run held under that namespace and
-name has the same uid and resourceVersion, the event is made of the metadata as the API
-server sent it and the spec and status held, and the rest of the line is never decoded.
-Every other line is decoded whole, as kopf does: another event type, another resource, a
-version not held (someone else's write, or this process's own whose event came before its
-answer), a line that does not begin as expected (the code then does no worse than kopf's).
+decoded up to the end of the run's metadata, from the place the event's fixed beginning
+ends (the API server writes an event's ``type`` and ``object`` in that order and a custom
+resource's fields sorted, without spaces, so ``apiVersion``, ``kind`` and ``metadata`` come
+first; none of them is a creator's to write), each field of the metadata by a JSON decoder
+but ``managedFields``, which is passed over: it is most of the metadata (47 KB of a 128-step
+run's, the creator's plan field by field), and neither kopf nor the operator reads it. It is
+a list of objects whose fields hold no lists and whose strings hold no bare quote, and
+``name`` follows it, so the first ``],"name":"`` after its start is its end. When the run
+held under that namespace and name has the same uid and resourceVersion, the event is made
+of the metadata as the API server sent it (without ``managedFields``) and the spec and
+status held, and the rest of the line is never decoded. Every other line is decoded whole,
+as kopf does: another event type, another resource, a version not held (someone else's
+write, or this process's own whose event came before its answer), a line that does not read
+as expected (the code then does no worse than kopf's).
 
 Nothing decides anything from what is skipped: the pass reads the body held whichever way the
 event was decoded (:meth:`~agentrun.loop.observe.RunBodies.offer` keeps the one held at the
@@ -47,6 +52,8 @@ PREFIX = (
 """How the API server begins the line of a MODIFIED watch event of an AgentRun."""
 
 _DECODER = json.JSONDecoder()
+_scan_string: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+"""The decoder's reader of a string, from the character after its opening quote."""
 
 Held = Callable[[str, str], Mapping[str, Any] | None]
 """The body held for a run, by namespace and name (``RunBodies.get``)."""
@@ -71,12 +78,10 @@ class RunEvents:
 
     def _from_held(self, text: str) -> dict[str, Any] | None:
         """The event of ``text`` from its metadata and the body held at its version; None
-        when none is held at it (or its metadata cannot be read as an object)."""
+        when none is held at it (or its metadata does not read as expected)."""
         try:
-            meta, _ = _DECODER.raw_decode(text, len(PREFIX))
-        except ValueError:
-            return None
-        if not isinstance(meta, dict):
+            meta = _metadata(text, len(PREFIX))
+        except (ValueError, IndexError):
             return None
         namespace, name, version = (
             meta.get("namespace"),
@@ -100,3 +105,39 @@ class RunEvents:
             if part in body:
                 run[part] = body[part]
         return {"type": "MODIFIED", "object": run}
+
+
+MANAGED_FIELDS_END = '],"name":"'
+"""Where a run's ``metadata.managedFields`` ends: the list closed and the next field begun
+(fields sorted: ``name`` follows ``managedFields``)."""
+
+
+def _metadata(text: str, start: int) -> dict[str, Any]:
+    """The JSON object at ``start`` of ``text`` (a run's metadata, written without spaces),
+    each field decoded but ``managedFields``, which is passed over. Raises ValueError (or
+    IndexError) for anything else."""
+    if text[start] != "{":
+        raise ValueError("not an object")
+    meta: dict[str, Any] = {}
+    at = start + 1
+    if text[at] == "}":
+        return meta
+    while True:
+        if text[at] != '"':
+            raise ValueError("not a field name")
+        key, at = _scan_string(text, at + 1)
+        if text[at] != ":":
+            raise ValueError("no colon after a field name")
+        at += 1
+        if key == "managedFields" and text[at] == "[":
+            end = text.find(MANAGED_FIELDS_END, at)
+            if end < 0:
+                raise ValueError("managedFields without the name after it")
+            at = end + 1
+        else:
+            meta[key], at = _DECODER.raw_decode(text, at)
+        if text[at] == "}":
+            return meta
+        if text[at] != ",":
+            raise ValueError("neither a comma nor the end after a field")
+        at += 1
