@@ -725,3 +725,22 @@ def test_the_peer_report_compares_writes_and_throughput_with_argo() -> None:
     assert " argo " not in p3, "no Argo column where it did not run"
     unrun = Report(peer=PeerResult([], ["not run: no Docker engine"])).render()
     assert "not run: no Docker engine" in unrun and "operator / Argo" not in unrun
+
+
+def test_p3_shows_the_controller_managers_requests_per_step_of_each_leg() -> None:
+    manager = "system:kube-controller-manager"
+    op_requests = [_request(manager, "delete", "jobs")] * 20 + [
+        _request(manager, "create", "pods")
+    ] * 20
+    op_requests += [_request("agentrun-operator", "create", "jobs")] * 20
+    bare_requests = [_request(manager, "create", "pods")] * 10
+    op = CaseResult("p3-2-op", "operator", 2, 5, 10.0, 2, 0, {"operator": 3.0}, op_requests)
+    bare = CaseResult("p3-2-bare", "bare", 2, 5, 5.0, 10, 0, {}, bare_requests)
+    lines = Report(p3=[(2, op, bare)]).render().splitlines()
+    start = next(i for i, line in enumerate(lines) if "the controller manager's requests" in line)
+    table = {line.split()[0] + " " + line.split()[1]: line.split()[2:] for line in lines[start + 2 :]
+             if line.startswith("    ") and len(line.split()) == 4}  # fmt: skip
+    assert lines[start + 1].split() == ["p3-2-op", "p3-2-bare"]
+    assert table["delete jobs"] == ["2.00", "0.00"], "20 deletes over 10 steps; none bare"
+    assert table["create pods"] == ["2.00", "1.00"]
+    assert "create jobs" not in table, "the operator's own requests are not the manager's"

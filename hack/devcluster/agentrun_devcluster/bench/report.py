@@ -98,6 +98,29 @@ def _costs(cases: Sequence[CaseResult]) -> list[str]:
     return lines
 
 
+CONTROLLER_MANAGER = "system:kube-controller-manager"
+"""The user the local control plane's controller manager makes its requests as (its Job,
+TTL-after-finished and garbage collector controllers among them)."""
+
+
+def _controller_requests(cases: Sequence[CaseResult]) -> list[str]:
+    """The controller manager's requests per step (a bare Job being one), by verb and
+    resource, for each case: how much of the API server's work the Jobs' lifecycle brings
+    besides their creator's own requests."""
+    columns = [
+        (case.name, [r for r in case.requests if r.user == CONTROLLER_MANAGER], case.total_steps)
+        for case in cases
+        if case.total_steps
+    ]
+    if not columns:
+        return []
+    return [
+        "    the controller manager's requests per step, by verb and resource (its controllers "
+        "answering each Job's changes):",
+        *requests_breakdown(columns),
+    ]
+
+
 REPLICA_TARGETS = {2: ">= 1.7x"}
 """Throughput of N replicas over one replica's, as the design asks."""
 
@@ -207,7 +230,8 @@ class Report:
                 f"{fmt(op.makespan if op else None, 's', 1):>14}"
                 f"{fmt(bare.makespan if bare else None, 's', 1):>15}"
             )
-        return lines + _costs([c for _, op, bare in self.p3 for c in (op, bare) if c is not None])
+        cases = [c for _, op, bare in self.p3 for c in (op, bare) if c is not None]
+        return lines + _costs(cases) + _controller_requests(cases)
 
     def _p4(self) -> list[str]:
         rows: list[tuple[str, list[float]]] = []
