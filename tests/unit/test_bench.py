@@ -738,8 +738,8 @@ def test_p3_shows_the_controller_managers_requests_per_step_of_each_leg() -> Non
     bare = CaseResult("p3-2-bare", "bare", 2, 5, 5.0, 10, 0, {}, bare_requests)
     lines = Report(p3=[(2, op, bare)]).render().splitlines()
     start = next(i for i, line in enumerate(lines) if "the controller manager's requests" in line)
-    table = {line.split()[0] + " " + line.split()[1]: line.split()[2:] for line in lines[start + 2 :]
-             if line.startswith("    ") and len(line.split()) == 4}  # fmt: skip
+    rows = [line.split() for line in lines[start + 2 :] if len(line.split()) == 4]
+    table = {f"{verb} {resource}": values for verb, resource, *values in rows}
     assert lines[start + 1].split() == ["p3-2-op", "p3-2-bare"]
     assert table["delete jobs"] == ["2.00", "0.00"], "20 deletes over 10 steps; none bare"
     assert table["create pods"] == ["2.00", "1.00"]
