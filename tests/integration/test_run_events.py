@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from agentrun.api import models as m
 from agentrun.core import Observed, reconcile
 from agentrun.loop.ledger import Ledger
 from agentrun.loop.observe import RunBodies
 from agentrun.loop.run_events import PREFIX, RunEvents
-from agentrun.telemetry.metrics import REGISTRY
 from agentrun_devcluster.testing import KubeClients
 from tests.support.runs import agentrun, create, step
 

@@ -11,12 +11,12 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from agentrun.api import names
 from agentrun.loop import handlers
 from agentrun.loop.observe import RunBodies
 from agentrun.loop.run_events import PREFIX, RunEvents
-from agentrun.telemetry.metrics import REGISTRY
 from tests.support.sim import Sim, make_run, step
 
 
