@@ -23,6 +23,7 @@ kopf's own (``agentrun.dev/daemon``).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -160,6 +161,43 @@ class _NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+def _in_kopf_module(
+    module: str, name: str, used: str, replacement: Callable[[Any], Any], missing: str
+) -> Callable[[], None]:
+    """Give the name ``name`` of kopf's module ``kopf._cogs.clients.<module>`` the value
+    ``replacement(original)``; returns the function that undoes it. If kopf no longer has
+    that name, or its value lacks the attribute ``used`` (what kopf calls on it), nothing is
+    changed and the log says ``missing``."""
+    try:
+        found = importlib.import_module(f"kopf._cogs.clients.{module}")
+        kopf_names = vars(found)
+        original = kopf_names[name]
+        getattr(original, used)
+    except (ImportError, KeyError, AttributeError):
+        log.warning(missing)
+        return lambda: None
+    kopf_names[name] = replacement(original)
+
+    def undo() -> None:
+        kopf_names[name] = original
+
+    return undo
+
+
+class _Aiohttp:
+    """aiohttp, as kopf's client module sees it, but for the connector's sockets."""
+
+    def __init__(self, aiohttp: Any) -> None:
+        self._aiohttp = aiohttp
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._aiohttp, name)
+
+    def TCPConnector(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("socket_factory", dead_peer_socket)
+        return self._aiohttp.TCPConnector(*args, **kwargs)
+
+
 def _kopf_detects_dead_peers() -> Callable[[], None]:
     """Give kopf's connections to the API server the operator's own dead-peer socket options
     (:func:`agentrun.kubeapi.dead_peer_options`); returns the function that undoes it.
@@ -172,37 +210,24 @@ def _kopf_detects_dead_peers() -> Callable[[], None]:
     API server's history by then, gets 410 Gone and lists again). kopf makes its aiohttp
     connector in one place; the operator hands that place a connector with a socket factory.
     If kopf no longer has it, the log says so and kopf keeps aiohttp's default sockets."""
-    try:
-        import aiohttp
-        from kopf._cogs.clients import auth
+    return _in_kopf_module(
+        "auth",
+        "aiohttp",
+        "TCPConnector",
+        _Aiohttp,
+        "this kopf makes its connections elsewhere than expected; its watch of runs may "
+        "wait up to its server timeout on a connection the API server no longer answers",
+    )
 
-        kopf_names = vars(auth)
-        original = kopf_names["aiohttp"]
-        original.TCPConnector  # noqa: B018 (the attribute kopf calls)
-    except (ImportError, KeyError, AttributeError):
-        log.warning(
-            "this kopf makes its connections elsewhere than expected; its watch of runs may "
-            "wait up to its server timeout on a connection the API server no longer answers"
-        )
-        return lambda: None
 
-    class _Aiohttp:
-        """aiohttp, as kopf's client module sees it, but for the connector's sockets."""
+class _Json:
+    """json, as kopf's client module sees it, but for ``loads``: ``decoder``'s."""
 
-        def __getattr__(self, name: str) -> Any:
-            return getattr(aiohttp, name)
+    def __init__(self, decoder: RunEvents) -> None:
+        self.loads = decoder.loads
 
-        @staticmethod
-        def TCPConnector(*args: Any, **kwargs: Any) -> aiohttp.TCPConnector:
-            kwargs.setdefault("socket_factory", dead_peer_socket)
-            return aiohttp.TCPConnector(*args, **kwargs)
-
-    kopf_names["aiohttp"] = _Aiohttp()
-
-    def undo() -> None:
-        kopf_names["aiohttp"] = original
-
-    return undo
+    def __getattr__(self, name: str) -> Any:
+        return getattr(json, name)
 
 
 def _kopf_reuses_held_runs(bodies: RunBodies) -> Callable[[], None]:
@@ -212,34 +237,15 @@ def _kopf_reuses_held_runs(bodies: RunBodies) -> Callable[[], None]:
     client module; the operator hands that module a ``json`` whose ``loads`` is the
     decoder's. If kopf no longer decodes there, the log says so and kopf decodes every event
     whole, as before."""
-    try:
-        from kopf._cogs.clients import api
-
-        kopf_names = vars(api)
-        original = kopf_names["json"]
-        original.loads  # noqa: B018 (the function kopf calls)
-    except (ImportError, KeyError, AttributeError):
-        log.warning(
-            "this kopf decodes its watch events elsewhere than expected; it decodes every "
-            "event of a run whole, the operator's own writes' included"
-        )
-        return lambda: None
     decoder = RunEvents(bodies.get)
-
-    class _Json:
-        """json, as kopf's client module sees it, but for ``loads``."""
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(json, name)
-
-        loads = staticmethod(decoder.loads)
-
-    kopf_names["json"] = _Json()
-
-    def undo() -> None:
-        kopf_names["json"] = original
-
-    return undo
+    return _in_kopf_module(
+        "api",
+        "json",
+        "loads",
+        lambda _: _Json(decoder),
+        "this kopf decodes its watch events elsewhere than expected; it decodes every "
+        "event of a run whole, the operator's own writes' included",
+    )
 
 
 @kopf.on.startup()
