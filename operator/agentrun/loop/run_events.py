@@ -1,4 +1,5 @@
-"""Watch events of runs held already, decoded only as far as their metadata.
+"""Watch events of runs: those held already decoded only as far as their metadata, and none
+with its ``managedFields``.
 
 Each status write of a run brings a watch event that carries the whole run: 137 KB of JSON
 for a plan of 128 steps, decoded by kopf's watch on the operator's event loop, holding the
@@ -10,21 +11,22 @@ returned it. Decoding the event whole only to find it not newer than what is hel
 what such an event costs, and it grows with the run.
 
 :class:`RunEvents` is the decoder of kopf's watch lines (handed to kopf by
-``agentrun.loop.handlers``). A line that begins as the MODIFIED event of an AgentRun is
-decoded up to the end of the run's metadata, from the place the event's fixed beginning
-ends (the API server writes an event's ``type`` and ``object`` in that order and a custom
-resource's fields sorted, without spaces, so ``apiVersion``, ``kind`` and ``metadata`` come
-first; none of them is a creator's to write), each field of the metadata by a JSON decoder
-but ``managedFields``, which is passed over: it is most of the metadata (47 KB of a 128-step
+``agentrun.loop.handlers``). A line that begins as an ADDED, MODIFIED or DELETED event of an
+AgentRun is read field by field from the place the event's fixed beginning ends (the API
+server writes an event's ``type`` and ``object`` in that order and a custom resource's
+fields sorted, without spaces, so ``apiVersion``, ``kind`` and ``metadata`` come first; none
+of them is a creator's to write), each field of the metadata by a JSON decoder but
+``managedFields``, which is passed over: it is most of the metadata (47 KB of a 128-step
 run's, the creator's plan field by field), and neither kopf nor the operator reads it. It is
 a list of objects whose fields hold no lists and whose strings hold no bare quote, and
-``name`` follows it, so the first ``],"name":"`` after its start is its end. When the run
-held under that namespace and name has the same uid and resourceVersion, the event is made
-of the metadata as the API server sent it (without ``managedFields``) and the spec and
-status held, and the rest of the line is never decoded. Every other line is decoded whole,
-as kopf does: another event type, another resource, a version not held (someone else's
-write, or this process's own whose event came before its answer), a line that does not read
-as expected (the code then does no worse than kopf's).
+``name`` follows it, so the first ``],"name":"`` after its start is its end. When the event
+is a MODIFIED one and the run held under that namespace and name has the same uid and
+resourceVersion, the event is made of the metadata as the API server sent it (without
+``managedFields``) and the spec and status held, and the rest of the line is never decoded;
+otherwise the run's other fields (its spec and status) are decoded as well (someone else's
+write, this process's own whose event came before its answer, another replica's run). Any
+other line is decoded whole, as kopf does, and so is one that does not read as expected (the
+code then does no worse than kopf's).
 
 Nothing decides anything from what is skipped: the pass reads the body held whichever way the
 event was decoded (:meth:`~agentrun.loop.observe.RunBodies.offer` keeps the one held at the
@@ -42,14 +44,23 @@ from typing import Any
 from agentrun.api import names
 from agentrun.telemetry import metrics
 
-PREFIX = (
-    '{"type":"MODIFIED","object":{"apiVersion":"'
-    + names.API_VERSION
-    + '","kind":"'
-    + names.KIND
-    + '","metadata":'
-)
+EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
+"""The watch events that carry an AgentRun (BOOKMARK and ERROR lines are decoded as kopf does)."""
+
+
+def prefix(event_type: str) -> str:
+    """How the API server begins the line of a watch event of ``event_type`` of an AgentRun,
+    up to its metadata."""
+    return (
+        f'{{"type":"{event_type}","object":{{"apiVersion":"{names.API_VERSION}",'
+        f'"kind":"{names.KIND}","metadata":'
+    )
+
+
+PREFIXES = {event_type: prefix(event_type) for event_type in EVENT_TYPES}
+PREFIX = PREFIXES["MODIFIED"]
 """How the API server begins the line of a MODIFIED watch event of an AgentRun."""
+_TYPE_AT = len('{"type":"')
 
 _DECODER = json.JSONDecoder()
 _scan_string: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
@@ -67,22 +78,32 @@ class RunEvents:
         self.held = held
 
     def loads(self, text: str | bytes | bytearray, **kwargs: Any) -> Any:
-        if kwargs or not isinstance(text, str) or not text.startswith(PREFIX):
+        if kwargs or not isinstance(text, str):
             return json.loads(text, **kwargs)
-        event = self._from_held(text)
-        if event is None:
-            metrics.RUN_EVENTS.labels("whole").inc()
+        event_type = text[_TYPE_AT : text.find('"', _TYPE_AT)]
+        start = PREFIXES.get(event_type)
+        if start is None or not text.startswith(start):
             return json.loads(text)
-        metrics.RUN_EVENTS.labels("metadata").inc()
-        return event
-
-    def _from_held(self, text: str) -> dict[str, Any] | None:
-        """The event of ``text`` from its metadata and the body held at its version; None
-        when none is held at it (or its metadata does not read as expected)."""
         try:
-            meta = _metadata(text, len(PREFIX))
+            meta, after = _metadata(text, len(start))
         except (ValueError, IndexError):
-            return None
+            return json.loads(text)
+        if event_type == "MODIFIED":
+            event = self._from_held(meta)
+            if event is not None:
+                metrics.RUN_EVENTS.labels("metadata").inc()
+                return event
+        metrics.RUN_EVENTS.labels("whole").inc()
+        try:
+            rest = _rest(text, after)
+        except (ValueError, IndexError):
+            return json.loads(text)
+        run = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": meta, **rest}
+        return {"type": event_type, "object": run}
+
+    def _from_held(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+        """The MODIFIED event of the run of metadata ``meta`` from the body held at its
+        version; None when none is held at it."""
         namespace, name, version = (
             meta.get("namespace"),
             meta.get("name"),
@@ -112,16 +133,16 @@ MANAGED_FIELDS_END = '],"name":"'
 (fields sorted: ``name`` follows ``managedFields``)."""
 
 
-def _metadata(text: str, start: int) -> dict[str, Any]:
+def _metadata(text: str, start: int) -> tuple[dict[str, Any], int]:
     """The JSON object at ``start`` of ``text`` (a run's metadata, written without spaces),
-    each field decoded but ``managedFields``, which is passed over. Raises ValueError (or
-    IndexError) for anything else."""
+    each field decoded but ``managedFields``, which is passed over, and where it ends.
+    Raises ValueError (or IndexError) for anything else."""
     if text[start] != "{":
         raise ValueError("not an object")
     meta: dict[str, Any] = {}
     at = start + 1
     if text[at] == "}":
-        return meta
+        return meta, at + 1
     while True:
         if text[at] != '"':
             raise ValueError("not a field name")
@@ -137,7 +158,23 @@ def _metadata(text: str, start: int) -> dict[str, Any]:
         else:
             meta[key], at = _DECODER.raw_decode(text, at)
         if text[at] == "}":
-            return meta
+            return meta, at + 1
         if text[at] != ",":
             raise ValueError("neither a comma nor the end after a field")
         at += 1
+
+
+def _rest(text: str, at: int) -> dict[str, Any]:
+    """The fields of the run after its metadata (``at``: where the metadata ended), decoded,
+    up to the end of the run and of the event, with nothing but spaces after them."""
+    rest: dict[str, Any] = {}
+    while text[at] == ",":
+        if text[at + 1] != '"':
+            raise ValueError("not a field name")
+        key, at = _scan_string(text, at + 2)
+        if text[at] != ":":
+            raise ValueError("no colon after a field name")
+        rest[key], at = _DECODER.raw_decode(text, at + 1)
+    if not text.startswith("}}", at) or text[at + 2 :].strip():
+        raise ValueError("the run and the event do not end there")
+    return rest

@@ -116,9 +116,9 @@ WATCH_RELISTS = Counter(
 )
 RUN_EVENTS = Counter(
     "agentrun_run_events",
-    "MODIFIED events of kopf's watch of runs, by how they were decoded: metadata (the run at "
-    "that version was held already, as this process wrote or read it: the rest of the event "
-    "is not decoded) or whole.",
+    "Events of kopf's watch of runs, by how they were decoded: metadata (a MODIFIED event of a "
+    "run held at that version already, as this process wrote or read it: the rest of the "
+    "event is not decoded) or whole (but for the run's managedFields, never decoded).",
     ["decoded"],
 )
 TOKENS = Counter(
