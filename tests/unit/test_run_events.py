@@ -188,23 +188,25 @@ def test_metadata_is_read_field_by_field(metadata: dict[str, Any]) -> None:
     assert _metadata(text, 1) == (expected, len(text) - 1)
 
 
-@pytest.mark.parametrize(
-    "tail",
-    [
-        pytest.param('{"name":"demo"', id="metadata cut short"),
-        pytest.param('"not an object"}}', id="metadata not an object"),
-        pytest.param('{"name":"demo","namespace":"team"}}', id="no version"),
-        pytest.param('{"managedFields":[{"a":{}}]}}', id="managedFields last"),
-        pytest.param('{ "name":"demo"}}', id="spaced"),
-        pytest.param('{"name" :"demo"}}', id="spaced before a colon"),
-        pytest.param('{"name":"demo" }}', id="spaced after a value"),
-        pytest.param('{"name":"demo",}}', id="a comma before the end"),
-        pytest.param('{"name":"demo","namespace":"team"},"spec":{}}', id="the event not ended"),
-        pytest.param('{"name":"demo","namespace":"team"},"spec":{}}}x', id="more after it"),
-        pytest.param('{"name":"demo","namespace":"team"},"spec" :{}}}', id="spaced spec"),
-        pytest.param('{"name":"demo","namespace":"team"},spec:{}}}', id="a bare name"),
-    ],
-)
+UNREADABLE = {
+    "metadata cut short": '{"name":"demo"',
+    "metadata not an object": '"not an object"}}',
+    "no version": '{"name":"demo","namespace":"team"}}',
+    "managedFields last": '{"managedFields":[{"a":{}}]}}',
+    "spaced": '{ "name":"demo"}}',
+    "spaced before a colon": '{"name" :"demo"}}',
+    "spaced after a value": '{"name":"demo" }}',
+    "a comma before the end": '{"name":"demo",}}',
+    "the event not ended": '{"name":"demo","namespace":"team"},"spec":{}}',
+    "more after it": '{"name":"demo","namespace":"team"},"spec":{}}}x',
+    "spaced spec": '{"name":"demo","namespace":"team"},"spec" :{}}}',
+    "a bare name": '{"name":"demo","namespace":"team"},spec:{}}}',
+}
+"""Ends of a run event's line after its fixed beginning that do not read as the API server
+writes them, by what is wrong with them."""
+
+
+@pytest.mark.parametrize("tail", list(UNREADABLE.values()), ids=list(UNREADABLE))
 def test_a_line_whose_metadata_cannot_be_read_is_decoded_whole(tail: str) -> None:
     """What kopf would get from decoding it whole: its decoded value, or its error."""
     line = PREFIX + tail
