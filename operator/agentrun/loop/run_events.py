@@ -98,8 +98,7 @@ class RunEvents:
             rest = _rest(text, after)
         except (ValueError, IndexError):
             return json.loads(text)
-        run = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": meta, **rest}
-        return {"type": event_type, "object": run}
+        return _event(event_type, meta, rest)
 
     def _from_held(self, meta: dict[str, Any]) -> dict[str, Any] | None:
         """The MODIFIED event of the run of metadata ``meta`` from the body held at its
@@ -117,15 +116,13 @@ class RunEvents:
         held_meta = body.get("metadata") or {}
         if held_meta.get("uid") != meta.get("uid") or held_meta.get("resourceVersion") != version:
             return None
-        run: dict[str, Any] = {
-            "apiVersion": names.API_VERSION,
-            "kind": names.KIND,
-            "metadata": meta,
-        }
-        for part in ("spec", "status"):
-            if part in body:
-                run[part] = body[part]
-        return {"type": "MODIFIED", "object": run}
+        return _event("MODIFIED", meta, {k: body[k] for k in ("spec", "status") if k in body})
+
+
+def _event(event_type: str, meta: dict[str, Any], rest: Mapping[str, Any]) -> dict[str, Any]:
+    """The watch event ``event_type`` of the run of metadata ``meta`` and fields ``rest``."""
+    run = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": meta, **rest}
+    return {"type": event_type, "object": run}
 
 
 MANAGED_FIELDS_END = '],"name":"'
@@ -144,12 +141,7 @@ def _metadata(text: str, start: int) -> tuple[dict[str, Any], int]:
     if text[at] == "}":
         return meta, at + 1
     while True:
-        if text[at] != '"':
-            raise ValueError("not a field name")
-        key, at = _scan_string(text, at + 1)
-        if text[at] != ":":
-            raise ValueError("no colon after a field name")
-        at += 1
+        key, at = _field_name(text, at)
         if key == "managedFields" and text[at] == "[":
             end = text.find(MANAGED_FIELDS_END, at)
             if end < 0:
@@ -169,12 +161,19 @@ def _rest(text: str, at: int) -> dict[str, Any]:
     up to the end of the run and of the event, with nothing but spaces after them."""
     rest: dict[str, Any] = {}
     while text[at] == ",":
-        if text[at + 1] != '"':
-            raise ValueError("not a field name")
-        key, at = _scan_string(text, at + 2)
-        if text[at] != ":":
-            raise ValueError("no colon after a field name")
-        rest[key], at = _DECODER.raw_decode(text, at + 1)
+        key, at = _field_name(text, at + 1)
+        rest[key], at = _DECODER.raw_decode(text, at)
     if not text.startswith("}}", at) or text[at + 2 :].strip():
         raise ValueError("the run and the event do not end there")
     return rest
+
+
+def _field_name(text: str, at: int) -> tuple[str, int]:
+    """The field name at ``at`` of ``text`` (its opening quote) and where its value begins
+    (after the colon). Raises ValueError for anything else."""
+    if text[at] != '"':
+        raise ValueError("not a field name")
+    key, at = _scan_string(text, at + 1)
+    if text[at] != ":":
+        raise ValueError("no colon after a field name")
+    return key, at + 1
