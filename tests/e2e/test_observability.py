@@ -74,6 +74,8 @@ def test_metrics_count_a_run_carried_to_succeeded(
     assert value(samples, "agentrun_step_attempt_duration_seconds_count", outcome="succeeded") == 2
     assert value(samples, "agentrun_approval_wait_seconds_count") == 0
     assert value(samples, "agentrun_reconcile_duration_seconds_count") >= 3
+    # Every pass the scheduler runs waited for a worker first, if only for no time at all.
+    assert value(samples, "agentrun_reconcile_wait_seconds_count") >= 3
     assert ("agentrun_status_conflicts_total", ()) in samples
     # The operator put its finalizer on the run itself, one patch, before the run's first
     # status write, which therefore met no conflict (kopf's patch used to race it).

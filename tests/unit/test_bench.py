@@ -28,6 +28,10 @@ from agentrun_devcluster.bench.audit import (
     step_marks,
 )
 from agentrun_devcluster.bench.cases import (
+    PASS_SECONDS,
+    PASSES,
+    WAIT_SECONDS,
+    WAITS,
     AgentResult,
     CaseResult,
     ReplicaResult,
@@ -744,3 +748,16 @@ def test_p3_shows_the_controller_managers_requests_per_step_of_each_leg() -> Non
     assert table["delete jobs"] == ["2.00", "0.00"], "20 deletes over 10 steps; none bare"
     assert table["create pods"] == ["2.00", "1.00"]
     assert "create jobs" not in table, "the operator's own requests are not the manager's"
+
+
+def test_p3_shows_the_operators_passes_and_their_wait_for_a_worker() -> None:
+    samples = {PASSES: 25.0, PASS_SECONDS: 2.5, WAITS: 20.0, WAIT_SECONDS: 8.0}
+    op = CaseResult("p3-2-op", "operator", 2, 5, 10.0, 2, 0, {}, passes=25.0, samples=samples)
+    bare = CaseResult("p3-2-bare", "bare", 2, 5, 5.0, 10, 0, {})
+    unscraped = CaseResult("p3-3-op", "operator", 3, 5, 10.0, 3, 0, {})
+    lines = Report(p3=[(2, op, bare), (3, unscraped, None)]).render().splitlines()
+    start = lines.index("    the operator's passes (its /metrics):")
+    expected = "p3-2-op 2.50 passes/step, each 0.100 s on a worker after 0.400 s waiting for one"
+    # 25 passes over 10 steps, 2.5 s of them, 8 s waited by 20
+    assert " ".join(lines[start + 1].split()) == expected + " (mean)"
+    assert "p3-2-bare" not in lines[start + 2] and "p3-3-op" not in lines[start + 2]

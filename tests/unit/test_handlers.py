@@ -12,6 +12,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from prometheus_client import REGISTRY
 
 from agentrun import settings as s
 from agentrun.api import models as m
@@ -292,6 +293,11 @@ def test_a_finished_run_without_the_run_finalizer_gets_it_only_from_a_pass_it_ne
     assert not custom.method_calls, "a request was made for a run with nothing to clean up"
 
 
+def passes_waited() -> float:
+    """Passes counted in agentrun_reconcile_wait_seconds so far."""
+    return REGISTRY.get_sample_value("agentrun_reconcile_wait_seconds_count") or 0.0
+
+
 def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -305,6 +311,7 @@ def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(
         return Outcome(3600.0, "Running", 0)
 
     monkeypatch.setattr(scheduler, "_pass", fake_pass)
+    waited_before = passes_waited()
 
     async def main() -> Scheduler:
         sched, _ = make_scheduler(ClusterView(), reconciler(3600))
@@ -329,6 +336,7 @@ def test_an_unfinished_run_gets_one_task_of_its_own_which_its_deletion_ends(
     sched = asyncio.run(main())
     assert not sched.drivers and not sched.driving, "the deleted run's task did not end"
     assert passes == ["demo"], passes
+    assert passes_waited() - waited_before == 1, "the pass's wait for a worker was not counted"
 
 
 def test_with_shards_a_run_is_driven_only_while_its_shard_is_held_here(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -79,6 +80,15 @@ def test_a_reconcile_pass_is_timed() -> None:
     with pytest.raises(RuntimeError), metrics.reconcile_pass():
         raise RuntimeError("a failed pass is timed too")
     assert sample("agentrun_reconcile_duration_seconds_count") - count == 2
+
+
+def test_a_pass_handed_to_the_workers_counts_its_wait() -> None:
+    waits = sample("agentrun_reconcile_wait_seconds_count")
+    waited = sample("agentrun_reconcile_wait_seconds_sum")
+    metrics.pass_began(time.perf_counter() - 0.25)
+    metrics.pass_began(time.perf_counter() + 1)  # a clock read late counts no wait, not less
+    assert sample("agentrun_reconcile_wait_seconds_count") - waits == 2
+    assert 0.25 <= sample("agentrun_reconcile_wait_seconds_sum") - waited < 60
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -214,7 +215,8 @@ class Scheduler:
         try:
             if not self.owns(namespace, name):
                 return None
-            return await asyncio.to_thread(_pass, self.reconciler, namespace, name)
+            due = time.perf_counter()
+            return await asyncio.to_thread(_waited, due, self.reconciler, namespace, name)
         finally:
             with self._flight_lock:
                 self.in_flight[key] -= 1
@@ -467,6 +469,13 @@ class Waker:
         loop = scheduler.loop if scheduler is not None else None
         if scheduler is not None and loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(scheduler.observed, namespace, name, uid)
+
+
+def _waited(due: float, reconciler: Reconciler, namespace: str, name: str) -> Outcome:
+    """:func:`_pass`, on a worker, counting how long since ``due`` it waited for one
+    (agentrun_reconcile_wait_seconds)."""
+    metrics.pass_began(due)
+    return _pass(reconciler, namespace, name)
 
 
 def _pass(reconciler: Reconciler, namespace: str, name: str) -> Outcome:

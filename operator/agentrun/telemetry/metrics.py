@@ -80,6 +80,11 @@ PASS_SECONDS = Histogram(
     "Seconds of one reconcile pass of one run (re-derivations after conflicts included).",
     buckets=PASS_BUCKETS,
 )
+PASS_WAIT_SECONDS = Histogram(
+    "agentrun_reconcile_wait_seconds",
+    "Seconds a due reconcile pass waited for a worker (AGENTRUN_WORKERS) before it began.",
+    buckets=PASS_BUCKETS,
+)
 STATUS_CONFLICTS = Counter(
     "agentrun_status_conflicts",
     "Status writes refused with 409 Conflict (the run moved on; the pass re-derives).",
@@ -160,6 +165,11 @@ def reconcile_pass() -> Iterator[None]:
         yield
     finally:
         PASS_SECONDS.observe(time.perf_counter() - began)
+
+
+def pass_began(due: float) -> None:
+    """A worker begins a pass handed to the workers at ``due`` (``time.perf_counter()``)."""
+    PASS_WAIT_SECONDS.observe(max(time.perf_counter() - due, 0.0))
 
 
 # -- runs by phase ------------------------------------------------------------------------------

@@ -72,6 +72,13 @@ CREATE_THREADS = 16
 """Threads that create the runs of a case (so that 200 runs start within a second or so)."""
 PASSES = "agentrun_reconcile_duration_seconds_count"
 """The operator's reconcile passes so far, on its /metrics."""
+PASS_SECONDS = "agentrun_reconcile_duration_seconds_sum"
+"""The seconds its passes took so far."""
+WAITS = "agentrun_reconcile_wait_seconds_count"
+"""The passes handed to its workers so far (the scheduler's: not those of a deletion)."""
+WAIT_SECONDS = "agentrun_reconcile_wait_seconds_sum"
+"""The seconds those passes waited for a worker."""
+PASS_SAMPLES = (PASSES, PASS_SECONDS, WAITS, WAIT_SECONDS)
 QUIET_SECONDS = 3.0
 """The operator counts as done with a case when it made no request for this long."""
 
@@ -100,6 +107,20 @@ class CaseResult:
     """The operator's reconcile passes during the case, of every run (:data:`PASSES` of its
     /metrics, over the same window as ``cpu``); None for another engine, or when /metrics
     did not answer."""
+
+    samples: dict[str, float] = field(default_factory=dict)
+    """How much each of :data:`PASS_SAMPLES` grew during the case (the operator's, as
+    ``passes``); empty when /metrics did not answer."""
+
+    @property
+    def pass_seconds(self) -> float | None:
+        """The mean seconds of a pass during the case."""
+        return _mean(self.samples, PASS_SECONDS, PASSES)
+
+    @property
+    def pass_wait(self) -> float | None:
+        """The mean seconds a pass waited for a worker during the case."""
+        return _mean(self.samples, WAIT_SECONDS, WAITS)
 
     @property
     def total_steps(self) -> int:
@@ -142,7 +163,22 @@ class CaseResult:
         return [finished[k] - created[k] for k in finished if k in created]
 
 
-def _cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+def _mean(samples: dict[str, float], total: str, count: str) -> float | None:
+    if total not in samples or not samples.get(count):
+        return None
+    return samples[total] / samples[count]
+
+
+def _operator_samples(bench: BenchCluster) -> dict[str, float] | None:
+    """:data:`PASS_SAMPLES` of the operator's /metrics now (absent ones as 0); None when it
+    did not answer."""
+    found = {name: bench.operator_sample(name) for name in PASS_SAMPLES}
+    if found[PASSES] is None:
+        return None
+    return {name: value or 0.0 for name, value in found.items()}
+
+
+def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before[k] for k in after if k in before}
 
 
@@ -215,7 +251,7 @@ def bare_chains(
         makespan=max(tracker.done_at.values()) - started if complete else None,
         done=done,
         failed=failed + sum(failures.values()),
-        cpu=_cpu_delta(cpu_before, cpu_after),
+        cpu=_delta(cpu_before, cpu_after),
         requests=bench.audit.read(start_offset, end_offset),
         window=window,
     )
@@ -322,18 +358,23 @@ def custom_objects_at_once(
 
     start_offset = bench.audit.mark()
     cpu_before = bench.cpu()
-    passes_before = bench.operator_sample(PASSES) if kind == "operator" else None
+    samples_before = _operator_samples(bench) if kind == "operator" else None
     started = time.monotonic()
     with ThreadPoolExecutor(min(CREATE_THREADS, len(bodies))) as pool:
         list(pool.map(create, bodies))
     all_done = tracker.wait_all(names, timeout)
     cpu_after = bench.cpu()
-    passes_after = bench.operator_sample(PASSES) if passes_before is not None else None
+    samples_after = _operator_samples(bench) if samples_before is not None else None
     tracker.stop()
     if settle is not None and all_done:
         settle()
     end_offset = bench.audit.mark()
     window = time.monotonic() - started
+    samples = (
+        _delta(samples_before, samples_after)
+        if samples_before is not None and samples_after is not None
+        else {}
+    )
     failed = sum(
         1 for obj in tracker.final.values() if (obj.get("status") or {}).get("phase") != "Succeeded"
     )
@@ -345,10 +386,11 @@ def custom_objects_at_once(
         makespan=max(tracker.done_at.values()) - started if all_done else None,
         done=len(tracker.done_at),
         failed=failed,
-        cpu=_cpu_delta(cpu_before, cpu_after),
+        cpu=_delta(cpu_before, cpu_after),
         requests=bench.audit.read(start_offset, end_offset),
         window=window,
-        passes=None if passes_after is None else passes_after - (passes_before or 0.0),
+        passes=None if samples_after is None else samples[PASSES],
+        samples=samples,
     )
 
 

@@ -76,6 +76,23 @@ PROCESSES = {
 """The processes whose CPU the cases' tables show, and their columns' titles."""
 
 
+def _passes(cases: Sequence[CaseResult]) -> list[str]:
+    """The operator's passes of each case: how many per step, how long one took and how long
+    one waited for a worker (AGENTRUN_WORKERS), on average."""
+    lines = []
+    for case in cases:
+        if case.passes is None or not case.total_steps:
+            continue
+        lines.append(
+            f"      {case.name:<16}{fmt(case.passes / case.total_steps, '', 2):>8} passes/step,"
+            f" each {fmt(case.pass_seconds, 's', 3)} on a worker after"
+            f" {fmt(case.pass_wait, 's', 3)} waiting for one (mean)"
+        )
+    if not lines:
+        return []
+    return ["    the operator's passes (its /metrics):", *lines]
+
+
 def _costs(cases: Sequence[CaseResult]) -> list[str]:
     """The CPU seconds of each process, and the API requests by user, of each case."""
     lines = ["    CPU seconds of each process during the case (operator: every replica):"]
@@ -231,7 +248,7 @@ class Report:
                 f"{fmt(bare.makespan if bare else None, 's', 1):>15}"
             )
         cases = [c for _, op, bare in self.p3 for c in (op, bare) if c is not None]
-        return lines + _costs(cases) + _controller_requests(cases)
+        return lines + _passes(cases) + _costs(cases) + _controller_requests(cases)
 
     def _p4(self) -> list[str]:
         rows: list[tuple[str, list[float]]] = []
