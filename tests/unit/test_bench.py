@@ -752,7 +752,7 @@ def test_p3_shows_the_controller_managers_requests_per_step_of_each_leg() -> Non
 
 def test_p3_shows_the_operators_passes_and_their_wait_for_a_worker() -> None:
     samples = {PASSES: 25.0, PASS_SECONDS: 2.5, WAITS: 20.0, WAIT_SECONDS: 8.0}
-    op = CaseResult("p3-2-op", "operator", 2, 5, 10.0, 2, 0, {}, passes=25.0, samples=samples)
+    op = CaseResult("p3-2-op", "operator", 2, 5, 10.0, 2, 0, {}, samples=samples)
     bare = CaseResult("p3-2-bare", "bare", 2, 5, 5.0, 10, 0, {})
     unscraped = CaseResult("p3-3-op", "operator", 3, 5, 10.0, 3, 0, {})
     lines = Report(p3=[(2, op, bare), (3, unscraped, None)]).render().splitlines()

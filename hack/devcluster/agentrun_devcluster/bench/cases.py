@@ -103,14 +103,16 @@ class CaseResult:
     """Every API request of the case's window, of every client."""
     window: float = 0.0
     """Seconds the audited window lasted."""
-    passes: float | None = None
-    """The operator's reconcile passes during the case, of every run (:data:`PASSES` of its
-    /metrics, over the same window as ``cpu``); None for another engine, or when /metrics
-    did not answer."""
-
     samples: dict[str, float] = field(default_factory=dict)
-    """How much each of :data:`PASS_SAMPLES` grew during the case (the operator's, as
-    ``passes``); empty when /metrics did not answer."""
+    """How much each of :data:`PASS_SAMPLES` of the operator's /metrics grew during the case,
+    over the same window as ``cpu``; empty for another engine, or when /metrics did not
+    answer."""
+
+    @property
+    def passes(self) -> float | None:
+        """The operator's reconcile passes during the case, of every run; None for another
+        engine, or when /metrics did not answer."""
+        return self.samples.get(PASSES)
 
     @property
     def pass_seconds(self) -> float | None:
@@ -389,7 +391,6 @@ def custom_objects_at_once(
         cpu=_delta(cpu_before, cpu_after),
         requests=bench.audit.read(start_offset, end_offset),
         window=window,
-        passes=None if samples_after is None else samples[PASSES],
         samples=samples,
     )
 
