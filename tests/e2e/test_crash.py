@@ -38,7 +38,7 @@ import shlex
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -479,15 +479,57 @@ def check_everything(
     created once, every attempt ran once, every result was committed; returns the audit
     log's creations and the number of executions."""
     wait_all_terminal(kube, namespace, runs.uids, FINISH_TIMEOUT, context)
+    operators = list(operators)
     assert_settled(cluster, namespace, operators, f"{context} (after the runs ended)")
-    creations = check_job_creations(cluster, namespace, runs.plans, runs.uids, context)
-    executions = check_executions(runs.ledger, runs.plans, context)
-    check_results(kube, namespace, runs.plans, context)
+    with failures_explained(kube, namespace, runs.plans, operators):
+        creations = check_job_creations(cluster, namespace, runs.plans, runs.uids, context)
+        executions = check_executions(runs.ledger, runs.plans, context)
+        check_results(kube, namespace, runs.plans, context)
     return creations, executions
 
 
 def count_lines(text: str, needle: str) -> int:
     return sum(1 for line in text.splitlines() if needle in line)
+
+
+STORY_LINES = 12
+"""Operator warnings per run quoted by :func:`failures_explained`."""
+
+
+@contextlib.contextmanager
+def failures_explained(
+    kube: KubeClients,
+    namespace: str,
+    plans: Iterable[PlanSpec],
+    operators: Iterable[OperatorProcess],
+) -> Iterator[None]:
+    """A check failing inside says, besides its own finding, why the runs' attempts failed
+    (each run's status.history of BackingOff and Failed steps) and the operators' last
+    warnings about each run: what tells an extra attempt the operator decided from one that
+    failed on its own."""
+    try:
+        yield
+    except AssertionError as error:
+        texts = [op.log_text() for op in operators]
+        story = []
+        for plan in plans:
+            status = status_of(get(kube, namespace, plan.name))
+            for entry in status.get("history") or []:
+                if entry.get("step") and entry.get("to") in ("BackingOff", "Failed"):
+                    story.append(
+                        f"{plan.name}/{entry['step']} {entry.get('from')} -> {entry['to']} at "
+                        f"{entry.get('at')}: {entry.get('reason')}: {entry.get('message')}"
+                    )
+            for number, text in enumerate(texts, 1):
+                warned = [
+                    line[:400]
+                    for line in text.splitlines()
+                    if plan.name in line and '"level": "info"' not in line
+                ]
+                story += [f"operator {number}: {line}" for line in warned[-STORY_LINES:]]
+        raise AssertionError(
+            f"{error}\nwhat the runs and operators say:\n" + "\n".join(story)
+        ) from None
 
 
 # -- the crash test --------------------------------------------------------------------------
@@ -718,9 +760,10 @@ def test_two_operators_at_once_create_every_job_once_and_resolve_conflicts(
 
     conflicts = [count_lines(op.log_text(), CONFLICT_LINE) for op in (first, second)]
     context = f"two operators (conflicts seen: {conflicts})"
-    creations = check_job_creations(cluster, namespace, plans, uids, context)
-    executions = check_executions(ledger, plans, context)
-    check_results(kube, namespace, plans, context)
+    with failures_explained(kube, namespace, plans, (first, second)):
+        creations = check_job_creations(cluster, namespace, plans, uids, context)
+        executions = check_executions(ledger, plans, context)
+        check_results(kube, namespace, plans, context)
     assert not creations.response_lost, f"{context}: creates without 201: {creations}"
     print(
         f"\ntwo-operator summary: {len(plans)} runs, {sum(len(p.steps) for p in plans)} steps, "
