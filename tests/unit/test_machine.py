@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from agentrun.api import models as m
 from agentrun.core import (
     CreateJob,
+    Decision,
     DeleteJob,
     DeleteRun,
     PodRef,
@@ -24,6 +25,7 @@ from agentrun.core import (
     reconcile,
 )
 from agentrun.core import fork_plan as fork
+from agentrun.core.actions import Action, CreateChild
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.graph import plan_problems
 from agentrun.core.naming import sha256_text
@@ -153,6 +155,54 @@ def test_failed_attempt_is_retried_with_backoff_then_succeeds() -> None:
     sim.tick()
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     assert sim.step_status("a").error is None
+
+
+def test_a_later_attempts_job_seen_from_a_stale_read_is_stopped_only_behind_a_fence() -> None:
+    """A pass read the run while its step was backing off; another pass (another operator's)
+    then committed attempt 2 and created its Job, which this pass sees before it decides. To it
+    that Job is a stray, still running: stopping it is part of a decision whose status did not
+    change, so that decision must be written all the same, and its write, with the stale
+    version, is refused; the Job is never deleted."""
+    retry = {"limit": 2, "backoff": {"initialSeconds": 1}}
+    sim = Sim(make_run([step("a", retry=retry)]))
+    sim.tick()
+    sim.finish(sim.job_of("a").name, ok=False, exit_code=3)
+    sim.tick()
+    assert sim.step_status("a").phase == SP.BACKING_OFF
+    sim.advance(2)
+    stale = sim.snapshot()  # read while attempt 2 is due, not yet committed
+    sim.tick()  # the other pass: attempt 2 committed, its Job created
+    second = sim.job_of("a")
+    assert second.attempt == 2
+    seen = dataclasses.replace(sim.observed(), running=frozenset({second.name}))
+    decision = reconcile(stale[0], seen, sim.now, sim.config)
+    assert not decision.status_changed(stale[0].status)
+    stops = [a for a in decision.after_commit if isinstance(a, DeleteJob)]
+    assert [a.job_name for a in stops] == [second.name]
+    assert decision.needs_fence, "a Job stopped on a decision nothing fences"
+    assert not sim.commit(decision, stale[1]), "the stale decision was committed"
+
+
+def test_what_a_decision_must_write_even_with_its_status_unchanged() -> None:
+    """Creating a Job or a child run, and stopping a Job, need the fence write; releasing a Job
+    already being deleted, letting a pod start or handing a Job to the TTL controller do not."""
+    status = m.AgentRunStatus()
+    plan = make_run([step("a")]).spec.plan
+    assert plan is not None
+    fenced: list[Action] = [
+        CreateJob(plan.steps[0], 1, "j", "k", "h"),
+        CreateChild("t1-0-researcher", {"metadata": {"name": "child"}}),
+        DeleteJob("j", "NotCurrentAttempt"),
+    ]
+    free: list[Action] = [
+        DeleteJob("j", "Deleted", release=True),
+        StartPod("j", PodRef("p", "u")),
+        ReleaseJob("j", 1),
+    ]
+    for action in fenced:
+        assert Decision(status, after_commit=(action,)).needs_fence, action
+    for action in free:
+        assert not Decision(status, after_commit=(action,)).needs_fence, action
 
 
 def test_retries_keep_the_idempotency_key() -> None:

@@ -1,7 +1,7 @@
 """A pass starts from the run as the watch delivered it (agentrun.loop.reconciler.RunBodies): the
-newest body wins, whoever offered it; a run is read (a quorum read) only without a body, at
-least once per resync period counted from its first pass, and when a decision would delete a
-Job without a commit fencing it (then it is taken again from that read)."""
+newest body wins, whoever offered it; a run is read (a quorum read) only without a body, or at
+least once per resync period counted from its first pass. A decision that would delete a Job
+is committed even with its status unchanged: that write, with the version read, is its fence."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from agentrun.api import models as m
 from agentrun.core import Decision, DeleteJob
 from agentrun.loop.act import Actor
 from agentrun.loop.commit import AuditRecord, commit
+from agentrun.loop.ledger import Conflict
 from agentrun.loop.observe import Observer
 from agentrun.loop.reconciler import Apis, Reconciler, RunBodies
 from agentrun.observation.watches import ClusterView
@@ -70,7 +71,7 @@ def _watched() -> tuple[Sim, dict[str, Any], RunBodies, Reconciler, mock.Mock]:
     return sim, run, bodies, rec, custom
 
 
-def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete() -> None:
+def test_a_pass_starts_from_the_watched_body_and_fences_a_delete_with_a_write() -> None:
     sim, _, _, rec, custom = _watched()
     quiet = Decision(status=sim.status.model_copy(deep=True))
     deleting = Decision(status=sim.status.model_copy(deep=True),
@@ -94,17 +95,46 @@ def test_a_pass_starts_from_the_watched_body_and_reads_before_an_unfenced_delete
         assert reads.call_count == 1, "not read after a resync period"
         rec.reconcile("default", "demo")
         assert reads.call_count == 1, "read twice in one period"
+    writes = mock.Mock(return_value="8")
+    rec.ledger.send_status = writes
     with (
         mock.patch("agentrun.loop.decide.reconcile", return_value=deleting),
         mock.patch.object(Observer, "observe", return_value=sim.observed()),
         mock.patch.object(Actor, "act") as act,
     ):
         rec.reconcile("default", "demo")
-        assert reads.call_count == 2, "deleted on a watched body"
-        # The first derivation (from the watched body) acted on nothing after its commit.
-        after = [c.args[1] for c in act.call_args_list if c.args[1]]
-        assert after == [deleting.after_commit]
+        # Its status unchanged, the decision is written all the same, with the version the
+        # watched body had (nothing else in the patch): a run that moved on since answers 409.
+        assert writes.call_count == 1, "deleted a Job with no write to fence it"
+        ops = writes.call_args.args[6]
+        assert ops == [{"op": "replace", "path": "/metadata/resourceVersion", "value": "7"}]
+        assert reads.call_count == 1, "read again, as if a read could fence it"
+        assert act.call_args_list[-1].args[1] == deleting.after_commit
     mock.patch.stopall()
+
+
+def test_a_delete_on_a_stale_body_is_not_carried_out() -> None:
+    """The fence write answered 409: the decision is dropped (its Job not deleted), and the run
+    derived again from a quorum read."""
+    sim, _, _, rec, custom = _watched()
+    deleting = Decision(status=sim.status.model_copy(deep=True),
+                        after_commit=(DeleteJob("x", "NotCurrentAttempt"),))  # fmt: skip
+    quiet = Decision(status=sim.status.model_copy(deep=True))
+    moved = Conflict("default/demo")
+    rec.ledger.commit = mock.Mock(side_effect=[moved])  # type: ignore[method-assign]
+    for patcher in _isolated():
+        patcher.start()
+    with (
+        mock.patch("agentrun.loop.decide.reconcile", side_effect=[deleting, quiet]),
+        mock.patch.object(Observer, "observe", return_value=sim.observed()),
+        mock.patch.object(Actor, "act") as act,
+    ):
+        outcome = rec.reconcile("default", "demo")
+    mock.patch.stopall()
+    assert outcome.conflicts == 1
+    assert custom.get_namespaced_custom_object.call_count == 1, "not derived from a read"
+    acted = [a for c in act.call_args_list for a in c.args[1]]
+    assert not any(isinstance(a, DeleteJob) for a in acted), f"deleted on a stale body: {acted}"
 
 
 def _run_body(rv: str) -> dict[str, Any]:

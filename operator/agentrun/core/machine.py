@@ -9,8 +9,12 @@ How the shell must apply a :class:`Decision` (this order is what makes crashes h
 1. run ``before_commit`` actions (result objects that the new status will reference);
 2. commit ``status`` with the resourceVersion the run was read at. A 409 Conflict means someone
    else moved the run: re-read, call :func:`reconcile` again, and drop this decision. When the
-   decision contains a :class:`CreateJob`, this write is mandatory even if the status did not
-   change: it is the fence proving the launch intent is still the latest committed state;
+   decision contains a :class:`CreateJob` or :class:`CreateChild`, or a :class:`DeleteJob`
+   that stops a Job, this write is mandatory even if the status did not change: it is the
+   fence proving that the decision was derived from the latest committed state (the launch
+   intent is still current, its outcome not recorded; the Job to stop is no attempt's in
+   flight: one the run read does not account for may be a later attempt's, its Job seen
+   before the intent that launched it);
 3. run ``after_commit`` actions (create Jobs of committed intents, delete Jobs, events).
 
 Launching a step is two steps apart: first the intent "step s, attempt k, Job J" is committed
@@ -54,7 +58,7 @@ from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent_loop, children, mcp
 from agentrun.core import frozen as freezing
-from agentrun.core.actions import Action, CreateJob, DeleteJob, StartPod
+from agentrun.core.actions import Action, CreateChild, CreateJob, DeleteJob, StartPod
 from agentrun.core.arguments import needs_approval
 from agentrun.core.attempts import observe_attempt
 from agentrun.core.builder import Builder, CoreConfig, all_steps, floor_seconds, posts_event
@@ -89,8 +93,13 @@ class Decision:
 
     @property
     def needs_fence(self) -> bool:
-        """True when the commit must happen even if the status is unchanged."""
-        return any(isinstance(a, CreateJob) for a in self.after_commit)
+        """True when the commit must happen even if the status is unchanged: the decision
+        creates a Job or a sub-agent's child run, or stops a Job (a release of a Job already
+        being deleted stops nothing)."""
+        return any(
+            isinstance(a, CreateJob | CreateChild) or (isinstance(a, DeleteJob) and not a.release)
+            for a in self.after_commit
+        )
 
     def status_changed(self, previous: m.AgentRunStatus | None) -> bool:
         old = previous.to_wire() if previous is not None else {}

@@ -3,14 +3,15 @@
 One :meth:`Reconciler.reconcile` call is one level-triggered pass over one run:
 
 1. take the run as last watched or written (:class:`RunBodies`; a quorum read without one,
-   after a conflict, before deleting a Job on a decision no commit fenced, and once per resync
-   period counted from the run's first pass), and observe its
-   Jobs and their pods from the view, and what else the core is given (:mod:`.observe`);
+   after a conflict, and once per resync period counted from the run's first pass), and
+   observe its Jobs and their pods from the view, and what else the core is given
+   (:mod:`.observe`);
 2. ``decision = core.reconcile(run, observed, now)`` (:mod:`.decide`);
 3. run ``decision.before_commit`` (result ConfigMaps: :mod:`.act`);
 4. commit ``decision.status`` with the resourceVersion read (409: go back to 1), its audit
    chain anchored in it, and append the committed transitions to the audit record
-   (:mod:`.commit`);
+   (:mod:`.commit`); a decision that creates or stops a Job is committed even when its status
+   is unchanged (:attr:`~agentrun.core.Decision.needs_fence`);
 5. run ``decision.after_commit`` (create Jobs of committed intents, delete Jobs, Events:
    :mod:`.act`).
 
@@ -29,7 +30,7 @@ from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import DeleteJob, EmitEvent
+from agentrun.core import EmitEvent
 from agentrun.loop import cleanup
 from agentrun.loop.act import Actor, Events
 from agentrun.loop.commit import AuditRecord, commit
@@ -77,8 +78,8 @@ class Reconciler:
         self.checkpoint = checkpoint
         self.bodies = bodies
         """The latest body of each run, from the watch or this process's own writes: a pass
-        starts from it and reads the run (a quorum read) only without one, after a conflict,
-        or before deleting a Job on a decision no commit fenced. None: always read."""
+        starts from it and reads the run (a quorum read) only without one, or after a
+        conflict. None: always read."""
         self.ledger = Ledger(apis.custom)
         # One lock guards the caches of every part, as when they were all this class's: each
         # holds it briefly, and none while another does.
@@ -161,11 +162,6 @@ class Reconciler:
                 continue
             if stored is not None and self.bodies is not None:
                 self.bodies.offer(stored, _as_written(run, decision.status, stored))
-            elif not quorum and any(isinstance(a, DeleteJob) for a in decision.after_commit):
-                # Nothing written, so nothing proved the body current: a Job is deleted only
-                # on a decision from a quorum read (or one a commit fenced).
-                quorum = True
-                continue
             telemetry.observe_commit(run, decision.status)
             self.actor.act(run, decision.after_commit)
             if self.record.flush(run, decision.status) and not levelled:
