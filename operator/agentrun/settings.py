@@ -196,7 +196,7 @@ class Settings:
     max_conflict_retries: int = field(
         default_factory=lambda: _env_int("AGENTRUN_MAX_CONFLICT_RETRIES", 8)
     )
-    workers: int = field(default_factory=lambda: _env_int("AGENTRUN_WORKERS", 8))
+    workers: int = field(default_factory=lambda: _env_int("AGENTRUN_WORKERS", 16))
     """Reconcile passes (with janitor sweeps, deletions and finalizer patches) run at once,
     at most.
     The API client keeps as many connections (agentrun/loop/concurrency.py)."""

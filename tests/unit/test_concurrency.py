@@ -13,7 +13,7 @@ from agentrun.settings import Settings
 
 def test_workers_default_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENTRUN_WORKERS", raising=False)
-    assert Settings().workers == 8
+    assert Settings().workers == 16
     monkeypatch.setenv("AGENTRUN_WORKERS", "3")
     assert Settings().workers == 3
     monkeypatch.setenv("AGENTRUN_WORKERS", "many")
