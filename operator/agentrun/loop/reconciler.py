@@ -10,8 +10,8 @@ One :meth:`Reconciler.reconcile` call is one level-triggered pass over one run:
 3. run ``decision.before_commit`` (result ConfigMaps: :mod:`.act`);
 4. commit ``decision.status`` with the resourceVersion read (409: go back to 1), its audit
    chain anchored in it, and append the committed transitions to the audit record
-   (:mod:`.commit`); a decision that creates or stops a Job is committed even when its status
-   is unchanged (:attr:`~agentrun.core.Decision.needs_fence`);
+   (:mod:`.commit`); a decision that creates a Job or a child run, or stops a Job, is
+   committed even when its status is unchanged (:attr:`~agentrun.core.Decision.needs_fence`);
 5. run ``decision.after_commit`` (create Jobs of committed intents, delete Jobs, Events:
    :mod:`.act`).
 
