@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import yaml
 
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events, wait_for
 from tests.support.runs import Run, agentrun, condition, create, gone, step, step_status
 from tests.support.waiting import assert_holds, wait_phase
+
+pytestmark = pytest.mark.usefixtures("crd_installed")  # a test here applies a run with no operator
 
 SOON = 30.0
 """Seconds to wait for the refusal to end the run: a stuck run never gets there."""
