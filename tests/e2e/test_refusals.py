@@ -1,6 +1,10 @@
 """A spec that admission accepts but whose Job the API server refuses fails the step, with the
 API's own message and a Warning Event, instead of leaving the run Launching forever.
 
+A refusal of a step's pod that may pass on its own (its ServiceAccount made after the run) does
+not fail the step: the attempt waits while the Job controller tries again, and runs once the
+pod is admitted.
+
 The refusal counts as a failed attempt: the step's retry policy applies, and since an invalid
 spec is refused the same way each time, the retries end with the step Failed (reason
 ``JobRefused``) and no more creates are asked for. A Job the Kubernetes client refuses before
@@ -18,8 +22,19 @@ import yaml
 
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, audit_events, wait_for
-from tests.support.runs import Run, agentrun, condition, create, gone, step, step_status
-from tests.support.waiting import assert_holds, wait_phase
+from tests.support.admission import creator_recorded, policies_bound_to
+from tests.support.runs import (
+    Run,
+    agentrun,
+    condition,
+    create,
+    envelope,
+    gone,
+    status_of,
+    step,
+    step_status,
+)
+from tests.support.waiting import assert_holds, wait_phase, wait_until
 
 pytestmark = pytest.mark.usefixtures("crd_installed")  # a test here applies a run with no operator
 
@@ -142,3 +157,42 @@ def test_a_job_the_client_refuses_fails_the_step_with_its_message_not_a_crash_lo
         assert step_status(run, "bad")["attempt"] == 2
 
     assert_holds(nothing_sent, seconds=3)
+
+
+def test_a_pod_refused_until_its_service_account_is_made_runs_once_it_is(
+    operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    """The ServiceAccount admission refuses the step's pod while ``stepTemplate.
+    serviceAccountName`` names no ServiceAccount (as when the run is applied before it); the
+    attempt stays Launching, saying why, and attempt 1 succeeds once the account exists."""
+    run = agentrun(
+        "late-account",
+        [step("a", envelope("ran"))],
+        stepTemplate={"serviceAccountName": "late"},
+    )
+    # A step runs as a ServiceAccount only on behalf of a creator who may impersonate it: the
+    # admission policies record the creator (the admin).
+    with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
+        create(kube, namespace, run)
+
+    def says_it_waits(r: Run) -> bool:  # or has ended (then the asserts below say how)
+        steps: list[dict[str, Any]] = status_of(r).get("steps") or []
+        waits = any("FailedCreate" in str(st.get("message") or "") for st in steps)
+        return waits or status_of(r).get("phase") in ("Failed", "Succeeded")
+
+    waiting = wait_until(kube, namespace, "late-account", "the step waits", says_it_waits, SOON)
+    a = step_status(waiting, "a")
+    assert a["phase"] == "Launching" and not a.get("error"), a
+    refusals = [
+        e.message
+        for e in kube.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={a['jobName']}"
+        ).items
+        if e.reason == "FailedCreate"
+    ]
+    assert any('serviceaccount "late" not found' in text for text in refusals), refusals
+
+    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": "late"}})
+    done = wait_phase(kube, namespace, "late-account", "Succeeded", timeout=SOON * 3)
+    a = step_status(done, "a")
+    assert a["attempt"] == 1 and a.get("summary") == "ran" and not a.get("error"), a

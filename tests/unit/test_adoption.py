@@ -6,6 +6,7 @@ a Job that holds an attempt's name but is not its Job, or whose pod the API refu
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -14,7 +15,16 @@ import pytest
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CreateJob, DeleteJob, JobState, Observed, ObservedJob, reconcile
+from agentrun.core import (
+    CoreConfig,
+    CreateJob,
+    DeleteJob,
+    JobState,
+    Observed,
+    ObservedJob,
+    reconcile,
+)
+from agentrun.core.attempts import refusal_may_pass
 from agentrun.core.machine import committed_launch
 from agentrun.execution import jobs, proof
 from agentrun.observation import adoption
@@ -499,6 +509,75 @@ def test_an_attempt_whose_pod_is_refused_fails_and_its_job_is_deleted() -> None:
     assert after.error.message == "forbidden: quota"
     deletes = [a for a in decision.after_commit if isinstance(a, DeleteJob)]
     assert [(d.job_name, d.reason) for d in deletes] == [(st.job_name, "PodRefused")]
+
+
+SA_MISSING = (
+    'Error creating: pods "r-a-1-x7k2p" is forbidden: error looking up service account '
+    'team/late: serviceaccount "late" not found'
+)
+
+
+def test_a_refusal_that_may_pass_waits_for_the_job_controllers_tries_then_fails() -> None:
+    run = launched(step("a", timeoutSeconds=600))
+    st = run.status.steps[0] if run.status and run.status.steps else None
+    assert st is not None and st.job_name and st.attempt_started_at is not None
+    refused = ObservedJob(st.job_name, "a", 1, JobState.ACTIVE, pod_refused=SA_MISSING)
+    grace = CoreConfig().pod_refusal_grace_seconds
+    due = st.attempt_started_at + timedelta(seconds=grace)
+
+    waiting = reconcile(run, Observed((refused,)), due - timedelta(seconds=1))
+    (still,) = [x for x in waiting.status.steps or [] if x.name == "a"]
+    assert still.phase == m.StepPhase.LAUNCHING and still.error is None, still
+    assert still.message is not None and "FailedCreate" in still.message, still.message
+    assert due.isoformat() in still.message, still.message
+    assert not [a for a in waiting.after_commit if isinstance(a, DeleteJob)]
+    assert waiting.requeue_after is not None and waiting.requeue_after <= 1, waiting.requeue_after
+
+    failed = reconcile(run, Observed((refused,)), due)
+    (after,) = [x for x in failed.status.steps or [] if x.name == "a"]
+    assert after.phase == m.StepPhase.FAILED, after
+    assert after.error is not None and after.error.reason == "PodRefused"
+    assert after.error.message == SA_MISSING
+    deletes = [a for a in failed.after_commit if isinstance(a, DeleteJob)]
+    assert [(d.job_name, d.reason) for d in deletes] == [(st.job_name, "PodRefused")]
+
+
+def test_the_steps_timeout_still_ends_an_attempt_waiting_out_a_refusal() -> None:
+    run = launched(step("a", timeoutSeconds=5))
+    st = run.status.steps[0] if run.status and run.status.steps else None
+    assert st is not None and st.job_name and st.attempt_started_at is not None
+    refused = ObservedJob(st.job_name, "a", 1, JobState.ACTIVE, pod_refused=SA_MISSING)
+    config = CoreConfig()
+    late = st.attempt_started_at + timedelta(seconds=5 + config.step_timeout_grace_seconds)
+    decision = reconcile(run, Observed((refused,)), late)
+    (after,) = [x for x in decision.status.steps or [] if x.name == "a"]
+    assert after.error is not None and after.error.reason == "StepTimeout", after
+
+
+@pytest.mark.parametrize(
+    ("message", "passes"),
+    [
+        (SA_MISSING, True),
+        (
+            'pods "r-a-1-abcde" is forbidden: exceeded quota: pods, requested: pods=1, '
+            "used: pods=2, limited: pods=2",
+            True,
+        ),
+        ("Timeout: request did not complete within requested timeout - context deadline", True),
+        ("etcdserver: request timed out", True),
+        ("the server is currently unable to handle the request (post pods)", True),
+        ('pods "x" is forbidden: failed quota: q: must specify limits.cpu for: step', False),
+        (
+            'pods "x" is forbidden: violates PodSecurity "restricted:latest": '
+            "allowPrivilegeEscalation != false",
+            False,
+        ),
+        ('pods "x" is forbidden: maximum cpu usage per Container is 1, but limit is 2', False),
+        ("forged: pods is forbidden", False),
+    ],
+)
+def test_which_refusals_of_a_pod_may_pass(message: str, passes: bool) -> None:
+    assert refusal_may_pass(message) is passes
 
 
 def test_the_committed_launch_is_what_the_core_issues_and_none_once_the_step_changed() -> None:

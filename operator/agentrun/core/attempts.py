@@ -62,6 +62,9 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
         _attempt_failed(b, step, st, "JobNameTaken", job.name_taken, None)
         return
     if job.state == JobState.ACTIVE and job.pod_refused is not None:
+        if refusal_waits(b, st, job, job.pod_refused):
+            _check_step_timeout(b, step, st, job)
+            return
         b.after.append(DeleteJob(job.name, "PodRefused"))  # no pod may start later
         _attempt_failed(b, step, st, "PodRefused", job.pod_refused, None)
         return
@@ -129,6 +132,53 @@ def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
         b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
     else:
         b.timer(due)
+
+
+PASSING_REFUSALS = (
+    "error looking up service account",  # the ServiceAccount is not made yet
+    "exceeded quota",  # ResourceQuota: other pods of the namespace may end
+    "timeout",
+    "timed out",
+    "connection reset",
+    "connection refused",
+    "currently unable to handle the request",
+    "too many requests",
+    "etcdserver:",
+    "internal error occurred",
+)
+"""Words of a pod refusal that may pass on its own (lower case): the Job controller keeps
+trying to create the pod (after 1 s, doubling up to a minute), so the attempt waits for it.
+Any other refusal (Pod Security, a LimitRange, a quota's missing limits) is refused the same
+way each time and fails the attempt at once."""
+
+
+def refusal_may_pass(message: str) -> bool:
+    """Whether the API server's refusal of a step's pod (in its own words) may pass on its
+    own: a ServiceAccount not made yet, a quota other pods use up, the API server or etcd
+    overloaded or unreachable (:data:`PASSING_REFUSALS`)."""
+    text = message.lower()
+    return any(words in text for words in PASSING_REFUSALS)
+
+
+def refusal_waits(b: Builder, st: m.StepStatus, job: ObservedJob, message: str) -> bool:
+    """Whether the attempt still waits out a refusal of its pod that may pass
+    (:func:`refusal_may_pass`): for ``pod_refusal_grace_seconds`` from the attempt's intent
+    (``attemptStartedAt``, this operator's clock). The step's message says so (one status
+    write, the same words on every pass) and a timer brings the pass that fails the attempt
+    if the Job still has no pod then; a pod made meanwhile ends the refusal."""
+    if not refusal_may_pass(message):
+        return False
+    started = st.attempt_started_at
+    since = min(floor_seconds(started), b.now) if started else b.now
+    due = since + timedelta(seconds=b.config.pod_refusal_grace_seconds)
+    if b.now >= due:
+        return False
+    st.message = truncate(
+        f"the API server refuses the pod of Job {job.name} for now (see the Job's FailedCreate "
+        f"Events); the Job controller tries again until {due.isoformat()}, then the attempt fails"
+    )
+    b.timer(due)
+    return True
 
 
 def _job_refused(b: Builder, step: m.Step, st: m.StepStatus, message: str) -> None:

@@ -26,6 +26,7 @@ def core_config(settings: s.Settings) -> CoreConfig:
         jitter_seed=settings.jitter_seed,
         job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
         running_after_seconds=settings.running_after_seconds,
+        pod_refusal_grace_seconds=settings.pod_refusal_grace_seconds,
         agent=agent_loop.AgentConfig(
             llm_image=settings.llm_image,
             llm_command=settings.llm_command,
