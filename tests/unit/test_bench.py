@@ -178,6 +178,18 @@ def test_counts_by_verb_and_resource_with_subresources() -> None:
     assert writes.split()[-2:] == ["3.00", "1.50"]
 
 
+def test_rows_that_round_to_nothing_in_every_column_are_counted_not_shown() -> None:
+    requests = parse_requests(
+        [event(str(i), "create", "jobs", group="batch") for i in range(300)]
+        + [event("w", "watch", "leases", group="coordination.k8s.io")]
+    )
+    table = requests_breakdown([("per step", requests, 300.0)])
+    assert not [line for line in table if "watch leases" in line], table
+    assert "    (1 more verb and resource pair, 0.00 in every column)" in table, table
+    total = next(line for line in table if "= all requests" in line)
+    assert total.split()[-1] == "1.00", total  # 301 / 300: the hidden row is summed
+
+
 def job_status(conditions: list[dict[str, str]]) -> dict[str, Any]:
     return {"kind": "Job", "status": {"conditions": conditions}}
 

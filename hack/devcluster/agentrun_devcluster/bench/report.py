@@ -25,7 +25,9 @@ def requests_breakdown(
 ) -> list[str]:
     """A table of requests by verb and resource, one column per ``(title, requests,
     divisor)``: each count divided by the divisor (1 for totals, the steps for per-step
-    figures), then reads, writes and the total."""
+    figures), then reads, writes and the total. Rows that round to 0.00 in every column (the
+    controller manager's watches, for one) are counted in one line instead of shown; the
+    sums include them."""
     counts = [by_verb_and_resource(requests) for _, requests, _ in columns]
     keys: Counter[tuple[str, str]] = Counter()
     for c in counts:
@@ -37,9 +39,16 @@ def requests_breakdown(
         return f"    {label:<{width}}" + "".join(f"{v:>22.2f}" for v in values)
 
     order = sorted(keys, key=lambda k: (k[0] not in WRITE_VERBS, k[0], k[1]))
+    hidden = 0
     for verb, resource in order:
         values = [c[(verb, resource)] / d for c, (_, _, d) in zip(counts, columns, strict=True)]
+        if all(round(v, 2) == 0 for v in values):
+            hidden += 1
+            continue
         lines.append(row(f"{verb} {resource}", values))
+    if hidden:
+        pairs = "pair" if hidden == 1 else "pairs"
+        lines.append(f"    ({hidden} more verb and resource {pairs}, 0.00 in every column)")
     for label, verbs in (("reads", READ_VERBS), ("writes", WRITE_VERBS)):
         values = [
             sum(n for (v, _), n in c.items() if v in verbs) / d
