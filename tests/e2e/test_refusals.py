@@ -196,3 +196,32 @@ def test_a_pod_refused_until_its_service_account_is_made_runs_once_it_is(
     done = wait_phase(kube, namespace, "late-account", "Succeeded", timeout=SOON * 3)
     a = step_status(done, "a")
     assert a["attempt"] == 1 and a.get("summary") == "ran" and not a.get("error"), a
+
+
+def test_steps_beyond_a_pod_quota_wait_for_it_instead_of_failing(
+    operator: OperatorProcess, kube: KubeClients, namespace: str
+) -> None:
+    """With a ResourceQuota of one pod, the second of two parallel steps has its pod refused
+    (``exceeded quota``) while the first runs; it waits, and runs once the first pod ended."""
+    kube.core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "one-pod"}, "spec": {"hard": {"pods": "1"}}}
+    )
+
+    def counted() -> bool | None:  # the quota controller has set what is used
+        used = kube.core.read_namespaced_resource_quota("one-pod", namespace).status.used
+        return True if used is not None and "pods" in used else None
+
+    wait_for("the quota's usage", counted, timeout=SOON)
+    work = "sleep 3; " + envelope("done")
+    create(kube, namespace, agentrun("quota", [step("a", work), step("b", work)]))
+
+    done = wait_phase(kube, namespace, "quota", "Succeeded", timeout=SOON * 4)
+    for name in ("a", "b"):
+        st = step_status(done, name)
+        assert st["attempt"] == 1 and not st.get("error"), st
+    refused = [
+        e.message
+        for e in kube.core.list_namespaced_event(namespace).items
+        if e.reason == "FailedCreate" and "exceeded quota" in (e.message or "")
+    ]
+    assert refused, "no pod was refused by the quota: the test did not test the wait"
