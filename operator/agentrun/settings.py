@@ -220,13 +220,14 @@ class Settings:
     """A step shows Running once its command has run this long in the attempt's pod (from
     the step container's start); shorter commands go from Launching straight to their
     outcome (a status write fewer per step), however long their pods took to start."""
-    pod_refusal_grace_seconds: int = field(
-        default_factory=lambda: _env_int("AGENTRUN_POD_REFUSAL_GRACE_SECONDS", 150)
+    refusal_grace_seconds: int = field(
+        default_factory=lambda: _env_int("AGENTRUN_REFUSAL_GRACE_SECONDS", 150)
     )
-    """How long an attempt whose pod the API server refuses for a reason that may pass (a
-    ServiceAccount not made yet, an exceeded quota, an overloaded API server) waits for the
-    Job controller's next tries before it fails (reason PodRefused). Other refusals (Pod
-    Security, a LimitRange) fail it at once."""
+    """How long an attempt whose pod or Job the API server refuses for a reason that may pass
+    (a ServiceAccount not made yet, an exceeded quota, an overloaded API server) waits for the
+    next tries (the Job controller's, or the operator's every 5 s) before it fails (reason
+    PodRefused or JobRefused). Other refusals (Pod Security, a LimitRange, an invalid Job)
+    fail it at once."""
     rights_ttl_seconds: int = field(
         default_factory=lambda: _env_int("AGENTRUN_RIGHTS_TTL_SECONDS", 60)
     )

@@ -1,9 +1,9 @@
 """A spec that admission accepts but whose Job the API server refuses fails the step, with the
 API's own message and a Warning Event, instead of leaving the run Launching forever.
 
-A refusal of a step's pod that may pass on its own (its ServiceAccount made after the run) does
-not fail the step: the attempt waits while the Job controller tries again, and runs once the
-pod is admitted.
+A refusal that may pass on its own (the step's ServiceAccount made after the run, a quota on
+pods or on Jobs) does not fail the step: the attempt waits while the Job controller tries the
+pod again, or the operator the Job, and runs once it is admitted.
 
 The refusal counts as a failed attempt: the step's retry policy applies, and since an invalid
 spec is refused the same way each time, the retries end with the step Failed (reason
@@ -225,3 +225,30 @@ def test_steps_beyond_a_pod_quota_wait_for_it_instead_of_failing(
         if e.reason == "FailedCreate" and "exceeded quota" in (e.message or "")
     ]
     assert refused, "no pod was refused by the quota: the test did not test the wait"
+
+
+def test_a_job_beyond_a_job_quota_is_created_once_the_quota_allows(
+    operator: OperatorProcess, cluster: TestCluster, kube: KubeClients, namespace: str
+) -> None:
+    """With a ResourceQuota of one Job, the create of the second of two parallel steps' Jobs
+    is refused (403, ``exceeded quota``) until the first Job is deleted after its step ended;
+    the operator tries it again, and the step runs as attempt 1."""
+    quota = {"metadata": {"name": "one-job"}, "spec": {"hard": {"count/jobs.batch": "1"}}}
+    kube.core.create_namespaced_resource_quota(namespace, quota)
+
+    def counted() -> bool | None:  # the quota controller has set what is used
+        used = kube.core.read_namespaced_resource_quota("one-job", namespace).status.used
+        return True if used is not None and "count/jobs.batch" in used else None
+
+    wait_for("the quota's usage", counted, timeout=SOON)
+    work = envelope("done")
+    create(kube, namespace, agentrun("job-quota", [step("a", work), step("b", work)]))
+
+    done = wait_phase(kube, namespace, "job-quota", "Succeeded", timeout=SOON * 4)
+    for name in ("a", "b"):
+        st = step_status(done, name)
+        assert st["attempt"] == 1 and not st.get("error"), st
+    if not cluster.external:
+        codes = job_create_codes(cluster, namespace)
+        assert 403 in codes, f"no create was refused by the quota: {codes}"
+        assert codes.count(201) == 2, codes

@@ -522,7 +522,7 @@ def test_a_refusal_that_may_pass_waits_for_the_job_controllers_tries_then_fails(
     st = run.status.steps[0] if run.status and run.status.steps else None
     assert st is not None and st.job_name and st.attempt_started_at is not None
     refused = ObservedJob(st.job_name, "a", 1, JobState.ACTIVE, pod_refused=SA_MISSING)
-    grace = CoreConfig().pod_refusal_grace_seconds
+    grace = CoreConfig().refusal_grace_seconds
     due = st.attempt_started_at + timedelta(seconds=grace)
 
     waiting = reconcile(run, Observed((refused,)), due - timedelta(seconds=1))
@@ -574,6 +574,12 @@ def test_the_steps_timeout_still_ends_an_attempt_waiting_out_a_refusal() -> None
         ),
         ('pods "x" is forbidden: maximum cpu usage per Container is 1, but limit is 2', False),
         ("forged: pods is forbidden", False),
+        (
+            'Job.batch "x" is invalid: spec.template.spec.containers[0].env[0].name: Invalid '
+            'value: "timeout!"',
+            False,
+        ),
+        ("Too many requests, please try again later.", True),
     ],
 )
 def test_which_refusals_of_a_pod_may_pass(message: str, passes: bool) -> None:

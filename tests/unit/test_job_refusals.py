@@ -13,9 +13,10 @@ from kubernetes import client
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CreateJob, EmitEvent, Observed
+from agentrun.core import CoreConfig, CreateJob, EmitEvent, Observed, attempts
 from agentrun.execution import jobs
 from agentrun.loop.act import CLIENT_REFUSAL, MAX_REFUSAL, client_message
+from agentrun.loop.decide import REFUSAL_REQUEUE, requeue_after
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.watches import ClusterView
 from tests.support.schema import VALIDATOR
@@ -76,6 +77,40 @@ def test_a_refused_job_counts_as_a_failed_attempt_and_retries_end() -> None:
     assert sim.step_status("bad").attempt == 3, "retries ended"
 
 
+JOB_QUOTA = (
+    'jobs.batch "r-bad-1" is forbidden: exceeded quota: jobs, requested: count/jobs.batch=1, '
+    "used: count/jobs.batch=4, limited: count/jobs.batch=4"
+)
+
+
+def test_a_job_refused_by_a_quota_is_created_again_until_the_grace_ends() -> None:
+    sim = Sim(make_run([step("bad")]))
+    sim.tick()
+    started = sim.step_status("bad").attempt_started_at
+    assert started is not None
+    _refused_job(sim, JOB_QUOTA)
+
+    decision = sim.tick()
+    bad = sim.step_status("bad")
+    assert bad.phase == SP.LAUNCHING and bad.error is None, bad
+    assert bad.message is not None and "exceeded quota: jobs)" in bad.message, bad.message
+    assert "used:" not in bad.message  # the same words on every try: one status write
+    creates = [a for a in decision.after_commit if isinstance(a, CreateJob)]
+    assert [c.job_name for c in creates] == [bad.job_name]
+    assert decision.requeue_after == attempts.CREATE_RETRY_SECONDS
+    refused = {bad.job_name or "": JOB_QUOTA}
+    assert requeue_after(decision, refused) == attempts.CREATE_RETRY_SECONDS
+    assert requeue_after(decision, {bad.job_name or "": "invalid"}) == REFUSAL_REQUEUE
+
+    sim.advance(CoreConfig().refusal_grace_seconds)
+    _refused_job(sim, JOB_QUOTA)  # the create tried again was refused again
+    decision = sim.tick()
+    bad = sim.step_status("bad")
+    assert bad.phase == SP.FAILED and bad.error is not None, bad
+    assert bad.error.reason == "JobRefused" and bad.error.message == JOB_QUOTA
+    assert not [a for a in decision.after_commit if isinstance(a, CreateJob)]
+
+
 # -- a Job the client refuses before sending it ------------------------------------------------
 
 
@@ -118,7 +153,7 @@ def test_a_job_the_client_refuses_before_sending_is_a_refusal_not_a_failed_pass(
 
     rec.actor.act(run, (create,))  # raised before: the pass failed, again and again
 
-    assert rec.observer.refusals_of(run.metadata.uid) == {create.job_name}
+    assert set(rec.observer.refusals_of(run.metadata.uid)) == {create.job_name}
     message = rec.observer._job_refusals[run.metadata.uid][create.job_name]
     assert message.startswith(CLIENT_REFUSAL) and fragment in message, message
     assert len(message) <= MAX_REFUSAL
@@ -149,7 +184,7 @@ def test_unreachable_servers_still_fail_the_pass() -> None:
     with pytest.raises(Exception) as raised:
         rec.actor.act(run, (_first_create(run),))
     assert not isinstance(raised.value, ValueError | TypeError)
-    assert rec.observer.refusals_of(run.metadata.uid) == set()
+    assert rec.observer.refusals_of(run.metadata.uid) == {}
 
 
 def test_client_message_names_each_field_and_the_value() -> None:

@@ -881,7 +881,7 @@ TABLE: tuple[Entry, ...] = (
                 "PodRefused: an Event about the Job's uid while it has no pod fails the attempt "
                 "and deletes its Job (as a deletion would): at once, or, for a refusal that may "
                 "pass (a ServiceAccount not made yet, an exceeded quota, an overloaded API "
-                "server), once AGENTRUN_POD_REFUSAL_GRACE_SECONDS after its intent if the Job "
+                "server), once AGENTRUN_REFUSAL_GRACE_SECONDS after its intent if the Job "
                 "still has no pod; the step's retry policy applies",
                 alternative=Outcome.UNAFFECTED,
             ),

@@ -2,7 +2,8 @@
 
 The Job as observed decides: not seen yet (its create is issued again, see
 :func:`.launch.reissue_create`), refused by the API server, lost or deleted, taken by someone
-else's Job, its pod refused, still running (Launching becomes Running; the step's timeout is
+else's Job, its pod refused (a refusal that may pass is waited out for a while:
+:func:`refusal_waits`), still running (Launching becomes Running; the step's timeout is
 checked), succeeded (the result envelope parsed, the result kept inline or in a ConfigMap,
 tokens counted) or failed. A failed attempt is retried after a backoff while ``retry.limit``
 and ``budget.maxAttempts`` allow, and fails the step otherwise.
@@ -45,7 +46,16 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
     if job is None:
         refused = b.observed.job_refusals.get(st.job_name or "")
         if st.phase == SP.LAUNCHING and refused is not None:
-            _job_refused(b, step, st, refused)
+            note = (
+                f"the API server refuses to create Job {st.job_name} for now "
+                f"({_gist(refused)}); the operator tries again every "
+                f"{CREATE_RETRY_SECONDS} s"
+            )
+            if refusal_waits(b, st, refused, note):
+                b.timer(b.now + timedelta(seconds=CREATE_RETRY_SECONDS))
+                reissue_create(b, step, st)
+            else:
+                _job_refused(b, step, st, refused)
         elif st.phase == SP.LAUNCHING and (st.job_name or "") not in b.observed.vanished:
             reissue_create(b, step, st)
         else:
@@ -62,7 +72,11 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
         _attempt_failed(b, step, st, "JobNameTaken", job.name_taken, None)
         return
     if job.state == JobState.ACTIVE and job.pod_refused is not None:
-        if refusal_waits(b, st, job, job.pod_refused):
+        note = (
+            f"the API server refuses the pod of Job {job.name} for now (see the Job's "
+            f"FailedCreate Events); the Job controller tries again"
+        )
+        if refusal_waits(b, st, job.pod_refused, note):
             _check_step_timeout(b, step, st, job)
             return
         b.after.append(DeleteJob(job.name, "PodRefused"))  # no pod may start later
@@ -136,49 +150,60 @@ def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
 
 PASSING_REFUSALS = (
     "error looking up service account",  # the ServiceAccount is not made yet
-    "exceeded quota",  # ResourceQuota: other pods of the namespace may end
-    "timeout",
-    "timed out",
-    "connection reset",
+    "exceeded quota: ",  # ResourceQuota: other pods or Jobs of the namespace may end
+    "Timeout: ",  # the API server's own timeout
+    "request timed out",
+    "connection reset by peer",
     "connection refused",
-    "currently unable to handle the request",
-    "too many requests",
-    "etcdserver:",
-    "internal error occurred",
+    "the server is currently unable to handle the request",
+    "Too many requests",
+    "etcdserver: ",
+    "Internal error occurred: ",
 )
-"""Words of a pod refusal that may pass on its own (lower case): the Job controller keeps
-trying to create the pod (after 1 s, doubling up to a minute), so the attempt waits for it.
-Any other refusal (Pod Security, a LimitRange, a quota's missing limits) is refused the same
-way each time and fails the attempt at once."""
+"""The API server's words (as it writes them) in a refusal that may pass on its own: the Job
+controller keeps trying to create a refused pod (after 1 s, doubling up to a minute), and the
+operator a refused Job, so the attempt waits for them. Any other refusal (Pod Security, a
+LimitRange, a quota's missing limits, an invalid Job) is refused the same way each time and
+fails the attempt at once. Matched as written, so that a key or value of the user's own
+quoted in a refusal (an env var named TIMEOUT) is not taken for one."""
+
+
+CREATE_RETRY_SECONDS = 5
+"""How often the create of an attempt's Job is tried again while the API server refuses it for
+a reason that may pass (a quota on Jobs)."""
 
 
 def refusal_may_pass(message: str) -> bool:
-    """Whether the API server's refusal of a step's pod (in its own words) may pass on its
-    own: a ServiceAccount not made yet, a quota other pods use up, the API server or etcd
-    overloaded or unreachable (:data:`PASSING_REFUSALS`)."""
-    text = message.lower()
-    return any(words in text for words in PASSING_REFUSALS)
+    """Whether the API server's refusal of a step's pod or Job (in its own words) may pass on
+    its own: a ServiceAccount not made yet, a quota other pods or Jobs use up, the API server
+    or etcd overloaded or unreachable (:data:`PASSING_REFUSALS`)."""
+    return any(words in message for words in PASSING_REFUSALS)
 
 
-def refusal_waits(b: Builder, st: m.StepStatus, job: ObservedJob, message: str) -> bool:
-    """Whether the attempt still waits out a refusal of its pod that may pass
-    (:func:`refusal_may_pass`): for ``pod_refusal_grace_seconds`` from the attempt's intent
-    (``attemptStartedAt``, this operator's clock). The step's message says so (one status
-    write, the same words on every pass) and a timer brings the pass that fails the attempt
-    if the Job still has no pod then; a pod made meanwhile ends the refusal."""
+def refusal_waits(b: Builder, st: m.StepStatus, message: str, note: str) -> bool:
+    """Whether the attempt still waits out a refusal of its pod or its Job that may pass
+    (:func:`refusal_may_pass`): for ``refusal_grace_seconds`` from the attempt's intent
+    (``attemptStartedAt``, this operator's clock). The step's message says so (``note``: the
+    same words on every pass, so one status write) and a timer brings the pass that fails the
+    attempt if it is still refused then; a pod or Job made meanwhile ends the refusal."""
     if not refusal_may_pass(message):
         return False
     started = st.attempt_started_at
     since = min(floor_seconds(started), b.now) if started else b.now
-    due = since + timedelta(seconds=b.config.pod_refusal_grace_seconds)
+    due = since + timedelta(seconds=b.config.refusal_grace_seconds)
     if b.now >= due:
         return False
-    st.message = truncate(
-        f"the API server refuses the pod of Job {job.name} for now (see the Job's FailedCreate "
-        f"Events); the Job controller tries again until {due.isoformat()}, then the attempt fails"
-    )
+    st.message = truncate(f"{note} until {due.isoformat()}, then the attempt fails")
     b.timer(due)
     return True
+
+
+def _gist(message: str) -> str:
+    """A refusal's reason without what changes from one try to the next (a quota's counts):
+    ``jobs.batch "x" is forbidden: exceeded quota: q, requested: ...`` gives ``exceeded
+    quota: q``."""
+    reason = message.rsplit("forbidden: ", 1)[-1]
+    return truncate(reason.split(", requested:", 1)[0], 120)
 
 
 def _job_refused(b: Builder, step: m.Step, st: m.StepStatus, message: str) -> None:

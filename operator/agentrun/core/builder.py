@@ -46,10 +46,11 @@ class CoreConfig:
     running_after_seconds: int = 2
     """A step moves from Launching to Running once its Job has been active this long: a
     shorter step goes from Launching straight to its outcome, one status write fewer."""
-    pod_refusal_grace_seconds: int = 150
-    """How long an attempt waits for a refusal of its pod that may pass (a ServiceAccount not
-    made yet, a quota, an overloaded API server) before it fails: long enough for the Job
-    controller's tries after 63 and 123 s (its backoff starts at 1 s and doubles up to 60 s)."""
+    refusal_grace_seconds: int = 150
+    """How long an attempt waits for a refusal of its pod or its Job that may pass (a
+    ServiceAccount not made yet, a quota, an overloaded API server) before it fails: long
+    enough for the Job controller's tries of a pod after 63 and 123 s (its backoff starts at
+    1 s and doubles up to 60 s)."""
     agent: agent_loop.AgentConfig = field(default_factory=agent_loop.AgentConfig)
     """Settings of the agent loop (model turns' image and command)."""
 

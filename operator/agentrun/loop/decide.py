@@ -7,13 +7,22 @@ committed and carried out after (:mod:`.commit`, :mod:`.act`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CoreConfig, CreateJob, Decision, Observed, agent_loop, reconcile, turns
+from agentrun.core import (
+    CoreConfig,
+    CreateJob,
+    Decision,
+    Observed,
+    agent_loop,
+    attempts,
+    reconcile,
+    turns,
+)
 from agentrun.execution import jobs
 
 REFUSAL_REQUEUE = 0.1
@@ -26,7 +35,7 @@ def core_config(settings: s.Settings) -> CoreConfig:
         jitter_seed=settings.jitter_seed,
         job_deletion_grace_seconds=settings.job_deletion_grace_seconds,
         running_after_seconds=settings.running_after_seconds,
-        pod_refusal_grace_seconds=settings.pod_refusal_grace_seconds,
+        refusal_grace_seconds=settings.refusal_grace_seconds,
         agent=agent_loop.AgentConfig(
             llm_image=settings.llm_image,
             llm_command=settings.llm_command,
@@ -58,11 +67,15 @@ class Decider:
         return decision.requeue_after
 
 
-def requeue_after(decision: Decision, refused: Collection[str]) -> float | None:
+def requeue_after(decision: Decision, refused: Mapping[str, str]) -> float | None:
     """When the run's next pass is due after ``decision`` was carried out: as the core says,
-    or at once when the API refused a Job it was to create (``refused``: the run's Jobs whose
-    create was refused), so that the next pass fails the attempt."""
+    or soon when the API refused a Job it was to create (``refused``: the run's Jobs whose
+    create was refused, with the API's words): at once, so that the next pass fails the
+    attempt, or, for a refusal that may pass, when the create is to be tried again."""
     requeue = decision.requeue_after
-    if any(isinstance(a, CreateJob) and a.job_name in refused for a in decision.after_commit):
-        requeue = min(requeue or REFUSAL_REQUEUE, REFUSAL_REQUEUE)
+    for action in decision.after_commit:
+        if isinstance(action, CreateJob) and action.job_name in refused:
+            passing = attempts.refusal_may_pass(refused[action.job_name])
+            soon = attempts.CREATE_RETRY_SECONDS if passing else REFUSAL_REQUEUE
+            requeue = min(requeue or soon, soon)
     return requeue

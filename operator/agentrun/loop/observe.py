@@ -127,7 +127,8 @@ class Observer:
             self._launched.setdefault(run_uid, set()).add(job_name)
 
     def note_refused(self, run_uid: str, job_name: str, message: str) -> None:
-        """The API refused to create ``job_name`` for good, saying ``message``."""
+        """The API refused to create ``job_name``, saying ``message`` (for good, or for now:
+        the core tells, :func:`agentrun.core.attempts.refusal_may_pass`)."""
         with self._guard:
             self._job_refusals.setdefault(run_uid, {})[job_name] = message
 
@@ -164,11 +165,11 @@ class Observer:
                 notes.pop(run_uid, None)
         return kept
 
-    def refusals_of(self, run_uid: str) -> set[str]:
+    def refusals_of(self, run_uid: str) -> dict[str, str]:
         """Jobs of the run whose create the API refused, or whose inputs were not passed on
-        (still current)."""
+        (still current), with why."""
         with self._guard:
-            return set(self._job_refusals.get(run_uid, {})) | set(self._tampered.get(run_uid, {}))
+            return {**self._job_refusals.get(run_uid, {}), **self._tampered.get(run_uid, {})}
 
     def read_config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         """ConfigMap ``name`` as stored now (the API's JSON), None when there is none."""
