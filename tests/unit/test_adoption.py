@@ -24,8 +24,8 @@ from agentrun.core import (
     ObservedJob,
     reconcile,
 )
-from agentrun.core.attempts import refusal_may_pass
 from agentrun.core.machine import committed_launch
+from agentrun.core.refusals import refusal_may_pass
 from agentrun.execution import jobs, proof
 from agentrun.observation import adoption
 from agentrun.observation.watches import JOBS, PODS, ClusterView

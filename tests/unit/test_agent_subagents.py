@@ -6,13 +6,16 @@ suspend reach it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
+from agentrun.core import CoreConfig, Observed, refusals
 from agentrun.core import subagents as sa
+from agentrun.core.actions import CreateChild
 from tests.support.agent_sim import SEARCH, AgentSim, agent_run, call
 from tests.support.sim import UID
 
@@ -226,3 +229,62 @@ def test_a_tool_has_a_container_or_an_agent() -> None:
     tool = a.AgentTool.model_validate(RESEARCHER)
     assert tool.container is None and tool.agent is not None
     assert json.loads(json.dumps(tool.to_wire()))["agent"]["maxTurns"] == 5
+
+
+CHILD_QUOTA = (
+    'agentruns.agentrun.dev "x" is forbidden: exceeded quota: runs, requested: '
+    "count/agentruns.agentrun.dev=1, used: count/agentruns.agentrun.dev=3, limited: "
+    "count/agentruns.agentrun.dev=3"
+)
+
+
+def _refusing(sim: AgentSim, refused: dict[str, str]) -> None:
+    """The API server refuses every child's create with ``CHILD_QUOTA`` while ``refused`` is
+    not empty of the key ``"on"``; the shell tells the core so (Observed.job_refusals)."""
+    apply, observed = sim.apply, sim.observed
+
+    def refusing_apply(action: object) -> None:
+        if isinstance(action, CreateChild) and "on" in refused:
+            name = str(action.manifest["metadata"]["name"])
+            sim.child_creates.append(name)
+            refused[name] = CHILD_QUOTA
+            return
+        apply(action)
+
+    def refusing_observed() -> Observed:
+        notes = {k: v for k, v in refused.items() if k != "on"}
+        return dataclasses.replace(observed(), job_refusals=notes)
+
+    sim.apply = refusing_apply  # type: ignore[method-assign]
+    sim.observed = refusing_observed  # type: ignore[method-assign]
+
+
+def test_a_child_refused_by_a_quota_is_created_again_once_the_quota_allows() -> None:
+    sim = _sim()
+    refused = {"on": ""}
+    _refusing(sim, refused)
+    sim.answer("", [call("researcher", {"goal": "why?"}, "r1")])
+    st = sim.step_status("t1-0-researcher")
+    assert st.phase == SP.LAUNCHING and st.error is None, st
+    assert st.message is not None and "exceeded quota: runs)" in st.message, st.message
+    assert not sim.children and sim.child_creates
+
+    refused.clear()  # the quota allows it: the next try creates it
+    sim.advance(refusals.CREATE_RETRY_SECONDS)
+    sim.tick()  # creates it (the status unchanged)
+    sim.settle()  # adopts it
+    st = sim.step_status("t1-0-researcher")
+    assert st.phase == SP.RUNNING and st.error is None, st
+    assert list(sim.children) == [st.job_name]
+
+
+def test_a_child_refused_by_a_quota_past_the_grace_fails_the_call() -> None:
+    sim = _sim()
+    _refusing(sim, {"on": ""})
+    sim.answer("", [call("researcher", {"goal": "why?"}, "r1")])
+    sim.advance(CoreConfig().refusal_grace_seconds)
+    sim.settle()
+    (failed,) = [t for t in sim.status.history or [] if t.reason == "ChildRefused"]
+    assert failed.step == "t1-0-researcher" and failed.to_phase == SP.FAILED, failed
+    assert failed.message is not None and "exceeded quota" in failed.message
+    assert not sim.children

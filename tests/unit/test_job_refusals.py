@@ -13,7 +13,7 @@ from kubernetes import client
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import CoreConfig, CreateJob, EmitEvent, Observed, attempts
+from agentrun.core import CoreConfig, CreateJob, EmitEvent, Observed, refusals
 from agentrun.execution import jobs
 from agentrun.loop.act import CLIENT_REFUSAL, MAX_REFUSAL, client_message
 from agentrun.loop.decide import REFUSAL_REQUEUE, requeue_after
@@ -97,9 +97,9 @@ def test_a_job_refused_by_a_quota_is_created_again_until_the_grace_ends() -> Non
     assert "used:" not in bad.message  # the same words on every try: one status write
     creates = [a for a in decision.after_commit if isinstance(a, CreateJob)]
     assert [c.job_name for c in creates] == [bad.job_name]
-    assert decision.requeue_after == attempts.CREATE_RETRY_SECONDS
+    assert decision.requeue_after == refusals.CREATE_RETRY_SECONDS
     refused = {bad.job_name or "": JOB_QUOTA}
-    assert requeue_after(decision, refused) == attempts.CREATE_RETRY_SECONDS
+    assert requeue_after(decision, refused) == refusals.CREATE_RETRY_SECONDS
     assert requeue_after(decision, {bad.job_name or "": "invalid"}) == REFUSAL_REQUEUE
 
     sim.advance(CoreConfig().refusal_grace_seconds)

@@ -24,6 +24,7 @@ from agentrun.core.builder import MESSAGE_LIMIT, REASON_LIMIT, Builder, floor_se
 from agentrun.core.envelope import MAX_TOKENS, Envelope, parse, result_object_data
 from agentrun.core.launch import reissue_create
 from agentrun.core.observed import JobState, ObservedJob
+from agentrun.core.refusals import CREATE_RETRY_SECONDS, gist, refusal_waits
 
 INLINE_RESULT_MAX = m.MAX_INLINE_RESULT
 """Results are kept inline only up to this many bytes, whatever the configured limit:
@@ -48,7 +49,7 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
         if st.phase == SP.LAUNCHING and refused is not None:
             note = (
                 f"the API server refuses to create Job {st.job_name} for now "
-                f"({_gist(refused)}); the operator tries again every "
+                f"({gist(refused)}); the operator tries again every "
                 f"{CREATE_RETRY_SECONDS} s"
             )
             if refusal_waits(b, st, refused, note):
@@ -146,64 +147,6 @@ def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
         b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
     else:
         b.timer(due)
-
-
-PASSING_REFUSALS = (
-    "error looking up service account",  # the ServiceAccount is not made yet
-    "exceeded quota: ",  # ResourceQuota: other pods or Jobs of the namespace may end
-    "Timeout: ",  # the API server's own timeout
-    "request timed out",
-    "connection reset by peer",
-    "connection refused",
-    "the server is currently unable to handle the request",
-    "Too many requests",
-    "etcdserver: ",
-    "Internal error occurred: ",
-)
-"""The API server's words (as it writes them) in a refusal that may pass on its own: the Job
-controller keeps trying to create a refused pod (after 1 s, doubling up to a minute), and the
-operator a refused Job, so the attempt waits for them. Any other refusal (Pod Security, a
-LimitRange, a quota's missing limits, an invalid Job) is refused the same way each time and
-fails the attempt at once. Matched as written, so that a key or value of the user's own
-quoted in a refusal (an env var named TIMEOUT) is not taken for one."""
-
-
-CREATE_RETRY_SECONDS = 5
-"""How often the create of an attempt's Job is tried again while the API server refuses it for
-a reason that may pass (a quota on Jobs)."""
-
-
-def refusal_may_pass(message: str) -> bool:
-    """Whether the API server's refusal of a step's pod or Job (in its own words) may pass on
-    its own: a ServiceAccount not made yet, a quota other pods or Jobs use up, the API server
-    or etcd overloaded or unreachable (:data:`PASSING_REFUSALS`)."""
-    return any(words in message for words in PASSING_REFUSALS)
-
-
-def refusal_waits(b: Builder, st: m.StepStatus, message: str, note: str) -> bool:
-    """Whether the attempt still waits out a refusal of its pod or its Job that may pass
-    (:func:`refusal_may_pass`): for ``refusal_grace_seconds`` from the attempt's intent
-    (``attemptStartedAt``, this operator's clock). The step's message says so (``note``: the
-    same words on every pass, so one status write) and a timer brings the pass that fails the
-    attempt if it is still refused then; a pod or Job made meanwhile ends the refusal."""
-    if not refusal_may_pass(message):
-        return False
-    started = st.attempt_started_at
-    since = min(floor_seconds(started), b.now) if started else b.now
-    due = since + timedelta(seconds=b.config.refusal_grace_seconds)
-    if b.now >= due:
-        return False
-    st.message = truncate(f"{note} until {due.isoformat()}, then the attempt fails")
-    b.timer(due)
-    return True
-
-
-def _gist(message: str) -> str:
-    """A refusal's reason without what changes from one try to the next (a quota's counts):
-    ``jobs.batch "x" is forbidden: exceeded quota: q, requested: ...`` gives ``exceeded
-    quota: q``."""
-    reason = message.rsplit("forbidden: ", 1)[-1]
-    return truncate(reason.split(", requested:", 1)[0], 120)
 
 
 def _job_refused(b: Builder, step: m.Step, st: m.StepStatus, message: str) -> None:

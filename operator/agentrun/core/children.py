@@ -11,12 +11,16 @@ under its name, the child is adopted only when its controller is this run by uid
 is the one the call makes (else the call fails, ChildNameTaken, and the object is left alone);
 its uid is committed, and from then on the call's outcome and tokens are read from the run
 with that uid only. The child's answer is the call's result; a child that failed, was
-cancelled or is gone is an error the model reads. A sub-agent call is never retried.
+cancelled or is gone is an error the model reads. A sub-agent call is never retried. A create
+the API server refuses fails the call (ChildRefused), but for a refusal that may pass (a quota
+on AgentRuns, :mod:`agentrun.core.refusals`): that one is tried again every few seconds for a
+while.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from agentrun.api import agent as a
@@ -27,6 +31,7 @@ from agentrun.core.actions import CreateChild, PatchChild, StoreResult
 from agentrun.core.builder import Builder, truncate
 from agentrun.core.envelope import summary_line
 from agentrun.core.observed import ObservedChild
+from agentrun.core.refusals import CREATE_RETRY_SECONDS, gist, refusal_waits
 from agentrun.core.turns import child_agent, child_call
 
 CHILD_FAILED = "SubAgentFailed"
@@ -86,8 +91,14 @@ def observe(b: Builder, step: m.Step, st: m.StepStatus) -> None:
     child = call.child
     refused = b.observed.job_refusals.get(child.name or "")
     if child.uid is None and refused is not None:
-        _fail(b, st, "ChildRefused", f"the API refused the child AgentRun: {refused}")
-        return
+        note = (
+            f"the API server refuses to create child AgentRun {child.name} for now "
+            f"({gist(refused)}); the operator tries again every {CREATE_RETRY_SECONDS} s"
+        )
+        if not refusal_waits(b, st, refused, note):
+            _fail(b, st, "ChildRefused", f"the API refused the child AgentRun: {refused}")
+            return
+        b.timer(b.now + timedelta(seconds=CREATE_RETRY_SECONDS))
     if child.uid is None:
         found = _found(b, child.name)
         body = manifest(b, call, st.idempotency_key or "")

@@ -257,7 +257,7 @@ class Actor:
         if exists.error is not None and exists.status != 409:
             # Refused (invalid, forbidden): the core fails the attempt on the next pass, with
             # the API's own words, or, for a refusal that may pass (a quota on Jobs), has the
-            # create tried again for a while (agentrun.core.attempts.refusal_waits).
+            # create tried again for a while (agentrun.core.refusals.refusal_waits).
             message = api_message(exists.error)[:MAX_REFUSAL]
             log.warning("the API refused Job %s: %s", action.job_name, message, extra=ctx)
             self.observer.note_refused(run.metadata.uid, action.job_name, message)

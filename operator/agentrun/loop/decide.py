@@ -19,8 +19,8 @@ from agentrun.core import (
     Decision,
     Observed,
     agent_loop,
-    attempts,
     reconcile,
+    refusals,
     turns,
 )
 from agentrun.execution import jobs
@@ -75,7 +75,7 @@ def requeue_after(decision: Decision, refused: Mapping[str, str]) -> float | Non
     requeue = decision.requeue_after
     for action in decision.after_commit:
         if isinstance(action, CreateJob) and action.job_name in refused:
-            passing = attempts.refusal_may_pass(refused[action.job_name])
-            soon = attempts.CREATE_RETRY_SECONDS if passing else REFUSAL_REQUEUE
+            passing = refusals.refusal_may_pass(refused[action.job_name])
+            soon = refusals.CREATE_RETRY_SECONDS if passing else REFUSAL_REQUEUE
             requeue = min(requeue or soon, soon)
     return requeue

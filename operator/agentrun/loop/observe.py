@@ -128,7 +128,7 @@ class Observer:
 
     def note_refused(self, run_uid: str, job_name: str, message: str) -> None:
         """The API refused to create ``job_name``, saying ``message`` (for good, or for now:
-        the core tells, :func:`agentrun.core.attempts.refusal_may_pass`)."""
+        the core tells, :func:`agentrun.core.refusals.refusal_may_pass`)."""
         with self._guard:
             self._job_refusals.setdefault(run_uid, {})[job_name] = message
 
