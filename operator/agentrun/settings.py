@@ -221,7 +221,7 @@ class Settings:
     the step container's start); shorter commands go from Launching straight to their
     outcome (a status write fewer per step), however long their pods took to start."""
     refusal_grace_seconds: int = field(
-        default_factory=lambda: _env_int("AGENTRUN_REFUSAL_GRACE_SECONDS", 150)
+        default_factory=lambda: _env_int("AGENTRUN_REFUSAL_GRACE_SECONDS", 75)
     )
     """How long an attempt whose pod or Job the API server refuses for a reason that may pass
     (a ServiceAccount not made yet, an exceeded quota, an overloaded API server) waits for the

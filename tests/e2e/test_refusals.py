@@ -192,6 +192,16 @@ def test_a_pod_refused_until_its_service_account_is_made_runs_once_it_is(
     ]
     assert any('serviceaccount "late" not found' in text for text in refusals), refusals
 
+    def told() -> list[str] | None:  # a Warning Event on the run says so at once
+        events = kube.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=late-account"
+        ).items
+        found = [e.message for e in events if e.type == "Warning" and e.reason == "PodRefused"]
+        return found or None
+
+    (warning,) = wait_for("the PodRefused Warning Event", told, timeout=SOON)
+    assert 'serviceaccount "late" not found' in warning and "until" in warning, warning
+
     kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": "late"}})
     done = wait_phase(kube, namespace, "late-account", "Succeeded", timeout=SOON * 3)
     a = step_status(done, "a")

@@ -19,6 +19,7 @@ from agentrun.core import (
     CoreConfig,
     CreateJob,
     DeleteJob,
+    EmitEvent,
     JobState,
     Observed,
     ObservedJob,
@@ -532,6 +533,13 @@ def test_a_refusal_that_may_pass_waits_for_the_job_controllers_tries_then_fails(
     assert due.isoformat() in still.message, still.message
     assert not [a for a in waiting.after_commit if isinstance(a, DeleteJob)]
     assert waiting.requeue_after is not None and waiting.requeue_after <= 1, waiting.requeue_after
+    (warning,) = [a for a in waiting.after_commit if isinstance(a, EmitEvent)]
+    assert (warning.type, warning.reason) == ("Warning", "PodRefused"), warning
+    assert 'serviceaccount "late" not found' in warning.message, warning.message
+    told = run.model_copy(update={"status": waiting.status})  # as committed: told once
+    again = reconcile(told, Observed((refused,)), due - timedelta(seconds=1))
+    assert not [a for a in again.after_commit if isinstance(a, EmitEvent)]
+    assert not again.status_changed(told.status)
 
     failed = reconcile(run, Observed((refused,)), due)
     (after,) = [x for x in failed.status.steps or [] if x.name == "a"]

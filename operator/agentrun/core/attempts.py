@@ -52,7 +52,7 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
                 f"({gist(refused)}); the operator tries again every "
                 f"{CREATE_RETRY_SECONDS} s"
             )
-            if refusal_waits(b, st, refused, note):
+            if refusal_waits(b, st, refused, note, "JobRefused"):
                 b.timer(b.now + timedelta(seconds=CREATE_RETRY_SECONDS))
                 reissue_create(b, step, st)
             else:
@@ -77,7 +77,7 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
             f"the API server refuses the pod of Job {job.name} for now (see the Job's "
             f"FailedCreate Events); the Job controller tries again"
         )
-        if refusal_waits(b, st, job.pod_refused, note):
+        if refusal_waits(b, st, job.pod_refused, note, "PodRefused"):
             _check_step_timeout(b, step, st, job)
             return
         b.after.append(DeleteJob(job.name, "PodRefused"))  # no pod may start later

@@ -46,11 +46,12 @@ class CoreConfig:
     running_after_seconds: int = 2
     """A step moves from Launching to Running once its Job has been active this long: a
     shorter step goes from Launching straight to its outcome, one status write fewer."""
-    refusal_grace_seconds: int = 150
+    refusal_grace_seconds: int = 75
     """How long an attempt waits for a refusal of its pod or its Job that may pass (a
     ServiceAccount not made yet, a quota, an overloaded API server) before it fails: long
-    enough for the Job controller's tries of a pod after 63 and 123 s (its backoff starts at
-    1 s and doubles up to 60 s)."""
+    enough for the Job controller's sixth try of a pod, about 63 s after its first (its
+    backoff starts at 1 s and doubles up to 60 s), short enough that a refusal that lasts
+    fails the step within a minute or two."""
     agent: agent_loop.AgentConfig = field(default_factory=agent_loop.AgentConfig)
     """Settings of the agent loop (model turns' image and command)."""
 

@@ -95,7 +95,7 @@ def observe(b: Builder, step: m.Step, st: m.StepStatus) -> None:
             f"the API server refuses to create child AgentRun {child.name} for now "
             f"({gist(refused)}); the operator tries again every {CREATE_RETRY_SECONDS} s"
         )
-        if not refusal_waits(b, st, refused, note):
+        if not refusal_waits(b, st, refused, note, "ChildRefused"):
             _fail(b, st, "ChildRefused", f"the API refused the child AgentRun: {refused}")
             return
         b.timer(b.now + timedelta(seconds=CREATE_RETRY_SECONDS))

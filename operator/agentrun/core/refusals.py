@@ -2,7 +2,7 @@
 child run that the next try may not meet (a ServiceAccount not made yet, a quota, an
 overloaded API server), and how long an attempt waits them out before it fails.
 
-Imports :mod:`.builder` only: :mod:`.attempts` and :mod:`.children` build on it.
+Imports :mod:`.builder` and :mod:`.actions` only: :mod:`.attempts` and :mod:`.children` build on it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from agentrun.api import models as m
+from agentrun.core.actions import EmitEvent
 from agentrun.core.builder import Builder, floor_seconds, truncate
 
 PASSING_REFUSALS = (
@@ -44,12 +45,14 @@ def refusal_may_pass(message: str) -> bool:
     return any(words in message for words in PASSING_REFUSALS)
 
 
-def refusal_waits(b: Builder, st: m.StepStatus, message: str, note: str) -> bool:
+def refusal_waits(b: Builder, st: m.StepStatus, message: str, note: str, reason: str) -> bool:
     """Whether the attempt still waits out a refusal of its pod or its Job that may pass
     (:func:`refusal_may_pass`): for ``refusal_grace_seconds`` from the attempt's intent
     (``attemptStartedAt``, this operator's clock). The step's message says so (``note``: the
-    same words on every pass, so one status write) and a timer brings the pass that fails the
-    attempt if it is still refused then; a pod or Job made meanwhile ends the refusal."""
+    same words on every pass, so one status write), a Warning Event (``reason``, the one the
+    attempt fails with, and the API's words) tells it once, and a timer brings the pass that
+    fails the attempt if it is still refused then; a pod or Job made meanwhile ends the
+    refusal."""
     if not refusal_may_pass(message):
         return False
     started = st.attempt_started_at
@@ -57,7 +60,11 @@ def refusal_waits(b: Builder, st: m.StepStatus, message: str, note: str) -> bool
     due = since + timedelta(seconds=b.config.refusal_grace_seconds)
     if b.now >= due:
         return False
-    st.message = truncate(f"{note} until {due.isoformat()}, then the attempt fails")
+    says = truncate(f"{note} until {due.isoformat()}, then the attempt fails")
+    if st.message != says:  # the first pass that sees it (the message is committed with it)
+        text = f"step {st.name}, attempt {st.attempt}: {says}: {message}"
+        b.events.append(EmitEvent("Warning", reason, truncate(text)))
+    st.message = says
     b.timer(due)
     return True
 
