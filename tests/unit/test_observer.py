@@ -264,6 +264,57 @@ def test_a_job_relabelled_from_a_shard_to_the_strays_never_leaves_the_view(
     assert view.jobs_of_run(RUN_UID) == [stored]
 
 
+@pytest.mark.parametrize(
+    ("now", "moved"),
+    [
+        ("strays", True),  # relabelled into the strays' watch: that watch delivers it
+        ("gone", False),  # deleted
+        ("other shard", False),  # relabelled into a shard this replica does not hold
+        ("no run label", False),  # no longer a step's Job: no watch of this view has it
+    ],
+)
+def test_a_shards_deleted_event_is_read_again_to_tell_a_relabel_from_a_deletion(
+    now: str, moved: bool
+) -> None:
+    """The API server ends an object's life in a watch whose selector it left with DELETED and
+    the object as it was (its old labels, the new version): the shard's watch reads it again
+    by name before letting it leave the view."""
+    mine, strays = Source(JOBS, "ns", shard="0-of-2"), Source(JOBS, "ns", others=OTHERS)
+    view = ClusterView([mine, strays])
+    before = _labelled(job("j1", "u1", owner=run_ref()), "0-of-2")
+    current = {
+        "strays": _labelled(before, None),
+        "gone": None,
+        "other shard": _labelled(before, "1-of-2"),
+        "no run label": {
+            **before,
+            "metadata": {**before["metadata"], "labels": {s.LABEL_SHARD: "0-of-3"}},
+        },
+    }[now]
+    asked: list[dict[str, Any]] = []
+
+    def call(**kwargs: Any) -> SimpleNamespace:
+        asked.append(kwargs)
+        return SimpleNamespace(data=json.dumps({"items": [current] if current else []}))
+
+    reflector = Reflector(view, mine, call, lambda *run: None)
+    view.replace(mine, [before])
+    view.replace(strays, [])
+    event = {**before, "metadata": {**before["metadata"], "resourceVersion": "2"}}
+    assert reflector._moved(event) is moved
+    assert asked == [
+        {"_preload_content": False, "field_selector": "metadata.name=j1,metadata.namespace=ns"}
+    ]
+    # Being deleted, or not a shard's watch: taken as it came, nothing read.
+    deleting = {
+        **event,
+        "metadata": {**event["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"},
+    }
+    assert not reflector._moved(deleting)
+    assert not Reflector(view, Source(JOBS, "ns"), call, lambda *run: None)._moved(event)
+    assert len(asked) == 1
+
+
 def test_a_forgotten_shard_leaves_the_view_and_its_late_events_are_dropped() -> None:
     mine = Source(JOBS, "ns", shard="0-of-2", epoch=1)
     strays = Source(JOBS, "ns", others=OTHERS)

@@ -283,6 +283,18 @@ class ClusterView:
             )  # fmt: skip
         return slim if matters(kind, before, after) and not echo else None
 
+    def covered_elsewhere(self, source: Source, obj: Obj) -> bool:
+        """Whether another source of this view (expected, not forgotten) covers ``obj`` as it
+        is now (a step's Job or pod: its run-uid label kept), and ``source`` does not: a watch
+        moved it there."""
+        with self._lock:
+            others = [o for o in self._expected if o not in self._retired and o != source]
+        if STEP_SELECTOR not in (_meta(obj).get("labels") or {}):
+            return False
+        return not source.covers(obj) and any(
+            o.kind == source.kind and o.covers(obj) for o in others
+        )
+
     def _put(self, kind: str, obj: Obj) -> None:
         uid = str(_meta(obj)["uid"])
         if uid in self._objects[kind]:
@@ -634,6 +646,8 @@ class Reflector:
                 version = _version(obj) or version
                 if kind == "BOOKMARK":
                     continue
+                if kind == "DELETED" and self._moved(obj):
+                    continue  # another watch of this view delivers it (or did)
                 stored = self.view.apply(self.source.kind, str(kind), obj, self.source)
                 if stored is not None:
                     self._wake_all([stored])
@@ -642,6 +656,33 @@ class Reflector:
             response.close()
             response.release_conn()
         return version
+
+    def _moved(self, obj: Obj) -> bool:
+        """Whether a DELETED of a shard's watch (or the strays') is the object relabelled out
+        of this watch's selector into another watch of this view, not deleted: the API server
+        sends that as DELETED with the object as it was before, so it is read again (by name,
+        without the label selector). Only an object that shows no deletion is read: one being
+        deleted (a deletionTimestamp: every step Job, held by a finalizer) or a pod that ended
+        (deleted at once when it goes) is taken as deleted."""
+        if self.source.shard is None and self.source.others is None:
+            return False
+        meta = _meta(obj)
+        phase = (obj.get("status") or {}).get("phase")
+        if meta.get("deletionTimestamp") or phase in ("Succeeded", "Failed"):
+            return False
+        name, namespace = meta.get("name"), meta.get("namespace")
+        if not name or not namespace:
+            return False
+        fields = f"metadata.name={name},metadata.namespace={namespace}"
+        try:
+            response = self.call(_preload_content=False, field_selector=fields)
+        except Exception as error:  # a failed read: take the event as it came
+            log.info("%s: could not read %s again (%s)", self._name(), name, error)
+            return False
+        current = next(iter(json.loads(response.data).get("items") or []), None)
+        if current is None or _meta(current).get("uid") != meta.get("uid"):
+            return False
+        return self.view.covered_elsewhere(self.source, current)
 
     def _wake_all(self, objs: Sequence[Obj]) -> None:
         runs = {self.view.run_of(self.source.kind, o) for o in objs}
