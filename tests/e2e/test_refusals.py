@@ -34,7 +34,7 @@ from tests.support.runs import (
     step,
     step_status,
 )
-from tests.support.waiting import assert_holds, wait_phase, wait_until
+from tests.support.waiting import assert_holds, wait_events, wait_phase, wait_until
 
 pytestmark = pytest.mark.usefixtures("crd_installed")  # a test here applies a run with no operator
 
@@ -192,14 +192,9 @@ def test_a_pod_refused_until_its_service_account_is_made_runs_once_it_is(
     ]
     assert any('serviceaccount "late" not found' in text for text in refusals), refusals
 
-    def told() -> list[str] | None:  # a Warning Event on the run says so at once
-        events = kube.core.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=late-account"
-        ).items
-        found = [e.message for e in events if e.type == "Warning" and e.reason == "PodRefused"]
-        return found or None
-
-    (warning,) = wait_for("the PodRefused Warning Event", told, timeout=SOON)
+    # A Warning Event on the run says so at once.
+    (event,) = wait_events(kube, namespace, "late-account", "PodRefused", warning=True)
+    warning = event.message
     assert 'serviceaccount "late" not found' in warning and "until" in warning, warning
 
     kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": "late"}})

@@ -24,7 +24,7 @@ from agentrun.core.builder import MESSAGE_LIMIT, REASON_LIMIT, Builder, floor_se
 from agentrun.core.envelope import MAX_TOKENS, Envelope, parse, result_object_data
 from agentrun.core.launch import reissue_create
 from agentrun.core.observed import JobState, ObservedJob
-from agentrun.core.refusals import CREATE_RETRY_SECONDS, gist, refusal_waits
+from agentrun.core.refusals import create_refusal_waits, refusal_waits
 
 INLINE_RESULT_MAX = m.MAX_INLINE_RESULT
 """Results are kept inline only up to this many bytes, whatever the configured limit:
@@ -47,13 +47,7 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
     if job is None:
         refused = b.observed.job_refusals.get(st.job_name or "")
         if st.phase == SP.LAUNCHING and refused is not None:
-            note = (
-                f"the API server refuses to create Job {st.job_name} for now "
-                f"({gist(refused)}); the operator tries again every "
-                f"{CREATE_RETRY_SECONDS} s"
-            )
-            if refusal_waits(b, st, refused, note, "JobRefused"):
-                b.timer(b.now + timedelta(seconds=CREATE_RETRY_SECONDS))
+            if create_refusal_waits(b, st, f"Job {st.job_name}", refused, "JobRefused"):
                 reissue_create(b, step, st)
             else:
                 _job_refused(b, step, st, refused)

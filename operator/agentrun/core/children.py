@@ -20,7 +20,6 @@ while.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import Any
 
 from agentrun.api import agent as a
@@ -31,7 +30,7 @@ from agentrun.core.actions import CreateChild, PatchChild, StoreResult
 from agentrun.core.builder import Builder, truncate
 from agentrun.core.envelope import summary_line
 from agentrun.core.observed import ObservedChild
-from agentrun.core.refusals import CREATE_RETRY_SECONDS, gist, refusal_waits
+from agentrun.core.refusals import create_refusal_waits
 from agentrun.core.turns import child_agent, child_call
 
 CHILD_FAILED = "SubAgentFailed"
@@ -91,14 +90,10 @@ def observe(b: Builder, step: m.Step, st: m.StepStatus) -> None:
     child = call.child
     refused = b.observed.job_refusals.get(child.name or "")
     if child.uid is None and refused is not None:
-        note = (
-            f"the API server refuses to create child AgentRun {child.name} for now "
-            f"({gist(refused)}); the operator tries again every {CREATE_RETRY_SECONDS} s"
-        )
-        if not refusal_waits(b, st, refused, note, "ChildRefused"):
+        what = f"child AgentRun {child.name}"
+        if not create_refusal_waits(b, st, what, refused, "ChildRefused"):
             _fail(b, st, "ChildRefused", f"the API refused the child AgentRun: {refused}")
             return
-        b.timer(b.now + timedelta(seconds=CREATE_RETRY_SECONDS))
     if child.uid is None:
         found = _found(b, child.name)
         body = manifest(b, call, st.idempotency_key or "")

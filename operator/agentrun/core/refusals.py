@@ -69,7 +69,23 @@ def refusal_waits(b: Builder, st: m.StepStatus, message: str, note: str, reason:
     return True
 
 
-def gist(message: str) -> str:
+def create_refusal_waits(
+    b: Builder, st: m.StepStatus, what: str, message: str, reason: str
+) -> bool:
+    """:func:`refusal_waits` for the create of ``what`` (a Job, a child run), which the
+    operator itself tries again: every :data:`CREATE_RETRY_SECONDS` (a timer brings the pass
+    that does) while the attempt waits."""
+    note = (
+        f"the API server refuses to create {what} for now ({_gist(message)}); the operator "
+        f"tries again every {CREATE_RETRY_SECONDS} s"
+    )
+    if not refusal_waits(b, st, message, note, reason):
+        return False
+    b.timer(b.now + timedelta(seconds=CREATE_RETRY_SECONDS))
+    return True
+
+
+def _gist(message: str) -> str:
     """A refusal's reason without what changes from one try to the next (a quota's counts):
     ``jobs.batch "x" is forbidden: exceeded quota: q, requested: ...`` gives ``exceeded
     quota: q``."""
