@@ -15,17 +15,6 @@ class FakeStore(runner.ResultStore):
         super().__init__(None, identity)
         self.objects: dict[str, dict[str, Any]] = {}
 
-    def previous(self) -> dict[str, Any] | None:
-        for name, obj in self.objects.items():
-            if obj["key"] == self.identity.key_hash:
-                return {
-                    "ok": True,
-                    "summary": obj["summary"],
-                    "resultRef": {"name": name, "key": "result"},
-                    "replayed": True,
-                }
-        return None
-
     def store(self, result: str, summary: str, *, fields: bool = True) -> dict[str, Any]:
         name = f"{self.identity.step}-{self.identity.attempt}"
         self.objects[name] = {

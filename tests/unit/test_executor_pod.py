@@ -134,20 +134,25 @@ def test_a_call_that_raises_is_an_outcome_of_one_line() -> None:
     assert answer["message"] == "the turn failed: RuntimeError: boom"
 
 
-def test_a_result_an_earlier_pod_of_the_attempt_stored_is_reported_not_called_again() -> None:
-    stored = {"ok": True, "summary": "from before", "resultRef": {"name": "x", "key": "result"}}
+def test_a_result_found_under_the_attempts_name_never_answers_the_turn() -> None:
+    """The mimic of a model turn's large output: the object the executor would store,
+    written first by someone else. The executor never takes it for the turn's outcome: the
+    turn's own program runs (here it stops at once: no context was sent)."""
 
-    class Stored(FakeStore):
-        def previous(self) -> dict[str, Any] | None:
-            return stored
+    class Found(FakeStore):
+        def __init__(self, identity: runner.StepIdentity) -> None:
+            super().__init__(identity)
+            self.store("FORGED model answer", "FORGED")
 
-    def unused(base_url: str, key: str) -> Any:
-        raise AssertionError("the model is not called again")
+    def client(base_url: str, key: str) -> Any:
+        raise AssertionError("no context: the model is not reached")
 
-    call = executor.turn_call(unused, lambda identity, env: Stored(identity))
+    call = executor.turn_call(client, lambda identity, env: Found(identity))
     env = {s.ENV_RUN: "r", s.ENV_NAMESPACE: "ns", s.ENV_RUN_UID: "uid", s.ENV_STEP: "t1-model",
            s.ENV_ATTEMPT: "2", s.ENV_IDEMPOTENCY_KEY: "uid:1:model"}  # fmt: skip
-    assert call(env) == (0, json.dumps(stored))
+    code, message = call(env)
+    assert code == 1 and "FORGED" not in message, message
+    assert "AGENTRUN_CONTEXT_PARTS is not set" in message, message
 
 
 @pytest.fixture

@@ -73,15 +73,17 @@ def test_large_result_without_api_access_fails_clearly(env: dict[str, str]) -> N
     assert "stepTemplate.serviceAccountName" in _message(env)["summary"]
 
 
-def test_a_completed_result_with_the_same_key_is_replayed_not_rerun(
+def test_a_result_of_an_earlier_attempt_with_the_same_key_is_never_replayed(
     env: dict[str, str], tmp_path: Path
 ) -> None:
+    """Nothing found proves an earlier attempt did the work: the command always runs (with
+    the same idempotency key, which is what it dedupes by)."""
     marker = tmp_path / "side-effect"
     store = FakeStore(runner.StepIdentity(env))
     store.store("done before", "done before")
     code = runner.run_step(["sh", "-c", f"touch {marker}"], env, lambda i, e: store)
-    assert code == 0 and not marker.exists()
-    assert _message(env)["replayed"] is True
+    assert code == 0 and marker.exists()
+    assert "replayed" not in _message(env)
 
 
 def _typed(body: dict[str, Any], kind: str) -> Any:
@@ -113,12 +115,15 @@ class FakeCoreApi:
         return found
 
 
-def test_a_result_the_same_attempt_stored_before_is_referenced_again(
-    env: dict[str, str],
-) -> None:
-    api = FakeCoreApi(refuse=409)
-    ref = runner.ResultStore(api, runner.StepIdentity(env)).store("big", "summary")
-    assert ref == {"name": api.created[0][1]["metadata"]["name"], "key": "result"}
+def test_a_result_name_taken_before_the_store_is_never_referenced(env: dict[str, str]) -> None:
+    """The mimic: the exact object this attempt would store, with the same content, made by
+    someone else first. Only the attempt's own create may make what it references."""
+    api = FakeCoreApi()
+    runner.ResultStore(api, runner.StepIdentity(env)).store("big", "summary")
+    exact = api.created[0][1]
+    taken = FakeCoreApi(refuse=409, existing=exact)
+    with pytest.raises(runner.ResultTampered, match=r"^ResultTampered: "):
+        runner.ResultStore(taken, runner.StepIdentity(env)).store("big", "summary")
 
 
 def _forged(env: dict[str, str], **changes: Any) -> dict[str, Any]:
@@ -133,14 +138,14 @@ def _forged(env: dict[str, str], **changes: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"immutable": None}],
-    ids=["other-content", "mutable"],
+    [{}, {"immutable": None}, {"data": {"result": "x" * 10000}}],
+    ids=["other-content", "mutable", "same-content"],
 )
 def test_a_result_object_created_before_the_step_wrote_it_fails_the_step(
     env: dict[str, str], changes: dict[str, Any]
 ) -> None:
     forged = _forged(env, **changes)
-    if changes:
+    if "immutable" in changes:
         forged["data"] = {"result": "x" * 10000, "field.rows": "FORGED"}
     api = FakeCoreApi(refuse=409, existing=forged)
     store = runner.ResultStore(api, runner.StepIdentity(env))
@@ -149,20 +154,6 @@ def test_a_result_object_created_before_the_step_wrote_it_fails_the_step(
     message = _message(env)
     assert message["ok"] is False and "resultRef" not in message
     assert message["summary"].startswith("ResultTampered:"), message
-
-
-def test_a_replay_takes_only_the_steps_own_result_objects(env: dict[str, str]) -> None:
-    forged = _forged(env)
-    forged["metadata"]["name"] = "team-config"
-    forged["metadata"]["annotations"][runner.ANNOTATION_COMPLETE] = "true"
-    own = _forged(env, immutable=None)  # under the step's name, but not as a step stores it
-
-    class Api(FakeCoreApi):
-        def list_namespaced_config_map(self, namespace: str, label_selector: str) -> Any:
-            return _typed({"items": [forged, own]}, "V1ConfigMapList")
-
-    store = runner.ResultStore(Api(), runner.StepIdentity(env))
-    assert store.previous() is None
 
 
 def test_other_refusals_of_the_result_store_fail_the_step(env: dict[str, str]) -> None:

@@ -102,6 +102,8 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
             _attempt_failed(b, step, st, "InvalidEnvelope", envelope.problem, exit_code)
         elif envelope.ok:
             _attempt_succeeded(b, step, st, job, envelope)
+        elif (tampered := reported_tampering(job.termination_message)) is not None:
+            _fail_closed(b, step, st, RESULT_TAMPERED, tampered)
         else:
             _attempt_failed(
                 b,
@@ -111,6 +113,10 @@ def observe_attempt(b: Builder, step: m.Step, st: m.StepStatus) -> None:
                 envelope.summary or "the step reported ok: false",
                 exit_code,
             )
+        return
+    tampered = reported_tampering(job.termination_message)
+    if tampered is not None:  # the step's own pod found its result's name taken
+        _fail_closed(b, step, st, RESULT_TAMPERED, tampered)
         return
     reason, message = _failure_of(job, exit_code)
     _attempt_failed(b, step, st, reason, message, exit_code)
@@ -162,13 +168,11 @@ def _fail_closed(b: Builder, step: m.Step, st: m.StepStatus, reason: str, messag
 
 
 def own_result_names(run: m.AgentRun, step: str, attempt: int) -> tuple[str, ...]:
-    """The ConfigMaps a step's envelope may name as its result: the ones the step runner
-    writes for this attempt and, for a replay of the same idempotency key, for its earlier
-    attempts (the operator derives each name; no other object may be passed on)."""
+    """The ConfigMaps a step's envelope may name as its result: the one the step runner
+    writes for this attempt (the operator derives the name; no other object may be passed
+    on, not even an earlier attempt's: nothing found is a replay of one)."""
     meta = run.metadata
-    return tuple(
-        naming.result_object_name(meta.name, meta.uid, step, a) for a in range(1, attempt + 1)
-    )
+    return (naming.result_object_name(meta.name, meta.uid, step, attempt),)
 
 
 def result_ref_problem(run: m.AgentRun, step: str, attempt: int, env: Envelope) -> str | None:
@@ -189,6 +193,21 @@ def result_ref_problem(run: m.AgentRun, step: str, attempt: int, env: Envelope) 
             f"content cannot be verified where it is used; report the sha256 of the result"
         )
     return None
+
+
+def reported_tampering(message: str | None) -> str | None:
+    """What the attempt's own pod reported when it found its result object's name taken (its
+    report, plain or the envelope's summary, begins ``ResultTampered:``); None otherwise. The
+    report is the kubelet's record of the pod's termination message: a claim a step can only
+    make about itself, failing its own attempt."""
+    envelope = parse(message)
+    text = envelope.summary if envelope.problem is None and envelope.summary else ""
+    if not text and envelope.problem is None and envelope.result is not None:
+        text = envelope.result
+    prefix = f"{RESULT_TAMPERED}:"
+    if not text.startswith(prefix):
+        return None
+    return text[len(prefix) :].strip() or "the attempt's result object was not its own"
 
 
 def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:

@@ -262,18 +262,16 @@ class Turns:
             return 0.0 if busy else time.monotonic() - self.last_request
 
 
-def _replaying(
+def _attempt(
     outcome: Callable[[dict[str, str], runner.ResultStore | None], tuple[int, str]],
     store_factory: runner.StoreFactory,
 ) -> Call:
-    """``outcome`` of an attempt, unless an earlier pod of it stored its result: that is
-    reported again instead."""
+    """``outcome`` of an attempt, with the store its large result goes to. Nothing found in
+    the namespace is taken as an attempt's outcome: a ConfigMap under its result name was not
+    necessarily written by the executor (:mod:`agentrun.pod.runner`)."""
 
     def call(env: dict[str, str]) -> tuple[int, str]:
-        store, replay = runner.stored_before(env, store_factory)
-        if replay is not None:
-            return 0, json.dumps(replay)
-        return outcome(env, store)
+        return outcome(env, runner.store_for(env, store_factory))
 
     return call
 
@@ -288,7 +286,7 @@ def turn_call(
     def outcome(env: dict[str, str], store: runner.ResultStore | None) -> tuple[int, str]:
         return llm.turn_outcome(env, store, client_factory)
 
-    return _replaying(outcome, store_factory)
+    return _attempt(outcome, store_factory)
 
 
 def mcp_call(
@@ -304,7 +302,7 @@ def mcp_call(
         timeout = float(limit) if limit else None
         return mcp.outcome("call", env, store, connect, timeout)
 
-    return _replaying(outcome, store_factory)
+    return _attempt(outcome, store_factory)
 
 
 def mcp_discover(
@@ -319,7 +317,7 @@ def mcp_discover(
         limit = env.get(ENV_CALL_TIMEOUT)
         return mcp.outcome("discover", env, store, connect, float(limit) if limit else None)
 
-    return _replaying(outcome, store_factory)
+    return _attempt(outcome, store_factory)
 
 
 def serve(

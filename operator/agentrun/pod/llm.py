@@ -320,8 +320,6 @@ def run_turn(
     (:func:`turn_outcome`)."""
     env = dict(os.environ if env is None else env)
     attempt = runner.begin(env, store_factory)
-    if attempt.replayed:
-        return 0
     code, text = turn_outcome(env, attempt.store, client_factory)
     attempt.termination.write_text(text)
     return code

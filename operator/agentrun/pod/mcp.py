@@ -236,8 +236,6 @@ def run(
     """One discovery or call attempt in a step's pod; its exit code."""
     env = dict(os.environ if env is None else env)
     attempt = runner.begin(env, store_factory)
-    if attempt.replayed:
-        return 0
     code, message = outcome(action, env, attempt.store, connect)
     attempt.termination.write_text(message)
     return code

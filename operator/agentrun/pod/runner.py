@@ -13,10 +13,14 @@ operator reads it (the termination message, at most 4 KiB by kubelet's rule):
   ``resultDigest``. That needs API access: the pod's ServiceAccount (``stepTemplate.
   serviceAccountName``) must be allowed to create ConfigMaps in the run's namespace.
 
-Idempotency: the result object is labelled with a hash of ``AGENTRUN_IDEMPOTENCY_KEY``. When a
-retry of the same step (same key) finds the object a previous attempt completed, it reports
-that result again instead of running the command a second time, so a side effect that finished
-but whose attempt was lost (a node crash after the work, before the exit) is not repeated.
+No replay: a step attempt always runs its command. A ConfigMap found under the attempt's
+result object name proves nothing of who wrote it (anyone who may create ConfigMaps can write
+the exact object the runner would, labels, annotations, owner and all, before it runs), so it
+is never taken as the work of an earlier attempt; the retry of a lost attempt runs the command
+again with the same idempotency key (``$AGENTRUN_IDEMPOTENCY_KEY``), which is what a
+side-effecting command dedupes by. And the runner only ever references the object its own
+create made: a name already taken fails the attempt (``ResultTampered``), whatever the object
+holds.
 
 The exit code is the command's; ``ok`` is true when it is 0.
 """
@@ -88,29 +92,13 @@ def build_envelope(ok: bool, result: str) -> dict[str, Any]:
     return envelope
 
 
+TAMPERED = "ResultTampered"
+"""The first word of the report of an attempt whose result object's name was taken: the
+operator fails the attempt with this reason (:mod:`agentrun.core.attempts`)."""
+
+
 class ResultTampered(Exception):
     """The step's result object is held by one the step did not write."""
-
-
-def _as_json(config_map: Any) -> dict[str, Any]:
-    """The parts of a ConfigMap (the client's typed model) that a result check reads."""
-    meta = config_map.metadata
-    owners = [{"uid": o.uid, "controller": o.controller} for o in meta.owner_references or []]
-    return {
-        "metadata": {"name": meta.name, "ownerReferences": owners},
-        "immutable": config_map.immutable,
-        "data": config_map.data or {},
-    }
-
-
-def _stored_by_a_step(run_uid: str, config_map: Any) -> bool:
-    """Whether ``config_map`` is held as a step stores its result (the run its controller,
-    immutable); its content is checked against the digest wherever it is used."""
-    found = _as_json(config_map)
-    result = found["data"].get("result")
-    if not isinstance(result, str):
-        return False
-    return objects.result_problem(run_uid, found, naming.sha256_text(result), stored=True) is None
 
 
 class ResultStore:
@@ -119,32 +107,6 @@ class ResultStore:
     def __init__(self, core_api: Any, identity: StepIdentity) -> None:
         self.core = core_api
         self.identity = identity
-
-    def previous(self) -> dict[str, Any] | None:
-        """An envelope a completed earlier attempt with the same idempotency key left."""
-        found = self.core.list_namespaced_config_map(
-            self.identity.namespace,
-            label_selector=f"{LABEL_KEY_HASH}={self.identity.key_hash}",
-        )
-        ident = self.identity
-        own = {
-            naming.result_object_name(ident.run, ident.run_uid, ident.step, a)
-            for a in range(1, ident.attempt + 1)
-        }
-        for item in found.items:
-            annotations = item.metadata.annotations or {}
-            if item.metadata.name not in own or not _stored_by_a_step(ident.run_uid, item):
-                continue  # not one this step stores: a label is no proof of who wrote it
-            if annotations.get(ANNOTATION_COMPLETE) == "true" and item.data:
-                result = item.data.get("result", "")
-                return {
-                    "ok": True,
-                    "summary": annotations.get(ANNOTATION_SUMMARY, summary_line(result)),
-                    "resultRef": {"name": item.metadata.name, "key": "result"},
-                    "resultDigest": naming.sha256_text(result),
-                    "replayed": True,
-                }
-        return None
 
     def store(self, result: str, summary: str, *, fields: bool = True) -> dict[str, Any]:
         """Store ``result`` as this attempt's result object (with a ``field.<name>`` entry per
@@ -164,17 +126,14 @@ class ResultStore:
         with tolerate(409) as exists:
             self.core.create_namespaced_config_map(ident.namespace, body)
         if exists:
-            # Anyone who may create ConfigMaps could have put one there first: it is ours
-            # only if it holds exactly this result (stored by this attempt before).
-            found = _as_json(self.core.read_namespaced_config_map(name, ident.namespace))
-            problem = objects.result_problem(
-                ident.run_uid, found, naming.sha256_text(result), stored=True
+            # Only this create could have made the object this attempt references: one
+            # already under the name was written by someone else (the attempt has one pod,
+            # which stores once), however exactly it looks like the runner's own.
+            raise ResultTampered(
+                f"{TAMPERED}: the result object {name} already existed before this attempt "
+                "stored its result, so it was not written by this attempt; the result was not "
+                "stored and nothing was referenced"
             )
-            if problem is not None:
-                raise ResultTampered(
-                    f"ResultTampered: the result object {name} exists and is not this "
-                    f"attempt's ({problem}); the result was not stored"
-                )
         return {"name": name, "key": "result"}
 
 
@@ -206,14 +165,6 @@ def run_step(
     termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
     store = store_factory(identity, env) if identity.complete() else None
 
-    if store is not None and identity.idempotency_key:
-        replay = store.previous()
-        if replay is not None:
-            print(f"agentrun step: result of {identity.idempotency_key} already recorded; "
-                  "not running the command again", file=sys.stderr)  # fmt: skip
-            termination.write_text(json.dumps(replay))
-            return 0
-
     with tempfile.TemporaryDirectory(prefix="agentrun-step-") as tmp:
         result_file = Path(tmp) / "result"
         command_env = {**env, s.ENV_RESULT_FILE: str(result_file)}
@@ -244,36 +195,19 @@ class Attempt:
 
     termination: Path
     store: ResultStore | None
-    replayed: bool
-    """The attempt's result was stored before its pod was lost, and is reported again (the
-    program must not do its work a second time)."""
 
 
 def begin(env: dict[str, str], store_factory: StoreFactory) -> Attempt:
-    """Start a step program's attempt: a result stored by an earlier pod of the same attempt
-    (the same idempotency key) is written to the termination message again instead."""
+    """Start a step program's attempt. Nothing found in the namespace is taken as its
+    outcome (see the module's docstring): the program always does its work."""
     termination = Path(env.get(s.ENV_TERMINATION_MESSAGE_PATH, "/dev/termination-log"))
-    store, replay = stored_before(env, store_factory)
-    if replay is not None:
-        termination.write_text(json.dumps(replay))
-        return Attempt(termination, store, True)
-    return Attempt(termination, store, False)
+    return Attempt(termination, store_for(env, store_factory))
 
 
-def stored_before(
-    env: Mapping[str, str], store_factory: StoreFactory
-) -> tuple[ResultStore | None, dict[str, Any] | None]:
-    """Where the attempt ``env`` describes keeps a large result (None without API access),
-    and the envelope of a result an earlier pod of it stored (same idempotency key), if
-    any: reported again instead of doing the work a second time."""
+def store_for(env: Mapping[str, str], store_factory: StoreFactory) -> ResultStore | None:
+    """Where the attempt ``env`` describes keeps a large result; None without API access."""
     identity = StepIdentity(dict(env))
-    store = store_factory(identity, dict(env)) if identity.complete() else None
-    if store is None or not identity.idempotency_key:
-        return store, None
-    try:
-        return store, store.previous()
-    except Exception:  # a ServiceAccount that may not list ConfigMaps: nothing to replay
-        return store, None
+    return store_factory(identity, dict(env)) if identity.complete() else None
 
 
 def report(
