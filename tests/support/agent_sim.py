@@ -23,7 +23,7 @@ from agentrun.core.actions import CreateChild, PatchChild, StoreRecord
 from agentrun.core.naming import canonical_json
 from agentrun.observation import conversation as resume
 
-from . import agents
+from . import agents, child_proofs
 from .sim import UID, Sim, SimJob
 
 SEARCH = agents.search({"image": "ghcr.io/acme/search:1", "command": ["search"]})
@@ -103,6 +103,15 @@ def tool_envelope(result: str, summary: str | None = None) -> str:
     return json.dumps(body)
 
 
+def _observed_child(body: dict[str, Any]) -> subagents.ObservedChild:
+    """A child as the shell observes it: with whether it carries the operator's proof."""
+    child = subagents.observed_run(body)
+    parent = child.controller_uid
+    return dataclasses.replace(
+        child, proven=parent is not None and child_proofs.proven(body, parent)
+    )
+
+
 @dataclass
 class AgentSim(Sim):
     records: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -135,9 +144,7 @@ class AgentSim(Sim):
         ag = self.run.status.agent if self.run.status else None
         in_flight = any(c.child for c in (ag.calls if ag is not None else None) or [])
         children = (
-            tuple(subagents.observed_run(body) for body in self.children.values())
-            if in_flight
-            else None
+            tuple(_observed_child(body) for body in self.children.values()) if in_flight else None
         )
         return dataclasses.replace(
             base,
@@ -167,7 +174,7 @@ class AgentSim(Sim):
             self.child_creates.append(name)
             if name not in self.children:
                 body["metadata"]["uid"] = f"child-uid-{len(self.children)}"
-                self.children[name] = body
+                self.children[name] = child_proofs.sign(body, self.run.metadata.uid or "")
             return
         if isinstance(action, PatchChild):
             body = self.children.get(action.name)

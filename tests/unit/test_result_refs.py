@@ -11,17 +11,20 @@ from unittest import mock
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import CreateJob, EmitEvent, StoreResult, naming
 from agentrun.core.envelope import result_object_data
 from agentrun.core.machine import committed_launch
-from agentrun.execution import inputs, objects
+from agentrun.execution import inputs, objects, proof
 from agentrun.loop.act import Actor
 from agentrun.loop.common import Apis
 from tests.support.sim import Sim, make_run, step
 
 SP = m.StepPhase
 ROWS = "x" * 5000
+KEY = bytes(32)
+"""The operator's key in these tests (the Actor's observer hands it out)."""
 
 
 def _sim() -> Sim:
@@ -81,7 +84,9 @@ def test_a_result_ref_to_the_steps_own_result_object_is_committed() -> None:
     assert (a.result_ref.name, a.result_digest) == (_own_name(sim), "d" * 64)
 
 
-def test_a_replay_may_reference_an_earlier_attempts_result_of_the_same_step() -> None:
+def test_an_earlier_attempts_result_is_never_referenced_as_a_replay() -> None:
+    """Nothing found is a replay: attempt 2 may reference only its own result object, not
+    attempt 1's (which anyone who may create ConfigMaps could have written first)."""
     consume = step("b", "a", inputs=[{"name": "ROWS", "fromStep": "a"}])
     sim = Sim(make_run([step("a", retry={"limit": 1}), consume]))
     sim.tick()
@@ -92,7 +97,8 @@ def test_a_replay_may_reference_an_earlier_attempts_result_of_the_same_step() ->
     assert sim.step_status("a").attempt == 2
     sim.finish(sim.step_status("a").job_name or "", message=_by_reference(_own_name(sim)))
     sim.tick()
-    assert sim.step_status("a").phase == SP.SUCCEEDED
+    a = sim.step_status("a")
+    assert a.phase == SP.FAILED and a.error is not None and a.error.reason == "ResultRefRefused"
 
 
 def test_an_attempt_whose_result_or_input_was_tampered_with_fails_closed() -> None:
@@ -224,7 +230,7 @@ class FakeObserver:
 
     def __init__(self, found: dict[str, Any] | None) -> None:
         self.adoption = mock.Mock()
-        self.job_key = mock.Mock(**{"get.return_value": bytes(32)})  # signs the Jobs created
+        self.job_key = mock.Mock(**{"get.return_value": KEY})  # signs the Jobs created
         self.found = found
         self.tampered: dict[str, str] = {}
 
@@ -257,14 +263,43 @@ def _storing() -> tuple[Sim, Any, StoreResult, dict[str, Any]]:
     sim.finish(sim.job_of("a").name, message=json.dumps({"ok": True, "result": {"rows": ROWS}}))
     decision, _ = sim.decide()
     (store,) = [x for x in decision.before_commit if isinstance(x, StoreResult)]
-    body = objects.result_config_map(objects.RunRef.of(sim.run), store.name, "a", 1, store.data)
+    digest = naming.sha256_text(dict(store.data)["result"])
+    signed = proof.object_proof(KEY, "result", sim.run.metadata.uid, store.name, "a", "1", digest)
+    body = objects.result_config_map(
+        objects.RunRef.of(sim.run),
+        store.name,
+        "a",
+        1,
+        store.data,
+        annotations={s.ANNOTATION_PROOF: signed},
+    )
     return sim, decision, store, body
+
+
+def _unsigned(found: dict[str, Any]) -> None:
+    """The mimic: the exact object the operator would store, made by someone else first."""
+    found["metadata"]["annotations"].pop(s.ANNOTATION_PROOF)
+
+
+def _signed_by_another_key(found: dict[str, Any]) -> None:
+    name = found["metadata"]["name"]
+    digest = naming.sha256_text(found["data"]["result"])
+    forged = proof.object_proof(b"x" * 32, "result", found["metadata"]["ownerReferences"][0]["uid"],
+                                name, "a", "1", digest)  # fmt: skip
+    found["metadata"]["annotations"][s.ANNOTATION_PROOF] = forged
 
 
 @pytest.mark.parametrize(
     ("change", "stored"),
-    [(None, True), (_forged_result, False), (_recreated_with_owner, False), (_recreated, False)],
-    ids=["own", "other-content", "mutable", "not-the-runs"],
+    [
+        (None, True),
+        (_forged_result, False),
+        (_recreated_with_owner, False),
+        (_recreated, False),
+        (_unsigned, False),
+        (_signed_by_another_key, False),
+    ],
+    ids=["own", "other-content", "mutable", "not-the-runs", "mimic", "another-key"],
 )
 def test_a_result_name_held_by_another_object_is_never_committed(change: Any, stored: bool) -> None:
     sim, decision, _, body = _storing()
@@ -300,3 +335,39 @@ def test_a_job_is_created_with_its_inputs_verified_or_not_at_all() -> None:
     actor.act(sim.run, (create,))
     batch.create_namespaced_job.assert_not_called()
     assert "does not have the digest" in observer.tampered[create.job_name]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        # The step runner's envelope (exit code 1).
+        json.dumps({"ok": False, "summary": "ResultTampered: the result object x already existed"}),
+        # A model turn's or MCP call's one line (exit code 1).
+        "ResultTampered: the result object x already existed before this attempt stored it",
+    ],
+    ids=["runner", "turn"],
+)
+def test_a_step_that_found_its_result_name_taken_fails_result_tampered_with_a_warning(
+    message: str,
+) -> None:
+    sim = _sim()
+    sim.tick()
+    sim.finish(sim.job_of("a").name, ok=False, message=message)
+    decision = sim.tick()
+    a = sim.step_status("a")
+    assert a.phase == SP.FAILED and a.error is not None
+    assert a.error.reason == "ResultTampered", a.error
+    assert "already existed" in a.error.message
+    assert any(
+        isinstance(x, EmitEvent) and x.type == "Warning" and x.reason == "ResultTampered"
+        for x in decision.after_commit
+    )
+
+
+def test_a_succeeded_step_whose_result_says_result_tampered_is_still_a_success() -> None:
+    """Only a failure's report is read for the word: a step may print anything it likes."""
+    sim = _sim()
+    sim.tick()
+    sim.finish(sim.job_of("a").name, message="ResultTampered: just text a step printed")
+    sim.tick()
+    assert sim.step_status("a").phase == SP.SUCCEEDED

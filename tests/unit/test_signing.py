@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import settings as s
 from agentrun.execution import proof
+from agentrun.observation import adoption
 from agentrun.loop.common import Apis
 from agentrun.loop.signing import DATA_KEY, JobKey
 
@@ -76,3 +77,47 @@ def test_a_short_key_or_a_refused_read_stops_the_pass_saying_what_to_do() -> Non
 
     with pytest.raises(RuntimeError, match="grant the operator get and create"):
         key_of(Forbidden()).get()
+
+
+def test_a_job_signed_for_an_earlier_version_of_its_step_is_told_from_someone_elses() -> None:
+    """A Job the operator made for an attempt from what the step was then carries its proof
+    over the spec digest it names: the operator's own, made from an earlier step, is told from
+    a Job someone else made (which never carries a proof that verifies)."""
+    key = b"k" * proof.KEY_BYTES
+    manifest: dict[str, Any] = {"metadata": {"name": "r-a-0123456789-1"}, "spec": {"x": 1}}
+    proof.sign(key, "uid", "a", 1, manifest)
+    annotations = manifest["metadata"]["annotations"]
+    assert annotations[proof.ANNOTATION_SPEC_DIGEST] == proof.spec_digest({"x": 1})
+    found = {**manifest, "spec": {"x": 1, "defaulted": True}}  # as the API server keeps it
+    assert proof.signed_earlier(key, "uid", "a", 1, found)
+    assert not proof.signed_earlier(key, "uid", "a", 2, found)  # another attempt's
+    assert not proof.signed_earlier(b"x" * proof.KEY_BYTES, "uid", "a", 1, found)
+    forged = {"metadata": {"name": "r-a-0123456789-1", "annotations": {
+        s.ANNOTATION_PROOF: annotations[s.ANNOTATION_PROOF],
+        proof.ANNOTATION_SPEC_DIGEST: proof.spec_digest({"x": 2}),  # the digest re-pointed
+    }}}  # fmt: skip
+    assert not proof.signed_earlier(key, "uid", "a", 1, forged)
+    mine = adoption.name_taken_message("r-a-0123456789-1", 1, "its spec differs", signed=True)
+    assert "created by the operator" in mine and "not created" not in mine
+    theirs = adoption.name_taken_message("r-a-0123456789-1", 1, "it carries no proof")
+    assert theirs.startswith("a Job not created by the operator")
+
+
+def test_an_object_proof_binds_its_kind_run_name_and_content() -> None:
+    key = b"k" * proof.KEY_BYTES
+    made = proof.object_proof(key, "result", "uid", "r-a-r1-1", "a", "1", "d" * 64)
+    body = {"metadata": {"name": "r-a-r1-1", "annotations": {s.ANNOTATION_PROOF: made}}}
+    assert proof.object_proof_problem(key, body, "result", "uid", "a", "1", "d" * 64) is None
+    for kind, uid, bound in [
+        ("child", "uid", ("a", "1", "d" * 64)),
+        ("result", "other", ("a", "1", "d" * 64)),
+        ("result", "uid", ("a", "2", "d" * 64)),
+        ("result", "uid", ("a", "1", "e" * 64)),
+    ]:
+        problem = proof.object_proof_problem(key, body, kind, uid, *bound)
+        assert problem is not None and "does not verify" in problem
+    unsigned = {"metadata": {"name": "r-a-r1-1"}}
+    problem = proof.object_proof_problem(key, unsigned, "result", "uid", "a", "1", "d" * 64)
+    assert problem is not None and "carries no" in problem
+    with pytest.raises(ValueError):
+        proof.object_proof(b"short", "result", "uid", "n")

@@ -3,16 +3,20 @@ outcome, switches and family (agentrun.core.subagents; not wired into a pass yet
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 import pytest
 
+from agentrun import settings as s
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.clients.plugin import commands
 from agentrun.core import subagents as sa
 from agentrun.core.agent_loop import AgentConfig
 from agentrun.core.naming import sha256_text
+from tests.support import child_proofs
 from tests.support.agent_sim import agent_run
 from tests.support.sim import UID
 
@@ -42,6 +46,7 @@ def _child(**kw: Any) -> sa.ObservedChild:
         "uid": CHILD_UID,
         "controller_uid": UID,
         "spec_digest": "d",
+        "proven": True,
     }
     values.update(kw)
     return sa.ObservedChild(**values)
@@ -142,6 +147,35 @@ def test_a_child_is_adopted_only_when_it_is_the_parents_by_uid_and_by_spec() -> 
     other = sa.child_spec(_parent(), TOOL, "another goal", 4000)
     changed = sa.adopt(_child(spec_digest=sa.spec_digest(other)), UID, digest)
     assert isinstance(changed, sa.Refused) and changed.reason == sa.CHILD_NAME_TAKEN
+    # The mimic: the exact child the call makes (its controller, spec and all), made by
+    # someone else first. It carries no proof of the operator's: never the call's child.
+    mimic = sa.adopt(_child(spec_digest=digest, proven=False), UID, digest)
+    assert isinstance(mimic, sa.Refused) and mimic.reason == sa.CHILD_NAME_TAKEN
+    assert "not created by the operator" in mimic.message
+
+
+def test_a_childs_proof_covers_its_parent_name_call_and_spec_but_not_the_switches() -> None:
+    parent = agent_run(spec=None)
+    body = sa.child_manifest(parent, 0, KEY, TOOL, "g", 4000)
+    assert not child_proofs.proven(body, UID)  # the exact object, unsigned: no proof
+    child_proofs.sign(body, UID)
+    assert child_proofs.proven(body, UID)
+    body["spec"]["cancel"] = True  # the parent's switch: still the child it made
+    body["spec"]["suspend"] = True
+    assert child_proofs.proven(body, UID)
+    assert not child_proofs.proven(body, OTHER_UID)  # another parent's
+    copied = json.loads(json.dumps(body))
+    copied["spec"]["goal"] = "FORGED"  # the proof copied onto another goal
+    assert not child_proofs.proven(copied, UID)
+    renamed = json.loads(json.dumps(body))
+    renamed["metadata"]["name"] = "agent-sub-other"
+    assert not child_proofs.proven(renamed, UID)
+    rekeyed = json.loads(json.dumps(body))
+    rekeyed["metadata"]["annotations"][sa.ANNOTATION_CALL] = f"{UID}:2:other:00"
+    assert not child_proofs.proven(rekeyed, UID)
+    forged = json.loads(json.dumps(body))
+    child_proofs.sign(forged, UID, key=b"x" * 32)  # signed with a key of someone else's
+    assert not child_proofs.proven(forged, UID)
 
 
 def test_the_result_is_read_from_the_child_by_uid_never_by_name() -> None:
@@ -308,7 +342,7 @@ def _made(parent: dict[str, Any], call: str, by: str = OPERATOR) -> dict[str, An
     body = sa.child_manifest(run, depth, key, TOOL, "g", None)
     body["metadata"]["uid"] = f"00000000-0000-4000-8000-{sha256_text(call)[:12]}"
     body["metadata"]["annotations"][m.ANNOTATION_CREATED_BY] = by
-    return body
+    return child_proofs.sign(body, parent["metadata"]["uid"]) if by == OPERATOR else body
 
 
 def test_a_child_acts_for_its_parents_creator_only_when_it_is_that_parents_child() -> None:
@@ -317,29 +351,31 @@ def test_a_child_acts_for_its_parents_creator_only_when_it_is_that_parents_child
         m.ANNOTATION_CREATED_BY: "alice",
         m.ANNOTATION_CREATED_BY_GROUPS: '["devs"]',
     }
-    assert sa.acting_creator([user], OPERATOR, sa.Limits()) == sa.ActingFor(
+    assert sa.acting_creator([user], OPERATOR, sa.Limits(), child_proofs.proven) == sa.ActingFor(
         "alice", '["devs"]', ("agent",)
     )
     child = _made(user, "c1")
     grandchild = _made(child, "c2")
-    found = sa.acting_creator([grandchild, child, user], OPERATOR, sa.Limits())
+    found = sa.acting_creator([grandchild, child, user], OPERATOR, sa.Limits(), child_proofs.proven)
     assert isinstance(found, sa.ActingFor) and found.user == "alice" and found.depth == 2
     assert grandchild["metadata"]["annotations"][sa.ANNOTATION_DEPTH] == "2"
     # The depth decides from the chain: an annotation edited back to 0 changes nothing.
     grandchild["metadata"]["annotations"][sa.ANNOTATION_DEPTH] = "0"
-    again = sa.acting_creator([grandchild, child, user], OPERATOR, sa.Limits())
+    again = sa.acting_creator([grandchild, child, user], OPERATOR, sa.Limits(), child_proofs.proven)
     assert isinstance(again, sa.ActingFor) and again.depth == 2
     assert sa.limit_problem(again.depth, 0, 0, sa.Limits()) is not None
     assert found.via == (grandchild["metadata"]["name"], child["metadata"]["name"], "agent")
     # One level deeper than allowed: no user is reached within max_depth.
     great = _made(grandchild, "c3")
-    deep = sa.acting_creator([great, grandchild, child, user], OPERATOR, sa.Limits())
+    deep = sa.acting_creator(
+        [great, grandchild, child, user], OPERATOR, sa.Limits(), child_proofs.proven
+    )
     assert isinstance(deep, sa.Refused) and "deeper" in deep.message
     # A run made by someone else is theirs, whatever it claims.
     by_bob = _made(user, "c1", by="bob")
-    assert sa.acting_creator([by_bob, user], OPERATOR, sa.Limits()) == sa.ActingFor(
-        "bob", None, (by_bob["metadata"]["name"],)
-    )
+    assert sa.acting_creator(
+        [by_bob, user], OPERATOR, sa.Limits(), child_proofs.proven
+    ) == sa.ActingFor("bob", None, (by_bob["metadata"]["name"],))
 
 
 def test_a_child_pointed_at_another_parent_or_orphaned_acts_for_nobody() -> None:
@@ -348,9 +384,14 @@ def test_a_child_pointed_at_another_parent_or_orphaned_acts_for_nobody() -> None
     admin = _body("admin-run", OTHER_UID, None)
     admin["metadata"]["annotations"] = {m.ANNOTATION_CREATED_BY: "root"}
     child = _made(user, "c1")
-    assert sa.acting_creator([child], OPERATOR, sa.Limits()).__class__ is sa.Refused
+    assert (
+        sa.acting_creator([child], OPERATOR, sa.Limits(), child_proofs.proven).__class__
+        is sa.Refused
+    )
     moved = {**child, "metadata": {**child["metadata"], "ownerReferences": [_owner(OTHER_UID)]}}
-    assert isinstance(sa.acting_creator([moved, admin], OPERATOR, sa.Limits()), sa.Refused)
+    assert isinstance(
+        sa.acting_creator([moved, admin], OPERATOR, sa.Limits(), child_proofs.proven), sa.Refused
+    )
     # Its call key re-pointed as well: the name still binds it to its own parent.
     rekeyed = {
         **moved,
@@ -362,10 +403,21 @@ def test_a_child_pointed_at_another_parent_or_orphaned_acts_for_nobody() -> None
             },
         },
     }
-    assert isinstance(sa.acting_creator([rekeyed, admin], OPERATOR, sa.Limits()), sa.Refused)
+    assert isinstance(
+        sa.acting_creator([rekeyed, admin], OPERATOR, sa.Limits(), child_proofs.proven), sa.Refused
+    )
     unrecorded = _body("x", CHILD_UID, None)
-    assert isinstance(sa.acting_creator([unrecorded], OPERATOR, sa.Limits()), sa.Refused)
-    assert isinstance(sa.acting_creator([], OPERATOR, sa.Limits()), sa.Refused)
+    assert isinstance(
+        sa.acting_creator([unrecorded], OPERATOR, sa.Limits(), child_proofs.proven), sa.Refused
+    )
+    assert isinstance(sa.acting_creator([], OPERATOR, sa.Limits(), child_proofs.proven), sa.Refused)
+    # The exact child, its admission record forged as the operator's (no policy installed),
+    # without the operator's proof: it acts for nobody.
+    unsigned = _made(user, "c1")
+    unsigned["metadata"]["annotations"].pop(s.ANNOTATION_PROOF)
+    assert isinstance(
+        sa.acting_creator([unsigned, user], OPERATOR, sa.Limits(), child_proofs.proven), sa.Refused
+    )
 
 
 def test_the_parent_keeps_room_for_the_turn_that_reads_the_answers() -> None:
@@ -391,7 +443,9 @@ def test_a_repeated_create_is_the_same_child_only_from_the_committed_carve() -> 
     first = sa.child_manifest(parent, 0, key, TOOL, "g", 4000)
     again = sa.child_manifest(parent, 0, key, TOOL, "g", 4000)
     assert first == again
-    stored = sa.observed_run({**first, "metadata": {**first["metadata"], "uid": CHILD_UID}})
+    signed = child_proofs.sign(json.loads(json.dumps(first)), UID)
+    stored = sa.observed_run({**signed, "metadata": {**signed["metadata"], "uid": CHILD_UID}})
+    stored = dataclasses.replace(stored, proven=child_proofs.proven(signed, UID))
     assert sa.adopt(stored, UID, sa.spec_digest(again["spec"])) == sa.Adopted(CHILD_UID)
     # Carved again from usage that moved on, the spec differs: the carve must be the
     # committed one, or the run's own child would be refused.

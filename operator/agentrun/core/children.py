@@ -7,8 +7,9 @@ A call's step goes Pending, then (approved, when gated) Launching with its inten
 the idempotency key, the child's name (from the key) and the budget carved for it are in
 status before the :class:`~agentrun.core.actions.CreateChild` runs, and every create repeated
 after a crash is built from them, so it is the same AgentRun and meets AlreadyExists. Found
-under its name, the child is adopted only when its controller is this run by uid and its spec
-is the one the call makes (else the call fails, ChildNameTaken, and the object is left alone);
+under its name, the child is adopted only when it carries the operator's proof, its controller
+is this run by uid and its spec is the one the call makes (else the call fails, ChildNameTaken,
+and the object is left alone: see :func:`agentrun.core.subagents.adopt`);
 its uid is committed, and from then on the call's outcome and tokens are read from the run
 with that uid only. The child's answer is the call's result; a child that failed, was
 cancelled or is gone is an error the model reads. A sub-agent call is never retried. A create
@@ -189,12 +190,12 @@ def switches(b: Builder, cancel: bool = False) -> None:
     mine = {c.uid: c for c in _in_flight(b) if c.uid is not None}
     carved = {uid: UNLIMITED if c.tokens is None else c.tokens for uid, c in mine.items() if uid}
     found = [c for c in b.observed.children if c.uid in mine]
-    if cancel:  # a child created but not adopted yet is the run's when it is controlled by it
+    if cancel:  # a child created but not adopted yet: the run's only with the operator's proof
         named = {c.name for c in _in_flight(b) if c.uid is None and c.name}
         found += [
             c
             for c in b.observed.children
-            if c.name in named and c.controller_uid == b.run.metadata.uid
+            if c.name in named and c.controller_uid == b.run.metadata.uid and c.proven
         ]
     wanted = subagents.child_switches(
         cancel or bool(b.run.spec.cancel), bool(b.run.spec.suspend), found, carved

@@ -35,6 +35,11 @@ class ObservedChild:
     message: str | None = None
     cancel: bool = False
     suspend: bool = False
+    proven: bool = False
+    """It carries the operator's proof of a child made for a call of its controller (checked
+    by the shell, which holds the key: :func:`agentrun.core.subagents.proof_bound`), and no
+    admission record names anyone but the operator as its creator. Its name, controller,
+    annotations and spec prove nothing: anyone who may create AgentRuns can copy them."""
 
 
 @dataclass(frozen=True)

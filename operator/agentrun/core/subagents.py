@@ -39,16 +39,24 @@ The child (:func:`child_manifest`)
     approvals to wait for, nor another identity, than its parent). Its approvals are its own:
     ``spec.approvals`` starts empty.
 Adoption (:func:`adopt`)
-    An AgentRun found under the child's name is taken as the call's child only when its
-    controller ownerReference is the parent by uid and its spec digest is the one the
-    operator would create (:func:`spec_digest`); anything else fails the call (reason
-    ChildNameTaken) and is left alone.
+    An AgentRun found under the child's name is taken as the call's child only when it
+    carries the operator's proof (an HMAC, under a key only the operator holds, over the
+    parent's uid, the child's name, the call's key and the digest of its spec:
+    :func:`proof_bound`; the shell checks it, :attr:`ObservedChild.proven`), its controller
+    ownerReference is the parent by uid and its spec digest is the one the operator would
+    create (:func:`spec_digest`). Its name, owner, annotations and spec prove nothing: anyone
+    who may create AgentRuns can write the exact object the operator would, first, as soon
+    as the call's intent names it (a gated call names it while it waits for its approval).
+    Anything else fails the call (reason ChildNameTaken) before anything of it runs, and the
+    object is left alone. Once adopted, the child is known by the uid committed then.
 Rights (:func:`acting_creator`)
     The operator creates the child, so the admission records the operator as its creator;
     the child's steps use the rights of the parent's creator instead, found through the
     child's controller (by uid), its call key and its name, which bind it to one call of one
-    parent. The child is to take it on its first pass (as a run freezes its agent), so
-    that a later edit of its ownerReferences changes nothing.
+    parent, and only while it carries the operator's proof (a run whose admission record
+    names the operator, made without the operator's key, acts for nobody). The child is to
+    take it on its first pass (as a run freezes its agent), so that a later edit of its
+    ownerReferences changes nothing.
 Result (:func:`child_outcome`)
     The call's result is the child's answer, read from the child whose uid the parent
     committed when it adopted it (a child deleted and made again under the same name is not
@@ -69,7 +77,7 @@ tests/e2e/test_crash.py kills the operator while children are made; the trust ta
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -304,6 +312,25 @@ def spec_digest(spec: Mapping[str, Any]) -> str | None:
     return naming.sha256_text(naming.canonical_json(wire))
 
 
+SWITCHES = ("cancel", "suspend")
+"""The fields of a child's spec the parent sets while it runs (:func:`child_switches`): left out
+of what the child's proof covers."""
+
+
+def proof_bound(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What a child's proof binds besides the parent's uid and the child's name: the call's
+    key (its ``agentrun.dev/call`` annotation) and the digest of its spec without the
+    parent's :data:`SWITCHES`; None when the body has no call key or no valid spec (no proof
+    can verify)."""
+    meta = body.get("metadata") or {}
+    key = (meta.get("annotations") or {}).get(ANNOTATION_CALL)
+    spec = body.get("spec")
+    if not isinstance(key, str) or not key or not isinstance(spec, Mapping):
+        return None
+    digest = spec_digest({k: v for k, v in spec.items() if k not in SWITCHES})
+    return None if digest is None else (key, digest)
+
+
 def child_manifest(
     parent: m.AgentRun,
     depth: int,
@@ -396,6 +423,14 @@ def adopt(found: ObservedChild, parent_uid: str, expected_digest: str | None) ->
             f"the AgentRun {found.name} is not controlled by this run; it was left alone and "
             "the call was not run",
         )
+    if not found.proven:
+        return Refused(
+            CHILD_NAME_TAKEN,
+            f"the AgentRun {found.name} holds the name of the call's child but was not created "
+            "by the operator (it carries no valid agentrun.dev/proof, or its admission record "
+            "names another creator): someone else made it under that name; it was left alone "
+            "and the call was not run",
+        )
     if found.spec_digest is None or found.spec_digest != expected_digest:
         return Refused(
             CHILD_NAME_TAKEN,
@@ -429,7 +464,10 @@ def _controller(body: Mapping[str, Any]) -> str | None:
 
 
 def acting_creator(
-    chain: Sequence[Mapping[str, Any]], operator_user: str, limits: Limits
+    chain: Sequence[Mapping[str, Any]],
+    operator_user: str,
+    limits: Limits,
+    proven: Callable[[Mapping[str, Any], str], bool],
 ) -> ActingFor | Refused:
     """Whose rights the steps of ``chain[0]`` use. ``chain`` is the run as read, then the
     run found by the uid of its controller ownerReference, then that one's, as far as the
@@ -440,7 +478,8 @@ def acting_creator(
     only when it is the child the parent would make: its controller is the next run of the
     chain by uid, the call key it carries begins with that run's uid, and its name is
     :func:`child_name` of that run's name and that key (names cannot change, so an editor who
-    points a child's ownerReference at another run does not get that run's creator). Anything
+    points a child's ownerReference at another run does not get that run's creator), and
+    ``proven(body, owner_uid)`` (the shell's check of the operator's proof) holds. Anything
     else is refused: the operator never lends its own rights."""
     if not chain:
         return Refused("Forbidden", "no run to act for")
@@ -469,6 +508,7 @@ def acting_creator(
             or not isinstance(key, str)
             or not key.startswith(f"{owner_uid}:")
             or name != child_name(str(owner_meta.get("name", "")), key)
+            or not proven(body, owner_uid)
         ):
             return Refused(
                 "Forbidden",

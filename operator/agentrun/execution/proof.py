@@ -24,6 +24,9 @@ from agentrun import settings as s
 
 VERSION = "v1"
 KEY_BYTES = 32
+ANNOTATION_SPEC_DIGEST = f"{s.ANNOTATION_PROOF}-spec"
+"""The digest of the spec a Job's proof was made over (for telling the operator's Job made
+from an earlier version of a step from someone else's; it proves nothing on its own)."""
 
 
 def spec_digest(spec: Mapping[str, Any]) -> str:
@@ -53,20 +56,38 @@ def without_shard_label(spec: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def proof(key: bytes, run_uid: str, step: str, attempt: int, manifest: Mapping[str, Any]) -> str:
     """The proof of the Job ``manifest`` (as the operator builds it) of one step attempt."""
+    name = str((manifest.get("metadata") or {}).get("name") or "")
+    return _proof(key, run_uid, step, attempt, name, spec_digest(manifest.get("spec") or {}))
+
+
+def _proof(key: bytes, run_uid: str, step: str, attempt: int, name: str, digest: str) -> str:
     if len(key) < KEY_BYTES:
         raise ValueError(f"the key of step Jobs' proofs has {len(key)} bytes, not {KEY_BYTES}")
-    name = str((manifest.get("metadata") or {}).get("name") or "")
-    signed = json.dumps(
-        [VERSION, run_uid, step, attempt, name, spec_digest(manifest.get("spec") or {})],
-        separators=(",", ":"),
-    )
+    signed = json.dumps([VERSION, run_uid, step, attempt, name, digest], separators=(",", ":"))
     return f"{VERSION}:{hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()}"
+
+
+def signed_earlier(
+    key: bytes, run_uid: str, step: str, attempt: int, found: Mapping[str, Any]
+) -> bool:
+    """Whether ``found`` carries the operator's proof for this attempt over the spec digest
+    it names (``agentrun.dev/spec-digest``): a Job the operator made for the attempt from
+    what the step was then, whatever the step is now. Says who made it, never that it runs
+    the committed intent (that is :func:`proof_problem`'s)."""
+    meta = found.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    given, digest = annotations.get(s.ANNOTATION_PROOF), annotations.get(ANNOTATION_SPEC_DIGEST)
+    if not isinstance(given, str) or not isinstance(digest, str):
+        return False
+    wanted = _proof(key, run_uid, step, attempt, str(meta.get("name") or ""), digest)
+    return hmac.compare_digest(given.encode(), wanted.encode())
 
 
 def sign(key: bytes, run_uid: str, step: str, attempt: int, manifest: dict[str, Any]) -> None:
     """Put the proof on ``manifest`` (in place), before it is created."""
     annotations = manifest.setdefault("metadata", {}).setdefault("annotations", {})
     annotations[s.ANNOTATION_PROOF] = proof(key, run_uid, step, attempt, manifest)
+    annotations[ANNOTATION_SPEC_DIGEST] = spec_digest(manifest.get("spec") or {})
 
 
 def proof_problem(
@@ -110,3 +131,34 @@ def executor_token(key: bytes, run_uid: str, job_name: str) -> str:
     sha256, which anyone who may read the Job sees."""
     signed = json.dumps([VERSION, "executor", run_uid, job_name], separators=(",", ":"))
     return hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()
+
+
+def object_proof(key: bytes, kind: str, run_uid: str, name: str, *bound: str) -> str:
+    """The proof of an object (not a Job) the operator creates for a run: an HMAC over its
+    kind (``result``, ``child``), the run's uid, its name and ``bound`` (the attempt, the
+    digest of its content or spec), under the key of the Jobs' proofs. Anyone may copy the
+    object, annotation and all, under its name; no one without the key can make the proof of
+    other content, and a copy of the same content holds exactly what the operator wrote."""
+    if len(key) < KEY_BYTES:
+        raise ValueError(f"the key of the operator's proofs has {len(key)} bytes, not {KEY_BYTES}")
+    signed = json.dumps([VERSION, kind, run_uid, name, *bound], separators=(",", ":"))
+    return f"{VERSION}:{hmac.new(key, signed.encode(), hashlib.sha256).hexdigest()}"
+
+
+def object_proof_problem(
+    key: bytes, found: Mapping[str, Any], kind: str, run_uid: str, *bound: str
+) -> str | None:
+    """Why ``found`` (the API's JSON of an object under a name the operator derives) is not
+    proven to be the one the operator created with ``bound``; None when its proof verifies."""
+    meta = found.get("metadata") or {}
+    name = str(meta.get("name") or "")
+    given = (meta.get("annotations") or {}).get(s.ANNOTATION_PROOF)
+    if not isinstance(given, str) or not given:
+        return f"it carries no {s.ANNOTATION_PROOF} annotation: the operator did not create it"
+    wanted = object_proof(key, kind, run_uid, name, *bound)
+    if not hmac.compare_digest(given.encode(), wanted.encode()):
+        return (
+            f"its {s.ANNOTATION_PROOF} annotation does not verify: the operator did not create "
+            "it with this content"
+        )
+    return None

@@ -30,6 +30,7 @@ from agentrun.core import (
     executor,
     naming,
     shards,
+    subagents,
 )
 from agentrun.core.actions import (
     CreateChild,
@@ -323,6 +324,20 @@ class Actor:
         self.adoption.made(json.loads(created.data))
         return True
 
+    def _signed_child(self, run: m.AgentRun, action: CreateChild) -> dict[str, Any]:
+        """The child's manifest with the operator's proof (agentrun.core.subagents.adopt
+        takes a child found under the name only with it)."""
+        manifest = json.loads(json.dumps(action.manifest))
+        bound = subagents.proof_bound(manifest)
+        if bound is None:  # pragma: no cover - the operator's manifests carry a call key
+            raise ValueError(f"child AgentRun {manifest['metadata']['name']} has no call key")
+        name = str(manifest["metadata"]["name"])
+        signed = proof.object_proof(
+            self.observer.job_key.get(), "child", run.metadata.uid, name, *bound
+        )
+        manifest["metadata"].setdefault("annotations", {})[s.ANNOTATION_PROOF] = signed
+        return dict(manifest)
+
     def _create_child(self, run: m.AgentRun, action: CreateChild) -> None:
         """Create a sub-agent call's child AgentRun. One already holding its name is left
         alone: the next pass adopts it or fails the call (agentrun.core.subagents.adopt)."""
@@ -330,7 +345,11 @@ class Actor:
         name = str(action.manifest["metadata"]["name"])
         with tolerate(409, *JOB_REFUSALS) as exists:
             self.apis.custom.create_namespaced_custom_object(
-                m.GROUP, m.VERSION, run.metadata.namespace, m.PLURAL, dict(action.manifest)
+                m.GROUP,
+                m.VERSION,
+                run.metadata.namespace,
+                m.PLURAL,
+                self._signed_child(run, action),
             )
         if exists.error is not None and exists.status != 409:
             message = api_message(exists.error)[:MAX_REFUSAL]
@@ -469,32 +488,49 @@ class Actor:
                  action.job_name, action.ttl_seconds, extra=run_fields(run))  # fmt: skip
 
     def _store_result(self, run: m.AgentRun, action: StoreResult) -> bool:
-        """Store the result; False when its name is held by an object that is not this
-        result as the operator stores it (then the attempt fails, reason ResultTampered)."""
+        """Store the result, signed; False when its name is held by an object whose proof
+        does not verify (then the attempt fails, reason ResultTampered).
+
+        The result object carries the operator's proof (an HMAC over the run's uid, its name,
+        the attempt and the digest of its content): an object found under the name, after a
+        crash between this create and the commit that names it, counts only with that proof.
+        One made by someone else first, however exactly it copies what the operator would
+        write, counts for nothing, even holding the same content."""
         ns = run.metadata.namespace
+        uid = run.metadata.uid
+        digest = naming.sha256_text(dict(action.data)["result"])
+        bound = (action.step, str(action.attempt), digest)
+        key = self.observer.job_key.get()
+        signed = {s.ANNOTATION_PROOF: proof.object_proof(key, "result", uid, action.name, *bound)}
         body = objects.result_config_map(
-            objects.RunRef.of(run), action.name, action.step, action.attempt, action.data
+            objects.RunRef.of(run),
+            action.name,
+            action.step,
+            action.attempt,
+            action.data,
+            annotations=signed,
         )
         with tolerate(409) as exists:
             self.apis.core.create_namespaced_config_map(ns, body)
         if not exists:
             return True
-        # Written by an earlier pass from the same Job, or created first by someone else:
-        # it counts only as the run's own, immutable, with the digest about to be committed.
+        # Written by an earlier pass from the same Job (its proof verifies), or created
+        # first by someone else (it does not).
         found = self.observer.read_config_map(ns, action.name)
-        digest = naming.sha256_text(dict(action.data)["result"])
         problem = (
             f"ConfigMap {action.name} is gone"
             if found is None
-            else objects.result_problem(run.metadata.uid, found, digest, stored=True)
+            else objects.result_problem(uid, found, digest, stored=True)
+            or proof.object_proof_problem(key, found, "result", uid, *bound)
         )
         if problem is None:
             return True
         st = next((x for x in (run.status.steps if run.status else None) or []
                    if x.name == action.step), None)  # fmt: skip
         message = (
-            f"the result of attempt {action.attempt} could not be stored: {problem} (created "
-            f"before the operator wrote it); the result is not used"
+            f"the result of attempt {action.attempt} could not be stored: ConfigMap "
+            f"{action.name} already existed and is not the operator's ({problem}); the result "
+            "is not used"
         )
         log.warning(message, extra=run_fields(run, action.step, action.attempt))
         self.observer.note_tampered(run.metadata.uid, (st.job_name if st else None) or "", message)

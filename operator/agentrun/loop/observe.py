@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from agentrun import settings as s
@@ -37,7 +37,7 @@ from agentrun.core import (
     turns,
 )
 from agentrun.core.context import Stored
-from agentrun.execution import inputs, jobs, objects
+from agentrun.execution import inputs, jobs, objects, proof
 from agentrun.kubeapi import list_items, tolerate
 from agentrun.loop.common import Apis, log, run_fields
 from agentrun.loop.decide import core_config
@@ -461,7 +461,7 @@ class Observer:
             if found is None or (found.get("metadata") or {}).get("uid") != parent[1]:
                 break
             chain.append(found)
-        verdict = subagents.acting_creator(chain, creator.user, limits)
+        verdict = subagents.acting_creator(chain, creator.user, limits, self.child_proven)
         result: subagents.ActingFor | str = (
             verdict.message if isinstance(verdict, subagents.Refused) else verdict
         )
@@ -501,8 +501,23 @@ class Observer:
         children = [self._with_answer(run.metadata.namespace, body) for body in listed]
         return dataclasses.replace(observed, children=tuple(children), depth=depth)
 
+    def child_proven(self, body: Mapping[str, Any], parent_uid: str) -> bool:
+        """Whether ``body`` (an AgentRun as read) is a child the operator created for a call
+        of the run ``parent_uid``: its proof verifies under the operator's key, over the
+        parent's uid, its name, its call key and its spec (:func:`subagents.proof_bound`),
+        and the creator the admission recorded, if any, is the operator."""
+        bound = subagents.proof_bound(body)
+        meta = body.get("metadata") or {}
+        recorded = (meta.get("annotations") or {}).get(m.ANNOTATION_CREATED_BY)
+        if bound is None or (recorded is not None and recorded != self.operator_user()):
+            return False
+        problem = proof.object_proof_problem(self.job_key.get(), body, "child", parent_uid, *bound)
+        return problem is None
+
     def _with_answer(self, namespace: str, body: dict[str, Any]) -> subagents.ObservedChild:
         child = subagents.observed_run(body)
+        if child.controller_uid is not None:
+            child = dataclasses.replace(child, proven=self.child_proven(body, child.controller_uid))
         agent = (body.get("status") or {}).get("agent") or {}
         ref = agent.get("answerRef")
         if child.answer is not None or not isinstance(ref, dict):

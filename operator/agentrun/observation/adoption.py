@@ -99,6 +99,9 @@ class Verdict:
     """Whether a Job is the attempt's; ``problem`` says which check failed."""
 
     problem: str | None = None
+    signed: bool = False
+    """The Job carries the operator's proof for this attempt, over a manifest that is not the
+    one the committed intent gives now (the step changed since the operator made it)."""
 
     @property
     def ok(self) -> bool:
@@ -187,7 +190,13 @@ def dry_run_manifest(run: m.AgentRun, intent: CreateJob, key: bytes) -> Obj:
     return manifest
 
 
-def name_taken_message(name: str, attempt: int, problem: str) -> str:
+def name_taken_message(name: str, attempt: int, problem: str, signed: bool = False) -> str:
+    if signed:  # the operator's own, made from what the step was at its launch
+        return (
+            f"Job {name} of attempt {attempt} was created by the operator from the step as it "
+            f"was at its launch, and the step has changed since ({problem}); it does not run "
+            "what the step is now and never counts as its result"
+        )
     return (
         f"a Job not created by the operator holds the name {name} of attempt {attempt}: "
         f"{problem}; it is left alone and never counts as the step's"
@@ -418,8 +427,15 @@ class Adoption:
                 key, run.metadata.uid, bound.step.name, bound.attempt, manifest, job
             )
             if problem is not None:
-                # Say first what is plainly wrong (another controller), else that it is unsigned.
-                found = Verdict(ownership_problem(job, run.metadata.uid) or problem)
+                # Say first what is plainly wrong (another controller), else that it is
+                # unsigned, or signed by the operator over a manifest the step no longer gives.
+                ownership = ownership_problem(job, run.metadata.uid)
+                signed = ownership is None and proof.signed_earlier(
+                    key, run.metadata.uid, bound.step.name, bound.attempt, job
+                )
+                if signed:
+                    problem = "its spec is not the one the committed step gives now"
+                found = Verdict(ownership or problem, signed=signed)
             else:
                 expected = self.dry_run(run.metadata.namespace, dry_run_manifest(run, bound, key))
                 found = Verdict(spec_problem(expected, job))
@@ -447,7 +463,9 @@ class Adoption:
         return ownership_problem(job, run_uid) is not None
 
     def _name_taken(self, run: m.AgentRun, st: m.StepStatus, job: Obj, problem: str) -> ObservedJob:
-        message = name_taken_message(st.job_name or "", st.attempt, problem)
+        verdict = self._cached(job)
+        signed = verdict is not None and verdict.signed
+        message = name_taken_message(st.job_name or "", st.attempt, problem, signed)
         self._report_once(run, f"{run.metadata.uid}/{_uid(job)}", "JobNameTaken", message)
         return ObservedJob(
             name=st.job_name or "",
