@@ -27,7 +27,7 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming, subagents
-from agentrun.core.actions import CreateChild, PatchChild, StoreResult
+from agentrun.core.actions import CreateChild, EmitEvent, PatchChild, StoreResult
 from agentrun.core.builder import Builder, truncate
 from agentrun.core.envelope import summary_line
 from agentrun.core.observed import ObservedChild
@@ -106,8 +106,10 @@ def observe(b: Builder, step: m.Step, st: m.StepStatus) -> None:
         verdict = subagents.adopt(
             found, b.run.metadata.uid or "", subagents.spec_digest(body["spec"])
         )
-        if isinstance(verdict, subagents.Refused):
+        if isinstance(verdict, subagents.Refused):  # someone else's object holds the name
             _fail(b, st, verdict.reason, verdict.message)
+            text = truncate(f"step {st.name}: {verdict.message}")
+            b.events.append(EmitEvent("Warning", verdict.reason, text))
             return
         child.uid = verdict.uid
         b.move(
