@@ -10,6 +10,7 @@ step image with ``agentrun`` exists.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 from collections.abc import Iterator
@@ -21,8 +22,17 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api.models import GROUP, PLURAL, VERSION
 from agentrun.core.envelope import result_object_data
-from agentrun.core.naming import result_object_name, sha256_text
-from agentrun.settings import LABEL_RUN_UID
+from agentrun.core.naming import idempotency_key, result_object_name, sha256_text
+from agentrun.pod import runner
+from agentrun.settings import (
+    ENV_ATTEMPT,
+    ENV_IDEMPOTENCY_KEY,
+    ENV_NAMESPACE,
+    ENV_RUN,
+    ENV_RUN_UID,
+    ENV_STEP,
+    LABEL_RUN_UID,
+)
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster
 from tests.support.admission import creator_recorded, policies_bound_to
@@ -287,10 +297,74 @@ def test_a_result_object_created_before_the_step_wrote_it_fails_the_step(
     run = wait_phase(kube, namespace, name, "Failed")
     produce = step_status(run, "produce")
     assert produce["phase"] == "Failed", produce
-    assert "ResultTampered" in produce["error"]["message"], produce
+    assert produce["error"]["reason"] == "ResultTampered", produce
+    assert "already existed" in produce["error"]["message"], produce
     assert "resultRef" not in produce, produce
     assert step_status(run, "consume")["phase"] == "Skipped"
     _assert_never_ran_forged(kube, namespace, run)
+    wait_events(kube, namespace, name, "ResultTampered", warning=True)
+
+
+def _as_the_runner_stores(created: Run, step_name: str, args_hash: str, result: str) -> Any:
+    """The exact ConfigMap the step runner would store for attempt 1 of ``step_name`` holding
+    ``result``: its name, labels (the idempotency key's hash), annotations, owner and
+    immutability, as computed from the run's status and the code's own naming."""
+    meta = created["metadata"]
+    image = next(x for x in created["spec"]["plan"]["steps"] if x["name"] == step_name)
+    key = idempotency_key(meta["uid"], step_name, image["container"]["image"], args_hash)
+    env = {ENV_RUN: meta["name"], ENV_NAMESPACE: meta["namespace"], ENV_RUN_UID: meta["uid"],
+           ENV_STEP: step_name, ENV_ATTEMPT: "1", ENV_IDEMPOTENCY_KEY: key}  # fmt: skip
+
+    class Capture:
+        body: Any = None
+
+        def create_namespaced_config_map(self, namespace: str, body: Any) -> None:
+            Capture.body = body
+
+    runner.ResultStore(Capture(), runner.StepIdentity(env)).store(result, "forged")
+    return Capture.body
+
+
+def test_the_runners_exact_result_object_made_first_is_never_a_replay(
+    operator: OperatorProcess,
+    cluster: TestCluster,
+    kube: KubeClients,
+    kubectl: Kubectl,
+    namespace: str,
+    eve: KubeClients,
+    tmp_path: Path,
+) -> None:
+    """The mimic of a step's result object: before the approved step's first attempt, eve
+    (edit) creates under the attempt's result name exactly what the step runner would store
+    (a completed result, its labels, annotations, owner and immutability), with her content.
+    The step's ServiceAccount may list ConfigMaps. The command still runs, its own result
+    cannot be stored under the taken name, and the attempt fails ResultTampered: nothing of
+    hers is committed, and the next step never runs."""
+    name = "mimic-before-write"
+    ledger = tmp_path / "ran"
+    produce = [*AGENTRUN_STEP, "sh", "-c", f"echo ran >> {ledger}; " + shlex.join(PRODUCE[-3:])]
+    create_step_account(kube, namespace)
+    body = _gated_run(name, gate="produce")
+    body["spec"]["plan"]["steps"][0]["container"]["command"] = produce
+    with policies_bound_to(cluster, namespace, creator_recorded(cluster, namespace)):
+        created = create(kube, namespace, body)
+    run = wait_step_phase(kube, namespace, name, "produce", "WaitingForApproval")
+    shown = step_status(run, "produce")["argsHash"]
+    forged = json.dumps({"rows": FORGED_ROWS, "count": 3}) + " " * 4000
+    mimic = _as_the_runner_stores(created, "produce", shown, forged)
+    assert mimic["metadata"]["name"] == result_object_name(name, created["metadata"]["uid"],
+                                                           "produce", 1)  # fmt: skip
+    eve.core.create_namespaced_config_map(namespace, mimic)
+
+    _approve(kubectl, namespace, name, run, "produce")
+    run = wait_phase(kube, namespace, name, "Failed")
+    produce_status = step_status(run, "produce")
+    assert produce_status["error"]["reason"] == "ResultTampered", produce_status
+    assert "resultRef" not in produce_status, produce_status
+    assert ledger.read_text().splitlines() == ["ran"], "the approved command did not run once"
+    assert step_status(run, "consume")["phase"] == "Skipped"
+    _assert_never_ran_forged(kube, namespace, run)
+    wait_events(kube, namespace, name, "ResultTampered", warning=True)
 
 
 def test_a_result_ref_to_a_configmap_the_creator_may_not_read_is_never_read(
