@@ -1,10 +1,13 @@
-"""The trust table, attacked: every (entry, phase, actor) of :data:`agentrun.api.trust.TABLE`.
+"""The trust table, attacked: every (entry, phase, actor, kind of attack) of
+:data:`agentrun.api.trust.TABLE`.
 
 For each case the actor (eve: the built-in ``edit`` role in the namespace, into which
 ``agentrun-edit`` aggregates; mallory: ``agentrun-edit`` only; rita: may only create and read
-AgentRuns) makes the entry's change (:data:`tests.support.trust_attacks.ATTACKS`) while the
-step it is about is in the case's phase, with the shipped admission policies bound to the
-namespace, and the test checks the outcome the table declares:
+AgentRuns) makes the entry's change (:data:`tests.support.trust_attacks.ATTACKS`) or its mimic
+(:data:`tests.support.trust_attacks.MIMICS`: the legitimate writer's exact object or value,
+before that writer where the phase allows it) while the step it is about is in the case's
+phase, with the shipped admission policies bound to the namespace, and the test checks the
+outcome the table declares:
 
 * refused by RBAC or by the API server: the change comes back refused, and the run it was
   tried on ends as if nothing happened;
@@ -18,8 +21,10 @@ namespace, and the test checks the outcome the table declares:
 
 Whatever the case, no command of the attacker's ever runs as a step (the ``ATTACK`` marker its
 command would write to the ledger), no forged input reaches a step (``FORGED``), no forged
-context reaches the model, and no step commits a result it did not make. Cases whose phase does
-not apply are not applicable by the table's data; the summary counts them too.
+context reaches the model, no step commits a result it did not make, and no object an attacker
+made in its legitimate writer's exact shape (a sub-agent's child, a result object) is ever
+committed to the run's status. Cases whose phase does not apply are not applicable by the
+table's data; the summary counts them too.
 
 Changes that should change nothing are made one after the other on one run per (phase, kind of
 run, actor) (:func:`tests.support.trust_attacks.bundle_of`); the others get a run each. All runs
@@ -34,6 +39,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import sys
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -48,12 +55,19 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
 from agentrun.api import trust
-from agentrun.api.trust import Actor, Case, Outcome, Phase
+from agentrun.api.trust import Actor, Attack, Case, Outcome, Phase
 from agentrun.core.naming import job_name
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import APPROVERS, creator_recorded, mutating_only, policies_bound_to
 from tests.support.agents import agent_run, tool
-from tests.support.cluster import StartOperator, bind_role, mint_user, read_or_none, user_subject
+from tests.support.cluster import (
+    StartOperator,
+    bind_role,
+    mint_user,
+    read_or_none,
+    service_account_subject,
+    user_subject,
+)
 from tests.support.model_process import ModelProcess
 from tests.support.paths import MANIFESTS
 from tests.support.plugin import LLM_COMMAND
@@ -64,9 +78,15 @@ from tests.support.trust_attacks import (
     ATTACKS,
     FORGED,
     GENUINE,
+    HELPER,
+    LARGE,
+    LARGE_DIGEST,
     REFERENCED,
     SECRET_VALUE,
+    STEP_ACCOUNT,
+    SUB_STEP,
     Target,
+    attack_of,
     phase_label,
     planned,
     refusal,
@@ -74,6 +94,12 @@ from tests.support.trust_attacks import (
 from tests.support.waiting import assert_holds
 
 RETRY = {"limit": 1, "backoff": {"initialSeconds": 1, "factor": 1, "maxSeconds": 1}}
+#: ``agentrun step --`` as the node's processes can run it.
+AGENTRUN_STEP = (
+    ["agentrun", "step", "--"]
+    if shutil.which("agentrun")
+    else [sys.executable, "-m", "agentrun.cli", "step", "--"]
+)
 HOLD_CAP = 600
 """Rounds of 0.2 s a held step waits for its release at most (so that nothing waits forever)."""
 """Seconds ``first`` runs in the pending phase: the gated step stays Pending meanwhile."""
@@ -88,7 +114,7 @@ def _held(hold: Path) -> str:
 ADMITTED = "admitted"
 USERS = {Actor.EDIT: "eve", Actor.AGENTRUN_EDIT: "mallory", Actor.RUNS_ONLY: "rita"}
 TIMEOUT = 300.0
-"""Seconds a run may take to reach a phase. Every bundle's run goes at once (72), each
+"""Seconds a run may take to reach a phase. Every bundle's run goes at once (89), each
 through two or three pod starts with a Python process: on two cores beside the rest of the
 suite, a wave of them takes minutes."""
 
@@ -159,6 +185,15 @@ def _world(
             namespace, {"metadata": {"name": secret}, "stringData": {"value": SECRET_VALUE}}
         )
     decoy = kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "decoy"}})
+    # The account of large-result and executor runs' steps: stores results over 3 KiB.
+    kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": STEP_ACCOUNT}})
+    bind_role(
+        kube,
+        namespace,
+        STEP_ACCOUNT,
+        [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "list"]}],
+        [service_account_subject(STEP_ACCOUNT, namespace)],
+    )
     runs = {"apiGroups": [m.GROUP], "resources": [m.PLURAL]}
     bind_role(
         kube,
@@ -177,6 +212,12 @@ def _world(
                 "resources": ["secrets"],
                 "verbs": ["get"],
                 "resourceNames": [REFERENCED, API_KEY_SECRET],
+            },
+            {
+                "apiGroups": [""],
+                "resources": ["serviceaccounts"],
+                "verbs": ["impersonate"],
+                "resourceNames": [STEP_ACCOUNT],
             },
         ],
         [user_subject("creator")],
@@ -320,6 +361,53 @@ def _agent_run(name: str, ledger: Path, model: ModelProcess, holds: Path) -> Run
     )
 
 
+def _subagent_run(name: str, model: ModelProcess, holds: Path) -> Run:
+    """Turn 1 calls ``helper``, a gated sub-agent tool: its child answers at once."""
+    helper = {
+        "name": HELPER,
+        "description": "Hands one question to a helper, who answers it.",
+        "parameters": {
+            "type": "object",
+            "properties": {"goal": {"type": "string"}},
+            "required": ["goal"],
+        },
+        "agent": {"instructions": "Answer in one line.", "preamble": "Be brief.", "maxTurns": 2},
+        "approval": "required",
+    }
+    return agent_run(
+        name,
+        model.base_url,
+        tools=[helper],
+        model_extra={"apiKeySecretRef": {"name": API_KEY_SECRET, "key": "value"}},
+        goal=f"trust attack {name}",
+        plan={"steps": [step("first", _held(holds / f"{name}.first") + envelope("first done"))]},
+        policy={"approverGroups": [APPROVERS]},
+        retention={"keepJobs": "all"},
+    )
+
+
+def _large_run(name: str, ledger: Path, holds: Path) -> Run:
+    """``first``, then the gated ``gated``, which prints :data:`LARGE` through the step runner:
+    stored as its first attempt's result object (no retry: a failed attempt fails the run)."""
+    first = step("first", _held(holds / f"{name}.first") + envelope("first done"))
+    script = (
+        f'echo "ran:{name}:genuine" >> {ledger}; '
+        + _held(holds / f"{name}.gated")
+        + f"python3 -c \"import sys; sys.stdout.write('{LARGE[:7]}' + 'x' * {len(LARGE) - 7})\""
+    )
+    gated = step(
+        "gated", command=[*AGENTRUN_STEP, "sh", "-c", script], after=["first"], approval="required"
+    )
+    return agentrun(
+        name,
+        [first, gated],
+        goal=f"trust attack {name}",
+        policy={"approverGroups": [APPROVERS]},
+        retention={"keepJobs": "all"},
+        stepTemplate={"serviceAccountName": STEP_ACCOUNT},
+    )
+
+
 # -- one run: reach the phase, attack, see what happened ---------------------------------------
 
 
@@ -392,11 +480,17 @@ class Driver:
             self.release("first")
         if self.phase not in (Phase.LAUNCHING, Phase.RUNNING):
             self.release("gated")
-        body = (
-            _plan_run(self.t.name, self.w.ledger, self.w.holds)
-            if self.kind == "plan"
-            else _agent_run(self.t.name, self.w.ledger, self.w.model, self.w.holds)
-        )
+        name, w = self.t.name, self.w
+        if self.kind == "plan":
+            body = _plan_run(name, w.ledger, w.holds)
+        elif self.kind == "large":
+            body = _large_run(name, w.ledger, w.holds)
+        elif self.kind == "subagent":
+            body = _subagent_run(name, w.model, w.holds)
+        else:
+            body = _agent_run(name, w.ledger, w.model, w.holds)
+            if self.kind == "executor":  # turn 1's output is stored by the executor
+                body["spec"]["stepTemplate"] = {"serviceAccountName": STEP_ACCOUNT}
         created = self.w.creator.custom.create_namespaced_custom_object(
             m.GROUP, m.VERSION, self.w.namespace, m.PLURAL, body
         )
@@ -418,7 +512,16 @@ class Driver:
         if self.phase is Phase.WAITING:
             return
         self.approve(self.t.seen_hash)
-        if self.phase is Phase.RUNNING:
+        if self.phase is Phase.RUNNING and self.kind == "subagent":
+            # The call runs once its child is adopted (which answers at once).
+            self.wait(
+                "the call's child adopted",
+                lambda r: any(
+                    t.get("reason") == "SubAgentStarted" and t.get("step") == SUB_STEP
+                    for t in status_of(r).get("history") or []
+                ),
+            )
+        elif self.phase is Phase.RUNNING:
             self.wait(
                 "the gated step running",
                 lambda r: step_status(r, self.t.gated).get("phase") == "Running",
@@ -436,18 +539,25 @@ class Driver:
             self.release("gated")
 
     def _attack(self) -> None:
+        made: dict[tuple[str, Actor, int], str] = {}
         for case in self.cases:
             client = self.w.actors[case.actor]
+            attack = attack_of(case)
+            # A mimic that is the change itself, on the run the change goes to: made once.
+            key = (case.entry.id, case.actor, id(attack))
+            if key in made:
+                self.tried[case.id] = made[key]
+                continue
             try:
-                ATTACKS[case.entry.id](self.t, client)
+                attack(self.t, client)
             except ApiException as error:
                 self.tried[case.id] = refusal(error).value
                 DETAILS[case.id] = _message(error)
-                continue
             except Exception as error:  # the attack could not be made: the case says why
                 self.tried[case.id] = f"error: {error}"
-                continue
-            self.tried[case.id] = ADMITTED
+            else:
+                self.tried[case.id] = ADMITTED
+            made[key] = self.tried[case.id]
 
     # after the attack
 
@@ -483,6 +593,19 @@ class Driver:
         genuine = f"approved {self.t.name}"
         if self.kind == "plan" and st.get("phase") == "Succeeded" and summary != genuine:
             found.append(f"committed a result it did not make: {summary!r}")
+        large_ok = st.get("resultDigest") == LARGE_DIGEST and FORGED not in json.dumps(st)
+        if self.kind == "large" and st.get("phase") == "Succeeded" and not large_ok:
+            found.append(f"committed a result it did not make: {st.get('resultDigest')}")
+        agent = status_of(run).get("agent") or {}
+        children = {(c.get("child") or {}).get("uid") for c in agent.get("calls") or []}
+        started = " ".join(
+            t.get("message") or ""
+            for t in status_of(run).get("history") or []
+            if t.get("reason") == "SubAgentStarted"
+        )
+        adopted = [uid for uid in self.t.forged if uid in children or uid in started]
+        if adopted:
+            found.append(f"adopted a child an attacker made: {adopted}")
         sent = [
             r
             for r in self.w.model.completions()
@@ -500,13 +623,14 @@ class Driver:
                 found.append(
                     f"ended {status_of(run).get('phase')}: {status_of(run).get('message')}"
                 )
-            mark = "ran:" if self.kind == "plan" else "acted:"
+            mark = "ran:" if self.kind in ("plan", "large") else "acted:"
             ran = [line for line in lines if line.startswith(mark)]
-            if len(ran) != 1:
+            if self.kind != "subagent" and len(ran) != 1:
                 found.append(f"the approved command ran {len(ran)} times: {ran}")
             if self.kind == "plan" and self.t.seen_hash and st.get("argsHash") != self.t.seen_hash:
                 found.append(f"argsHash changed: {self.t.seen_hash[:12]} -> {st.get('argsHash')}")
-            if self.kind == "agent" and (status_of(run).get("agent") or {}).get("answer") != "done":
+            answer = (status_of(run).get("agent") or {}).get("answer")
+            if self.kind in ("agent", "subagent", "executor") and answer != "done":
                 found.append("the agent did not answer")
         return found
 
@@ -516,6 +640,11 @@ class Driver:
         seen |= {c.get("reason") for c in status.get("conditions") or []}
         for st in status.get("steps") or []:
             seen.add((st.get("error") or {}).get("reason"))
+        # A failed attempt that was retried tells its reason in a Warning Event.
+        events = self.w.kube.core.list_namespaced_event(
+            self.w.namespace, field_selector=f"involvedObject.name={self.t.name}"
+        )
+        seen |= {e.reason for e in events.items if e.type == "Warning"}
         return {r for r in seen if r}
 
     def failed_closed(self, expect: trust.Expect) -> list[str]:
@@ -669,7 +798,7 @@ def test_every_case_of_the_trust_table_ends_as_it_declares(
     (tmp_path / "trust-attacks.json").write_text(text)
     record_property("trust_attacks", text)
     print(f"\ntrust attacks: {text}")
-    assert len(rows) == len(trust.TABLE) * len(Phase) * len(Actor)
+    assert len(rows) == len(trust.TABLE) * len(Phase) * len(Actor) * len(Attack)
     assert not wrong, "\n".join(summary["mismatches"])  # type: ignore[arg-type]
 
 

@@ -1,5 +1,8 @@
 """The attacks of tests/e2e/test_trust_attacks.py: for each entry of the trust table
-(:data:`agentrun.api.trust.TABLE`) the change an attacker makes to it (:data:`ATTACKS`), the
+(:data:`agentrun.api.trust.TABLE`) the change an attacker makes to it (:data:`ATTACKS`) and
+its mimic (:data:`MIMICS`: the exact object or value the legitimate writer would write,
+computed from the run's status, the approval request and the operator's own naming and
+manifest functions, written before that writer where the phase allows it, else after it), the
 runs they are made on, and how a refusal is told apart.
 
 A change is made with the actor's own client; a refusal comes back as the API's error. The
@@ -10,10 +13,13 @@ file on the machine, which the local node's step processes append to).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +28,15 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
 from agentrun.api import trust
-from agentrun.api.trust import Actor, Case, Outcome, Phase
-from agentrun.core.naming import job_name, result_object_name
-from agentrun.core.turns import record_name
+from agentrun.api.trust import Actor, Attack, Case, Outcome, Phase
+from agentrun.core import Observed, reconcile
+from agentrun.core import subagents as sa
+from agentrun.core.envelope import result_object_data
+from agentrun.core.launch import committed_launch
+from agentrun.core.naming import job_name, result_object_name, sha256_text
+from agentrun.core.turns import child_agent, child_call, model_step, record_name
+from agentrun.execution import jobs, objects
+from agentrun.pod import runner
 from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID
 from agentrun_devcluster.modelserver import reply, tool_call
 from agentrun_devcluster.testing import KubeClients
@@ -33,9 +45,31 @@ from .jobs import let_pods_start
 from .runs import IMAGE, Run, envelope, get, status_of, step_status
 
 GATED = "gated"
-"""The plan step every plan run's attacks are about: approval required, reads ``first``."""
+"""The plan step every plan run's attacks are about: approval required, reads ``first``
+(in a ``large`` run: stores a result over 3 KiB through the step runner)."""
 TOOL_STEP = "t1-0-act"
 """The gated tool call of every agent run's first turn."""
+HELPER = "helper"
+SUB_STEP = f"t1-0-{HELPER}"
+"""The gated sub-agent call of a ``subagent`` run's first turn."""
+HELPER_GOAL = "look it up"
+CHILD_ANSWER = "child answer"
+"""What the model answers a child (a run whose goal is not a trust attack's)."""
+LARGE = "GENUINE" + "x" * 4000
+"""What a ``large`` run's gated step prints: over 3 KiB, so the step runner stores it in a
+result ConfigMap; its digest is the only one that may be committed."""
+LARGE_DIGEST = sha256_text(LARGE)
+LARGE_TURN = "GENUINE turn " + "y" * 4000
+"""The content of an ``executor`` run's first model turn: over 3 KiB, so the executor stores
+the turn's output in a result ConfigMap."""
+STEP_ACCOUNT = "agent-steps"
+"""The ServiceAccount of ``large`` and ``executor`` runs' steps: may create ConfigMaps."""
+KINDS = ("plan", "agent", "subagent", "large", "executor")
+"""The runs attacks are made on: a plan run (``first``, then the gated ``gated`` reading its
+result); an agent run (a plan step, then turn 1 calls the gated container tool ``act``); a
+sub-agent run (turn 1 calls the gated sub-agent tool ``helper``); a large-result run (the
+gated step stores its result through the step runner); an executor run (an agent run whose
+turn 1 output is stored by the executor)."""
 GENUINE = "GENUINE"
 FORGED = "FORGED"
 ATTACK = "ATTACK"
@@ -52,7 +86,7 @@ class Target:
     namespace: str
     name: str
     kind: str
-    """"plan" or "agent"."""
+    """One of :data:`KINDS`."""
     ledger: Path
     admin: KubeClients
     decoy_uid: str
@@ -62,10 +96,13 @@ class Target:
     """The gated step's argsHash as the approver saw it before the attack."""
     users: dict[int, str] = field(default_factory=dict)
     """The user name of each actor's client (by ``id``): an approval is signed by its sender."""
+    forged: list[str] = field(default_factory=list)
+    """The uids of objects an attacker made in the exact shape of the legitimate writer's (a
+    sub-agent's child, a result object): none may ever be committed as the run's own."""
 
     @property
     def gated(self) -> str:
-        return GATED if self.kind == "plan" else TOOL_STEP
+        return {"plan": GATED, "large": GATED, "subagent": SUB_STEP}.get(self.kind, TOOL_STEP)
 
     def run(self) -> Run:
         return get(self.admin, self.namespace, self.name)
@@ -305,11 +342,20 @@ def _records(t: Target, kind: str) -> list[Any]:
 
 
 def respond(body: dict[str, Any]) -> Any:
-    """The model of the attacked agent runs: turn 1 calls the gated tool; once the model has
-    its answer, it answers (served in a process of its own: tests.support.model_process)."""
+    """The model of the attacked agent runs: turn 1 calls the gated tool (``helper``, a
+    sub-agent, in a ``subagent`` run; ``act`` otherwise, with an output over 3 KiB in an
+    ``executor`` run); once the model has its answer, it answers. A child (a run whose goal is
+    no trust attack's) answers at once. Served in a process of its own:
+    tests.support.model_process."""
+    text = json.dumps(body.get("messages") or [])
     if any(msg.get("role") == "tool" for msg in body.get("messages") or []):
         return reply("done")
-    return reply("acting", [tool_call("act", {"query": "latency"}, "c1")])
+    if "trust attack " not in text:
+        return reply(CHILD_ANSWER)
+    if "trust attack s" in text:
+        return reply("delegating", [tool_call(HELPER, {"goal": HELPER_GOAL}, "c1")])
+    content = LARGE_TURN if "trust attack e" in text else "acting"
+    return reply(content, [tool_call("act", {"query": "latency"}, "c1")])
 
 
 def _forged_child(t: Target, c: KubeClients) -> None:
@@ -422,6 +468,353 @@ def _crd(t: Target, c: KubeClients) -> None:
 
 def _namespace(t: Target, c: KubeClients) -> None:
     c.core.patch_namespace(t.namespace, {"metadata": {"labels": {"forged": "true"}}})
+
+
+# -- the mimics: the legitimate writer's exact object or value ------------------------------------
+
+
+def _same_spec(*keys: str) -> Mutation:
+    """The spec's fields ``keys`` written again as they are (what their writer wrote)."""
+
+    def write(t: Target, c: KubeClients) -> None:
+        spec = t.run()["spec"]
+        _custom(c, t, {"spec": {k: spec.get(k) for k in keys}})
+
+    return write
+
+
+def _same_metadata(t: Target, c: KubeClients) -> None:
+    _custom(c, t, {"metadata": {"name": t.name, "namespace": t.namespace, "uid": t.uid}})
+
+
+def _same_identity(t: Target, c: KubeClients) -> None:
+    """The annotations the admission recorded at create, written again."""
+    annotations = t.run()["metadata"].get("annotations") or {}
+    keys = [m.ANNOTATION_CREATED_BY, m.ANNOTATION_CREATED_BY_GROUPS]
+    recorded = {k: annotations[k] for k in keys if k in annotations}
+    assert recorded, f"{t.name}: no recorded creator"
+    _custom(c, t, {"metadata": {"annotations": recorded}})
+
+
+def _same_labels(t: Target, c: KubeClients) -> None:
+    _custom(c, t, {"metadata": {"labels": t.run()["metadata"].get("labels")}})
+
+
+def _same_owners(t: Target, c: KubeClients) -> None:
+    meta = t.run()["metadata"]
+    _custom(c, t, {"metadata": {k: meta.get(k) for k in ("ownerReferences", "finalizers")}})
+
+
+def _approvers_approval(t: Target, c: KubeClients) -> None:
+    """The approval the approver would write for the waiting step: its argsHash from status
+    (zeros before there is one), signed with the approver's name."""
+    run = t.run()
+    args_hash = step_status(run, t.gated).get("argsHash") or "0" * 64
+    exact = {"step": t.gated, "decision": "approve", "argsHash": args_hash, "by": "approver"}
+    _custom(c, t, {"spec": {"approvals": [*(run["spec"].get("approvals") or []), exact]}})
+
+
+def _same_status(t: Target, c: KubeClients) -> None:
+    """The status exactly as the operator wrote it, written again."""
+    run = t.run()
+    c.custom.patch_namespaced_custom_object_status(
+        m.GROUP, m.VERSION, t.namespace, m.PLURAL, t.name, {"status": run.get("status") or {}}
+    )
+
+
+def _mimic_child(t: Target, c: KubeClients) -> None:
+    """The call's exact child, as the operator would create it: under the name the call's
+    key gives (committed while the call waits), with the spec the call makes, the parent as
+    controller, the parent label and the call annotations (all but the operator's proof,
+    which needs its key; and blockOwnerDeletion, which needs rights on the parent's
+    finalizers that no namespace user has and adoption does not read)."""
+    body = t.run()
+    run = m.AgentRun.model_validate(body)
+    agent, status = run.spec.agent, run.status.agent if run.status else None
+    call = child_call(status, SUB_STEP)
+    if call is None:  # the turn is over: the child the operator made, made again exactly
+        found = t.admin.custom.list_namespaced_custom_object(
+            m.GROUP, m.VERSION, t.namespace, m.PLURAL,
+            label_selector=f"{sa.LABEL_PARENT_UID}={t.uid}",
+        )["items"]  # fmt: skip
+        assert found, f"{t.name}: no sub-agent call of {SUB_STEP}, and no child"
+        meta = found[0]["metadata"]
+        again = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
+        again["ownerReferences"] = [
+            {**o, "blockOwnerDeletion": False} for o in meta.get("ownerReferences") or []
+        ]
+        c.custom.create_namespaced_custom_object(
+            m.GROUP, m.VERSION, t.namespace, m.PLURAL,
+            {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": again,
+             "spec": found[0]["spec"]},
+        )  # fmt: skip
+        return
+    assert agent is not None and call.child is not None, f"{t.name}: {call}"
+    st = step_status(body, SUB_STEP)
+    key = st.get("idempotencyKey") or f"{t.uid}:1:{call.id}:{st.get('argsHash')}"
+    declared = next(tool for tool in agent.tools or [] if tool.name == HELPER)
+    assert declared.agent is not None
+    tool = sa.SubAgentTool(
+        agent=child_agent(agent, status, declared),
+        preamble=declared.agent.preamble,
+        max_tokens=declared.agent.max_tokens,
+    )
+    goal = sa.goal_of(tool, json.loads(call.arguments or "{}"))
+    assert goal is not None
+    manifest = sa.child_manifest(run, 0, key, tool, goal, call.child.tokens)
+    for owner in manifest["metadata"]["ownerReferences"]:
+        owner["blockOwnerDeletion"] = False
+    if call.child.name is not None:
+        assert manifest["metadata"]["name"] == call.child.name, (manifest, call.child)
+    made = c.custom.create_namespaced_custom_object(
+        m.GROUP, m.VERSION, t.namespace, m.PLURAL, manifest
+    )
+    t.forged.append(str(made["metadata"]["uid"]))
+
+
+def _read_job(t: Target, name: str) -> Any | None:
+    try:
+        return t.admin.batch.read_namespaced_job(name, t.namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def _as_created(job: Any, api: Any) -> dict[str, Any]:
+    """A Job as read, as one would create it again: what the API server derives from its
+    uid left out."""
+    body: dict[str, Any] = api.sanitize_for_serialization(job)
+    meta = body["metadata"]
+    body["metadata"] = {
+        k: meta[k]
+        for k in ("name", "namespace", "labels", "annotations", "ownerReferences", "finalizers")
+        if k in meta
+    }
+    spec = body["spec"]
+    spec.pop("selector", None)
+    labels = spec["template"].get("metadata", {}).get("labels") or {}
+    for derived in ("batch.kubernetes.io/controller-uid", "controller-uid"):
+        labels.pop(derived, None)
+        body["metadata"].get("labels", {}).pop(derived, None)
+    body.pop("status", None)
+    return body
+
+
+def operators_manifest(body: dict[str, Any], step_name: str, approval: dict[str, Any]) -> Any:
+    """What the operator will create for ``step_name`` once ``approval`` is in the run: the
+    core's own decision for the approved run, built by the operator's own code (as
+    tests/e2e/test_job_proof.py builds it)."""
+    approvals = [*(body["spec"].get("approvals") or []), approval]
+    run = m.AgentRun.model_validate({**body, "spec": {**body["spec"], "approvals": approvals}})
+    for _ in range(4):
+        intent = committed_launch(run, step_name)
+        if intent is not None:
+            return jobs.build_job(run, intent)
+        decision = reconcile(run, Observed(()), datetime.now(UTC))
+        run = run.model_copy(update={"status": decision.status})
+    raise AssertionError(f"the core never launched {step_name}: {run.status}")
+
+
+def _exact_job(t: Target, c: KubeClients) -> None:
+    """The operator's exact Job for the gated step's first attempt, made before the operator
+    makes it (all but the proof, which needs its key); once it exists, the same Job again."""
+    name = job_name(t.name, t.uid, GATED, 1)
+    found = _read_job(t, name)
+    if found is not None:
+        c.batch.create_namespaced_job(t.namespace, _as_created(found, t.admin.api_client))
+        return
+    body = t.run()
+    args_hash = step_status(body, GATED).get("argsHash") or t.seen_hash
+    assert args_hash, f"{t.name}: no argsHash to approve"
+    approval = {"step": GATED, "decision": "approve", "argsHash": args_hash, "by": "approver"}
+    manifest = operators_manifest(body, GATED, approval)
+    assert manifest["metadata"]["name"] == name, manifest["metadata"]["name"]
+    manifest["metadata"].get("annotations", {}).pop(ANNOTATION_PROOF, None)
+    c.batch.create_namespaced_job(t.namespace, manifest)
+
+
+def _job_same(write: Callable[[Any], dict[str, Any]]) -> Mutation:
+    """A patch of the attempt's Job with values read from it (the operator's own)."""
+
+    def patch(t: Target, c: KubeClients) -> None:
+        job = _read_job(t, t.job())
+        assert job is not None, f"{t.name}: no Job"
+        c.batch.patch_namespaced_job(t.job(), t.namespace, write(job))
+
+    return patch
+
+
+def _job_recreate(t: Target, c: KubeClients) -> None:
+    """The attempt's Job deleted (its outcome finalizer removed) and made again exactly, its
+    proof copied."""
+    job = _read_job(t, t.job())
+    assert job is not None, f"{t.name}: no Job"
+    body = _as_created(job, t.admin.api_client)
+    c.batch.patch_namespaced_job(t.job(), t.namespace, {"metadata": {"finalizers": None}})
+    c.batch.delete_namespaced_job(t.job(), t.namespace, propagation_policy="Background")
+    deadline = time.monotonic() + 30
+    while _read_job(t, t.job()) is not None:
+        assert time.monotonic() < deadline, f"{t.name}: the Job was not deleted"
+        time.sleep(0.2)
+    c.batch.create_namespaced_job(t.namespace, body)
+
+
+def _exact_pod(t: Target, c: KubeClients) -> None:
+    """A pod exactly as the Job controller makes one: the Job's template, its selector labels
+    and the Job as its controller (but blockOwnerDeletion, which needs rights on the Job's
+    finalizers and which nothing reads)."""
+    job = _read_job(t, t.job())
+    assert job is not None, f"{t.name}: no Job"
+    template = t.admin.api_client.sanitize_for_serialization(job.spec.template)
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name,
+             "uid": job.metadata.uid, "controller": True, "blockOwnerDeletion": False}  # fmt: skip
+    labels = dict(template["metadata"].get("labels") or {})
+    body = {
+        "metadata": {
+            "generateName": f"{job.metadata.name}-",
+            "labels": labels,
+            "annotations": template["metadata"].get("annotations") or {},
+            "ownerReferences": [owner],
+        },
+        "spec": template["spec"],
+    }
+    c.core.create_namespaced_pod(t.namespace, body)
+
+
+def _pod_labels_again(t: Target, c: KubeClients) -> None:
+    for pod in _pods(t, c):
+        c.core.patch_namespaced_pod(
+            pod.metadata.name, t.namespace, {"metadata": {"labels": pod.metadata.labels}}
+        )
+
+
+def _kubelets_status(t: Target, c: KubeClients) -> None:
+    """The status the kubelet writes when the step ends: its container terminated with exit
+    code 0 and the step's genuine envelope as its message."""
+    pod = _pods(t, c)[0]
+    message = json.dumps({"ok": True, "summary": f"approved {t.name}"})
+    terminated = {"exitCode": 0, "reason": "Completed", "message": message}
+    c.core.patch_namespaced_pod_status(
+        pod.metadata.name,
+        t.namespace,
+        {"status": {"phase": "Succeeded", "containerStatuses": [
+            {"name": "step", "ready": False, "restartCount": 0, "image": IMAGE, "imageID": "",
+             "state": {"terminated": terminated}}]}},
+    )  # fmt: skip
+
+
+def _pod_doors(t: Target, c: KubeClients) -> None:
+    """exec, attach and port-forward into the attempt's pod (the built-in ``edit`` role grants
+    all three; ephemeral containers it does not): each must be refused by the admission
+    policy, before anything reaches the node."""
+    pod = _pods(t, c)[0].metadata.name
+    doors: list[Callable[[], Any]] = [
+        lambda: c.core.connect_post_namespaced_pod_exec(
+            pod, t.namespace, command=["sh", "-c", f"echo {ATTACK}:{t.name} >> {t.ledger}"],
+            container="step", stdout=True,
+        ),
+        lambda: c.core.connect_post_namespaced_pod_attach(pod, t.namespace, container="step",
+                                                          stdout=True),
+        lambda: c.core.connect_post_namespaced_pod_portforward(pod, t.namespace, ports="8080"),
+    ]  # fmt: skip
+    refusals: list[ApiException] = []
+    for door in doors:
+        try:
+            door()
+        except ApiException as error:
+            body = str(error.body or "")
+            if refusal(error) is not Outcome.REFUSED_RBAC and "pod-doors" not in body:
+                raise AssertionError(
+                    f"not refused by the agentrun-pod-doors policy: {error.status} {body[:200]}"
+                ) from None
+            refusals.append(error)
+            continue
+        raise AssertionError("a door into the step's pod was opened")
+    kinds = {refusal(e) for e in refusals}
+    assert len(kinds) == 1, [(e.status, str(e.body)[:100]) for e in refusals]
+    raise refusals[0]
+
+
+def _result_object_body(
+    t: Target, name: str, step: str, key: str | None, content: str, *, fields: bool
+) -> dict[str, Any]:
+    """A result object exactly as the step runner (and the executor, which uses its store)
+    writes one (:func:`agentrun.execution.objects.result_config_map`), holding ``content``."""
+    labels = {runner.LABEL_KEY_HASH: hashlib.sha256(key.encode()).hexdigest()[:40]} if key else {}
+    annotations = {
+        runner.ANNOTATION_COMPLETE: "true",
+        runner.ANNOTATION_SUMMARY: "forged",
+    }
+    return objects.result_config_map(
+        objects.RunRef(t.name, t.namespace, t.uid),
+        name,
+        step,
+        1,
+        result_object_data(content, fields=fields),
+        labels=labels,
+        annotations=annotations,
+        block=False,
+    )
+
+
+def _made_or_remade(t: Target, c: KubeClients, body: dict[str, Any]) -> None:
+    """``body`` made; where its name is taken already (its writer wrote it), the object
+    there deleted and ``body`` made in its place."""
+    name = body["metadata"]["name"]
+    try:
+        made = c.core.create_namespaced_config_map(t.namespace, body)
+    except ApiException as error:
+        if error.status != 409:
+            raise
+        c.core.delete_namespaced_config_map(name, t.namespace)
+        made = c.core.create_namespaced_config_map(t.namespace, body)
+    t.forged.append(str(made.metadata.uid))
+
+
+def _runner_result(t: Target, c: KubeClients) -> None:
+    """The step runner's exact result object for the gated step's first attempt (a ``large``
+    run's: its result over 3 KiB), its content forged: before the runner stores it, or in
+    place of the stored one."""
+    name = result_object_name(t.name, t.uid, t.gated, 1)
+    key = step_status(t.run(), t.gated).get("idempotencyKey")
+    body = _result_object_body(t, name, t.gated, key, FORGED + "z" * 4000, fields=True)
+    _made_or_remade(t, c, body)
+
+
+def _executor_result(t: Target, c: KubeClients) -> None:
+    """The executor's exact result object for turn 1's model step (an ``executor`` run's
+    turn 1 output is over 3 KiB), its content a forged turn output: before the executor
+    stores it, or in place of the stored one."""
+    turn = model_step(1)
+    name = result_object_name(t.name, t.uid, turn, 1)
+    key = step_status(t.run(), turn).get("idempotencyKey")
+    forged = json.dumps({"content": f"{FORGED} turn " + "z" * 4000, "toolCalls": []})
+    _made_or_remade(t, c, _result_object_body(t, name, turn, key, forged, fields=False))
+
+
+def _same_audit(t: Target, c: KubeClients) -> None:
+    """The first chunk of the run's audit record written again as the operator wrote it;
+    before there is one, a chunk in its shape made first (the change's)."""
+    chunks = _records(t, "audit")
+    if not chunks:
+        _audit(t, c)
+        return
+    c.core.patch_namespaced_config_map(
+        chunks[0].metadata.name, t.namespace, {"data": dict(chunks[0].data or {})}
+    )
+
+
+def _same_crd(t: Target, c: KubeClients) -> None:
+    crd = t.admin.apiext.read_custom_resource_definition(f"{m.PLURAL}.{m.GROUP}")
+    c.apiext.patch_custom_resource_definition(
+        f"{m.PLURAL}.{m.GROUP}", {"metadata": {"labels": crd.metadata.labels}}
+    )
+
+
+def _same_namespace(t: Target, c: KubeClients) -> None:
+    ns = t.admin.core.read_namespace(t.namespace)
+    c.core.patch_namespace(t.namespace, {"metadata": {"labels": ns.metadata.labels}})
 
 
 NO_UID = "00000000-0000-0000-0000-000000000000"
@@ -539,7 +932,9 @@ ATTACKS: dict[str, Mutation] = {
     "pod-gate": _pod_gate,
     "pod-status": _pod_status,
     "pod-refusals": _event,
+    "pod-doors": _pod_doors,
     "result-object": _result_object,
+    "executor-result": _executor_result,
     "agent-context": _context,
     "agent-transcript": _transcript,
     "audit-record": _audit,
@@ -552,47 +947,166 @@ ATTACKS: dict[str, Mutation] = {
 }
 """The change an attacker makes to each entry of the trust table."""
 
+MIMICS: dict[str, Mutation] = {
+    "run-type": lambda t, c: _custom(c, t, {"apiVersion": m.API_VERSION, "kind": m.KIND}),
+    "run-metadata": _same_metadata,
+    "run-identity": _same_identity,
+    "run-labels": _same_labels,
+    "run-owners": _same_owners,
+    "run-goal": _same_spec("goal", "actor"),
+    "step-container": _same_spec("plan"),
+    "step-references": _same_spec("plan"),
+    "step-gate": _same_spec("plan"),
+    "step-shape": _same_spec("plan"),
+    "step-limits": _same_spec("plan"),
+    "step-template": _same_spec("stepTemplate"),
+    "run-policy": _same_spec("policy"),
+    "run-approvals": _approvers_approval,
+    "run-carried": _same_spec("carriedResults"),
+    "run-controls": _same_spec("suspend", "cancel", "budget", "retention"),
+    "agent-model": _same_spec("agent"),
+    "agent-tools": _same_spec("agent"),
+    "agent-tool-choice": _same_spec("agent"),
+    "agent-mcp-servers": _same_spec("agent"),
+    "child-run": _mimic_child,
+    "agent-instructions": _same_spec("agent"),
+    "agent-limits": _same_spec("agent"),
+    "agent-resume": _same_spec("agent"),
+    "status-steps": _same_status,
+    "status-agent": _same_status,
+    "status-audit": _same_status,
+    "status-run": _same_status,
+    "job-create": _exact_job,
+    "job-proof": _job_same(
+        lambda job: {
+            "metadata": {
+                "annotations": {
+                    ANNOTATION_PROOF: (job.metadata.annotations or {}).get(ANNOTATION_PROOF)
+                }
+            }
+        }
+    ),
+    "job-labels": _job_same(
+        lambda job: {
+            "metadata": {
+                "labels": job.metadata.labels,
+                "ownerReferences": [
+                    {
+                        "apiVersion": o.api_version,
+                        "kind": o.kind,
+                        "name": o.name,
+                        "uid": o.uid,
+                        "controller": o.controller,
+                        "blockOwnerDeletion": o.block_owner_deletion,
+                    }
+                    for o in job.metadata.owner_references or []
+                ],
+            }
+        }
+    ),
+    "job-spec": _job_same(lambda job: {"spec": {"parallelism": job.spec.parallelism}}),
+    "job-finalizer": _job_recreate,
+    "pod-create": _exact_pod,
+    "pod-spec": _pod_labels_again,
+    "pod-gate": ATTACKS["pod-gate"],
+    "pod-status": _kubelets_status,
+    "pod-refusals": ATTACKS["pod-refusals"],
+    "pod-doors": ATTACKS["pod-doors"],
+    "result-object": _runner_result,
+    "executor-result": ATTACKS["executor-result"],
+    "agent-context": ATTACKS["agent-context"],
+    "agent-transcript": ATTACKS["agent-transcript"],
+    "audit-record": _same_audit,
+    "referenced-configmap": lambda t, c: c.core.patch_namespaced_config_map(
+        REFERENCED, t.namespace, {"data": {"value": GENUINE}}
+    ),
+    "referenced-secret": lambda t, c: c.core.patch_namespaced_secret(
+        REFERENCED if t.kind == "plan" else API_KEY_SECRET,
+        t.namespace,
+        {"stringData": {"value": SECRET_VALUE}},
+    ),
+    "signing-key": ATTACKS["signing-key"],
+    "shard-leases": ATTACKS["shard-leases"],
+    "crd": _same_crd,
+    "namespaces": _same_namespace,
+}
+"""The mimic of each entry: the legitimate writer's exact object or value. Where it is the
+change itself (the change already writes what that writer writes, or a namespace user cannot
+know it: the signing key, a Lease in the operator's namespace), the same function: a case of
+each kind on one run is made once (:func:`attack_of`)."""
+
+
+def attack_of(case: Case) -> Mutation:
+    return (MIMICS if case.kind is Attack.MIMIC else ATTACKS)[case.entry.id]
+
+
+def _own_mimic(case: Case) -> bool:
+    return case.kind is Attack.MIMIC and attack_of(case) is not ATTACKS.get(case.entry.id)
+
+
 ISOLATED = frozenset({"job-spec", "result-object"})
-"""Entries whose unaffected cases get a run of their own rather than the shared one: a second
+"""Entries whose unaffected changes get a run of their own rather than the shared one: a second
 pod of the step's Job would confound the others' check that the step ran once, and a changed
 input that the running attempt no longer reads fails the retry that the shared run's deleted
 pod (``pod-spec``) brings, closed (ResultTampered), which the others' check would take for
-their own outcome."""
+their own outcome. (Their mimics write what is there again, or go to runs of another kind.)"""
+
+
+def kind_of(case: Case) -> str:
+    """The kind of run (:data:`KINDS`) a case is made on. The mimics that need a writer of
+    their own go to runs that have one, where their actor may write at all: a sub-agent's
+    child to a ``subagent`` run, the step runner's result object to a ``large`` run, turn 1's
+    result object before the executor stores it to an ``executor`` run."""
+    refused = case.expect.outcome is Outcome.REFUSED_RBAC
+    if not refused:
+        if case.kind is Attack.MIMIC and case.entry.id == "child-run":
+            return "subagent"
+        if case.kind is Attack.MIMIC and case.entry.id == "result-object":
+            return "large"
+        if case.entry.id == "executor-result" and case.phase is Phase.PENDING:
+            return "executor"
+    return "agent" if case.entry.agent else "plan"
 
 
 def bundle_of(case: Case) -> str:
-    """Which run a case's change is made on: ``shared-<actor>`` (every change that should
-    change nothing, refused or not: made one after the other on one run; the runs-only actor's
-    on the edit actor's), ``applies-<actor>``, or one run of its own."""
+    """Which run a case's attack is made on: ``shared-<actor>`` (every attack that should
+    change nothing, refused or not: made one after the other on one run; the runs-only
+    actor's on the edit actor's; on a run of a kind few cases use, every actor's on one),
+    ``applies-<actor>``, or one run of its own (a mimic of its own apart from the change)."""
     expect = case.expect
-    alone = case.entry.id in ISOLATED and expect.outcome is Outcome.UNAFFECTED
+    alone = (
+        case.kind is Attack.CHANGE
+        and case.entry.id in ISOLATED
+        and expect.outcome is Outcome.UNAFFECTED
+    )
     if expect.alternative is None and not alone:
-        shared = Actor.EDIT if case.actor is Actor.RUNS_ONLY else case.actor
+        shared = Actor.EDIT.value if case.actor is Actor.RUNS_ONLY else case.actor.value
+        if kind_of(case) not in ("plan", "agent"):
+            shared = "any"
         if expect.outcome in (Outcome.UNAFFECTED, Outcome.REFUSED_RBAC, Outcome.REFUSED_API):
             return f"shared-{shared}"
         if expect.outcome is Outcome.APPLIES:
             return f"applies-{case.actor}"
-    return f"{case.entry.id}-{case.actor}"
+    mimic = "mimic-" if _own_mimic(case) else ""
+    return f"{case.entry.id}-{mimic}{case.actor}"
 
 
 LAST = ("step-shape", "pod-spec", "job-finalizer")
 """Changes that remove the step from the plan, or delete its pods or its Job: made after the
-others on a shared run."""
+others on a shared run, each after its mimic."""
 
 
 def in_order(cases: Iterable[Case]) -> list[Case]:
     """A bundle's cases in the order they are made: those of :data:`LAST` at the end."""
     refused = (Outcome.REFUSED_RBAC, Outcome.REFUSED_API)
 
-    def order(c: Case) -> tuple[int, bool]:
+    def order(c: Case) -> tuple[int, bool, bool]:
         last = LAST.index(c.entry.id) if c.entry.id in LAST else -1
-        return last, c.expect.outcome not in refused  # an entry's refused changes first
+        # An entry's mimic before its change (the mimic writes what is there again, or makes
+        # the Job again, which the change then deletes); its refused attacks first.
+        return last, c.kind is Attack.CHANGE, c.expect.outcome not in refused
 
     return sorted(cases, key=order)
-
-
-def kind_of(entry: trust.Entry) -> str:
-    return "agent" if entry.agent else "plan"
 
 
 def refusal(error: ApiException) -> Outcome:
@@ -609,7 +1123,7 @@ def planned(table: Iterable[trust.Entry] = trust.TABLE) -> dict[tuple[Phase, str
     for case in trust.cases(tuple(table)):
         if case.expect.outcome is Outcome.NOT_APPLICABLE:
             continue
-        key = (case.phase, kind_of(case.entry), bundle_of(case))
+        key = (case.phase, kind_of(case), bundle_of(case))
         found.setdefault(key, []).append(case)
     return {key: in_order(cases) for key, cases in found.items()}
 

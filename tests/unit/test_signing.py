@@ -12,9 +12,9 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import settings as s
 from agentrun.execution import proof
-from agentrun.observation import adoption
 from agentrun.loop.common import Apis
 from agentrun.loop.signing import DATA_KEY, JobKey
+from agentrun.observation import adoption
 
 
 class FakeCore:

@@ -4,8 +4,11 @@
   is covered by an entry; a field added without one is reported.
 * Every (apiGroup, resource) the operator may get, list or watch, per the RBAC it ships
   (manifests/rbac.yaml, and the Helm chart's templates), has an entry; so is one added.
-* Every entry has the attack tests/e2e/test_trust_attacks.py makes, and every case that
-  applies goes to a run there; an entry without an attack is reported.
+* Every entry has the attacks tests/e2e/test_trust_attacks.py makes (its change and its
+  mimic), and every case that applies goes to a run there; an entry without one is reported.
+* Every entry says how what is found there is proven to be the operator's own or a step's own
+  (its proof of origin), and none of those routes is a shape (a name, labels, owner
+  references, immutability, a spec): a namespace user can write those first, exactly.
 * docs/design.md's "Trust table" is what ``make trust-table`` generates, and each known gap an
   entry names is a bullet of its "Not enforced yet".
 """
@@ -24,9 +27,9 @@ import pytest
 import yaml
 
 from agentrun.api import trust
-from agentrun.api.trust import Actor, Outcome, Phase
+from agentrun.api.trust import Actor, Attack, Origin, Outcome, Phase
 from tests.support.paths import REPO_ROOT
-from tests.support.trust_attacks import ATTACKS, planned
+from tests.support.trust_attacks import ATTACKS, MIMICS, planned
 
 CRD = REPO_ROOT / "crds" / "agentrun.dev_agentruns.yaml"
 DESIGN = REPO_ROOT / "docs" / "design.md"
@@ -204,24 +207,79 @@ def test_entries_are_unique_and_say_every_phase() -> None:
 
 
 def missing_attacks(table: Iterable[trust.Entry]) -> list[str]:
-    """Entries with a case that applies and no attack to try it with."""
+    """Entries with a case that applies and no attack of its kind to try it with."""
+    made = {Attack.CHANGE: ATTACKS, Attack.MIMIC: MIMICS}
     return sorted(
         {
             c.entry.id
             for c in trust.cases(tuple(table))
-            if c.expect.outcome is not Outcome.NOT_APPLICABLE and c.entry.id not in ATTACKS
+            if c.expect.outcome is not Outcome.NOT_APPLICABLE and c.entry.id not in made[c.kind]
         }
     )
 
 
-def test_every_entry_has_its_attack_and_no_attack_is_left_over() -> None:
+def test_every_entry_has_its_attacks_and_no_attack_is_left_over() -> None:
     assert not missing_attacks(trust.TABLE)
     assert set(ATTACKS) <= {e.id for e in trust.TABLE}
+    assert set(MIMICS) <= {e.id for e in trust.TABLE}
 
 
 def test_an_entry_without_an_attack_is_reported() -> None:
     new = replace(trust.entry("run-goal"), id="run-new-field")
     assert missing_attacks([*trust.TABLE, new]) == ["run-new-field"]
+
+
+# -- proof of origin -----------------------------------------------------------------------------
+
+
+def test_every_entry_is_proven_by_a_route_a_namespace_user_cannot_take() -> None:
+    assert not trust.shapes_as_proof(), (
+        "entries whose origin rests on nothing or on a shape a namespace user can write: "
+        f"{trust.shapes_as_proof()}"
+    )
+    for e in trust.TABLE:
+        assert e.proven, e.id
+        assert len(set(e.proven)) == len(e.proven), e.id
+
+
+@pytest.mark.parametrize("shape", sorted(trust.SHAPES))
+def test_an_entry_proven_by_a_shape_is_reported(shape: Origin) -> None:
+    found = replace(
+        trust.entry("child-run"), id="child-by-name", proven=(Origin.COMMITTED_UID, shape)
+    )
+    alone = replace(trust.entry("result-object"), id="result-by-shape", proven=(shape,))
+    nothing = replace(trust.entry("job-create"), id="job-by-nothing", proven=())
+    assert trust.shapes_as_proof([*trust.TABLE, found, alone, nothing]) == [
+        "child-by-name",
+        "result-by-shape",
+        "job-by-nothing",
+    ]
+
+
+def test_the_shapes_are_what_a_namespace_user_writes() -> None:
+    assert {o.name for o in trust.SHAPES} == {
+        "NAME",
+        "LABELS",
+        "OWNER_REFERENCE",
+        "IMMUTABLE",
+        "SPEC",
+    }
+    assert set(Origin) > trust.SHAPES
+
+
+def test_the_found_objects_rest_on_the_routes_the_rule_names() -> None:
+    """What the rule of proof of origin names for the objects the operator and steps find."""
+    routes = {e.id: set(e.proven) for e in trust.TABLE}
+    assert {Origin.HMAC, Origin.COMMITTED_UID} <= routes["child-run"]
+    assert Origin.HMAC in routes["job-create"]
+    assert {Origin.COMMITTED_DIGEST, Origin.HMAC, Origin.NODE} <= routes["result-object"]
+    assert {Origin.COMMITTED_DIGEST, Origin.NODE} <= routes["executor-result"]
+    assert {Origin.NODE, Origin.RBAC} <= routes["pod-status"]
+    assert routes["run-identity"] == {Origin.API_SERVER}
+    assert routes["agent-context"] == {Origin.COMMITTED_DIGEST}
+    for e in trust.TABLE:
+        if e.resource == trust.RUN_STATUS:
+            assert routes[e.id] == {Origin.RBAC}, e.id
 
 
 def test_every_case_that_applies_is_tried_on_a_run() -> None:
@@ -232,11 +290,14 @@ def test_every_case_that_applies_is_tried_on_a_run() -> None:
 
 def test_the_count_of_cases_and_their_classes() -> None:
     cases = list(trust.cases())
-    assert len(cases) == len(trust.TABLE) * len(Phase) * len(Actor)
-    counts = Counter(c.expect.outcome for c in cases)
-    print(f"\n{len(cases)} cases: " + ", ".join(f"{o.value} {n}" for o, n in counts.items()))
+    assert len(cases) == len(trust.TABLE) * len(Phase) * len(Actor) * len(Attack)
+    counts = Counter((c.kind, c.expect.outcome) for c in cases)
+    print(
+        f"\n{len(cases)} cases: " + ", ".join(f"{k}/{o.value} {n}" for (k, o), n in counts.items())
+    )
     # Whoever may only create runs changes nothing that exists: a run they make anew (a
-    # forged sub-agent's child) changes nothing either.
+    # forged sub-agent's child) changes nothing either, and its mimic (the call's exact
+    # child, made first) fails the call closed.
     only = {
         c.expect.outcome
         for c in cases
@@ -244,12 +305,41 @@ def test_the_count_of_cases_and_their_classes() -> None:
     }
     assert only <= {Outcome.REFUSED_RBAC, Outcome.NOT_APPLICABLE}, only
     made = {c.expect.outcome for c in cases if c.entry.resource == trust.NEW_RUNS}
-    assert made <= {Outcome.UNAFFECTED, Outcome.REFUSED_API}, made
-    # Every entry has a case that applies in some phase, for some actor.
+    assert made <= {Outcome.UNAFFECTED, Outcome.REFUSED_API, Outcome.FAILED_CLOSED,
+                    Outcome.NOT_APPLICABLE}, made  # fmt: skip
+    changed = {
+        c.expect.outcome
+        for c in cases
+        if c.entry.resource == trust.NEW_RUNS and c.kind is Attack.CHANGE
+    }
+    assert changed <= {Outcome.UNAFFECTED, Outcome.REFUSED_API}, changed
+    # Every entry has a case that applies in some phase, for some actor, of either kind.
     for e in trust.TABLE:
-        assert any(c.expect.outcome is not Outcome.NOT_APPLICABLE for c in cases if c.entry is e), (
-            e.id
-        )
+        for kind in Attack:
+            assert any(
+                c.expect.outcome is not Outcome.NOT_APPLICABLE
+                for c in cases
+                if c.entry is e and c.kind is kind
+            ), (e.id, kind)
+
+
+def test_the_mimics_that_succeeded_once_are_declared_failed_closed() -> None:
+    """The mimic of the proof-of-origin issue: the legitimate writer's exact object, made
+    before it, never counts."""
+    child = trust.entry("child-run").expect(Phase.WAITING, Actor.RUNS_ONLY, Attack.MIMIC)
+    assert (child.outcome, child.reasons) == (Outcome.FAILED_CLOSED, ("ChildNameTaken",))
+    for phase in (Phase.PENDING, Phase.WAITING, Phase.LAUNCHING, Phase.RUNNING):
+        found = trust.entry("result-object").expect(phase, Actor.EDIT, Attack.MIMIC)
+        assert (found.outcome, found.reasons) == (Outcome.FAILED_CLOSED, ("ResultTampered",))
+    job = trust.entry("job-create").expect(Phase.WAITING, Actor.EDIT, Attack.MIMIC)
+    assert (job.outcome, job.reasons) == (Outcome.FAILED_CLOSED, ("JobNameTaken",))
+
+
+def test_the_summary_counts_both_kinds_by_actor() -> None:
+    lines = trust.summary()
+    for kind in Attack:
+        for actor in Actor:
+            assert any(line.startswith(f"- {kind.value}, by {actor.value}: ") for line in lines)
 
 
 def test_a_failure_names_its_reason() -> None:
@@ -262,7 +352,9 @@ def test_a_failure_names_its_reason() -> None:
 def test_the_status_is_nobodys_but_the_operators(phase: Phase) -> None:
     for e in trust.TABLE:
         if e.resource == trust.RUN_STATUS:
-            assert {e.expect(phase, a).outcome for a in Actor} == {Outcome.REFUSED_RBAC}
+            for kind in Attack:
+                outcomes = {e.expect(phase, a, kind).outcome for a in Actor}
+                assert outcomes == {Outcome.REFUSED_RBAC}, (e.id, kind)
 
 
 # -- docs/design.md ------------------------------------------------------------------------------

@@ -6,12 +6,29 @@ One list (:data:`TABLE`) is the source of three things: the "Trust table" sectio
 docs/design.md (``python -m agentrun.api.trust --markdown``, ``make trust-table``), the unit
 tests that every field of the AgentRun CRD and every resource the operator may read has an
 entry (tests/unit/test_trust.py), and the attack cases of tests/e2e/test_trust_attacks.py, one
-per (entry, phase, actor): :func:`cases`.
+per (entry, phase, actor, kind of attack): :func:`cases`.
 
 The actors are the namespace users of the trust model: one holding the built-in ``edit``
 ClusterRole in the run's namespace (into which ``agentrun-edit`` aggregates), one holding only
 ``agentrun-edit``, and one who may only create and read AgentRuns. What each may write is
 :data:`WRITES` (their RBAC); an entry none of them may write is refused for all of them.
+
+Proof of origin. An object found in a namespace proves nothing by its name, its labels or
+annotations, its owner references, its immutability or its spec: every namespace user of the
+trust model can write all of them, and can write them first, in the exact shape the operator or
+a step would (the *mimic*). What the operator or a step finds counts as "the operator's own" or
+"a step's own" only through a proof no namespace user can make (the operator's HMAC, keyed by a
+Secret in the operator's own namespace and bound to the object's name, the attempt and the
+content's digest), through a uid or a content digest the operator itself committed to status
+after it made the object, or through a fact only the API server or the node writes (a pod's
+termination message, written by the kubelet; the identity the API server's admission recorded
+at create). Each entry says which of those routes it rests on (:attr:`Entry.proven`,
+:class:`Origin`); a shape (:data:`SHAPES`) is never one. And each entry is attacked twice
+(:class:`Attack`): by a *change* of what is there, and by the *mimic*: the exact object or
+value the legitimate writer would write, computed from the run's status, the approval request
+and the operator's own naming and manifest functions, written before that writer where the
+phase allows it, and after it (the same write, or a delete-and-recreate of the exact object)
+otherwise.
 
 Pure data: no kopf, no kubernetes client.
 """
@@ -52,6 +69,7 @@ class Writer(StrEnum):
     CREATOR = "run creator"
     EDITOR = "namespace editor"
     STEP_POD = "step's pod"
+    EXECUTOR = "operator's executor pod"
     NODE = "node"
     JOB_CONTROLLER = "Job controller"
     CLUSTER_ADMIN = "cluster admin"
@@ -88,6 +106,42 @@ class Check(StrEnum):
     RBAC = "RBAC of namespace users"
     LIVE = "read as written (an editor's to set)"
     NOT_USED = "not used"
+
+
+class Origin(StrEnum):
+    """How what the operator or a step finds is proven to be the operator's own or a step's
+    own, or why it needs no such proof. The last five are shapes, which anyone who may write
+    the object can give it: never a proof (:data:`SHAPES`)."""
+
+    HMAC = "the operator's HMAC proof"
+    COMMITTED_UID = "a uid the operator committed to status"
+    COMMITTED_DIGEST = "a content digest the operator committed to status"
+    API_SERVER = "a fact only the API server writes (admission's record, immutable metadata)"
+    NODE = "a fact only the node writes (a pod's status, its termination message)"
+    RBAC = "no namespace user may write it"
+    EDITORS = "an editor's to write: read as written, nothing rests on who wrote it"
+    NOT_USED = "not used"
+    NAME = "its name"
+    LABELS = "its labels or annotations"
+    OWNER_REFERENCE = "its owner references"
+    IMMUTABLE = "its immutability"
+    SPEC = "its spec"
+
+
+SHAPES = frozenset({Origin.NAME, Origin.LABELS, Origin.OWNER_REFERENCE, Origin.IMMUTABLE,
+                    Origin.SPEC})  # fmt: skip
+"""What a namespace user can write, first and exactly as the legitimate writer would: no
+entry's :attr:`Entry.proven` may name one."""
+
+
+class Attack(StrEnum):
+    """The two kinds of attack made on every entry."""
+
+    CHANGE = "change"
+    """What is there is changed (or deleted, or made under a name before its writer)."""
+    MIMIC = "mimic"
+    """The legitimate writer's exact object or value, written before that writer where the
+    phase allows it, else again after it."""
 
 
 class Outcome(StrEnum):
@@ -147,14 +201,26 @@ class Entry:
     frozen: Frozen
     checks: tuple[Check, ...]
     outcomes: Mapping[Phase, Expect]
+    proven: tuple[Origin, ...]
+    """The routes by which what the operator or a step finds here is proven to be the
+    operator's own or a step's own (or why it needs no proof): never a shape."""
     fields: tuple[str, ...] = ()
     agent: bool = False
     """An input of agent runs (its attack cases use an agent run)."""
     gap: str = ""
+    mimic_is: str = "the same write as the legitimate writer's"
+    """What the mimic writes (see :class:`Attack`)."""
+    mimic: Mapping[Phase, Expect] | None = None
+    """Per phase, what the mimic ends in; None: as the change does (:attr:`outcomes`)."""
 
-    def expect(self, phase: Phase, actor: Actor) -> Expect:
-        """What a change of this input by ``actor`` in ``phase`` ends in."""
-        found = self.outcomes[phase]
+    def outcomes_of(self, kind: Attack) -> Mapping[Phase, Expect]:
+        if kind is Attack.MIMIC and self.mimic is not None:
+            return self.mimic
+        return self.outcomes
+
+    def expect(self, phase: Phase, actor: Actor, kind: Attack = Attack.CHANGE) -> Expect:
+        """What an attack of ``kind`` on this input by ``actor`` in ``phase`` ends in."""
+        found = self.outcomes_of(kind)[phase]
         if found.outcome is Outcome.NOT_APPLICABLE:
             return found
         if self.resource not in WRITES[actor]:
@@ -181,10 +247,13 @@ NEW_RUNS = ("agentrun.dev", "agentruns (a new one)")
 SHARD_LEASES = ("coordination.k8s.io", "leases (operator's namespace)")
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
+POD_DOORS = ("", "pods/exec, pods/attach, pods/portforward")
+"""The doors into a running pod that the built-in ``edit`` role opens (not
+``pods/ephemeralcontainers``, which it does not grant)."""
 
 WRITES: Mapping[Actor, frozenset[tuple[str, str]]] = {
     # The built-in edit ClusterRole bound in the namespace, agentrun-edit aggregated into it.
-    Actor.EDIT: frozenset({RUNS, NEW_RUNS, JOBS, PODS, CONFIGMAPS, SECRETS, EVENTS}),
+    Actor.EDIT: frozenset({RUNS, NEW_RUNS, JOBS, PODS, POD_DOORS, CONFIGMAPS, SECRETS, EVENTS}),
     # manifests/user-roles.yaml: AgentRuns, not their status.
     Actor.AGENTRUN_EDIT: frozenset({RUNS, NEW_RUNS}),
     # create, get, list and watch of AgentRuns: no change of anything that exists.
@@ -199,7 +268,6 @@ GAP_JOB_PODS = "Without the `agentrun-job-pods` policy"
 GAP_POD_GATE = "Only the operator should remove a step pod's `agentrun.dev/start` gate"
 GAP_FIRST_PASS = "A change of `spec.agent.model` or `spec.agent.tools` between"
 GAP_RIGHTS = "Rights are checked at launch"
-GAP_REPLAY = "A replay by the step runner"
 GAP_REFERENCED = "The content of a ConfigMap or Secret a step's `env` references"
 GAP_TRANSCRIPT = "An agent run's transcript records"
 
@@ -233,6 +301,7 @@ STARTED = Expect(
     alternative=Outcome.REGATED,
 )
 APPLIES = Expect(Outcome.APPLIES)
+SAME = Expect(Outcome.UNAFFECTED, "the same value as written: nothing changes")
 FIXED = "cannot change after creation"
 
 TABLE: tuple[Entry, ...] = (
@@ -246,6 +315,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.API_SERVER,),
         frozen=Frozen.CREATION,
         checks=(Check.NOT_USED,),
+        proven=(Origin.API_SERVER,),
+        mimic_is="apiVersion and kind as the API server keeps them",
         outcomes=_every(
             Expect(Outcome.UNAFFECTED, "the API server keeps an object's apiVersion and kind")
         ),
@@ -260,6 +331,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.API_SERVER,),
         frozen=Frozen.CREATION,
         checks=(Check.OWNER_UID, Check.PROOF),
+        proven=(Origin.API_SERVER,),
+        mimic_is="name, namespace and uid as the API server wrote them",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "name, namespace and uid cannot change")),
         fields=("metadata.**",),
     ),
@@ -272,6 +346,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.API_SERVER,),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION, Check.CREATOR_RIGHTS),
+        proven=(Origin.API_SERVER,),
+        mimic_is="the annotations as the admission recorded them (the creator's own name)",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "agentrun.dev/created-by cannot be changed")),
     ),
     Entry(
@@ -283,6 +360,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR, Writer.OPERATOR),
         frozen=Frozen.NEVER,
         checks=(Check.NOT_USED,),
+        proven=(Origin.NOT_USED,),
+        mimic_is="the labels and annotations as they are",
         outcomes=_every(UNAFFECTED),
     ),
     Entry(
@@ -294,6 +373,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR, Writer.OPERATOR),
         frozen=Frozen.NEVER,
         checks=(Check.NOT_USED,),
+        proven=(Origin.NOT_USED,),
+        mimic_is="the owner references and finalizers as they are",
         outcomes=_every(UNAFFECTED),
     ),
     # -- the run's spec ---------------------------------------------------------------------------
@@ -306,6 +387,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.FIRST_PASS,
         checks=(Check.DIGEST,),
+        proven=(Origin.EDITORS, Origin.COMMITTED_DIGEST),
+        mimic_is="the creator's goal and actor, as written",
+        mimic=_every(SAME),
         outcomes=_phases(
             Expect(Outcome.UNAFFECTED, "taken into the first context, chained by digest"),
             pending=Expect(
@@ -325,6 +409,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.LAUNCH,
         checks=(Check.ARGS_HASH, Check.CREATOR_RIGHTS),
+        proven=(Origin.EDITORS, Origin.API_SERVER),
+        mimic_is="the creator's plan, as written",
+        mimic=_every(SAME),
         gap=GAP_RIGHTS,
         outcomes=_phases(
             REGATED,
@@ -352,6 +439,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.FIRST_PASS,
         checks=(Check.ADMISSION, Check.FROZEN_STEPS, Check.CREATOR_RIGHTS),
+        proven=(Origin.API_SERVER, Origin.COMMITTED_DIGEST),
+        mimic_is="the creator's step that reads the Secret and the ConfigMap, as written",
+        mimic=_every(SAME),
         outcomes=_every(
             Expect(
                 Outcome.REFUSED_API,
@@ -372,6 +462,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION,),
+        proven=(Origin.API_SERVER,),
+        mimic_is="the step's approval and risk, as written",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "approval of a plan step cannot be lowered")),
         fields=("spec.plan.steps[].approval", "spec.plan.steps[].risk"),
     ),
@@ -384,6 +477,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.LIVE,),
+        proven=(Origin.EDITORS,),
+        mimic_is="the plan's steps, as written",
+        mimic=_every(SAME),
         outcomes=_phases(
             Expect(
                 Outcome.FAILED_CLOSED,
@@ -408,6 +504,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.LIVE,),
+        proven=(Origin.EDITORS,),
+        mimic_is="the step's retry and timeout, as written",
+        mimic=_every(SAME),
         outcomes=_every(
             Expect(Outcome.APPLIES, "attempts keep the approved argsHash and idempotency key")
         ),
@@ -422,6 +521,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION, Check.ARGS_HASH, Check.CREATOR_RIGHTS),
+        proven=(Origin.API_SERVER,),
+        mimic_is="spec.stepTemplate as the creator wrote it",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "spec.stepTemplate " + FIXED)),
         fields=("spec.stepTemplate.**",),
     ),
@@ -434,6 +536,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION,),
+        proven=(Origin.API_SERVER,),
+        mimic_is="spec.policy as the creator wrote it",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "spec.policy " + FIXED)),
         fields=("spec.policy.**",),
     ),
@@ -446,6 +551,11 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.ADMISSION, Check.ARGS_HASH),
+        proven=(Origin.API_SERVER,),
+        mimic_is=(
+            "the approval the approver would write: the waiting step, its argsHash from status, "
+            "signed with the approver's name"
+        ),
         outcomes=_every(
             Expect(
                 Outcome.REFUSED_API,
@@ -464,6 +574,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION, Check.ARGS_HASH, Check.DIGEST),
+        proven=(Origin.API_SERVER, Origin.COMMITTED_DIGEST),
+        mimic_is="spec.carriedResults as the creator wrote it",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "spec.carriedResults " + FIXED)),
         fields=("spec.carriedResults.**",),
     ),
@@ -476,6 +589,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.LIVE,),
+        proven=(Origin.EDITORS,),
+        mimic_is="suspend, cancel, budget and retention as written",
+        mimic=_every(SAME),
         outcomes=_every(
             Expect(
                 Outcome.APPLIES,
@@ -494,6 +610,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION, Check.FROZEN_STATUS, Check.CREATOR_RIGHTS),
+        proven=(Origin.API_SERVER, Origin.COMMITTED_DIGEST),
+        mimic_is="spec.agent.model as the creator wrote it",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "spec.agent.model." + "baseURL: " + FIXED)),
         fields=("spec.agent", "spec.agent.model.**"),
         agent=True,
@@ -508,6 +627,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION, Check.FROZEN_STATUS, Check.ARGS_HASH),
+        proven=(Origin.API_SERVER, Origin.COMMITTED_DIGEST),
+        mimic_is="spec.agent.tools as the creator wrote them",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "spec.agent.tools: " + FIXED)),
         fields=("spec.agent.tools.**",),
         agent=True,
@@ -522,6 +644,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION, Check.FROZEN_STATUS),
+        proven=(Origin.API_SERVER, Origin.COMMITTED_DIGEST),
+        mimic_is="spec.agent.toolChoice as the creator wrote it",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "spec.agent.toolChoice: " + FIXED)),
         fields=("spec.agent.toolChoice",),
         agent=True,
@@ -537,6 +662,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.CREATION,
         checks=(Check.ADMISSION, Check.FROZEN_STATUS, Check.ARGS_HASH, Check.CREATOR_RIGHTS),
+        proven=(Origin.API_SERVER, Origin.COMMITTED_DIGEST),
+        mimic_is="spec.agent.mcpServers as the creator wrote them",
+        mimic=_every(SAME),
         outcomes=_every(Expect(Outcome.REFUSED_API, "spec.agent.mcpServers: " + FIXED)),
         fields=("spec.agent.mcpServers.**",),
         agent=True,
@@ -546,20 +674,44 @@ TABLE: tuple[Entry, ...] = (
         id="child-run",
         object="AgentRun (a sub-agent's child)",
         path="a new run naming the run as its controller (ownerReferences, label "
-        "agentrun.dev/parent-uid, annotation agentrun.dev/call)",
+        "agentrun.dev/parent-uid, annotations agentrun.dev/call and agentrun.dev/proof)",
         decides="a sub-agent call's result, the tokens it counts, whose rights its steps use",
         resource=NEW_RUNS,
         writers=(Writer.OPERATOR, Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.COMMIT,
-        checks=(Check.OWNER_UID, Check.DIGEST, Check.CREATOR_RIGHTS),
+        checks=(Check.PROOF, Check.OWNER_UID, Check.DIGEST, Check.CREATOR_RIGHTS),
+        proven=(Origin.HMAC, Origin.COMMITTED_UID, Origin.API_SERVER),
         outcomes=_every(
             Expect(
                 Outcome.UNAFFECTED,
-                "a run is a call's child only under the name the call's key gives, controlled "
-                "by the run's uid, with the spec the call makes (else the call fails, "
-                "ChildNameTaken, and the run is left alone); its steps act for the parent's "
-                "creator only through that name",
+                "a run under another name is no call's child: a call's child is only the run "
+                "under the name the call's key gives, carrying the operator's proof; its "
+                "outcome and tokens are read from the uid committed at adoption, and its steps "
+                "act for the parent's creator only through that name",
             )
+        ),
+        mimic_is=(
+            "the call's exact child: under the name committed with the call, the spec the call "
+            "makes and the run as controller (its proof it cannot make), before the operator "
+            "creates it"
+        ),
+        mimic=_phases(
+            Expect(Outcome.REFUSED_API, "AlreadyExists: the call's child holds the name"),
+            pending=Expect(
+                Outcome.NOT_APPLICABLE, "the call, and so its child's name, comes with a turn"
+            ),
+            waiting=Expect(
+                Outcome.FAILED_CLOSED,
+                "ChildNameTaken: made while the gated call waits (its child's name is "
+                "committed), it carries no proof of the operator's: the call fails once "
+                "approved, nothing of it runs, the forged child's answer is never the result",
+            ),
+            launching=Expect(
+                Outcome.FAILED_CLOSED,
+                "ChildNameTaken: made before the operator's create, it is not adopted; after "
+                "it, the name is taken",
+                alternative=Outcome.REFUSED_API,
+            ),
         ),
         agent=True,
     ),
@@ -572,6 +724,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.FIRST_PASS,
         checks=(Check.DIGEST,),
+        proven=(Origin.EDITORS, Origin.COMMITTED_DIGEST),
+        mimic_is="spec.agent.instructions as the creator wrote them",
+        mimic=_every(SAME),
         outcomes=_phases(
             Expect(Outcome.UNAFFECTED, "taken into the first context, chained by digest"),
             pending=Expect(
@@ -591,6 +746,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.LIVE,),
+        proven=(Origin.EDITORS,),
+        mimic_is="the agent's limits as written",
+        mimic=_every(SAME),
         outcomes=_every(
             Expect(Outcome.APPLIES, "turns go to the frozen endpoint; calls are still gated")
         ),
@@ -610,6 +768,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR,),
         frozen=Frozen.CREATION,
         checks=(Check.CRD_RULE, Check.OWNER_UID, Check.DIGEST, Check.CREATOR_RIGHTS),
+        proven=(Origin.API_SERVER, Origin.COMMITTED_UID, Origin.COMMITTED_DIGEST),
+        mimic_is="spec.agent.resumeFrom as the creator wrote it",
+        mimic=_every(SAME),
         outcomes=_every(
             Expect(
                 Outcome.REFUSED_API,
@@ -630,6 +791,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR,),
         frozen=Frozen.COMMIT,
         checks=(Check.STATUS_ONLY,),
+        proven=(Origin.RBAC,),
+        mimic_is="the status as the operator wrote it",
         outcomes=_every(STATUS),
         fields=("status", "status.steps.**", "status.usage.**"),
     ),
@@ -643,6 +806,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR,),
         frozen=Frozen.FIRST_PASS,
         checks=(Check.STATUS_ONLY,),
+        proven=(Origin.RBAC,),
+        mimic_is="the status as the operator wrote it",
         outcomes=_every(STATUS),
         fields=("status.agent.**",),
         agent=True,
@@ -656,6 +821,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR,),
         frozen=Frozen.COMMIT,
         checks=(Check.STATUS_ONLY,),
+        proven=(Origin.RBAC,),
+        mimic_is="the status as the operator wrote it",
         outcomes=_every(STATUS),
         fields=("status.audit.**", "status.history.**", "status.historySeq"),
     ),
@@ -668,6 +835,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR,),
         frozen=Frozen.COMMIT,
         checks=(Check.STATUS_ONLY,),
+        proven=(Origin.RBAC,),
+        mimic_is="the status as the operator wrote it",
         outcomes=_every(STATUS),
         fields=(
             "status.observedGeneration",
@@ -690,10 +859,34 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.EDITOR,),
         frozen=Frozen.CREATE,
         checks=(Check.PROOF, Check.DRY_RUN),
+        proven=(Origin.HMAC,),
         outcomes=_phases(
             Expect(
                 Outcome.FAILED_CLOSED,
                 "JobNameTaken: the attempt fails, its retry runs under a new name",
+            ),
+            launching=Expect(
+                Outcome.FAILED_CLOSED,
+                "JobNameTaken: made before the operator's create, the attempt fails; after it, "
+                "the name is taken",
+                alternative=Outcome.REFUSED_API,
+            ),
+            running=TAKEN,
+            finished=TAKEN,
+        ),
+        mimic_is=(
+            "the operator's exact Job for the approved attempt (the core's own decision, "
+            "jobs.build_job), made before the operator creates it: all but the proof"
+        ),
+        mimic=_phases(
+            Expect(
+                Outcome.FAILED_CLOSED,
+                "JobNameTaken: it carries no proof of the operator's; the attempt fails, its "
+                "retry runs under a new name",
+            ),
+            pending=Expect(
+                Outcome.NOT_APPLICABLE,
+                "the exact Job binds the input the earlier step has not committed yet",
             ),
             launching=Expect(
                 Outcome.FAILED_CLOSED,
@@ -715,6 +908,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.CREATE,
         checks=(Check.JOB_UID, Check.PROOF),
+        proven=(Origin.HMAC,),
+        mimic_is="the operator's own proof, written again",
         outcomes=_phases(UNAFFECTED, pending=NO_JOB, waiting=NO_JOB, launching=NO_JOB),
         gap=GAP_PROOF,
     ),
@@ -732,6 +927,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.JOB_UID,),
+        proven=(Origin.HMAC,),
+        mimic_is="the operator's own labels and owner references, written again",
         outcomes=_phases(UNAFFECTED, pending=NO_JOB, waiting=NO_JOB, launching=NO_JOB),
         gap=GAP_PROOF,
     ),
@@ -744,6 +941,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.CREATE,
         checks=(Check.JOB_UID, Check.DRY_RUN, Check.POD_TEMPLATE, Check.ONE_POD),
+        proven=(Origin.HMAC,),
+        mimic_is="the operator's own parallelism, written again",
         outcomes=_phases(
             Expect(Outcome.UNAFFECTED, "a finished Job starts no pod"),
             running=Expect(
@@ -765,10 +964,27 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.JOB_UID,),
+        proven=(Origin.HMAC,),
         outcomes=_phases(
             Expect(
                 Outcome.FAILED_CLOSED,
                 "JobLost: a deleted attempt counts as lost, its retry is a new attempt",
+            ),
+            pending=NO_JOB,
+            waiting=NO_JOB,
+            launching=NO_JOB,
+            finished=Expect(Outcome.UNAFFECTED, "the outcome is committed"),
+        ),
+        mimic_is=(
+            "the attempt's Job deleted (its outcome finalizer removed) and made again exactly, "
+            "its proof copied"
+        ),
+        mimic=_phases(
+            Expect(
+                Outcome.KNOWN_GAP,
+                "the copy counts as the same attempt (a proof binds the name, not the uid) and "
+                "may run the approved command again with the same idempotency key; or the "
+                "deletion is seen first and the attempt is lost (JobLost)",
             ),
             pending=NO_JOB,
             waiting=NO_JOB,
@@ -787,6 +1003,11 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.JOB_CONTROLLER, Writer.EDITOR),
         frozen=Frozen.CREATE,
         checks=(Check.ADMISSION, Check.POD_TEMPLATE),
+        proven=(Origin.API_SERVER,),
+        mimic_is=(
+            "the Job controller's pod: the Job's template, its selector labels and the Job as "
+            "controller"
+        ),
         outcomes=_phases(
             Expect(
                 Outcome.REFUSED_API,
@@ -807,6 +1028,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.JOB_CONTROLLER, Writer.EDITOR),
         frozen=Frozen.CREATE,
         checks=(Check.POD_TEMPLATE,),
+        proven=(Origin.API_SERVER,),
+        mimic_is="the pod's labels as the Job controller wrote them",
+        mimic=_phases(SAME, pending=NO_POD, waiting=NO_POD, launching=NO_POD),
         outcomes=_phases(
             Expect(
                 Outcome.FAILED_CLOSED,
@@ -832,6 +1056,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.ONE_POD,),
+        proven=(Origin.API_SERVER,),
+        mimic_is="the operator's own write: the gate removed from the attempt's pods (the change)",
         outcomes=_phases(
             Expect(Outcome.NOT_APPLICABLE, "a finished Job makes no second pod"),
             running=Expect(
@@ -856,6 +1082,10 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.NODE, Writer.STEP_POD),
         frozen=Frozen.COMMIT,
         checks=(Check.RBAC, Check.POD_TEMPLATE),
+        proven=(Origin.NODE, Origin.RBAC),
+        mimic_is=(
+            "the kubelet's status: the step's container terminated, exit 0, its genuine envelope"
+        ),
         outcomes=_phases(
             Expect(Outcome.REFUSED_RBAC, "namespace users may not write pods/status"),
             pending=NO_POD,
@@ -872,6 +1102,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.JOB_CONTROLLER, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.JOB_UID,),
+        proven=(Origin.EDITORS,),
+        mimic_is="the Job controller's own FailedCreate Event about the Job's uid (the change)",
         outcomes=_phases(
             Expect(Outcome.UNAFFECTED, "a refusal counts only while the Job has no pod"),
             pending=NO_JOB,
@@ -888,6 +1120,30 @@ TABLE: tuple[Entry, ...] = (
             finished=Expect(Outcome.UNAFFECTED, "the outcome is committed"),
         ),
     ),
+    Entry(
+        id="pod-doors",
+        object="Pod",
+        path="subresources exec, attach, portforward, ephemeralcontainers of step and executor "
+        "pods",
+        decides="what runs inside a step's or an executor's pod besides its command, and so the "
+        "result it reports (its termination message, the executor's answer)",
+        resource=POD_DOORS,
+        writers=(Writer.EDITOR, Writer.CLUSTER_ADMIN),
+        frozen=Frozen.NEVER,
+        checks=(Check.ADMISSION,),
+        proven=(Origin.API_SERVER,),
+        outcomes=_phases(
+            NO_POD,
+            running=Expect(
+                Outcome.REFUSED_API,
+                "the agentrun-pod-doors admission policy refuses exec, attach, port-forward and "
+                "ephemeral containers into step and executor pods for all but cluster admins "
+                "(without the policy, an exec can rewrite the result before the pod ends)",
+            ),
+            finished=Expect(Outcome.NOT_APPLICABLE, "the step's pod has ended: nothing runs in it"),
+        ),
+        mimic_is="the same doors: the step's own process is the only writer of its result",
+    ),
     # -- ConfigMaps and Secrets -------------------------------------------------------------------
     Entry(
         id="result-object",
@@ -897,7 +1153,8 @@ TABLE: tuple[Entry, ...] = (
         resource=CONFIGMAPS,
         writers=(Writer.OPERATOR, Writer.STEP_POD, Writer.EDITOR),
         frozen=Frozen.COMMIT,
-        checks=(Check.OWNER_UID, Check.DIGEST, Check.ARGS_HASH),
+        checks=(Check.OWNER_UID, Check.DIGEST, Check.PROOF, Check.ARGS_HASH),
+        proven=(Origin.COMMITTED_DIGEST, Origin.HMAC, Origin.NODE),
         outcomes=_phases(
             Expect(
                 Outcome.FAILED_CLOSED,
@@ -913,7 +1170,58 @@ TABLE: tuple[Entry, ...] = (
             running=Expect(Outcome.UNAFFECTED, "the reading step's Job holds the verified bytes"),
             finished=Expect(Outcome.UNAFFECTED, "the reading step's Job held the verified bytes"),
         ),
-        gap=GAP_REPLAY,
+        mimic_is=(
+            "the step runner's exact result object for the attempt of a step whose result is "
+            "over 3 KiB (its name, labels, `agentrun.dev/complete`, immutable, the run as "
+            "controller), its content forged, made before the runner stores it"
+        ),
+        mimic=_phases(
+            Expect(
+                Outcome.FAILED_CLOSED,
+                "ResultTampered: the runner never takes an object found under the attempt's "
+                "name as an earlier attempt's (no replay): the step's command runs, and its "
+                "store meets a name it did not take, so the attempt fails and nothing is "
+                "referenced",
+            ),
+            finished=Expect(
+                Outcome.UNAFFECTED,
+                "the result and its digest are committed; an object made again under the name "
+                "is never read as it",
+            ),
+        ),
+    ),
+    Entry(
+        id="executor-result",
+        object="ConfigMap (executor result)",
+        path="data.result of a model turn's or an MCP call's result object, written by the "
+        "run's executor under the attempt's result object name (an output over 3 KiB)",
+        decides="a model turn's output (its message and tool calls) or an MCP call's result",
+        resource=CONFIGMAPS,
+        writers=(Writer.EXECUTOR, Writer.EDITOR),
+        frozen=Frozen.COMMIT,
+        checks=(Check.DIGEST, Check.OWNER_UID),
+        proven=(Origin.COMMITTED_DIGEST, Origin.NODE),
+        outcomes=_phases(
+            Expect(
+                Outcome.UNAFFECTED,
+                "turn 1's outcome is committed (by its digest when by reference): an object "
+                "made or changed under its name after is never read as it",
+            ),
+            pending=Expect(
+                Outcome.FAILED_CLOSED,
+                "ResultTampered: made before the executor stores the turn's output (the mimic), "
+                "or changed after it stored it and before the operator read it: the executor's "
+                "answer carries the digest of what it stored, the executor never takes an "
+                "object it did not create, and the attempt fails; the forged output is never "
+                "committed",
+            ),
+        ),
+        mimic_is=(
+            "the executor's exact result object for turn 1 (name, labels, `agentrun.dev/"
+            "complete`, immutable, the run as controller), its content forged, before the "
+            "executor stores it (the change)"
+        ),
+        agent=True,
     ),
     Entry(
         id="agent-context",
@@ -924,6 +1232,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.COMMIT,
         checks=(Check.DIGEST,),
+        proven=(Origin.COMMITTED_DIGEST,),
+        mimic_is="the context document as the operator wrote it, its messages the attacker's",
         outcomes=_phases(
             Expect(
                 Outcome.FAILED_CLOSED,
@@ -952,6 +1262,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.NOT_USED,),
+        proven=(Origin.NOT_USED,),
+        mimic_is="the turn's record under its name, as the operator writes one (the change)",
         outcomes=_every(UNAFFECTED),
         agent=True,
         gap=GAP_TRANSCRIPT,
@@ -965,6 +1277,18 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.EDITOR),
         frozen=Frozen.COMMIT,
         checks=(Check.DIGEST,),
+        proven=(Origin.COMMITTED_DIGEST,),
+        mimic_is=(
+            "the chunk as the operator wrote it, written again (before there is one: a chunk "
+            "in its shape, made first)"
+        ),
+        mimic=_every(
+            Expect(
+                Outcome.UNAFFECTED,
+                "the same content: the chain still verifies (one made first is no chunk of the "
+                "record: ignored and reported)",
+            )
+        ),
         outcomes=_every(
             Expect(Outcome.UNAFFECTED, "the run goes on; `history --verify` reports the change")
         ),
@@ -978,6 +1302,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.CREATOR_RIGHTS,),
+        proven=(Origin.EDITORS,),
+        mimic_is="the ConfigMap's content as the creator wrote it",
+        mimic=_every(SAME),
         outcomes=_every(
             Expect(Outcome.APPLIES, "the argsHash binds the reference, the pod reads the content")
         ),
@@ -993,6 +1320,9 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CREATOR, Writer.EDITOR),
         frozen=Frozen.NEVER,
         checks=(Check.CREATOR_RIGHTS, Check.FROZEN_STATUS),
+        proven=(Origin.EDITORS,),
+        mimic_is="the Secret's content as the creator wrote it",
+        mimic=_every(SAME),
         outcomes=_every(
             Expect(
                 Outcome.APPLIES,
@@ -1010,6 +1340,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.CLUSTER_ADMIN),
         frozen=Frozen.CREATION,
         checks=(Check.RBAC,),
+        proven=(Origin.RBAC,),
+        mimic_is="the key as the operator made it",
         outcomes=_every(
             Expect(Outcome.REFUSED_RBAC, "it lives in the operator's namespace, not the run's")
         ),
@@ -1024,6 +1356,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.OPERATOR, Writer.CLUSTER_ADMIN),
         frozen=Frozen.NEVER,
         checks=(Check.RBAC,),
+        proven=(Origin.RBAC,),
+        mimic_is="the holder as the operator wrote it",
         outcomes=_every(
             Expect(Outcome.REFUSED_RBAC, "it lives in the operator's namespace, not the run's")
         ),
@@ -1037,6 +1371,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CLUSTER_ADMIN,),
         frozen=Frozen.NEVER,
         checks=(Check.RBAC,),
+        proven=(Origin.RBAC,),
+        mimic_is="the CRD as installed",
         outcomes=_every(Expect(Outcome.REFUSED_RBAC, "cluster-scoped")),
     ),
     Entry(
@@ -1048,6 +1384,8 @@ TABLE: tuple[Entry, ...] = (
         writers=(Writer.CLUSTER_ADMIN,),
         frozen=Frozen.NEVER,
         checks=(Check.RBAC,),
+        proven=(Origin.RBAC,),
+        mimic_is="the namespace as it is",
         outcomes=_every(Expect(Outcome.REFUSED_RBAC, "cluster-scoped")),
     ),
 )
@@ -1056,24 +1394,33 @@ TABLE: tuple[Entry, ...] = (
 
 @dataclass(frozen=True)
 class Case:
-    """One attack: ``actor`` changes ``entry`` while its step is in ``phase``."""
+    """One attack: ``actor`` makes an attack of ``kind`` on ``entry`` while its step is in
+    ``phase``."""
 
     entry: Entry
     phase: Phase
     actor: Actor
     expect: Expect = field(compare=False)
+    kind: Attack = Attack.CHANGE
 
     @property
     def id(self) -> str:
-        return f"{self.entry.id}/{self.phase.name.lower()}/{self.actor}"
+        name = f"{self.entry.id}/{self.phase.name.lower()}/{self.actor}"
+        return name if self.kind is Attack.CHANGE else f"{name}/{self.kind}"
 
 
 def cases(table: Sequence[Entry] = TABLE) -> Iterator[Case]:
-    """Every (entry, phase, actor), with what it is declared to end in."""
-    for entry in table:
-        for phase in Phase:
-            for actor in Actor:
-                yield Case(entry, phase, actor, entry.expect(phase, actor))
+    """Every (entry, phase, actor, kind of attack), with what it is declared to end in."""
+    for kind in Attack:
+        for entry in table:
+            for phase in Phase:
+                for actor in Actor:
+                    yield Case(entry, phase, actor, entry.expect(phase, actor, kind), kind)
+
+
+def shapes_as_proof(table: Sequence[Entry] = TABLE) -> list[str]:
+    """The entries whose proof of origin is missing or names a shape (:data:`SHAPES`)."""
+    return [e.id for e in table if not e.proven or SHAPES & set(e.proven)]
 
 
 def entry(entry_id: str) -> Entry:
@@ -1103,12 +1450,12 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _outcomes(e: Entry) -> str:
-    """Per phase, what a change by an actor who may write it does: phases with the same
-    outcome are joined."""
+def _outcomes(e: Entry, kind: Attack = Attack.CHANGE) -> str:
+    """Per phase, what an attack of ``kind`` by an actor who may write it does: phases with
+    the same outcome are joined."""
     groups: dict[Expect, list[str]] = {}
     for phase in Phase:
-        groups.setdefault(e.outcomes[phase], []).append(phase.value)
+        groups.setdefault(e.outcomes_of(kind)[phase], []).append(phase.value)
     parts = []
     for expect, phases in groups.items():
         what = expect.outcome.value + (f" ({expect.reason})" if expect.reason else "")
@@ -1116,9 +1463,34 @@ def _outcomes(e: Entry) -> str:
     return "; ".join(parts)
 
 
+def _mimic(e: Entry) -> str:
+    ends = "ends as the change does" if e.mimic is None else _outcomes(e, Attack.MIMIC)
+    return f"{e.mimic_is}: {ends}"
+
+
 def _may_write(e: Entry) -> str:
     actors = [a.value for a in Actor if e.resource in WRITES[a]]
     return ", ".join(actors) if actors else "none"
+
+
+def summary(table: Sequence[Entry] = TABLE) -> list[str]:
+    """The count of cases, by kind of attack, actor and outcome."""
+    counts: dict[tuple[Attack, Actor, Outcome], int] = {}
+    for case in cases(table):
+        key = (case.kind, case.actor, case.expect.outcome)
+        counts[key] = counts.get(key, 0) + 1
+    total = sum(counts.values())
+    lines = [
+        f"{len(table)} entries, {total} attack cases (entry x phase x actor x kind of attack):",
+        "",
+    ]
+    for kind in Attack:
+        for actor in Actor:
+            found = [
+                f"{o.value} {counts[kind, actor, o]}" for o in Outcome if (kind, actor, o) in counts
+            ]
+            lines.append(f"- {kind.value}, by {actor.value}: " + ", ".join(found) + ".")
+    return lines
 
 
 def markdown(table: Sequence[Entry] = TABLE) -> str:
@@ -1127,8 +1499,9 @@ def markdown(table: Sequence[Entry] = TABLE) -> str:
         BEGIN,
         "",
         "| input | object and field | written by | of the actors, may write | frozen from "
-        "| verified by | a change, by phase of the step | known gap |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| verified by | proven by | a change, by phase of the step | the mimic, by phase "
+        "| known gap |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in table:
         gap = f"[not enforced yet](#trust-model): {e.gap} ..." if e.gap else ""
@@ -1140,21 +1513,13 @@ def markdown(table: Sequence[Entry] = TABLE) -> str:
             _may_write(e),
             e.frozen.value,
             ", ".join(c.value for c in e.checks),
+            ", ".join(o.value for o in e.proven),
             _outcomes(e),
+            _mimic(e),
             gap,
         ]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
-    counts: dict[Outcome, int] = {}
-    for case in cases(table):
-        counts[case.expect.outcome] = counts.get(case.expect.outcome, 0) + 1
-    total = sum(counts.values())
-    summary = ", ".join(f"{o.value} {counts[o]}" for o in Outcome if o in counts)
-    lines += [
-        "",
-        f"{len(table)} entries, {total} attack cases (entry x phase x actor): {summary}.",
-        "",
-        END,
-    ]
+    lines += ["", *summary(table), "", END]
     return "\n".join(lines) + "\n"
 
 
