@@ -68,6 +68,33 @@ def pytest_runtest_makereport(
     return report
 
 
+SLOWEST_MODULES = 10
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The slowest test modules, each the sum of its tests' setup, call and teardown (on
+    whichever worker ran them): where the suite's time goes, for cutting it."""
+    by_module: dict[str, float] = {}
+    counted: dict[str, int] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid = getattr(report, "nodeid", "")
+            duration = getattr(report, "duration", None)
+            if not nodeid or not isinstance(duration, float):
+                continue
+            module = nodeid.split("::", 1)[0]
+            by_module[module] = by_module.get(module, 0.0) + duration
+            if getattr(report, "when", "") == "call":
+                counted[module] = counted.get(module, 0) + 1
+    if len(by_module) < 2:
+        return
+    terminalreporter.write_sep("=", f"slowest {SLOWEST_MODULES} modules")
+    ranked = sorted(by_module.items(), key=lambda kv: kv[1], reverse=True)
+    for module, seconds in ranked[:SLOWEST_MODULES]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {counted.get(module, 0):4d} tests  {module}")
+    terminalreporter.write_line(f"{sum(by_module.values()):8.1f}s  in all {len(by_module)} modules")
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[TestCluster]:
     tc = start_test_cluster()  # raises with component logs: tests ERROR, never skip
