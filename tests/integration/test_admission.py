@@ -222,6 +222,7 @@ def test_shipped_manifests_are_accepted_by_the_api_server(cluster: TestCluster) 
             "agentrun-identity",
             "agentrun-approvals",
             "agentrun-job-pods",
+            "agentrun-pod-doors",
         )
         if doc["kind"].endswith("Binding"):
             assert "matchResources" not in doc["spec"], "the shipped bindings are cluster-wide"
@@ -235,6 +236,8 @@ def test_shipped_manifests_are_accepted_by_the_api_server(cluster: TestCluster) 
         "MutatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]

@@ -46,6 +46,8 @@ POLICIES = [
     ("validatingadmissionpolicybindings", "agentrun-approvals"),
     ("validatingadmissionpolicies", "agentrun-job-pods"),
     ("validatingadmissionpolicybindings", "agentrun-job-pods"),
+    ("validatingadmissionpolicies", "agentrun-pod-doors"),
+    ("validatingadmissionpolicybindings", "agentrun-pod-doors"),
 ]
 KEEP = "helm.sh/resource-policy"
 

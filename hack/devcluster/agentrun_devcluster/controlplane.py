@@ -7,6 +7,16 @@ directory, waits until they are healthy and writes an admin kubeconfig. There is
 kube-scheduler and no kubelet: :mod:`agentrun_devcluster.node` provides a stand-in node
 that binds and runs pods as local processes.
 
+Reaching nodes (``pods/exec``, ``pods/attach``): kube-apiserver dials a node at its
+``InternalIP`` (``--kubelet-preferred-address-types``; the default would try the Node's
+``Hostname`` first, which does not resolve here), presents the client certificate
+:data:`~agentrun_devcluster.streaming.API_SERVER_CLIENT` (``--kubelet-client-certificate``)
+and checks the node's serving certificate against the cluster CA
+(``--kubelet-certificate-authority``), which kube-controller-manager's
+``certificatesigningrequest-signing-controller`` signs nodes' serving certificates with
+(``--cluster-signing-kubelet-serving-{cert,key}-file``: the kubelet-serving signer only; see
+:mod:`agentrun_devcluster.servingcert`).
+
 Typical use::
 
     with ControlPlane(bin_dir) as cp:
@@ -38,6 +48,7 @@ from .kubeconfig import request_serviceaccount_kubeconfig, write_kubeconfig
 from .lifecycle import StartStop, http_answer, wait_answer
 from .pki import PKI, CertPair
 from .ports import PortLease, lease_ports, retry_port_clash
+from .streaming import API_SERVER_CLIENT
 
 __all__ = [
     "AUDIT_POLICY",
@@ -67,6 +78,8 @@ DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "root-ca-certificate-publisher-controller",
     "clusterrole-aggregation-controller",
     "validatingadmissionpolicy-status-controller",
+    # Signs the local node's serving certificate (kubelet-serving signer only).
+    "certificatesigningrequest-signing-controller",
     "replicaset-controller",
     "deployment-controller",
     "resourcequota-controller",
@@ -223,6 +236,8 @@ class _ApiServerPki:
     service_account: CertPair
     admin: CertPair
     front_proxy: CertPair
+    kubelet_client: CertPair
+    """The client certificate it reaches nodes with (exec, attach)."""
 
 
 @dataclass
@@ -566,6 +581,8 @@ class ControlPlane(StartStop):
             # Front-proxy (request-header) client, as kubeadm sets up: enables aggregated
             # APIs, and delegated authentication in the controller-manager finds a CA bundle.
             front_proxy=self.pki.client_cert("front-proxy-client"),
+            # No groups: the certificate is good for nodes, and nothing on the API server.
+            kubelet_client=self.pki.client_cert(API_SERVER_CLIENT),
         )
         self.audit_policy.write_text(self.audit_policy_text)
         self.server = self._launch_apiserver(
@@ -598,6 +615,7 @@ class ControlPlane(StartStop):
             front_proxy=pki.front_proxy,
             audit_policy=self.audit_policy,
             audit_log=self.audit_log,
+            kubelet_client=pki.kubelet_client,
         )
         argv = [
             str(self.bin_dir / "kube-apiserver"),
@@ -631,6 +649,7 @@ class ControlPlane(StartStop):
             root_ca=self.pki.ca.cert,
             qps=self.controller_manager_qps,
             burst=self.controller_manager_burst,
+            kubelet_serving_signer=self.pki.ca,
         )
         # Its serving certificate is self-signed: the health probe does not verify it.
         insecure = ssl.create_default_context()
@@ -703,9 +722,22 @@ def apiserver_flags(
     front_proxy: CertPair,
     audit_policy: Path,
     audit_log: Path,
+    kubelet_client: CertPair | None = None,
 ) -> list[str]:
     """Flags of kube-apiserver on 127.0.0.1:``port``: client certificates signed by
-    ``client_ca`` authenticate, Node and RBAC authorize, audit to ``audit_log``."""
+    ``client_ca`` authenticate, Node and RBAC authorize, audit to ``audit_log``; with
+    ``kubelet_client``, nodes are reached at their InternalIP with that client certificate,
+    their serving certificates checked against ``client_ca`` (the cluster CA)."""
+    kubelet = (
+        [
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+            f"--kubelet-certificate-authority={client_ca}",
+        ]
+        if kubelet_client is not None
+        else []
+    )
     return [
         f"--etcd-servers={etcd_url}",
         "--bind-address=127.0.0.1",
@@ -737,6 +769,7 @@ def apiserver_flags(
         "--audit-log-format=json",
         "--audit-log-mode=blocking",  # written synchronously by the request handler
         "--audit-log-maxsize=0",  # never rotated: tests read the whole file
+        *kubelet,
     ]
 
 
@@ -750,10 +783,21 @@ def controller_manager_flags(
     root_ca: Path,
     qps: int,
     burst: int,
+    kubelet_serving_signer: CertPair | None = None,
 ) -> list[str]:
     """Flags of kube-controller-manager: ``controllers`` only, no leader election, one
     identity for all controllers, its API client limited to ``qps`` requests per second
-    with bursts of ``burst``."""
+    with bursts of ``burst``; with ``kubelet_serving_signer`` (a CA), the CSR signing
+    controller signs nodes' serving certificates (``kubernetes.io/kubelet-serving``) with
+    it, and nothing else."""
+    signer = (
+        [
+            f"--cluster-signing-kubelet-serving-cert-file={kubelet_serving_signer.cert}",
+            f"--cluster-signing-kubelet-serving-key-file={kubelet_serving_signer.key}",
+        ]
+        if kubelet_serving_signer is not None
+        else []
+    )
     return [
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
@@ -767,6 +811,7 @@ def controller_manager_flags(
         f"--root-ca-file={root_ca}",
         "--use-service-account-credentials=false",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+        *signer,
         f"--kube-api-qps={qps}",
         f"--kube-api-burst={burst}",
     ]

@@ -22,8 +22,14 @@ module, whose docstring says what it does like a kubelet and where it differs:
 * :mod:`~agentrun_devcluster.podenv`: ``env``/``envFrom`` resolution (pure).
 * :mod:`~agentrun_devcluster.serviceaccount`: the service-account token volume, the only
   volume the process runtime materializes (it ignores every other volume and mount).
+* :mod:`~agentrun_devcluster.streaming`: ``pods/exec`` and ``pods/attach``, as the API server
+  proxies them to a node, over HTTPS with a serving certificate the cluster signs
+  (:mod:`~agentrun_devcluster.servingcert`), for containers of the process runtime.
 
-This module wires them: :class:`LocalNode` registers the Node, lists and watches all pods
+This module wires them: :class:`LocalNode` registers the Node, gets its serving certificate
+and starts its streaming server in the background (the Node advertises the server's port once
+it serves; until then, or if the control plane signs no certificate, exec and attach find no
+node to reach), lists and watches all pods
 (relisting every ``resync_seconds``), binds the unscheduled ones, starts a
 :class:`~agentrun_devcluster.pod.PodRunner` for each new pod bound to it, kills a pod's
 containers when it gets a deletionTimestamp, and finishes deletions. :func:`run_node` runs
@@ -61,6 +67,8 @@ from .pod import delete_now as delete_pod_now
 from .podenv import ConfigError, expand_vars
 from .process import (
     TERMINATION_MESSAGE_ENV,
+    ContainerProcess,
+    ExecContext,
     ProcessRuntime,
     exit_code_of,
     read_termination_message,
@@ -76,6 +84,8 @@ from .serviceaccount import (
     service_account_volume,
     service_endpoint,
 )
+from .servingcert import request_serving_certificate
+from .streaming import NotServed, StreamingServer
 
 __all__ = [
     "DEFAULT_NODE_NAME",
@@ -180,6 +190,8 @@ class LocalNode:
         self._finished: dict[str, float] = {}  # uid -> when it was handled, for pods not ours
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        #: Serves pods/exec and pods/attach once the cluster signed its certificate.
+        self.streaming: StreamingServer | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -198,6 +210,7 @@ class LocalNode:
                 daemon=True,
             ),
             threading.Thread(target=self._watch_loop, name="pod-watch", daemon=True),
+            threading.Thread(target=self.serve_streams, name="streaming-setup", daemon=True),
         ]
         for t in threads:
             t.start()
@@ -219,6 +232,8 @@ class LocalNode:
             r.request_kill("NodeShutdown", "the agentrun local node shut down", 2.0)
         for r in runners:
             r.join(10)
+        if self.streaming is not None:
+            self.streaming.stop()
         self.runtime.stop()
         self.api.close()
 
@@ -236,6 +251,55 @@ class LocalNode:
     def register(self) -> None:
         """Create (or adopt) the Node, clear the not-ready taint and post a Ready status."""
         self.registration.register()
+
+    # -- exec and attach --------------------------------------------------------------------
+
+    def serve_streams(self) -> None:
+        """Get a serving certificate from the cluster, start the streaming server and
+        advertise its port on the Node; without a certificate (the control plane signs none,
+        or the kubeconfig names no CA to check the API server's client certificate with),
+        log why and serve none."""
+        if self.cluster_ca is None:
+            log.warning("no cluster CA: the node serves no exec or attach")
+            return
+        cert = request_serving_certificate(
+            self.api, self.name, self.state_dir / "pki", addresses=[NODE_IP], timeout=60
+        )
+        if cert is None or self._stop.is_set():
+            log.warning("no serving certificate: the node serves no exec or attach")
+            return
+        self.streaming = StreamingServer(self.find_container, cert, self.cluster_ca, host=NODE_IP)
+        self.streaming.start()
+        self.registration.kubelet_port = self.streaming.port
+        self.registration.heartbeat()  # the port, at once
+        log.info("node %s serves exec and attach on %s:%d", self.name, NODE_IP, self.streaming.port)
+
+    def find_container(self, namespace: str, pod: str, container: str) -> ExecContext:
+        """The running container ``container`` of pod ``namespace/pod`` on this node, for the
+        streaming server; raises :class:`NotServed` saying why there is none."""
+        with self._lock:
+            runners = [
+                r
+                for r in self._runners.values()
+                if r.namespace == namespace and r.pod_name == pod and not r.done.is_set()
+            ]
+        if not runners:
+            raise NotServed(404, f"pod {namespace}/{pod} does not run on node {self.name}")
+        found = [c for c in runners[0].init + runners[0].regular if c.name == container]
+        if not found:
+            raise NotServed(404, f"container not found ({container!r})")
+        c = found[0]
+        if not isinstance(c, ContainerProcess) or c.exec_context is None:
+            if isinstance(c, ContainerProcess):
+                raise NotServed(400, f"container {container!r} has not started")
+            raise NotServed(
+                501,
+                f"the agentrun local node serves exec and attach for its process runtime only,"
+                f" not {self.runtime.name}",
+            )
+        if not c.running:
+            raise NotServed(400, f"container {container!r} is not running")
+        return c.exec_context
 
     # -- pods -------------------------------------------------------------------------------
 

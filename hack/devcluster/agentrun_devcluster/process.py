@@ -30,6 +30,12 @@ token volume); :func:`process_env` layers them in that order. The working direct
 stderr merged) goes to ``<state_dir>/pods/<namespace>_<name>_<uid>/<container>.log``; it is
 not served through the ``pods/log`` API.
 
+Exec: a command exec'd into a running container (``pods/exec``, served by
+:mod:`agentrun_devcluster.streaming`) runs as a process of its own with the container's
+environment (:class:`ExecContext`: the one :func:`process_env` gave it) and working directory,
+its command line with the same paths mapped (so it writes the container's termination message
+where the container would); ``pods/attach`` follows the container's output file.
+
 Killing: :func:`terminate` (:func:`agentrun_devcluster.runtime.terminate`, the same for
 both runtimes) sends SIGTERM to the running containers' process groups and SIGKILL once the
 grace period is over; a container killed for the pod's deadline reports reason
@@ -43,7 +49,7 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -58,6 +64,7 @@ __all__ = [
     "PASSTHROUGH_ENV",
     "TERMINATION_MESSAGE_ENV",
     "ContainerProcess",
+    "ExecContext",
     "ProcessRuntime",
     "container_argv",
     "exit_code_of",
@@ -148,6 +155,28 @@ def working_dir(spec: JSON, default: Path) -> Path:
     return Path(wanted) if wanted and Path(wanted).is_dir() else default
 
 
+@dataclass(frozen=True)
+class ExecContext:
+    """How a command exec'd into a running container of the process runtime runs: with the
+    container's environment, working directory and path mappings (container path -> local
+    file, applied to the command line as at launch, after no ``$(VAR)`` expansion: a kubelet
+    does none for exec); ``log_path`` is the container's output, for attach, and ``running``
+    whether the container still runs."""
+
+    env: Mapping[str, str]
+    cwd: Path
+    paths: Mapping[str, str]
+    log_path: Path
+    running: Callable[[], bool]
+
+    def argv(self, command: Sequence[str]) -> list[str]:
+        """``command`` with the container's paths mapped to the local files."""
+        argv = [str(x) for x in command]
+        for container_path, local_path in self.paths.items():
+            argv = [x.replace(container_path, local_path) for x in argv]
+        return argv
+
+
 @dataclass
 class ContainerProcess:
     """One container of a pod, and what has happened to it so far."""
@@ -160,6 +189,7 @@ class ContainerProcess:
     started_at: str = ""
     kill_reason: str = ""
     ctx: PodContext | None = None  # the pod, for :meth:`launch`
+    exec_context: ExecContext | None = None  # set by :meth:`launch`, for pods/exec
     _log: IO[bytes] | None = None
 
     @property
@@ -252,7 +282,15 @@ class ContainerProcess:
             {k: v for k, v in sa_env.items() if k == SERVICEACCOUNT_DIR_ENV},
         )
         log.info("pod %s/%s: starting %s: %s", ctx.namespace, ctx.name, self.name, argv)
-        self.start(argv, proc_env, working_dir(self.spec, self.pod_dir))
+        cwd = working_dir(self.spec, self.pod_dir)
+        self.exec_context = ExecContext(
+            env=proc_env,
+            cwd=cwd,
+            paths=paths,
+            log_path=self.log_path,
+            running=lambda: self.running,
+        )
+        self.start(argv, proc_env, cwd)
 
     def start(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
         """Start the process (an empty termination message file first); a failure to start

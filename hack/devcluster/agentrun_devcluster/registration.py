@@ -4,7 +4,11 @@ Like a kubelet, the local node registers a Node (labels ``kubernetes.io/hostname
 ``arch``, ``agentrun.dev/local-node`` and :data:`RUNTIME_LABEL`, the container runtime: see
 :mod:`agentrun_devcluster.runtime`) with a Ready condition, its address
 (:data:`NODE_IP`, which every pod shares) and allocatable cpu/memory/pods/ephemeral-storage
-(this machine's, unless overridden), and keeps it alive: a status heartbeat and a Lease in
+(this machine's, unless overridden), its streaming endpoint once it serves one
+(``daemonEndpoints.kubeletEndpoint.Port``, with ``declaredFeatures: [ExtendWebSocketsToKubelet]``
+so that the API server passes WebSocket exec and attach requests on as they came: see
+:mod:`agentrun_devcluster.streaming`; port 0 and no features until then, or when it serves
+none), and keeps it alive: a status heartbeat and a Lease in
 ``kube-node-lease`` renewed every few seconds. A deleted Node is registered again at the
 next heartbeat. ``TaintNodesByCondition`` adds ``node.kubernetes.io/not-ready`` at creation
 and, without a node-lifecycle controller, nothing would lift it: registration clears the
@@ -25,7 +29,14 @@ import threading
 
 from .kubeapi import JSON, ApiException, KubeApi, now_micro, now_rfc3339
 
-__all__ = ["NODE_IP", "RUNTIME_LABEL", "NodeRegistration", "bind", "default_capacity"]
+__all__ = [
+    "NODE_IP",
+    "RUNTIME_LABEL",
+    "STREAMING_FEATURES",
+    "NodeRegistration",
+    "bind",
+    "default_capacity",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +46,10 @@ NODE_IP = "127.0.0.1"
 LEASE_DURATION_SECONDS = 40
 #: Label of the Node: the container runtime its pods run in (``process`` or ``docker``).
 RUNTIME_LABEL = "agentrun.dev/container-runtime"
+#: ``status.declaredFeatures`` of a node that serves exec and attach: the API server
+#: (``ExtendWebSocketsToKubelet``, pkg/registry/core/pod/rest/subresources.go) then passes a
+#: WebSocket request of any protocol on to it instead of translating v5 to SPDY.
+STREAMING_FEATURES = ["ExtendWebSocketsToKubelet"]
 
 
 def memory_kib() -> int:
@@ -83,6 +98,9 @@ class NodeRegistration:
         self.runtime = runtime
         self.runtime_version = runtime_version
         self.registered_at = now_rfc3339()
+        #: The port of the node's streaming server (:mod:`agentrun_devcluster.streaming`);
+        #: 0 while it serves none.
+        self.kubelet_port = 0
 
     @property
     def path(self) -> str:
@@ -115,7 +133,9 @@ class NodeRegistration:
                 {"type": "InternalIP", "address": NODE_IP},
                 {"type": "Hostname", "address": self.name},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
+            # null removes what a previous node process declared (a merge patch).
+            "declaredFeatures": STREAMING_FEATURES if self.kubelet_port else None,
             "nodeInfo": {
                 "machineID": "",
                 "systemUUID": "",

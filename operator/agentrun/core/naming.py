@@ -13,6 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 MAX_NAME = 63
+MAX_JOB_NAME = 57
+"""The longest step Job name (step and executor Jobs alike). The Job controller names a Job's
+pods ``(job name + "-")[:58]`` plus 5 random characters (``getPodsPrefix`` in Kubernetes'
+pkg/controller/controller_utils.go; the API server's ``SimpleNameGenerator`` cuts a
+generateName to ``MaxGeneratedNameLength``, 63 - 5 = 58). So a pod keeps its Job's whole name,
+``-<hash>-<attempt>`` included, only when the Job's name has at most 57 characters, and that
+ending is how the ``agentrun-pod-doors`` admission policy (manifests/admission/
+pod-doors-policy.yaml) tells step and executor pods from others: it sees a pod's name only."""
 _INVALID = re.compile(r"[^a-z0-9-]+")
 
 
@@ -20,10 +28,11 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
-def dns_label(prefix: str, suffix: str) -> str:
-    """``prefix-suffix`` shortened to a DNS-1123 label of at most 63 characters."""
+def dns_label(prefix: str, suffix: str, max_len: int = MAX_NAME) -> str:
+    """``prefix-suffix`` shortened to a DNS-1123 label of at most ``max_len`` characters
+    (the prefix is cut, never the suffix)."""
     prefix = _INVALID.sub("-", prefix.lower()).strip("-")
-    room = MAX_NAME - len(suffix) - 1
+    room = max_len - len(suffix) - 1
     prefix = prefix[:room].rstrip("-")
     return f"{prefix}-{suffix}" if prefix else suffix
 
@@ -32,10 +41,11 @@ def job_name(run_name: str, run_uid: str, step: str, attempt: int) -> str:
     """Name of the Job of one step attempt: readable prefix, unique hash, attempt number.
 
     Unique per (run uid, step, attempt): two runs of the same name (deleted and recreated) get
-    different Jobs, and so do two attempts of one step.
+    different Jobs, and so do two attempts of one step. At most :data:`MAX_JOB_NAME`
+    characters, so that its pods' names end in ``-<10 hex>-<attempt>-<5 random>``.
     """
     suffix = f"{_digest(run_uid, step, str(attempt))[:10]}-{attempt}"
-    return dns_label(f"{run_name}-{step}", suffix)
+    return dns_label(f"{run_name}-{step}", suffix, MAX_JOB_NAME)
 
 
 def result_object_name(run_name: str, run_uid: str, step: str, attempt: int) -> str:
