@@ -115,6 +115,8 @@ def test_template_default_is_cluster_wide(helm: Helm) -> None:
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
     assert container_args(docs) == ["run", "--all-namespaces"]
@@ -406,12 +408,26 @@ def test_metrics_service_and_service_monitor(helm: Helm) -> None:
 def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
     # Cluster-wide: a ClusterRole of its own, for the ServiceAccount of its own, before the Job.
     hook = hooks(helm.template(), "pre-delete")
-    assert sorted(kinds(hook)) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    # And a Role (with its binding) in the release's namespace: stop-operator scales the
+    # operator's Deployment to 0 and lists its pods.
+    assert sorted(kinds(hook)) == [
+        "ClusterRole", "ClusterRoleBinding", "Job", "Role", "RoleBinding", "ServiceAccount",
+    ]  # fmt: skip
     for doc in hook:
         annotations = doc["metadata"]["annotations"]
         assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
         assert annotations["helm.sh/hook-weight"] == ("0" if doc["kind"] == "Job" else "-10")
-        assert doc["metadata"]["name"] == "agentrun-operator-release"
+        stop = doc["kind"] in ("Role", "RoleBinding")
+        assert doc["metadata"]["name"] == f"agentrun-operator-release{'-stop' if stop else ''}"
+    assert one(hook, "Role")["rules"] == [
+        {
+            "apiGroups": ["apps"],
+            "resources": ["deployments/scale"],
+            "resourceNames": ["agentrun-operator"],
+            "verbs": ["get", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]
     job = one(hook, "Job")
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "agentrun-operator-release"
@@ -437,9 +453,12 @@ def test_template_uninstall_hook_releases_the_runs(helm: Helm) -> None:
     }
     # Namespaced: a Role in each watched namespace, and the Job releases just those.
     hook = hooks(helm.template("--set", "watchNamespaces={team-a,team-b}"), "pre-delete")
-    assert sorted(r["metadata"]["namespace"] for r in hook if r["kind"] == "Role") == [
-        "team-a",
-        "team-b",
+    assert sorted(
+        (r["metadata"]["namespace"], r["metadata"]["name"]) for r in hook if r["kind"] == "Role"
+    ) == [
+        ("agentrun-system", "agentrun-operator-release-stop"),
+        ("team-a", "agentrun-operator-release"),
+        ("team-b", "agentrun-operator-release"),
     ]
     assert "ClusterRole" not in kinds(hook)
     assert one(hook, "Job")["spec"]["template"]["spec"]["containers"][0]["args"] == [
@@ -595,6 +614,7 @@ def test_kubectl_apply_k_manifests_dry_run(
         "mutatingadmissionpolicy.admissionregistration.k8s.io/agentrun-identity",
         "validatingadmissionpolicy.admissionregistration.k8s.io/agentrun-approvals",
         "validatingadmissionpolicy.admissionregistration.k8s.io/agentrun-job-pods",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/agentrun-pod-doors",
     ):
         assert expected in proc.stdout, proc.stdout
     # Client-side apply (what `kubectl apply -k` does by default) is accepted as well.

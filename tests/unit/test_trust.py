@@ -127,10 +127,12 @@ def rules_of_manifests(path: Path) -> list[dict[str, Any]]:
 
 
 def rules_of_chart(templates: Path) -> list[dict[str, Any]]:
-    """The rules the chart's templates write (flow-style lists, as they all are)."""
+    """The rules the chart's templates write for the operator (flow-style lists, as they all
+    are). The uninstall hook's own Roles are left out: it runs once the operator is stopped,
+    to release what the operator held, and decides nothing a step runs."""
     rules = []
     for path in sorted(templates.glob("*")):
-        if path.suffix not in (".yaml", ".tpl"):
+        if path.suffix not in (".yaml", ".tpl") or path.name == "uninstall-hook.yaml":
             continue
         for found in _RULE.finditer(path.read_text()):
             rules.append(
