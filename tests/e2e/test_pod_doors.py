@@ -21,6 +21,7 @@ container.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,11 @@ def test_without_the_policy_an_editor_writes_a_running_steps_result(
     assert result_of(kube, namespace, "open-door", release) == "forged by eve"
 
 
+def proxy_to(clients: KubeClients, namespace: str, target: str) -> Any:
+    """A GET through pods/proxy to ``target`` (a pod's name, with a port or scheme)."""
+    return clients.core.connect_get_namespaced_pod_proxy(target, namespace)
+
+
 def test_the_policy_shuts_the_doors_of_a_step_pod_for_all_but_cluster_admins(
     cluster: TestCluster,
     kube: KubeClients,
@@ -204,9 +210,7 @@ def test_the_policy_shuts_the_doors_of_a_step_pod_for_all_but_cluster_admins(
         )
         assert by_the_policy(answer) and "port-forward to it is refused" in answer, answer
         for target in (pod, f"{pod}:8080", f"http:{pod}:8080"):  # pods/proxy, as a name or port
-            answer = refused(
-                lambda target=target: eve.core.connect_get_namespaced_pod_proxy(target, namespace)
-            )
+            answer = refused(functools.partial(proxy_to, eve, namespace, target))
             assert by_the_policy(answer) and "proxying to it is refused" in answer, answer
 
         # An ephemeral container: `edit` does not grant it (Kubernetes 1.37), a Role may.
