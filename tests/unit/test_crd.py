@@ -48,7 +48,7 @@ def test_names_columns_and_subresources() -> None:
     body = crd.custom_resource_definition()
     spec = body["spec"]
     assert spec["names"]["shortNames"] == ["ar"]
-    assert spec["names"]["categories"] == ["agents"]
+    assert spec["names"]["categories"] == ["agentrun"]
     (version,) = spec["versions"]
     assert version["subresources"] == {"status": {}}
     columns = version["additionalPrinterColumns"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -87,3 +88,30 @@ def test_the_operators_own_commands_load_no_extension(monkeypatch: pytest.Monkey
     with pytest.raises(SystemExit):
         cli.main(["devcluster", "--help"])  # not the operator's own: extensions are looked up
     assert loaded == [cli.EXTENSION_GROUP]
+
+
+def test_the_wheel_and_the_sdist_carry_the_license(tmp_path: Path) -> None:
+    license_text = (ROOT / "LICENSE").read_text()
+    assert license_text.lstrip().startswith("Apache License\n")
+    assert "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    assert "[yyyy]" not in license_text, "the appendix's copyright line names the project"
+    subprocess.run(
+        [_uv(), "build", "--package", "agentrun-operator", "-o", str(tmp_path)],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("agentrun_operator-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (licensed,) = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert archive.read(licensed).decode() == license_text
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        headers = archive.read(metadata).decode().partition("\n\n")[0].splitlines()
+    assert "License-Expression: Apache-2.0" in headers
+    assert "License-File: LICENSE" in headers
+    (sdist,) = tmp_path.glob("agentrun_operator-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        member = archive.extractfile(f"{sdist.name.removesuffix('.tar.gz')}/LICENSE")
+        assert member is not None
+        assert member.read().decode() == license_text

@@ -13,7 +13,7 @@ KIND = "AgentRun"
 PLURAL = "agentruns"
 SINGULAR = "agentrun"
 SHORT_NAMES = ("ar",)
-CATEGORIES = ("agents",)
+CATEGORIES = ("agentrun",)
 
 MAX_FIELD_KEY = 240
 """Longest field name of a JSON result kept as its own ConfigMap key (``field.<name>``)."""

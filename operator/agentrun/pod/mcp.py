@@ -33,7 +33,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -42,6 +42,9 @@ from agentrun.api import mcp as api
 from agentrun.core import mcp as core
 from agentrun.core.envelope import clean
 from agentrun.pod import runner
+
+if TYPE_CHECKING:
+    import httpx2
 
 ENV_SERVER = "AGENTRUN_MCP_SERVER"
 ENV_HEADER = "AGENTRUN_MCP_HEADER_"
@@ -93,15 +96,37 @@ def server_of(env: Mapping[str, str]) -> tuple[api.McpServer, dict[str, str]]:
     return server, headers
 
 
+HTTP_TIMEOUT = 30.0
+"""Seconds to connect, write a request or wait for a pooled connection (the SDK's default)."""
+HTTP_READ_TIMEOUT = 300.0
+"""Seconds a read may wait: a server may hold a response stream open (the SDK's default)."""
+
+
+def http_client(headers: Mapping[str, str]) -> httpx2.AsyncClient:
+    """The HTTP client :func:`connect_http` hands the SDK's public ``streamable_http_client``.
+
+    Built here, with httpx2 (the SDK's HTTP library) directly, rather than with the SDK's
+    private helper: the same timeouts as its default client (30 s, reads 300 s) and redirects
+    not followed by the client (the transport follows one itself only within the server's
+    origin).
+    """
+    import httpx2
+
+    return httpx2.AsyncClient(
+        headers=dict(headers),
+        timeout=httpx2.Timeout(HTTP_TIMEOUT, read=HTTP_READ_TIMEOUT),
+        follow_redirects=False,
+    )
+
+
 @asynccontextmanager
 async def connect_http(server: api.McpServer, headers: Mapping[str, str]) -> AsyncIterator[Any]:
     """A client of ``server.url`` over streamable HTTP, sending ``headers``."""
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
 
     async with (
-        create_mcp_http_client(headers=dict(headers)) as http,
+        http_client(headers) as http,
         Client(
             streamable_http_client(server.url, http_client=http),
             read_timeout_seconds=READ_TIMEOUT,

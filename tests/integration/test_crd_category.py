@@ -1,0 +1,161 @@
+"""The AgentRun CRD's category (``agentrun``) beside kagent's ``agents.kagent.dev``, against
+the real kube-apiserver and the real kubectl.
+
+The category was ``agents`` in 0.1.0: kubectl expands a category before it looks for a resource
+of that name, so with kagent installed ``kubectl get agents`` listed AgentRuns instead of
+kagent's Agents. Now ``kubectl get agents`` lists only kagent's Agents, and ``kubectl get
+agentrun`` (the category, and the singular name) lists AgentRuns.
+
+The kagent-shaped CRD (group kagent.dev, kind Agent, plural agents, category kagent, a minimal
+schema) is removed after the test.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrun.api import models as m
+from agentrun_devcluster.controlplane import wait_established
+from agentrun_devcluster.testing import KubeClients, TestCluster
+from tests.support.paths import CRDS_DIR
+from tests.support.runs import agentrun, create, step
+
+pytestmark = pytest.mark.usefixtures("crd_installed")
+
+KAGENT = "agents.kagent.dev"
+KAGENT_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": KAGENT},
+    "spec": {
+        "group": "kagent.dev",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "Agent",
+            "listKind": "AgentList",
+            "plural": "agents",
+            "singular": "agent",
+            "categories": ["kagent"],
+        },
+        "versions": [
+            {
+                "name": "v1alpha2",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def kagent_crd(cluster: TestCluster) -> Iterator[None]:
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(KAGENT_CRD))
+    wait_established(cluster.kubectl_path, cluster.kubeconfig, KAGENT)
+    try:
+        yield
+    finally:
+        cluster.kubectl("delete", "crd", KAGENT, "--ignore-not-found", "--wait=true")
+
+
+def test_the_crd_is_in_the_category_agentrun_not_agents(kube: KubeClients) -> None:
+    crd = kube.apiext.read_custom_resource_definition(f"{m.PLURAL}.{m.GROUP}")
+    assert crd.spec.names.categories == ["agentrun"]
+    assert crd.spec.names.short_names == ["ar"]
+
+
+def test_kubectl_get_agents_lists_kagents_agents_and_the_category_lists_agentruns(
+    cluster: TestCluster, kube: KubeClients, namespace: str, kagent_crd: None, tmp_path: Path
+) -> None:
+    create(kube, namespace, agentrun("my-run", [step("a", "true")]))
+    kube.custom.create_namespaced_custom_object(
+        "kagent.dev",
+        "v1alpha2",
+        namespace,
+        "agents",
+        {
+            "apiVersion": "kagent.dev/v1alpha2",
+            "kind": "Agent",
+            "metadata": {"name": "my-agent"},
+            "spec": {"description": "a kagent agent"},
+        },
+    )
+
+    def names(*resource: str) -> list[str]:
+        # A discovery cache of its own: the one kubectl keeps in ~/.kube may predate the CRD.
+        out = cluster.kubectl(
+            "get", *resource, "-n", namespace, "-o", "name", f"--cache-dir={tmp_path}"
+        ).stdout
+        return sorted(out.split())
+
+    assert names("agents") == ["agent.kagent.dev/my-agent"]
+    assert names("agentrun") == ["agentrun.agentrun.dev/my-run"]
+    assert names("agentruns") == ["agentrun.agentrun.dev/my-run"]
+    assert names("ar") == ["agentrun.agentrun.dev/my-run"]
+    assert names("kagent") == ["agent.kagent.dev/my-agent"]
+
+    # The category as discovery serves it: kubectl expands `agentrun` to exactly AgentRuns.
+    listed = json.loads(
+        cluster.kubectl(
+            "get", "--raw", f"/apis/{m.GROUP}/{m.VERSION}", f"--cache-dir={tmp_path}"
+        ).stdout
+    )
+    (resource,) = [r for r in listed["resources"] if r["name"] == m.PLURAL]
+    assert resource["categories"] == ["agentrun"]
+    assert resource["shortNames"] == ["ar"]
+
+
+def test_applying_the_new_crd_over_the_old_replaces_the_category(
+    cluster: TestCluster, kube: KubeClients
+) -> None:
+    """The upgrade of docs/configuration.md ("Upgrades and several installs"), on a copy of
+    the CRD under a group of its own: installed by Helm in category ``agents``, then the new
+    CRD applied with the documented command, in category ``agentrun`` alone."""
+    (crd,) = [
+        doc
+        for doc in yaml.safe_load_all((CRDS_DIR / f"{m.GROUP}_{m.PLURAL}.yaml").read_text())
+        if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition"
+    ]
+    group = "agentrun-upgrade.test"
+    name = f"{m.PLURAL}.{group}"
+    crd["metadata"] = {"name": name}
+    crd["spec"]["group"] = group
+    crd["spec"]["names"].pop("shortNames", None)
+    assert crd["spec"]["names"]["categories"] == ["agentrun"]
+    old = copy.deepcopy(crd)
+    old["spec"]["names"]["categories"] = ["agents"]
+    try:
+        cluster.kubectl(
+            "apply", "--server-side", "--field-manager=helm", "-f", "-", input=yaml.safe_dump(old)
+        )
+        wait_established(cluster.kubectl_path, cluster.kubeconfig, name)
+        cluster.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=agentrun-crds",
+            "-f",
+            "-",
+            input=yaml.safe_dump(crd),
+        )
+        names = kube.apiext.read_custom_resource_definition(name).spec.names
+        assert names.categories == ["agentrun"]
+    finally:
+        cluster.kubectl("delete", "crd", name, "--ignore-not-found", "--wait=true")
