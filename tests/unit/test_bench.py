@@ -4,6 +4,7 @@ nothing here times anything."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +15,10 @@ import pytest
 
 from agentrun.api.agent import MAX_TURNS
 from agentrun_devcluster.argo import controller_configmap, executor_rbac
+from agentrun_devcluster.bench import cases as bench_cases
 from agentrun_devcluster.bench import cpulimit
 from agentrun_devcluster.bench import main as bench_main
+from agentrun_devcluster.bench import peer as bench_peer
 from agentrun_devcluster.bench.audit import (
     AuditLog,
     Request,
@@ -413,6 +416,48 @@ def test_quick_is_small_and_flags_win() -> None:
         bench_main.parse_args(["--operator-env", "NOPE"])
     with pytest.raises(SystemExit):
         bench_main.parse_args(["--turns", f"20,{MAX_TURNS + 1}"])
+
+
+def test_quick_leaves_the_peer_leg_out_unless_only_names_it_and_says_why() -> None:
+    quick = bench_main.parse_args(["--quick"])
+    assert quick.only == frozenset(bench_main.CASES) - {"peer"}
+    (note,) = quick.skipped
+    assert note.startswith("peer: ") and "Docker" in note and "--only peer" in note
+    # Asked for, by its name or as argo: only what --only names runs, nothing said skipped.
+    for only in ("peer", "argo", "p1,argo", "peer,argo"):
+        asked = bench_main.parse_args(["--quick", "--only", only])
+        assert "peer" in asked.only and asked.skipped == ()
+    assert bench_main.parse_args(["--quick", "--only", "p1,p2"]).only == {"p1", "p2"}
+    # The full run runs every case, the peer leg included.
+    full = bench_main.parse_args([])
+    assert (full.only, full.skipped) == (frozenset(bench_main.CASES), ())
+    assert bench_main.parse_args(["--only", "argo"]).only == {"peer"}
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--quick", "--only", "nope"])
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--only", ","])
+
+
+def test_a_quick_run_without_docker_starts_no_peer_leg_and_exits_0() -> None:
+    config = bench_main.parse_args(["--quick", "--only", "p2", "--record", ""])
+    config = dataclasses.replace(config, skipped=bench_main.select_cases(None, True)[1])
+    bench = mock.MagicMock()
+    with (
+        mock.patch.object(bench_main, "BenchCluster", return_value=bench),
+        mock.patch.object(bench_cases, "operator_runs", return_value=None),
+        mock.patch.object(bench_cases, "bare_chains", return_value=None),
+        mock.patch.object(bench_cases, "delete_runs"),
+        mock.patch.object(bench_cases, "delete_bare"),
+        mock.patch.object(bench_peer, "peer_leg") as peer_leg,
+        mock.patch.object(bench_main, "header", return_value=[]),
+        mock.patch.object(bench_main, "meta", return_value={}),
+        mock.patch.object(bench_main, "say") as say,
+        mock.patch("builtins.print"),
+    ):
+        assert bench_main.run(config) == 0
+    peer_leg.assert_not_called()
+    said = [c.args[0] for c in say.call_args_list]
+    assert any(line.startswith("skipped peer: ") for line in said), said
 
 
 def test_the_slowest_model_request_is_named_by_its_turn() -> None:

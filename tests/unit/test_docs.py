@@ -446,3 +446,45 @@ def test_the_checks_report_what_is_missing_with_page_and_line() -> None:
     for where, what in expected:
         assert any(p.startswith(where) and what in p for p in problems), (where, what, problems)
     assert len(problems) == len(expected), "\n".join(problems)
+
+
+# -- the front page and the index -----------------------------------------------------------
+
+README_LINE_LIMIT = 300
+"""The longest line README.md may have (a front page read in a browser and in a terminal)."""
+
+
+def linked_pages(page: Page) -> set[Path]:
+    """The files a page's relative links point to (anchors dropped)."""
+    found: set[Path] = set()
+    for _, line in page.prose:
+        for match in LINK.finditer(line):
+            target = match.group(1).partition("#")[0]
+            if target and not re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                found.add((page.path.parent / target).resolve())
+    return found
+
+
+@pytest.mark.parametrize("index", ["README.md", "docs/README.md"])
+def test_the_front_page_and_the_index_link_every_page_of_docs(index: str) -> None:
+    page = parse(ROOT / index)
+    pages = {p.resolve() for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"}
+    missing = sorted(str(p.relative_to(ROOT)) for p in pages - linked_pages(page))
+    assert not missing, f"{index} does not link {', '.join(missing)}"
+
+
+def test_no_line_of_the_front_page_is_over_the_limit() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    long = [
+        (n, len(line)) for n, line in enumerate(lines, start=1) if len(line) > README_LINE_LIMIT
+    ]
+    assert not long, ", ".join(
+        f"README.md:{n} has {width} characters (at most {README_LINE_LIMIT})" for n, width in long
+    )
+
+
+def test_the_index_check_sees_a_page_left_out() -> None:
+    page = parse(
+        ROOT / "docs" / "README.md", "- [API](api.md)\n- [Design](design.md#trust-model)\n"
+    )
+    assert linked_pages(page) == {ROOT / "docs" / "api.md", ROOT / "docs" / "design.md"}

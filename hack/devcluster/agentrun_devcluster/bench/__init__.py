@@ -9,7 +9,9 @@ control plane.
 * :mod:`~agentrun_devcluster.bench.cpulimit`: the replicas' CPU limits (cgroups);
 * :mod:`~agentrun_devcluster.bench.audit`, :mod:`~agentrun_devcluster.bench.procstat`,
   :mod:`~agentrun_devcluster.bench.stats`: reading the audit log and /proc, percentiles;
-* :mod:`~agentrun_devcluster.bench.report`: the printed figures.
+* :mod:`~agentrun_devcluster.bench.report`: the printed figures, and the run's data file;
+* :mod:`~agentrun_devcluster.bench.plots`: the plots, drawn from the data files.
 
-docs/benchmarks.md explains what each figure measures and holds one run's output.
+docs/benchmarks.md explains what each figure measures and shows the latest figures;
+docs/bench-runs/ holds every recorded run's figures.
 """

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import json
 import os
 import platform
 import shlex
@@ -51,13 +52,15 @@ from agentrun.api.agent import MAX_TURNS
 from agentrun_devcluster.agent_demo import llm_command
 from agentrun_devcluster.controlplane import ControlPlane
 
-from . import cases, cpulimit, peer
+from . import cases, cpulimit, peer, plots
 from .report import Report
 from .session import OPERATOR_USER, PEER_NAMESPACE, BenchCluster
 
 __all__ = ["BenchConfig", "main"]
 
 REPO = Path(__file__).resolve().parents[4]
+RUNS_DIR = REPO / "docs" / "bench-runs"
+PLOTS_DIR = REPO / "docs" / "bench-plots"
 _T = TypeVar("_T")
 
 QUICK = {
@@ -93,6 +96,14 @@ FULL = {
 
 
 CASES = ("p1", "p2", "p3", "chains", "agent", "replicas", "p5", "peer")
+ALIASES = {"argo": "peer"}
+"""Other names ``--only`` takes for a case."""
+ASKED_FOR_ONLY = {
+    "peer": "the peer leg (Argo Workflows) builds Argo and its argoexec image and runs pods as "
+    "Docker containers: it runs in the full benchmark, or with --quick when --only names it "
+    "(--only peer or --only argo)",
+}
+"""The cases ``--quick`` leaves out unless ``--only`` names them, and why."""
 REPLICA_CPU = 0.15
 """CPUs of each replica in the replicas case (its cgroup's quota)."""
 SHARDS = 12
@@ -123,8 +134,14 @@ class BenchConfig:
     quick: bool
     only: frozenset[str] = frozenset(CASES)
     """The cases to run (all by default)."""
+    skipped: tuple[str, ...] = ()
+    """The cases left out though not excluded by ``--only``, each with why (``--quick``)."""
     argo_env: tuple[tuple[str, str], ...] = ()
     """Settings of Argo's controller changed from its defaults (the peer leg)."""
+    record: Path | None = None
+    """The directory the run's data file is written to (None: not written)."""
+    plots: Path | None = None
+    """The directory the plots are drawn into, from every data file of ``record``."""
 
     def env(self) -> dict[str, str]:
         env = dict(self.operator_env)
@@ -151,12 +168,36 @@ def _named(sizes: Sequence[int], prefix: str) -> list[tuple[int, str]]:
     return named
 
 
+def select_cases(only: str | None, quick: bool) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The cases to run, and those left out with why: ``only`` (``--only``, comma-separated,
+    None: not given) names them; without it, every case, except with ``quick`` the cases of
+    :data:`ASKED_FOR_ONLY` (which need what a quick run on any machine cannot count on).
+    Raises ValueError for a name that is no case."""
+    if only is None:
+        if not quick:
+            return frozenset(CASES), ()
+        left_out = tuple(sorted(ASKED_FOR_ONLY))
+        return (
+            frozenset(CASES) - set(left_out),
+            tuple(f"{case}: {ASKED_FOR_ONLY[case]}" for case in left_out),
+        )
+    names = [c.strip() for c in only.split(",") if c.strip()]
+    chosen = frozenset(ALIASES.get(name, name) for name in names)
+    if not chosen or chosen - set(CASES):
+        raise ValueError(f"--only {only!r}: choose among {', '.join([*CASES, *ALIASES])}")
+    return chosen, ()
+
+
 def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     parser = argparse.ArgumentParser(
         prog="hack/bench/bench.py",
         description="Benchmark the operator against bare Jobs on the local control plane.",
     )
-    parser.add_argument("--quick", action="store_true", help="a small version (a few minutes)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small version (a few minutes), without the peer leg unless --only names it",
+    )
     parser.add_argument("--runs", help="P3 concurrencies, comma-separated (default 100,200)")
     parser.add_argument("--steps", type=int, help="steps per run in P2 and P3 (default 10)")
     parser.add_argument("--p1-steps", type=int, help="sequential steps in P1 (default 20)")
@@ -237,8 +278,19 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     )
     parser.add_argument("--keep-state", action="store_true", help="keep the cluster's directory")
     parser.add_argument(
+        "--record",
+        help="where the run's figures are written as DATE-COMMIT.json (default "
+        "docs/bench-runs; --quick: not written unless given; '' for none)",
+    )
+    parser.add_argument(
+        "--plots",
+        help="where the plots are drawn, from every data file of --record (default "
+        "docs/bench-plots; '' for none)",
+    )
+    parser.add_argument(
         "--only",
-        help=f"the cases to run, comma-separated, of {','.join(CASES)} (default: all)",
+        help=f"the cases to run, comma-separated, of {','.join(CASES)} ('argo' names peer; "
+        "default: all; --quick: all but peer)",
     )
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
@@ -260,9 +312,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     env = settings("--operator-env", args.operator_env, "AGENTRUN_")
     argo_env = settings("--argo-env", args.argo_env, "")
     grace = pick("grace")
-    only = frozenset(c.strip() for c in (args.only or ",".join(CASES)).split(",") if c.strip())
-    if not only or only - set(CASES):
-        parser.error(f"--only {args.only!r}: choose among {', '.join(CASES)}")
+    try:
+        only, skipped = select_cases(args.only, args.quick)
+    except ValueError as error:
+        parser.error(str(error))
     if args.shards < 1:
         parser.error("--shards: 1 or more")
     for name in ("peer_runs", "peer_steps", "peer_chain"):
@@ -296,8 +349,17 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         keep_state=args.keep_state,
         quick=args.quick,
         only=only,
+        skipped=skipped,
         argo_env=tuple(argo_env),
+        record=_directory(args.record, None if args.quick else RUNS_DIR),
+        plots=_directory(args.plots, PLOTS_DIR),
     )
+
+
+def _directory(given: str | None, default: Path | None) -> Path | None:
+    if given is None:
+        return default
+    return Path(given) if given else None
 
 
 def say(message: str) -> None:
@@ -360,6 +422,22 @@ def header(config: BenchConfig, bench: BenchCluster, limit: str = "") -> list[st
         *_replicas_header(config, limit),
         *_peer_header(config),
     ]
+
+
+def meta(config: BenchConfig) -> dict[str, object]:
+    """What a data file says of its run first."""
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "working_tree_clean": not _git("status", "--porcelain").strip(),
+        "machine": f"{os.cpu_count()} CPUs, {_memory_total()} memory, Linux "
+        f"{platform.release()}, Python {platform.python_version()}",
+        "command": shlex.join(["hack/bench/bench.py", *sys.argv[1:]]),
+        "cases": sorted(config.only),
+        "quick": config.quick,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "operator_settings": dict(sorted(config.env().items())),
+    }
 
 
 def _peer_header(config: BenchConfig) -> list[str]:
@@ -449,6 +527,8 @@ def run(config: BenchConfig) -> int:
             )
         return result
 
+    for note in config.skipped:
+        say(f"skipped {note}")
     try:
         say("starting the local control plane, the node and the operator")
         bench.start()
@@ -456,6 +536,7 @@ def run(config: BenchConfig) -> int:
             cpulimit.probe(config.replica_cpu) if "replicas" in config.only else (None, "")
         )
         report.header = header(config, bench, limit_note)
+        report.meta = meta(config)
         say(f"cluster state in {bench.state_dir}")
         bench.start_operator(config.env())
         env = config.env()
@@ -624,10 +705,29 @@ def run(config: BenchConfig) -> int:
             ),
         )
         say(f"done with the peer leg after {time.monotonic() - began:.0f} s")
+    report.footer += [f"    skipped       {note}" for note in config.skipped]
     report.footer.append(f"    load average  {_load()} at the end")
     print()
     print(report.render(), end="", flush=True)
+    record(config, report)
     return 1 if report.errors else 0
+
+
+def record(config: BenchConfig, report: Report) -> Path | None:
+    """Write the run's data file into ``config.record`` and draw the plots from every data
+    file there into ``config.plots``; the data file, or None when none is written."""
+    if config.record is None:
+        return None
+    data = report.data()
+    name = f"{str(data.get('date', 'undated'))[:10]}-{data.get('commit', 'unknown')}.json"
+    config.record.mkdir(parents=True, exist_ok=True)
+    path = config.record / name
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    say(f"figures written to {path}")
+    if config.plots is not None:
+        for drawn in plots.write_plots(plots.load_runs(config.record), config.plots):
+            say(f"plot drawn: {drawn}")
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .audit import READ_VERBS, WRITE_VERBS, Request, by_verb_and_resource
 from .cases import AgentResult, CaseResult, ReplicaResult, RestResult, steady_windows
-from .peer import ENGINE_PROCESS, LEGS, PeerResult, all_writes, engine_writes
+from .peer import ENGINE_PROCESS, LEGS, PeerResult, PeerRow, all_writes, engine_writes
 from .stats import fmt, medians_by_size, ratio, summarize
 
 __all__ = ["Report", "requests_breakdown", "speedups"]
@@ -170,6 +171,8 @@ class Report:
     peer: PeerResult | None = None
     errors: list[str] = field(default_factory=list)
     footer: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    """What the data file says of the run first: date, commit, machine, command."""
 
     def render(self) -> str:
         lines = [*self.header, *self.footer]
@@ -179,6 +182,79 @@ class Report:
         if self.errors:
             lines += ["", "Cases that did not complete:"] + [f"  {e}" for e in self.errors]
         return "\n".join(lines) + "\n"
+
+    def data(self) -> dict[str, Any]:
+        """The run's figures as a data file holds them (docs/bench-runs/*.json; what
+        :mod:`~agentrun_devcluster.bench.plots` draws): every field named with its unit,
+        a section left out when its case did not run."""
+        out: dict[str, Any] = dict(self.meta)
+        op, bare = self.p1
+        if op is not None or bare is not None:
+            steps = (op or bare).steps  # type: ignore[union-attr]
+            out["p1"] = {
+                "steps": steps,
+                "operator_makespan_s": _round(op.makespan if op else None),
+                "bare_makespan_s": _round(bare.makespan if bare else None),
+                "operator_cpu_ms_per_step": _ms(
+                    ratio(op.cpu.get("operator"), steps) if op else None
+                ),
+            }
+        one, many = self.p2
+        if one is not None or many is not None:
+            out["p2"] = {
+                "writes_one_step_run": _writes(one.operator_requests) if one else None,
+                "steps": many.steps if many else None,
+                "writes_per_step": _round(_writes(many.operator_requests) / many.total_steps)
+                if many
+                else None,
+            }
+        if self.p3:
+            out["p3"] = [_p3_row(n, o, b) for n, o, b in self.p3]
+        if self.chains:
+            out["chains"] = [
+                {
+                    "steps": c.steps,
+                    "makespan_s": _round(c.makespan),
+                    "cpu_ms_per_step": _ms(ratio(c.cpu.get("operator"), c.steps)),
+                    "requests_per_step": _round(len(c.operator_requests) / c.steps),
+                    "writes_per_step": _round(_writes(c.operator_requests) / c.steps),
+                    "passes_per_step": _round(ratio(c.passes, c.steps)),
+                }
+                for c in self.chains
+            ]
+        if self.agents:
+            out["agents"] = [_agent_row(a) for a in self.agents]
+        if self.rests:
+            out["rest"] = [
+                {
+                    "finished": r.finished,
+                    "without_finalizer": r.without_finalizer,
+                    "healthz_s": _round(r.ready),
+                    "handled_s": _round(
+                        max((t for t in (r.first_job, r.handled) if t is not None), default=None)
+                    ),
+                    "rss_mib": _round(r.rss[-1] / MIB) if r.rss else None,
+                    "cpu_s_per_minute": _round(r.cpu_per_minute),
+                    "requests_per_s": _round(r.requests_per_second, 3),
+                }
+                for r in self.rests
+            ]
+        if self.replicas:
+            gains = self._replica_speedups()
+            out["replicas"] = [_replica_row(r, gains.get(r.replicas)) for r in self.replicas]
+        if self.peer is not None and self.peer.rows:
+            out["peer"] = [
+                _peer_row(row, kind, case)
+                for row in self.peer.rows
+                for kind, case in row.legs.items()
+                if case is not None
+            ]
+        out["targets"] = [
+            {"figure": label, "value": value, "target": target}
+            for label, value, target in self._target_rows()
+        ]
+        out["errors"] = list(self.errors)
+        return out
 
     # -- sections ----------------------------------------------------------------------------
 
@@ -513,6 +589,16 @@ class Report:
 
     def _targets(self) -> list[str]:
         """The design's targets beside the figures measured here."""
+        rows = self._target_rows()
+        if not rows:
+            return []
+        lines = ["", "Figures beside the design's targets (no verdict: timings vary by machine)"]
+        for label, value, target in rows:
+            lines.append(f"    {label:<56}{value:>26}   {('target ' + target) if target else ''}")
+        return lines
+
+    def _target_rows(self) -> list[tuple[str, str, str]]:
+        """(figure, value, target) of every target the run has figures for."""
         rows: list[tuple[str, str, str]] = []
         one, many = self.p2
         if many is not None:
@@ -638,12 +724,7 @@ class Report:
                     )
                 )
         rows += self._peer_targets()
-        if not rows:
-            return []
-        lines = ["", "Figures beside the design's targets (no verdict: timings vary by machine)"]
-        for label, value, target in rows:
-            lines.append(f"    {label:<56}{value:>26}   {('target ' + target) if target else ''}")
-        return lines
+        return rows
 
 
 def _of_medians(results: Sequence[object], size: str) -> str:
@@ -651,3 +732,87 @@ def _of_medians(results: Sequence[object], size: str) -> str:
     counts = Counter(getattr(r, size) for r in results)
     repeated = ", ".join(f"{n} x {k}" for k, n in sorted(counts.items()) if n > 1)
     return f" (medians; runs: {repeated})" if repeated else ""
+
+
+# -- the data file ----------------------------------------------------------------------------
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _latency(values: Sequence[float], prefix: str) -> dict[str, float | None]:
+    s = summarize(values)
+    return {
+        f"{prefix}_p50_s": _round(s.p50 if s else None, 3),
+        f"{prefix}_p99_s": _round(s.p99 if s else None, 3),
+    }
+
+
+def _p3_row(concurrency: int, op: CaseResult | None, bare: CaseResult | None) -> dict[str, Any]:
+    return {
+        "concurrency": concurrency,
+        "steps": (op or bare).steps if (op or bare) else None,  # type: ignore[union-attr]
+        "operator_steps_per_s": _round(op.throughput if op else None),
+        "bare_steps_per_s": _round(bare.throughput if bare else None),
+        "operator_makespan_s": _round(op.makespan if op else None, 1),
+        "bare_makespan_s": _round(bare.makespan if bare else None, 1),
+        **_latency(op.commit_latencies() if op else [], "p4"),
+    }
+
+
+def _agent_row(agent: AgentResult) -> dict[str, Any]:
+    windows = steady_windows(agent.samples)
+    return {
+        "turns": agent.turns,
+        "makespan_s": _round(agent.run.makespan, 1),
+        "cpu_ms_per_turn": _ms(agent.cpu_per_turn),
+        **_latency(agent.into_model, "result_to_request"),
+        **_latency(agent.out_of_model, "answer_to_intent"),
+        "cpu_windows": [
+            {"first": w.first, "last": w.last, "cpu_ms_per_turn": _ms(w.cpu_per_turn)}
+            for w in windows or ()
+        ],
+        "cpu_samples": [[round(s.at, 2), s.turns, round(s.cpu, 3)] for s in agent.samples],
+    }
+
+
+def _replica_row(r: ReplicaResult, speedup: float | None) -> dict[str, Any]:
+    case = r.run
+    mine = case.operator_requests
+    return {
+        "replicas": r.replicas,
+        "runs": case.runs,
+        "steps": case.steps,
+        "cpu_per_replica": r.cpus,
+        "steps_per_s": _round(case.throughput),
+        "makespan_s": _round(case.makespan, 1),
+        "speedup": _round(speedup),
+        **_latency(case.commit_latencies(), "p4"),
+        "requests_per_step": _round(len(mine) / case.total_steps),
+        "writes_per_step": _round(_writes(mine) / case.total_steps),
+        "operator_cpu_s": _round(case.operator_cpu, 1),
+        "throttled_pct": _round(None if r.throttled is None else r.throttled * 100, 0),
+        "shards_lost": r.lost,
+    }
+
+
+def _peer_row(row: PeerRow, kind: str, case: CaseResult) -> dict[str, Any]:
+    process = ENGINE_PROCESS.get(kind)
+    rss = row.rss.get(kind)
+    return {
+        "workload": row.label,
+        "runs": row.runs,
+        "steps": row.steps,
+        "leg": kind,
+        "makespan_s": _round(case.makespan, 1),
+        "steps_per_s": _round(case.throughput),
+        "engine_writes_per_step": _round(engine_writes(kind, case.requests) / case.total_steps),
+        "all_writes_per_step": _round(all_writes(kind, case.requests) / case.total_steps),
+        "engine_cpu_s": _round(case.cpu.get(process) if process else None, 1),
+        "engine_rss_mib": _round(rss / MIB if rss is not None else None, 0),
+    }
