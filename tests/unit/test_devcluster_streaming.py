@@ -87,3 +87,11 @@ def test_an_exec_runs_with_the_containers_environment_and_paths(tmp_path: Path) 
     )
     argv = context.argv(["sh", "-c", "echo $GREETING > /dev/termination-log"])
     assert argv == ["sh", "-c", f"echo $GREETING > {message}"]
+
+
+def test_log_requests_read_their_own_flags() -> None:
+    """``follow`` and ``previous`` are a log request's flags, not a stream's: read as given."""
+    assert streaming._asked({"follow": ["true"]}, "follow")
+    assert not streaming._asked({}, "previous") and not streaming._asked(
+        {"follow": ["0"]}, "follow"
+    )

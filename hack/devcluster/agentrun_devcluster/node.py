@@ -268,11 +268,30 @@ class LocalNode:
         if cert is None or self._stop.is_set():
             log.warning("no serving certificate: the node serves no exec or attach")
             return
-        self.streaming = StreamingServer(self.find_container, cert, self.cluster_ca, host=NODE_IP)
+        self.streaming = StreamingServer(
+            self.find_container, cert, self.cluster_ca, host=NODE_IP, find_log=self.find_log
+        )
         self.streaming.start()
         self.registration.kubelet_port = self.streaming.port
         self.registration.heartbeat()  # the port, at once
         log.info("node %s serves exec and attach on %s:%d", self.name, NODE_IP, self.streaming.port)
+
+    def find_log(self, namespace: str, pod: str, container: str) -> tuple[Path, Callable[[], bool]]:
+        """The output file of container ``container`` of pod ``namespace/pod`` (running or
+        ended, until the pod is deleted), and whether it still runs, for ``pods/log``."""
+        with self._lock:
+            runners = [
+                r for r in self._runners.values() if r.namespace == namespace and r.pod_name == pod
+            ]
+        if not runners:
+            raise NotServed(404, f"pod {namespace}/{pod} is not on node {self.name}")
+        found = [c for c in runners[0].init + runners[0].regular if c.name == container]
+        if not found:
+            raise NotServed(404, f"container not found ({container!r})")
+        c = found[0]
+        if not isinstance(c, ContainerProcess):
+            raise NotServed(501, "the agentrun local node serves logs of its process runtime only")
+        return c.log_path, lambda: bool(c.running)
 
     def find_container(self, namespace: str, pod: str, container: str) -> ExecContext:
         """The running container ``container`` of pod ``namespace/pod`` on this node, for the

@@ -58,6 +58,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -94,6 +95,9 @@ class NotServed(Exception):
 #: Finds the running container ``(namespace, pod, container)`` on this node, or raises
 #: :class:`NotServed` saying why not.
 Find = Callable[[str, str, str], ExecContext]
+FindLog = Callable[[str, str, str], tuple[Path, Callable[[], bool]]]
+"""``find_log(namespace, pod, container)``: the container's output file, and whether it still
+runs (a container that ended keeps its log until its pod is deleted, as on a kubelet)."""
 
 
 def _status(outcome: int | str) -> bytes:
@@ -231,6 +235,12 @@ def _flag(query: Mapping[str, list[str]], name: str) -> bool:
     return (query.get(_PARAMS[name]) or [""])[-1].lower() in ("1", "true")
 
 
+def _asked(query: Mapping[str, list[str]], name: str) -> bool:
+    """Whether a boolean query parameter ``name`` of a log request (``follow``, ``previous``)
+    is true."""
+    return (query.get(name) or [""])[-1].lower() in ("1", "true")
+
+
 class _Handler(socketserver.BaseRequestHandler):
     server: _Server
 
@@ -266,6 +276,9 @@ class _Handler(socketserver.BaseRequestHandler):
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         method, target = [*request_line.split(" "), "", ""][:2]
+        if urlsplit(target).path.startswith("/containerLogs/"):
+            self._logs(sock, method, target)
+            return
         try:
             client = self._client(sock)
             context, kind, query, protocol = self._route(method, target, headers)
@@ -293,6 +306,58 @@ class _Handler(socketserver.BaseRequestHandler):
             _exec(channels, context, query)
         else:
             _attach(channels, context, query)
+
+    def _logs(self, sock: ssl.SSLSocket, method: str, target: str) -> None:
+        """``GET /containerLogs/<namespace>/<pod>/<container>`` (``pods/log``): the container's
+        output so far, then, with ``follow=true``, what it writes until it ends or the client
+        goes; ``tailLines`` and ``limitBytes`` as a kubelet reads them. Timestamps and
+        ``previous`` are not served (the process runtime never restarts a container)."""
+        url = urlsplit(target)
+        parts = [unquote(p) for p in url.path.strip("/").split("/")]
+        query = parse_qs(url.query)
+        try:
+            self._client(sock)
+            if method != "GET" or len(parts) != 4:
+                raise NotServed(404, f"{method} {url.path}: not found")
+            if self.server.find_log is None:
+                raise NotServed(501, "the agentrun local node serves no logs here")
+            if _asked(query, "previous"):
+                raise NotServed(400, "logs: containers here are never restarted: no previous")
+            path, running = self.server.find_log(parts[1], parts[2], parts[3])
+        except NotServed as e:
+            body = e.message.encode() + b"\n"
+            sock.sendall(
+                f"HTTP/1.1 {e.status} {_REASONS.get(e.status, 'Error')}\r\n"
+                "Content-Type: text/plain; charset=utf-8\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            return
+        data = path.read_bytes() if path.exists() else b""
+        tail = (query.get("tailLines") or [""])[0]
+        if tail.isdigit():
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[len(lines) - int(tail) :]) if int(tail) else b""
+        limit = (query.get("limitBytes") or [""])[0]
+        if limit.isdigit():
+            data = data[: int(limit)]
+        sock.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + data
+        )
+        if not _asked(query, "follow") or not path.exists():
+            return
+        sock.settimeout(None)
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            while True:
+                alive = running()
+                chunk = f.read(65536)
+                if chunk:
+                    sock.sendall(chunk)
+                    continue
+                if not alive:
+                    return
+                time.sleep(0.1)
 
     def _client(self, sock: ssl.SSLSocket) -> str:
         """The client's common name; only :attr:`_Server.client` is served."""
@@ -437,10 +502,16 @@ class _Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
     allow_reuse_address = True
 
     def __init__(
-        self, address: tuple[str, int], ssl_context: ssl.SSLContext, find: Find, client: str
+        self,
+        address: tuple[str, int],
+        ssl_context: ssl.SSLContext,
+        find: Find,
+        client: str,
+        find_log: FindLog | None = None,
     ) -> None:
         self.ssl_context = ssl_context
         self.find = find
+        self.find_log = find_log
         self.client = client
         super().__init__(address, _Handler)
 
@@ -459,12 +530,13 @@ class StreamingServer:
         host: str = "127.0.0.1",
         port: int = 0,
         client: str = API_SERVER_CLIENT,
+        find_log: FindLog | None = None,
     ) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(str(cert.cert), str(cert.key))
         context.verify_mode = ssl.CERT_REQUIRED
         context.load_verify_locations(cadata=client_ca.decode())
-        self._server = _Server((host, port), context, find, client)
+        self._server = _Server((host, port), context, find, client, find_log)
         self._thread: threading.Thread | None = None
 
     @property
