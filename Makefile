@@ -32,6 +32,13 @@ crds: sync ## regenerate crds/ from the API models (and its copies for kustomize
 trust-table: sync ## regenerate docs/design.md's trust table from agentrun.api.trust
 	$(RUN) python -m agentrun.api.trust --update docs/design.md
 
+# Where the krew archive is published (a release's assets): set it for a real release.
+KREW_BASE_URL ?= https://github.com/OWNER/agentrun/releases/download
+
+.PHONY: krew-manifest
+krew-manifest: sync ## write dist/agentrun.yaml, the krew manifest of kubectl agentrun, and its archive
+	$(RUN) python hack/krew/manifest.py --out dist --base-url $(KREW_BASE_URL)
+
 .PHONY: lint
 lint: sync ## ruff and mypy --strict
 	$(RUN) ruff check operator tests hack
@@ -74,6 +81,10 @@ containers: sync controlplane ## the chart's operator and step pods as Docker co
 kind: sync ## hack/e2e-kind.sh under pytest: kind cluster, image, chart, e2e (needs a registry, not in CI)
 	$(RUN) pytest tests/kind
 
+.PHONY: chart-scan
+chart-scan: ## kube-score and checkov over the rendered chart (replicas 1 and 3); docs/install.md explains each finding
+	hack/chart-scan.sh
+
 .PHONY: soak
 soak: sync controlplane ## the crash test with 100 operator kills (AGENTRUN_CRASH_KILLS), not in CI
 	AGENTRUN_CRASH_KILLS=$${AGENTRUN_CRASH_KILLS:-100} $(RUN) pytest tests/e2e/test_crash.py -s \
@@ -84,7 +95,7 @@ faults: sync controlplane ## the partition tests with a further 5 minute cut wit
 	AGENTRUN_LONG_CUT_SECONDS=$${AGENTRUN_LONG_CUT_SECONDS:-300} $(RUN) pytest tests/e2e/test_partition.py -s
 
 .PHONY: bench
-bench: sync controlplane ## the operator beside bare Jobs, P1-P5 of docs/benchmarks.md (BENCH_ARGS=--quick: small)
+bench: sync controlplane ## the operator beside bare Jobs and Argo (docs/benchmarks.md); its figures to docs/bench-runs, plots to docs/bench-plots (BENCH_ARGS=--quick: small)
 	$(RUN) python hack/bench/bench.py $(BENCH_ARGS)
 
 .PHONY: demo

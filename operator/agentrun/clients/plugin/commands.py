@@ -15,6 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from importlib import metadata
 from typing import Any
 
 import yaml
@@ -23,7 +24,8 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.access import approvals
 from agentrun.api import models as m
 from agentrun.clients import forks, reading
-from agentrun.clients.plugin import render
+from agentrun.clients.plugin import completion, graphs, render, watching
+from agentrun.clients.plugin import logs as steplogs
 from agentrun.clients.plugin import transcript as transcripts
 from agentrun.clients.plugin.kube import PluginError, Session, strip_kind
 from agentrun.core import subagents
@@ -31,6 +33,8 @@ from agentrun.execution import objects
 from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, Unreachable, api_message
 
 WAIT_INTERVAL_SECONDS = 1.0
+"""How often ``wait`` reads the run when the API server refuses you the watch."""
+DISTRIBUTION = "agentrun-operator"
 
 Command = Callable[[Session, argparse.Namespace], int]
 
@@ -54,6 +58,21 @@ def _ref(run: m.AgentRun) -> str:
 
 def _phase(run: m.AgentRun) -> m.RunPhase | None:
     return run.status.phase if run.status else None
+
+
+def _dump(value: Any, output: str) -> None:
+    """``value`` as JSON or YAML on stdout (``-o json|yaml``)."""
+    sys.stdout.write(graphs.dump(value, output))
+
+
+def version() -> str:
+    """The installed distribution's version (the package's own when not installed)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        import agentrun
+
+        return agentrun.__version__
 
 
 # -- approve / reject -----------------------------------------------------------------------
@@ -164,7 +183,17 @@ def cmd_cancel(session: Session, args: argparse.Namespace) -> int:
 
 
 def cmd_status(session: Session, args: argparse.Namespace) -> int:
+    output: str | None = args.output
+    if output in graphs.DATA_FORMATS:
+        _dump(graphs.as_kubectl_shows(session.get_run_body(strip_kind(args.run))), output)
+        return 0
     _, run = session.get_run(strip_kind(args.run))
+    if output == "mermaid":
+        sys.stdout.write(graphs.plan_mermaid(run))
+        return 0
+    if output == "dot":
+        sys.stdout.write(graphs.plan_dot(run))
+        return 0
     _out(*render.status_lines(run, _now()))
     _out(*transcripts.agent_status_lines(run))
     return 0
@@ -173,7 +202,14 @@ def cmd_status(session: Session, args: argparse.Namespace) -> int:
 def cmd_tree(session: Session, args: argparse.Namespace) -> int:
     root = subagents.observed_run(session.get_run_body(strip_kind(args.run)))
     runs = [subagents.observed_run(body) for body in session.list_runs()]
-    rows = subagents.tree_rows(subagents.family(root, runs))
+    top = subagents.family(root, runs)
+    if args.output in graphs.DATA_FORMATS:
+        _dump(graphs.family_object(top), args.output)
+        return 0
+    if args.output == "mermaid":
+        sys.stdout.write(graphs.family_mermaid(top))
+        return 0
+    rows = subagents.tree_rows(top)
     _out(*render.table(["RUN", "PHASE", "TOKENS", "FAMILY TOKENS"], rows))
     return 0
 
@@ -196,7 +232,9 @@ def cmd_history(session: Session, args: argparse.Namespace) -> int:
                 f"note: {_ref(run)} has no audit record (yet); showing status.history, "
                 f"the last {len(history)} transitions"
             )
-    if timeline:
+    if args.output in graphs.DATA_FORMATS:
+        _dump([dict(e) for e in timeline], args.output)
+    elif timeline:
         _out(*render.history_lines(timeline))
     else:
         _out(f"{_ref(run)} has no transitions yet")
@@ -220,7 +258,11 @@ def cmd_history(session: Session, args: argparse.Namespace) -> int:
             f"note: status.audit of {_ref(run)} anchors no head (a run from before anchoring): "
             "only the chain's own hashes were checked"
         )
-    _out(f"audit record intact: {len(record)} entries")
+    intact = f"audit record intact: {len(record)} entries"
+    if args.output in graphs.DATA_FORMATS:
+        _note(intact)  # stdout holds the timeline
+    else:
+        _out(intact)
     return 0
 
 
@@ -268,7 +310,11 @@ def cmd_transcript(session: Session, args: argparse.Namespace) -> int:
         raise PluginError(f"{_ref(run)} has no spec.agent: it has no transcript")
     with session.reporting(f"cannot read the transcript of {_ref(run)}"):
         found = session.list_config_maps(objects.owned_by(run.metadata.uid, "transcript"))
-    lines = transcripts.transcript_lines(run, transcripts.records_of(run, found))
+    records = transcripts.records_of(run, found)
+    if args.output in graphs.DATA_FORMATS:
+        _dump(records, args.output)
+        return 0
+    lines = transcripts.transcript_lines(run, records)
     _out(*(lines or [f"{_ref(run)} has no turns yet"]))
     return 0
 
@@ -305,11 +351,44 @@ def cmd_fork(session: Session, args: argparse.Namespace) -> int:
 # -- wait -----------------------------------------------------------------------------------
 
 
+def _watched(session: Session, name: str, timeout: float) -> reading.Waited:
+    """The run watched until it ends; polled instead when you may not watch AgentRuns."""
+
+    def parse(body: Any) -> m.AgentRun:
+        try:
+            return m.AgentRun.model_validate(body)
+        except ValueError as error:
+            raise PluginError(
+                f"agentrun '{name}' in namespace '{session.namespace}' does not match the API "
+                f"this plugin knows ({m.API_VERSION}); is the plugin older than the operator?"
+                f"\n{error}"
+            ) from None
+
+    try:
+        return watching.wait(
+            lambda: session.get_run(name),
+            lambda version, seconds: session.watch_run(name, version, seconds),
+            parse,
+            timeout,
+        )
+    except watching.Deleted as error:
+        raise PluginError(str(error)) from None
+    except watching.WatchRefused as refused:
+        _note(
+            f"note: cannot watch agentruns ({api_message(refused.error)}); "
+            f"reading {_ref(refused.run)} every {WAIT_INTERVAL_SECONDS:g}s instead"
+        )
+        return reading.wait(
+            lambda: session.get_run(name)[1],
+            m.TERMINAL_RUN_PHASES,
+            max(refused.left, 0.0),
+            WAIT_INTERVAL_SECONDS,
+        )
+
+
 def cmd_wait(session: Session, args: argparse.Namespace) -> int:
     name = strip_kind(args.run)
-    waited = reading.wait(
-        lambda: session.get_run(name)[1], m.TERMINAL_RUN_PHASES, args.timeout, WAIT_INTERVAL_SECONDS
-    )
+    waited = _watched(session, name, args.timeout)
     run = waited.run
     status = run.status or m.AgentRunStatus()
     if waited.timed_out:
@@ -318,8 +397,88 @@ def cmd_wait(session: Session, args: argparse.Namespace) -> int:
             f"finish (phase {status.phase or 'Pending'}"
             + (f": {status.message})" if status.message else ")")
         )
-    _out(f"{_ref(run)} {status.phase}" + (f": {status.message}" if status.message else ""))
+    if args.output in graphs.DATA_FORMATS:
+        _dump(graphs.as_kubectl_shows(session.get_run_body(name)), args.output)
+    else:
+        _out(f"{_ref(run)} {status.phase}" + (f": {status.message}" if status.message else ""))
     return 0 if status.phase == m.RunPhase.SUCCEEDED else 1
+
+
+# -- logs -----------------------------------------------------------------------------------
+
+
+def cmd_logs(session: Session, args: argparse.Namespace) -> int:
+    name, step = strip_kind(args.run), args.step
+    _, run = session.get_run(name)
+    try:
+        where = steplogs.source(run, step, args.attempt)
+    except steplogs.NoLog as error:
+        raise PluginError(str(error)) from None
+    what = f"step {step} attempt {where.attempt} of {_ref(run)}"
+    with session.reporting(f"cannot find the pod of {what}"):
+        if where.executor_uid is not None:
+            pod = _executor_pod(session, run, where, what)
+        else:
+            pod = _job_pod(session, where, what)
+    pod_name = str(pod["metadata"]["name"])
+    try:
+        container = steplogs.container(pod, args.container)
+    except steplogs.NoLog as error:
+        raise PluginError(str(error)) from None
+    _note(f"{what}: pod {pod_name} ({steplogs.phase_of(pod)})")
+    with session.reporting(f"cannot read the log of pod {pod_name} ({what})"):
+        for chunk in session.pod_log(pod_name, container, args.follow):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    return 0
+
+
+def _executor_pod(
+    session: Session, run: m.AgentRun, where: steplogs.Source, what: str
+) -> dict[str, Any]:
+    """The executor pod a model turn ran on (said plainly: it is not the turn's own pod)."""
+    pods = session.list_pods(objects.owned_by(run.metadata.uid))
+    pod = steplogs.pod_with_uid(pods, where.executor_uid or "")
+    if pod is None:
+        raise PluginError(
+            f"{what} is a model turn that ran on the run's executor pod (uid "
+            f"{where.executor_uid}), not in a Job of its own, and that pod is gone: its log "
+            "went with it"
+        )
+    _note(
+        f"note: {what} is a model turn that ran on the run's executor pod "
+        f"{pod['metadata']['name']}, not in a Job of its own: this is the executor's log, "
+        "which holds every turn it served"
+    )
+    return dict(pod)
+
+
+def _job_pod(session: Session, where: steplogs.Source, what: str) -> dict[str, Any]:
+    job = session.get_job(where.job_name)
+    if job is None:
+        raise PluginError(
+            f"the Job {where.job_name} of {what} is gone (or the attempt ran on the run's "
+            "executor): its pod and log went with it (spec.retention.keepJobs keeps Jobs)"
+        )
+    uid = (job.get("metadata") or {}).get("uid") or ""
+    pods = session.list_pods(f"{steplogs.JOB_UID_LABELS[0]}={uid}")
+    if not pods:
+        pods = steplogs.pods_of_job(job, session.list_pods(f"job-name={where.job_name}"))
+    pod = steplogs.newest(pods)
+    if pod is None:
+        raise PluginError(f"the Job {where.job_name} of {what} has no pod (yet)")
+    if len(pods) > 1:
+        _note(f"note: the Job {where.job_name} has {len(pods)} pods; showing the newest")
+    return dict(pod)
+
+
+# -- completion -----------------------------------------------------------------------------
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Needs no cluster: ``main`` runs it without connecting."""
+    sys.stdout.write(completion.script(build_parser(), args.shell))
+    return 0
 
 
 # -- release ------------------------------------------------------------------------------
@@ -352,6 +511,16 @@ def timeout_seconds(text: str) -> float:
     return value * factor
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an attempt number (1, 2, ...)")
+    return value
+
+
 def _reason(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("the reason must not be empty")
@@ -378,11 +547,28 @@ def _add_connection_flags(parser: argparse.ArgumentParser, *, top: bool) -> None
     )
 
 
+def _add_output(p: argparse.ArgumentParser, *more: str, what: str) -> None:
+    formats = (*graphs.DATA_FORMATS, *more)
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=formats,
+        default=None,
+        help=f"print {what} instead of text",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubectl agentrun",
         description="Approve, inspect and steer AgentRuns (agentrun.dev/v1alpha1).",
         epilog="Exit codes: 0 done, 1 failed (the reason is on stderr), 2 usage error.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"kubectl-agentrun {version()}",
+        help=f"print the version of {DISTRIBUTION} and exit",
     )
     _add_connection_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -422,8 +608,14 @@ def build_parser() -> argparse.ArgumentParser:
     command("suspend", cmd_suspend, "Start no new step (running steps finish).")
     command("resume", cmd_resume, "Let a suspended run go on.")
     command("cancel", cmd_cancel, "Stop running steps and end the run as Cancelled (no undo).")
-    command("status", cmd_status, "Show the run and its steps as a tree.")
-    command(
+    p = command("status", cmd_status, "Show the run and its steps as a tree.")
+    _add_output(
+        p,
+        *graphs.GRAPH_FORMATS,
+        what="the AgentRun object (json, yaml) or the plan's DAG with each step's phase "
+        "(mermaid, dot)",
+    )
+    p = command(
         "tree",
         cmd_tree,
         "Show the run and the runs it controls, and theirs, with phases and tokens.",
@@ -431,12 +623,14 @@ def build_parser() -> argparse.ArgumentParser:
         "uid), as sub-agents will be, indented under it; TOKENS is a run's own "
         "(status.usage.tokens), FAMILY TOKENS with everything below it.",
     )
+    _add_output(p, "mermaid", what="the family (nested runs) or a graph of it (mermaid)")
     p = command("history", cmd_history, "Show the run's timeline from its audit record.")
     p.add_argument(
         "--verify",
         action="store_true",
         help="check the audit record's hash chain (exit 1 if broken)",
     )
+    _add_output(p, what="the timeline's entries")
     p = command(
         "result",
         cmd_result,
@@ -444,13 +638,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Without STEP, the answer of an agent run (its result).",
     )
     p.add_argument("step", metavar="STEP", nargs="?")
-    command(
+    p = command(
         "transcript",
         cmd_transcript,
         "Show an agent run's conversation turn by turn.",
         "Each turn: the model's message, each tool call with its arguments, whether it was "
         "valid, who approved it, its result (in short) and the tokens used.",
     )
+    _add_output(p, what="the turn records, as the operator stored them")
     p = command(
         "fork",
         cmd_fork,
@@ -489,18 +684,54 @@ def build_parser() -> argparse.ArgumentParser:
     _add_connection_flags(p, top=False)
     p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     p.set_defaults(func=cmd_release)
-    p = command("wait", cmd_wait, "Wait until the run ends; exit 0 only if it Succeeded.")
+    p = command(
+        "wait",
+        cmd_wait,
+        "Wait until the run ends; exit 0 only if it Succeeded.",
+        "Watches the run (falls back to reading it every second if you may not watch).",
+    )
     p.add_argument(
         "--timeout",
         type=timeout_seconds,
         default=300.0,
         help="give up after this long (300, 90s, 5m, 1h; default 300s)",
     )
+    _add_output(p, what="the AgentRun as it ended")
+    p = command(
+        "logs",
+        cmd_logs,
+        "Print the log of a step attempt's pod.",
+        "The pod of the attempt's Job (status.steps[].jobName, or the Job an earlier attempt "
+        "had); a model turn sent to the run's executor ran on the executor's pod, whose log is "
+        "shown, saying so.",
+    )
+    p.add_argument("step", metavar="STEP", help="a plan step or a turn's step (t1-model)")
+    p.add_argument(
+        "--attempt", type=_positive, default=None, help="which attempt (default: the last)"
+    )
+    p.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing until the container ends"
+    )
+    p.add_argument("-c", "--container", help="the container (default: the step's)")
+    p = sub.add_parser(
+        "completion",
+        help="Print a shell completion script (bash, zsh or fish).",
+        description=(
+            "Print a completion script for kubectl-agentrun: "
+            "`source <(kubectl agentrun completion bash)`, the same for zsh, "
+            "`kubectl agentrun completion fish | source`."
+        ),
+    )
+    p.add_argument("shell", metavar="SHELL", choices=completion.SHELLS)
+    p.set_defaults(offline=cmd_completion)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # usage errors exit 2
+    offline: Callable[[argparse.Namespace], int] | None = getattr(args, "offline", None)
+    if offline is not None:
+        return offline(args)
     try:
         session = Session.connect(
             kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace

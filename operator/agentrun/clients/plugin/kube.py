@@ -4,13 +4,15 @@ with a message a person understands."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
 from kubernetes import client as kube_client
+from kubernetes import watch as kube_watch
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
@@ -19,6 +21,8 @@ from agentrun.api import models as m
 from agentrun.kubeapi import KubeconfigError, Unreachable, api_message, load_cluster, tolerate
 
 _T = TypeVar("_T")
+
+_Watch: Any = kube_watch.Watch  # the client's watch helper (untyped)
 
 FIELD_MANAGER = "kubectl-agentrun"
 """The field manager of the plugin's writes (metadata.managedFields names who set what)."""
@@ -183,6 +187,77 @@ class Session:
                 m.GROUP, m.VERSION, self.namespace, m.PLURAL, name
             ),
         )
+
+    def watch_run(
+        self, name: str, resource_version: str, seconds: float
+    ) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """The events of the one run ``name`` after ``resource_version`` (type, object as
+        stored), for at most ``seconds`` (the API server closes the watch then). A watch that
+        is cut, or goes quiet past that time, just ends: the caller watches again."""
+        whole = max(1, math.ceil(seconds))
+        watcher = _Watch()
+        stream = watcher.stream(
+            self.custom.list_namespaced_custom_object,
+            m.GROUP, m.VERSION, self.namespace, m.PLURAL,
+            field_selector=f"metadata.name={name}",
+            resource_version=resource_version or None,
+            allow_watch_bookmarks=True,
+            timeout_seconds=whole,
+            _request_timeout=(10, whole + 10),
+        )  # fmt: skip
+        try:
+            for event in stream:
+                raw = event.get("raw_object")
+                if isinstance(raw, Mapping):
+                    yield str(event.get("type")), raw
+        except (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError):
+            return  # cut or quiet: watched again from the last resourceVersion
+        except (OSError, urllib3.exceptions.HTTPError) as error:
+            raise Unreachable(
+                f"cannot reach the Kubernetes API server at {self.server} to watch agentrun "
+                f"'{name}': {getattr(error, 'reason', None) or error}"
+            ) from None
+        finally:
+            watcher.stop()
+
+    # -- Jobs and pods ---------------------------------------------------------------------
+
+    def get_job(self, name: str) -> dict[str, Any] | None:
+        """A Job as plain JSON, None when it does not exist."""
+        api = kube_client.BatchV1Api(self.api_client)
+        with tolerate(404) as missing:
+            found = self.call(
+                f"read Job '{name}'", lambda: api.read_namespaced_job(name, self.namespace)
+            )
+        if missing:
+            return None
+        plain: dict[str, Any] = self.api_client.sanitize_for_serialization(found)
+        return plain
+
+    def list_pods(self, selector: str) -> list[dict[str, Any]]:
+        found = self.call(
+            "list pods",
+            lambda: self.core.list_namespaced_pod(self.namespace, label_selector=selector),
+        )
+        items: list[dict[str, Any]] = [
+            self.api_client.sanitize_for_serialization(i) for i in found.items
+        ]
+        return items
+
+    def pod_log(self, pod: str, container: str | None, follow: bool) -> Iterator[bytes]:
+        """A container's log as the API server streams it (``pods/log``); with ``follow``,
+        until the container ends."""
+        response = self.call(
+            f"read the log of pod '{pod}'",
+            lambda: self.core.read_namespaced_pod_log(
+                pod, self.namespace, container=container, follow=follow,
+                _preload_content=False,
+            ),
+        )  # fmt: skip
+        try:
+            yield from response.stream(4096, decode_content=True)
+        finally:
+            response.release_conn()
 
     # -- ConfigMaps --------------------------------------------------------------------------
 
