@@ -28,9 +28,8 @@ from tests.support.agents import search, turn_asked
 from tests.support.cluster import (
     StartOperator,
     bind_role,
-    mint_user,
+    editor,
     service_account_subject,
-    user_subject,
 )
 from tests.support.plugin import LLM_COMMAND
 from tests.support.runs import create, launch_messages, status_of
@@ -289,12 +288,7 @@ def test_a_result_object_made_first_under_a_turns_name_never_answers_the_turn(
     kube.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
     rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get", "list"]}]
     bind_role(kube, namespace, account, rules, [service_account_subject(account, namespace)])
-    kube.rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "eve-edit"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-        "subjects": [user_subject("eve")],
-    })  # fmt: skip
-    eve = KubeClients.from_kubeconfig(mint_user(cluster, "eve", [], tmp_path / "eve.kubeconfig"))
+    eve = editor(cluster, kube, namespace, "eve", tmp_path / "eve.kubeconfig")
     long_answer = secrets.token_hex(6000)  # too long for a termination message, compressed
     with ScriptedModel() as model:
         model.add(reply(long_answer))

@@ -34,7 +34,7 @@ from agentrun.execution import jobs
 from agentrun.settings import ANNOTATION_PROOF, JOB_FINALIZER, LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
-from tests.support.cluster import Kubectl, bind_role, mint_user, read_or_none, user_subject
+from tests.support.cluster import Kubectl, bind_role, editor, read_or_none, user_subject
 from tests.support.jobs import let_pods_start
 from tests.support.runs import (
     agentrun,
@@ -61,19 +61,7 @@ def eve(
     ``edit`` grants where the chart's agentrun-edit role is installed: it aggregates into it)."""
     reads = [{"apiGroups": [m.GROUP], "resources": [m.PLURAL], "verbs": ["get", "list"]}]
     bind_role(kube, namespace, "eve-reads-runs", reads, [user_subject(EVE)])
-    kube.rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "eve-edits"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "edit",
-            },
-            "subjects": [user_subject(EVE)],
-        },
-    )
-    clients = KubeClients.from_kubeconfig(mint_user(cluster, EVE, [], tmp_path / "e.kubeconfig"))
+    clients = editor(cluster, kube, namespace, EVE, tmp_path / "e.kubeconfig")
     yield clients
     clients.close()
 

@@ -35,7 +35,7 @@ from agentrun.api import models as m
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.admission import policies_bound_to
-from tests.support.cluster import bind_role, mint_user, user_subject
+from tests.support.cluster import bind_role, editor, user_subject
 from tests.support.pods import create_pod, wait_pod
 from tests.support.runs import agentrun, create, envelope, step, step_status
 from tests.support.waiting import wait_phase, wait_step_phase
@@ -53,19 +53,7 @@ def eve(
     cluster: TestCluster, kube: KubeClients, namespace: str, tmp_path: Path
 ) -> Iterator[KubeClients]:
     """A user with the built-in ``edit`` role in the namespace."""
-    kube.rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "eve-edits"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "edit",
-            },
-            "subjects": [user_subject(EVE)],
-        },
-    )
-    clients = KubeClients.from_kubeconfig(mint_user(cluster, EVE, [], tmp_path / "e.kubeconfig"))
+    clients = editor(cluster, kube, namespace, EVE, tmp_path / "e.kubeconfig")
     yield clients
     clients.close()
 

@@ -131,6 +131,28 @@ def bind_role(
     )
 
 
+def bind_edit(kube: KubeClients, namespace: str, user: str) -> None:
+    """A RoleBinding of the built-in ``edit`` ClusterRole to ``user`` in ``namespace`` (the
+    ordinary namespace editor of the trust model; agentrun-edit aggregates into it)."""
+    kube.rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": f"{user}-edits"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "edit"},
+            "subjects": [user_subject(user)],
+        },
+    )  # fmt: skip
+
+
+def editor(
+    cluster: TestCluster, kube: KubeClients, namespace: str, user: str, to: Path
+) -> KubeClients:
+    """Clients of ``user``, given the built-in ``edit`` role in ``namespace``; close them after."""
+    bind_edit(kube, namespace, user)
+    return KubeClients.from_kubeconfig(mint_user(cluster, user, [], to))
+
+
 def mint_user(cluster: TestCluster, user: str, groups: Iterable[str], to: Path) -> Path:
     """A client-certificate kubeconfig of ``user`` in ``groups``, copied to ``to`` at once
     (minting the same user again, in another test, overwrites the minted file). Skips the test

@@ -54,7 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Any, Self
 
 import yaml
 
@@ -279,35 +279,31 @@ class LocalNode:
     def find_log(self, namespace: str, pod: str, container: str) -> tuple[Path, Callable[[], bool]]:
         """The output file of container ``container`` of pod ``namespace/pod`` (running or
         ended, until the pod is deleted), and whether it still runs, for ``pods/log``."""
-        with self._lock:
-            runners = [
-                r for r in self._runners.values() if r.namespace == namespace and r.pod_name == pod
-            ]
-        if not runners:
-            raise NotServed(404, f"pod {namespace}/{pod} is not on node {self.name}")
-        found = [c for c in runners[0].init + runners[0].regular if c.name == container]
-        if not found:
-            raise NotServed(404, f"container not found ({container!r})")
-        c = found[0]
+        c = self._container(namespace, pod, container, ended=True)
         if not isinstance(c, ContainerProcess):
             raise NotServed(501, "the agentrun local node serves logs of its process runtime only")
         return c.log_path, lambda: bool(c.running)
 
-    def find_container(self, namespace: str, pod: str, container: str) -> ExecContext:
-        """The running container ``container`` of pod ``namespace/pod`` on this node, for the
-        streaming server; raises :class:`NotServed` saying why there is none."""
+    def _container(self, namespace: str, pod: str, container: str, *, ended: bool) -> Any:
+        """Container ``container`` of pod ``namespace/pod`` on this node (of a pod that ended
+        too, with ``ended``); raises :class:`NotServed` saying why there is none."""
         with self._lock:
             runners = [
                 r
                 for r in self._runners.values()
-                if r.namespace == namespace and r.pod_name == pod and not r.done.is_set()
+                if r.namespace == namespace and r.pod_name == pod and (ended or not r.done.is_set())
             ]
         if not runners:
             raise NotServed(404, f"pod {namespace}/{pod} does not run on node {self.name}")
         found = [c for c in runners[0].init + runners[0].regular if c.name == container]
         if not found:
             raise NotServed(404, f"container not found ({container!r})")
-        c = found[0]
+        return found[0]
+
+    def find_container(self, namespace: str, pod: str, container: str) -> ExecContext:
+        """The running container ``container`` of pod ``namespace/pod`` on this node, for the
+        streaming server; raises :class:`NotServed` saying why there is none."""
+        c = self._container(namespace, pod, container, ended=False)
         if not isinstance(c, ContainerProcess) or c.exec_context is None:
             if isinstance(c, ContainerProcess):
                 raise NotServed(400, f"container {container!r} has not started")

@@ -235,6 +235,18 @@ def _flag(query: Mapping[str, list[str]], name: str) -> bool:
     return (query.get(_PARAMS[name]) or [""])[-1].lower() in ("1", "true")
 
 
+def _refuse(sock: ssl.SSLSocket, method: str, target: str, e: NotServed) -> None:
+    """Answer a request this node does not serve with its status and why, in plain text."""
+    log.info("streaming: %s %s: %s %s", method, target, e.status, e.message)
+    body = e.message.encode() + b"\n"
+    sock.sendall(
+        f"HTTP/1.1 {e.status} {_REASONS.get(e.status, 'Error')}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+
+
 def _asked(query: Mapping[str, list[str]], name: str) -> bool:
     """Whether a boolean query parameter ``name`` of a log request (``follow``, ``previous``)
     is true."""
@@ -283,14 +295,7 @@ class _Handler(socketserver.BaseRequestHandler):
             client = self._client(sock)
             context, kind, query, protocol = self._route(method, target, headers)
         except NotServed as e:
-            log.info("streaming: %s %s: %s %s", method, target, e.status, e.message)
-            body = e.message.encode() + b"\n"
-            sock.sendall(
-                f"HTTP/1.1 {e.status} {_REASONS.get(e.status, 'Error')}\r\n"
-                "Content-Type: text/plain; charset=utf-8\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + body
-            )
+            _refuse(sock, method, target, e)
             return
         accept = base64.b64encode(
             hashlib.sha1((headers["sec-websocket-key"] + _WEBSOCKET_GUID).encode()).digest()
@@ -325,13 +330,7 @@ class _Handler(socketserver.BaseRequestHandler):
                 raise NotServed(400, "logs: containers here are never restarted: no previous")
             path, running = self.server.find_log(parts[1], parts[2], parts[3])
         except NotServed as e:
-            body = e.message.encode() + b"\n"
-            sock.sendall(
-                f"HTTP/1.1 {e.status} {_REASONS.get(e.status, 'Error')}\r\n"
-                "Content-Type: text/plain; charset=utf-8\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + body
-            )
+            _refuse(sock, method, target, e)
             return
         data = path.read_bytes() if path.exists() else b""
         tail = (query.get("tailLines") or [""])[0]
