@@ -3,11 +3,13 @@ leaves alone, what it costs at rest, and ``release`` (uninstalling without an op
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -16,6 +18,7 @@ from agentrun import settings as s
 from agentrun.loop import janitor
 from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
+from agentrun.telemetry import metrics
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 Body = dict[str, Any]
@@ -375,3 +378,39 @@ def test_one_patience_judges_every_cleanup_of_a_deletion() -> None:
     assert failed.waits and isinstance(failed.error, ApiException)
     assert failed.left[0].startswith("cleanup failed: (500)")
     assert with_patience(failing, after(60), patience=60).forced
+
+
+def test_a_sweep_refused_with_429_is_one_line_counted_and_waits_its_retry_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The API server shedding load is not the janitor's failure: one warning line, no
+    traceback, the sweep counted as throttled, and the next one after the longer wait."""
+
+    class Throttled:
+        calls = 0
+
+        def sweep(self) -> Any:
+            Throttled.calls += 1
+            error = ApiException(status=429, reason="Too Many Requests")
+            error.headers = {"Retry-After": "2"}
+            error.body = '{"message": "too many requests, please try again later"}'
+            raise error
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) >= 2:
+            raise asyncio.CancelledError
+
+    before = metrics.THROTTLED_SWEEPS._value.get()
+    with (
+        mock.patch("agentrun.loop.janitor.asyncio.sleep", sleep),
+        pytest.raises(asyncio.CancelledError),
+    ):
+        asyncio.run(janitor.keep_sweeping(Throttled(), 1.0))  # type: ignore[arg-type]
+    assert Throttled.calls == 1 and slept == [1.0, 1.0]  # 2 s in all: what Retry-After asked
+    assert metrics.THROTTLED_SWEEPS._value.get() == before + 1
+    warnings = [r for r in caplog.records if "throttled by the API server" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].exc_info is None
+    assert "too many requests, please try again later" in warnings[0].getMessage()

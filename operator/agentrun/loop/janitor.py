@@ -59,11 +59,20 @@ from kubernetes.client.exceptions import ApiException
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
-from agentrun.kubeapi import JSON_PATCH, METADATA_ONLY, finalizer_removal, list_items, tolerate
+from agentrun.kubeapi import (
+    JSON_PATCH,
+    METADATA_ONLY,
+    api_message,
+    finalizer_removal,
+    list_items,
+    throttled,
+    tolerate,
+)
 from agentrun.loop import memory
 from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.watches import controller_uid
+from agentrun.telemetry import metrics
 
 log = logging.getLogger("agentrun.janitor")
 
@@ -336,8 +345,15 @@ async def keep_sweeping(janitor: Janitor, period: float) -> None:
         try:
             done = await asyncio.to_thread(janitor.sweep)
             await asyncio.to_thread(memory.give_back)
-        except Exception:
-            log.exception("janitor pass failed; trying again in %.0fs", period)
+        except Exception as error:
+            wait = throttled(error)
+            if wait is None:
+                log.exception("janitor pass failed; trying again in %.0fs", period)
+            else:  # the API server sheds load: a line, counted, never a traceback
+                metrics.THROTTLED_SWEEPS.inc()
+                log.warning("janitor pass throttled by the API server (429: %s); trying again "
+                            "in %.0fs", api_message(error), max(period, wait))  # type: ignore[arg-type]  # fmt: skip
+                await asyncio.sleep(max(period, wait) - period)
         else:
             if done.acted or done.failures:
                 log.info("janitor: %s", done.summary(), extra={"agentrun": asdict(done)})

@@ -100,6 +100,11 @@ THROTTLED_PASSES = Counter(
     "Reconcile passes cut short by 429 Too Many Requests (API Priority and Fairness shedding "
     "load); each is tried again after the wait its Retry-After asks.",
 )
+THROTTLED_SWEEPS = Counter(
+    "agentrun_throttled_sweeps",
+    "Janitor sweeps cut short by 429 Too Many Requests; each is tried again after its period, "
+    "or the wait its Retry-After asks if longer.",
+)
 SHARDS_OWNED = Gauge(
     "agentrun_shards_owned",
     "Shards whose runs this replica decides now (with AGENTRUN_SHARDS; 0 otherwise): it holds "
