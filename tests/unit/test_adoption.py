@@ -916,3 +916,29 @@ def test_a_released_job_is_seen_released_before_the_view_shows_the_release() -> 
     view.apply(JOBS, "MODIFIED", later)
     current = taker._current_object("default", job["metadata"]["name"])
     assert current is not None and current["metadata"]["resourceVersion"] == "9"
+
+
+@pytest.mark.parametrize("made_here", [True, False], ids=["created", "verified-after-restart"])
+def test_a_job_made_again_under_the_name_with_the_proof_copied_is_not_the_attempts(
+    made_here: bool,
+) -> None:
+    """The mimic of the job-finalizer row: the attempt's Job deleted (its finalizer removed)
+    and made again exactly, its proof copied, a new uid. A proof binds the name, not the uid:
+    while this process runs, the Job it created or verified under the name is known by uid,
+    and the copy holds the name in vain (its pod is never let start)."""
+    run = launched(step("a"))
+    view, api = ClusterView(), FakeApi()
+    job = operators_job(run, uid="first-uid")
+    taker = adopter(view, api)
+    if made_here:
+        taker.created(job)
+    view.apply(JOBS, "ADDED", job)
+    (seen,) = taker.observe(run)
+    assert seen.name_taken is None
+    view.apply(JOBS, "DELETED", job)
+    copied = operators_job(run, uid="second-uid")  # the same manifest, proof and all
+    assert copied["metadata"]["annotations"] == job["metadata"]["annotations"]
+    view.apply(JOBS, "ADDED", copied)
+    (seen,) = taker.observe(run)
+    assert seen.name_taken is not None and "made again under the name" in seen.name_taken
+    assert seen.start_pod is None

@@ -982,9 +982,11 @@ TABLE: tuple[Entry, ...] = (
         mimic=_phases(
             Expect(
                 Outcome.KNOWN_GAP,
-                "the copy counts as the same attempt (a proof binds the name, not the uid) and "
-                "may run the approved command again with the same idempotency key; or the "
-                "deletion is seen first and the attempt is lost (JobLost)",
+                "a proof binds the name, not the uid: while the operator that created or "
+                "verified the attempt's Job runs, it knows that Job's uid and the copy holds "
+                "the name in vain (JobNameTaken), or the deletion is seen first (JobLost); an "
+                "operator restarted in between takes the copy as the same attempt, which may "
+                "run the approved command again with the same idempotency key",
             ),
             pending=NO_JOB,
             waiting=NO_JOB,

@@ -38,7 +38,6 @@ with) and are not observed at all: they go with the run, by its owner reference.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -52,7 +51,28 @@ from agentrun.api import models as m
 from agentrun.core import AheadJob, CreateJob, JobState, ObservedJob, turns
 from agentrun.core.machine import committed_launch
 from agentrun.execution import jobs, proof
+from agentrun.observation.job_checks import (  # re-exported: the checks it runs
+    DERIVED_LABELS,
+    comparable_spec,
+    dry_run_manifest,
+    first_difference,
+    name_taken_message,
+    ownership_problem,
+    spec_problem,
+)
 from agentrun.observation.watches import ClusterView, controller_ref, controller_uid
+
+__all__ = [
+    "DERIVED_LABELS",
+    "Adoption",
+    "Verdict",
+    "comparable_spec",
+    "dry_run_manifest",
+    "first_difference",
+    "name_taken_message",
+    "ownership_problem",
+    "spec_problem",
+]
 
 log = logging.getLogger("agentrun.adoption")
 
@@ -75,14 +95,6 @@ Report = Callable[[m.AgentRun, str, str], None]
 """``report(run, reason, message)``: a Warning for the run's creator, called once per Job found
 holding an attempt's name that is not the attempt's (reason ``JobNameTaken``) and once per pod
 a step Job counts that does not run its template (reason ``UntrustedPod``)."""
-
-DERIVED_LABELS = (
-    "controller-uid",
-    "batch.kubernetes.io/controller-uid",
-    "job-name",
-    "batch.kubernetes.io/job-name",
-)
-"""Pod template labels the API server sets from the Job's uid and name."""
 
 CACHE_LIMIT = 20_000
 OBSERVED_LIMIT = 4_096
@@ -109,98 +121,6 @@ class Verdict:
 
 
 VERIFIED = Verdict()
-
-
-# -- the checks (pure) ---------------------------------------------------------------------------
-
-
-def ownership_problem(job: Mapping[str, Any], run_uid: str) -> str | None:
-    """Why ``job`` is not controlled by run ``run_uid``; None when it is. Labels are not
-    looked at: anyone who may edit the Job may change them."""
-    ref = controller_ref(job)
-    if ref is None:
-        return "it has no controller owner reference"
-    group = str(ref.get("apiVersion", "")).split("/")[0]
-    if ref.get("kind") != m.KIND or group != m.GROUP or ref.get("uid") != run_uid:
-        return (
-            f"its controller is {ref.get('kind')} {ref.get('name')} (uid {ref.get('uid')}), "
-            "not this run"
-        )
-    return None
-
-
-def comparable_spec(job: Mapping[str, Any]) -> Any:
-    """The Job's spec without what the API server derives from its name and uid, nor what
-    decides nothing the step runs."""
-    # The shard label routes watch events only (proof.without_shard_label).
-    spec = dict(copy.deepcopy(proof.without_shard_label(job.get("spec") or {})))
-    spec.pop("selector", None)
-    # Set by the operator when it releases a finished Job (agentrun.core.actions.ReleaseJob);
-    # it decides when the Job goes, never what it runs.
-    spec.pop("ttlSecondsAfterFinished", None)
-    # How many pods the Job keeps active decides nothing: the operator lets one pod of an
-    # attempt start (agentrun.execution.jobs.choose_pod), and any other stays held.
-    spec.pop("parallelism", None)
-    meta = job.get("metadata") or {}
-    derived = {meta.get("uid"), meta.get("name")} - {None, ""}
-    labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels")
-    if isinstance(labels, dict):
-        for key in [k for k, v in labels.items() if k in DERIVED_LABELS or v in derived]:
-            del labels[key]
-    return spec
-
-
-def first_difference(expected: Any, found: Any, path: str = "spec") -> str | None:
-    """The path of the first place where ``found`` differs from ``expected``; None if equal."""
-    if isinstance(expected, dict) and isinstance(found, dict):
-        for key in sorted(set(expected) | set(found)):
-            if key not in found:
-                return f"{path}.{key} (missing)"
-            if key not in expected:
-                return f"{path}.{key} (unexpected)"
-            where = first_difference(expected[key], found[key], f"{path}.{key}")
-            if where:
-                return where
-        return None
-    if isinstance(expected, list) and isinstance(found, list):
-        for i, (a, b) in enumerate(zip(expected, found, strict=False)):
-            where = first_difference(a, b, f"{path}[{i}]")
-            if where:
-                return where
-        if len(expected) != len(found):
-            return f"{path} ({len(found)} items, not {len(expected)})"
-        return None
-    return None if expected == found else path
-
-
-def spec_problem(expected_job: Mapping[str, Any], found_job: Mapping[str, Any]) -> str | None:
-    """Check (ii): why ``found_job``'s spec is not ``expected_job``'s (the dry run of the
-    operator's manifest); None when they agree."""
-    where = first_difference(comparable_spec(expected_job), comparable_spec(found_job))
-    if where is None:
-        return None
-    return f"its spec is not the one the operator creates for the attempt ({where} differs)"
-
-
-def dry_run_manifest(run: m.AgentRun, intent: CreateJob, key: bytes) -> Obj:
-    """The operator's manifest for ``intent`` under ``generateName`` (for the dry run)."""
-    manifest = jobs.step_job(run, intent, key)
-    manifest["metadata"].pop("name", None)
-    manifest["metadata"]["generateName"] = f"{intent.job_name[:56]}-"
-    return manifest
-
-
-def name_taken_message(name: str, attempt: int, problem: str, signed: bool = False) -> str:
-    if signed:  # the operator's own, made from what the step was at its launch
-        return (
-            f"Job {name} of attempt {attempt} was created by the operator from the step as it "
-            f"was at its launch, and the step has changed since ({problem}); it does not run "
-            "what the step is now and never counts as its result"
-        )
-    return (
-        f"a Job not created by the operator holds the name {name} of attempt {attempt}: "
-        f"{problem}; it is left alone and never counts as the step's"
-    )
 
 
 def _passed_over(
@@ -259,6 +179,12 @@ def _name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
 
 
+def _held_name(job: Obj) -> str:
+    """``namespace/name`` of ``job``."""
+    meta = job.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
 class _Lru(OrderedDict[str, Any]):
     def __init__(self, limit: int = CACHE_LIMIT) -> None:
         super().__init__()
@@ -301,6 +227,10 @@ class Adoption:
         self._verdicts = _Lru()
         """uid -> (generation, :class:`Verdict`) of a dry-run comparison. A Job whose spec
         changed since (a new generation) is checked again."""
+        self._holders = _Lru()
+        """namespace/name -> uid of the Job this process created, or verified, under that
+        name: a proof binds a name, not a uid, so a Job made again under the name (its proof
+        copied from the one deleted) is told apart by its uid while this process runs."""
         self._reported = _Lru()
         self._observed = _Lru(OBSERVED_LIMIT)
         """Job uid -> (:func:`_observed_key`, the :class:`ObservedJob` or None made of the
@@ -329,6 +259,7 @@ class Adoption:
         with self._lock:
             made: frozenset[int] = self._created.get(uid) or frozenset()
             self._created.remember(uid, made | {_generation(job)})
+            self._holders.remember(_held_name(job), uid)
             self._remember_fresh(job, FRESH_SECONDS)
 
     def made(self, job: Obj) -> None:
@@ -413,6 +344,14 @@ class Adoption:
         """Whether ``job`` is the Job the operator creates for ``intent`` (its proof, then a
         dry-run create of that manifest compared with it), kept by the Job's uid and
         generation."""
+        with self._lock:
+            holder = self._holders.get(_held_name(job))
+        if holder is not None and holder != _uid(job):
+            return Verdict(
+                f"it was made again under the name after the Job the operator created or "
+                f"verified for this attempt (uid {holder}) was deleted; its proof, copied, binds "
+                "the name, and its uid is not that Job's"
+            )
         cached = self._cached(job)
         if cached is not None:
             return cached
@@ -441,6 +380,8 @@ class Adoption:
                 found = Verdict(spec_problem(expected, job))
         with self._lock:
             self._verdicts.remember(_uid(job), (_generation(job), found))
+            if found.ok and _held_name(job) not in self._holders:
+                self._holders.remember(_held_name(job), _uid(job))
         if not found.ok:
             log.warning("Job %s is not the operator's: %s", _name(job), found.problem)
         return found
