@@ -270,6 +270,7 @@ GAP_FIRST_PASS = "A change of `spec.agent.model` or `spec.agent.tools` between"
 GAP_RIGHTS = "Rights are checked at launch"
 GAP_REFERENCED = "The content of a ConfigMap or Secret a step's `env` references"
 GAP_TRANSCRIPT = "An agent run's transcript records"
+GAP_POD_DOORS = "Without the `agentrun-pod-doors` policy"
 
 
 def _every(expect: Expect) -> dict[Phase, Expect]:
@@ -1125,8 +1126,10 @@ TABLE: tuple[Entry, ...] = (
     Entry(
         id="pod-doors",
         object="Pod",
-        path="subresources exec, attach, portforward, ephemeralcontainers of step and executor "
-        "pods",
+        path=(
+            "subresources exec, attach, portforward, proxy, ephemeralcontainers of step and "
+            "executor pods"
+        ),
         decides="what runs inside a step's or an executor's pod besides its command, and so the "
         "result it reports (its termination message, the executor's answer)",
         resource=POD_DOORS,
@@ -1138,13 +1141,15 @@ TABLE: tuple[Entry, ...] = (
             NO_POD,
             running=Expect(
                 Outcome.REFUSED_API,
-                "the agentrun-pod-doors admission policy refuses exec, attach, port-forward and "
-                "ephemeral containers into step and executor pods for all but cluster admins "
-                "(without the policy, an exec can rewrite the result before the pod ends)",
+                "the agentrun-pod-doors admission policy refuses exec, attach, port-forward, "
+                "proxy and ephemeral containers into step and executor pods for all but "
+                "cluster admins (without the policy, an exec can rewrite the result before the "
+                "pod ends)",
             ),
             finished=Expect(Outcome.NOT_APPLICABLE, "the step's pod has ended: nothing runs in it"),
         ),
         mimic_is="the same doors: the step's own process is the only writer of its result",
+        gap=GAP_POD_DOORS,
     ),
     # -- ConfigMaps and Secrets -------------------------------------------------------------------
     Entry(
