@@ -168,7 +168,7 @@ def test_get_shows_the_printer_columns_and_short_names(
     kube.custom.patch_namespaced_custom_object_status(
         m.GROUP, m.VERSION, namespace, m.PLURAL, "columns", {"status": status}
     )
-    for resource in ("agentruns", "agentrun", "ar", "agents"):
+    for resource in ("agentruns", "agentrun", "ar"):  # agentrun: the category too
         out = kubectl("get", resource, "-n", namespace).stdout
         header, row = out.splitlines()[:2]
         assert header.split() == ["NAME", "PHASE", "PROGRESS", "STEP", "AGE", "MESSAGE"], resource
