@@ -23,8 +23,8 @@ import yaml
 from agentrun.api import models as m
 from agentrun_devcluster.controlplane import wait_established
 from agentrun_devcluster.testing import KubeClients, TestCluster
-from tests.support.paths import CRDS_DIR
 from tests.support.runs import agentrun, create, step
+from tests.support.schema import crd_copy
 
 pytestmark = pytest.mark.usefixtures("crd_installed")
 
@@ -72,7 +72,9 @@ def kagent_crd(cluster: TestCluster) -> Iterator[None]:
     try:
         yield
     finally:
-        cluster.kubectl("delete", "crd", KAGENT, "--ignore-not-found", "--wait=true")
+        cluster.kubectl(
+            "delete", "crd", KAGENT, "--ignore-not-found", "--wait=false"
+        )  # nothing else uses its names
 
 
 def test_the_crd_is_in_the_category_agentrun_not_agents(kube: KubeClients) -> None:
@@ -126,21 +128,15 @@ def test_applying_the_new_crd_over_the_old_replaces_the_category(
     cluster: TestCluster, kube: KubeClients
 ) -> None:
     """The upgrade of docs/configuration.md ("Upgrades and several installs"), on a copy of
-    the CRD under a group of its own: installed by Helm in category ``agents``, then the new
-    CRD applied with the documented command, in category ``agentrun`` alone."""
-    (crd,) = [
-        doc
-        for doc in yaml.safe_load_all((CRDS_DIR / f"{m.GROUP}_{m.PLURAL}.yaml").read_text())
-        if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition"
-    ]
+    the CRD under a group and names of its own (so that it never shadows the real one):
+    installed by Helm in one category, then the new CRD applied with the documented command,
+    in the new category alone (as ``agents`` gives way to ``agentrun``)."""
     group = "agentrun-upgrade.test"
-    name = f"{m.PLURAL}.{group}"
-    crd["metadata"] = {"name": name}
-    crd["spec"]["group"] = group
-    crd["spec"]["names"].pop("shortNames", None)
-    assert crd["spec"]["names"]["categories"] == ["agentrun"]
+    crd = crd_copy(group, "UpgradeRun")  # names of its own: it must not shadow the real CRD
+    name = crd["metadata"]["name"]
+    crd["spec"]["names"]["categories"] = ["upgrade-new"]  # the category the new CRD has
     old = copy.deepcopy(crd)
-    old["spec"]["names"]["categories"] = ["agents"]
+    old["spec"]["names"]["categories"] = ["upgrade-old"]  # the category the old one had
     try:
         cluster.kubectl(
             "apply", "--server-side", "--field-manager=helm", "-f", "-", input=yaml.safe_dump(old)
@@ -156,6 +152,8 @@ def test_applying_the_new_crd_over_the_old_replaces_the_category(
             input=yaml.safe_dump(crd),
         )
         names = kube.apiext.read_custom_resource_definition(name).spec.names
-        assert names.categories == ["agentrun"]
+        assert names.categories == ["upgrade-new"]  # replaced, not added to
     finally:
-        cluster.kubectl("delete", "crd", name, "--ignore-not-found", "--wait=true")
+        cluster.kubectl(
+            "delete", "crd", name, "--ignore-not-found", "--wait=false"
+        )  # its names are its own: nothing waits for it to go

@@ -4,9 +4,9 @@ compatibility"), against the real kube-apiserver: the CRD serves a second versio
 runs created as either version are read as the other, and stored as v1alpha1.
 
 The CRD applied is a copy of the generated one under a group of its own
-(:data:`GROUP`), without short names or categories: the other tests of the session use the
-real CRD, which this test must not change, and ``kubectl get agentrun`` must go on listing
-only the real AgentRuns.
+(:data:`GROUP`) under names of its own (:func:`tests.support.schema.crd_copy`): the other
+tests of the session use the real CRD, which this test must not change, and ``kubectl get
+agentrun`` must go on finding only the real AgentRuns.
 """
 
 from __future__ import annotations
@@ -22,28 +22,22 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.api import models as m
 from agentrun_devcluster.controlplane import wait_established
 from agentrun_devcluster.testing import KubeClients, TestCluster
-from tests.support.paths import CRDS_DIR
 from tests.support.runs import agentrun, step
+from tests.support.schema import crd_copy
 
 GROUP = "agentrun-compat.test"
-NAME = f"{m.PLURAL}.{GROUP}"
+KIND = "CompatRun"
+PLURAL = "compatruns"
+NAME = f"{PLURAL}.{GROUP}"
 OLD, NEW = m.VERSION, "v1beta1"
 
 
 def _served_alone() -> dict[str, Any]:
-    """The generated CRD, moved to :data:`GROUP`: the CRD as a release installs it today."""
-    (crd,) = [
-        doc
-        for doc in yaml.safe_load_all((CRDS_DIR / f"{m.GROUP}_{m.PLURAL}.yaml").read_text())
-        if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition"
-    ]
-    crd["metadata"] = {"name": NAME}
-    crd["spec"]["group"] = GROUP
-    names = crd["spec"]["names"]
-    names.pop("shortNames", None)
-    names.pop("categories", None)
+    """The generated CRD, moved to :data:`GROUP` under names of its own: the CRD as a release
+    installs it today."""
+    crd = crd_copy(GROUP, KIND)
     assert [v["name"] for v in crd["spec"]["versions"]] == [OLD]
-    return dict(crd)
+    return crd
 
 
 def _with_v1beta1(crd: dict[str, Any]) -> dict[str, Any]:
@@ -72,21 +66,23 @@ def compat_crd(cluster: TestCluster) -> Iterator[dict[str, Any]]:
     try:
         yield crd
     finally:
-        cluster.kubectl("delete", "crd", NAME, "--ignore-not-found", "--wait=true")
+        cluster.kubectl(
+            "delete", "crd", NAME, "--ignore-not-found", "--wait=false"
+        )  # names of its own: nothing waits for it
 
 
 def _create(kube: KubeClients, namespace: str, version: str, name: str) -> dict[str, Any]:
     run = agentrun(name, [step("a", "true")], goal=f"created as {version}")
-    run["apiVersion"] = f"{GROUP}/{version}"
+    run["apiVersion"], run["kind"] = f"{GROUP}/{version}", KIND
     created: dict[str, Any] = kube.custom.create_namespaced_custom_object(
-        GROUP, version, namespace, m.PLURAL, run
+        GROUP, version, namespace, PLURAL, run
     )
     return created
 
 
 def _get(kube: KubeClients, namespace: str, version: str, name: str) -> dict[str, Any]:
     got: dict[str, Any] = kube.custom.get_namespaced_custom_object(
-        GROUP, version, namespace, m.PLURAL, name
+        GROUP, version, namespace, PLURAL, name
     )
     return got
 
@@ -123,16 +119,16 @@ def test_a_second_served_version_without_conversion_reads_runs_of_either_version
 
     # The same validation holds at both versions (the schema was copied).
     bad = agentrun("bad", [step("a"), step("a")])
-    bad["apiVersion"] = f"{GROUP}/{NEW}"
+    bad["apiVersion"], bad["kind"] = f"{GROUP}/{NEW}", KIND
     with pytest.raises(ApiException, match="Duplicate value"):
-        kube.custom.create_namespaced_custom_object(GROUP, NEW, namespace, m.PLURAL, bad)
+        kube.custom.create_namespaced_custom_object(GROUP, NEW, namespace, PLURAL, bad)
 
     # Every object is stored as v1alpha1 (the storage version): dropping v1beta1 again, the
     # way back, leaves nothing unreadable.
     stored = kube.apiext.read_custom_resource_definition(NAME).status.stored_versions
     assert stored == [OLD]
     _apply(cluster, compat_crd)
-    listed = kube.custom.list_namespaced_custom_object(GROUP, OLD, namespace, m.PLURAL)
+    listed = kube.custom.list_namespaced_custom_object(GROUP, OLD, namespace, PLURAL)
     assert {r["metadata"]["name"] for r in listed["items"]} == {"before", "alpha", "beta"}
     versions = kube.apiext.read_custom_resource_definition(NAME).spec.versions
     assert [v.name for v in versions] == [OLD]

@@ -6,8 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import jsonschema
+import yaml
 
 from agentrun.api import crd
+from agentrun.api import models as m
+
+from .paths import CRDS_DIR
 
 
 def _openapi_to_jsonschema(node: Any) -> Any:
@@ -24,3 +28,28 @@ def _openapi_to_jsonschema(node: Any) -> Any:
 
 VALIDATOR = jsonschema.Draft202012Validator(_openapi_to_jsonschema(crd.openapi_schema()))
 """Validates an AgentRun body against the schema the CRD is generated with."""
+
+
+def crd_copy(group: str, kind: str) -> dict[str, Any]:
+    """The generated AgentRun CRD under ``group`` and names of its own (``kind``, its
+    lower-case plural and singular, no short names or categories): a test's copy that never
+    shadows the real one. kubectl resolves a resource name found in several groups to the
+    first group in its discovery order (``agentrun-x.test`` sorts before ``agentrun.dev``), so
+    a copy keeping the names ``agentruns``/``agentrun`` would take the real runs' place in
+    every other test's ``kubectl get agentrun`` for as long as it stands."""
+    (found,) = [
+        doc
+        for doc in yaml.safe_load_all((CRDS_DIR / f"{m.GROUP}_{m.PLURAL}.yaml").read_text())
+        if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition"
+    ]
+    crd: dict[str, Any] = found
+    plural = f"{kind.lower()}s"
+    crd["metadata"] = {"name": f"{plural}.{group}"}
+    crd["spec"]["group"] = group
+    crd["spec"]["names"] = {
+        "kind": kind,
+        "listKind": f"{kind}List",
+        "plural": plural,
+        "singular": kind.lower(),
+    }
+    return crd
