@@ -20,17 +20,12 @@ Jobs and pods, and she has the operator's code.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agentrun.api import models as m
-from agentrun.core import Observed, reconcile
-from agentrun.core.machine import committed_launch
 from agentrun.core.naming import job_name
-from agentrun.execution import jobs
 from agentrun.settings import ANNOTATION_PROOF, JOB_FINALIZER, LABEL_RUN_UID
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
@@ -47,6 +42,7 @@ from tests.support.runs import (
     step,
     step_status,
 )
+from tests.support.trust_attacks import operators_manifest
 from tests.support.waiting import assert_holds, wait_events, wait_phase, wait_step_phase
 
 EVE = "eve"
@@ -64,20 +60,6 @@ def eve(
     clients = editor(cluster, kube, namespace, EVE, tmp_path / "e.kubeconfig")
     yield clients
     clients.close()
-
-
-def operators_manifest(body: dict[str, Any], step_name: str, approval: dict[str, Any]) -> Any:
-    """What the operator will create for ``step_name`` once ``approval`` is in the run: the
-    core's own decision for the approved run, built by the operator's own code."""
-    approved = {**body, "spec": {**body["spec"], "approvals": [approval]}}
-    run = m.AgentRun.model_validate(approved)
-    for _ in range(4):
-        intent = committed_launch(run, step_name)
-        if intent is not None:
-            return jobs.build_job(run, intent)
-        decision = reconcile(run, Observed(()), datetime.now(UTC))
-        run = run.model_copy(update={"status": decision.status})
-    raise AssertionError(f"the core never launched {step_name}: {run.status}")
 
 
 def test_a_gated_steps_exact_job_made_before_its_approval_never_counts(

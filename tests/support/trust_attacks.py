@@ -603,8 +603,8 @@ def _as_created(job: Any, api: Any) -> dict[str, Any]:
 
 def operators_manifest(body: dict[str, Any], step_name: str, approval: dict[str, Any]) -> Any:
     """What the operator will create for ``step_name`` once ``approval`` is in the run: the
-    core's own decision for the approved run, built by the operator's own code (as
-    tests/e2e/test_job_proof.py builds it)."""
+    core's own decision for the approved run, built by the operator's own code (the mimic
+    of the job-create row, and tests/e2e/test_job_proof.py)."""
     approvals = [*(body["spec"].get("approvals") or []), approval]
     run = m.AgentRun.model_validate({**body, "spec": {**body["spec"], "approvals": approvals}})
     for _ in range(4):
