@@ -538,7 +538,9 @@ def test_the_namespace_comes_from_the_flag_then_the_context(tmp_path: Path) -> N
 
 
 # Fork planning is agentrun.core.fork_plan: test_layering keeps the core pure.
-@pytest.mark.parametrize("module", ["render.py", "transcript.py"])
+@pytest.mark.parametrize(
+    "module", ["render.py", "transcript.py", "graphs.py", "completion.py", "logs.py"]
+)
 def test_formatting_stays_pure(module: str) -> None:
     imported: list[str] = []
     for node in ast.walk(ast.parse((PLUGIN / module).read_text())):

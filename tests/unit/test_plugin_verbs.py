@@ -4,7 +4,6 @@ its pod, ``wait`` on a watch, and the krew manifest."""
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import hashlib
 import io
@@ -532,17 +531,6 @@ def test_an_attempt_is_a_positive_number(attempt: str) -> None:
 
 
 # -- purity, docs and the krew manifest -----------------------------------------------------------
-
-
-@pytest.mark.parametrize("module", ["graphs.py", "completion.py", "logs.py"])
-def test_the_new_formatting_stays_pure(module: str) -> None:
-    imported: list[str] = []
-    for node in ast.walk(ast.parse((PLUGIN / module).read_text())):
-        if isinstance(node, ast.Import):
-            imported += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.append(node.module)
-    assert not [n for n in imported if n.split(".")[0] in ("kubernetes", "urllib3")]
 
 
 def test_docs_name_every_command_and_option() -> None:
