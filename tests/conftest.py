@@ -21,6 +21,7 @@ attached to its report.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -34,24 +35,43 @@ from tests.support.cluster import Kubectl, fresh_namespace, kube_clients
 from tests.support.docker import DOCKER_MODULES
 from tests.support.helm import Helm
 from tests.support.paths import CRDS_DIR
+from tests.support.schedule import durations_file, load_durations, ranked_groups, save_durations
 
 _TESTS = Path(__file__).resolve().parent
 
 
+def _group(path: Path) -> str:
+    """The pytest-xdist group of a test file: ``docker`` for every test of the Docker engine
+    (all of tests/containers, and the modules in :data:`DOCKER_MODULES`), else the file's path
+    under tests/."""
+    path = path.resolve()
+    if _TESTS / "containers" in path.parents or path in DOCKER_MODULES:
+        return "docker"
+    if not path.is_relative_to(_TESTS):
+        return path.as_posix()
+    return path.relative_to(_TESTS).as_posix()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs two workers, each
-    with a session cluster of its own): a module's tests stay on one worker (its module
-    fixtures are built once), and every test of the Docker engine (all of tests/containers,
-    and the modules in :data:`DOCKER_MODULES`) on one: they share one engine, whose start
-    installs Debian's docker.io on a new machine, and one set of images built from Debian
-    packages; on two workers they would build the same images twice at once."""
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs a worker more than
+    the machine has CPUs, each with a session cluster of its own; most e2e time is waiting):
+    a module's tests stay on one worker (its module fixtures are built once), and every test
+    of the Docker engine on one: they share one engine, whose start installs Debian's
+    docker.io on a new machine, and one set of images built from Debian packages; on two
+    workers they would build the same images twice at once.
+
+    The groups come longest first, by the last run's times on this machine
+    (:mod:`tests.support.schedule`; ``make test`` passes ``--no-loadscope-reorder`` so that
+    pytest-xdist hands them out in this order), each module's tests in their own order."""
+    groups: dict[str, int] = {}
     for item in items:
-        path = item.path.resolve()
-        if _TESTS / "containers" in path.parents or path in DOCKER_MODULES:
-            group = "docker"
-        else:
-            group = path.relative_to(_TESTS).as_posix()
+        group = _group(item.path)
+        groups.setdefault(group, len(groups))
         item.add_marker(pytest.mark.xdist_group(group))
+    order = {
+        g: i for i, g in enumerate(ranked_groups(list(groups), load_durations(durations_file())))
+    }
+    items.sort(key=lambda item: order[_group(item.path)])
 
 
 @pytest.hookimpl(wrapper=True)
@@ -71,9 +91,12 @@ def pytest_runtest_makereport(
 SLOWEST_MODULES = 10
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
     """The slowest test modules, each the sum of its tests' setup, call and teardown (on
-    whichever worker ran them): where the suite's time goes, for cutting it."""
+    whichever worker ran them): where the suite's time goes, for cutting it. Each group's
+    seconds are recorded for the next run's order (:mod:`tests.support.schedule`)."""
     by_module: dict[str, float] = {}
     counted: dict[str, int] = {}
     for reports in terminalreporter.stats.values():
@@ -86,6 +109,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             by_module[module] = by_module.get(module, 0.0) + duration
             if getattr(report, "when", "") == "call":
                 counted[module] = counted.get(module, 0) + 1
+    if not hasattr(config, "workerinput") and by_module:
+        by_group: dict[str, float] = {}
+        for module, seconds in by_module.items():
+            group = _group(config.rootpath / module)
+            by_group[group] = by_group.get(group, 0.0) + seconds
+        path = durations_file()
+        with contextlib.suppress(OSError):  # the order is a speed-up, never a failure
+            save_durations(path, by_group, load_durations(path))
     if len(by_module) < 2:
         return
     terminalreporter.write_sep("=", f"slowest {SLOWEST_MODULES} modules")
