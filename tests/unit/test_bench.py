@@ -38,6 +38,7 @@ from agentrun_devcluster.bench.cases import (
     AgentResult,
     CaseResult,
     ReplicaResult,
+    RestResult,
     TurnSample,
     steady_windows,
 )
@@ -818,3 +819,41 @@ def test_p3_shows_the_operators_passes_and_their_wait_for_a_worker() -> None:
     # 25 passes over 10 steps, 2.5 s of them, 8 s waited by 20
     assert " ".join(lines[start + 1].split()) == expected + " (mean)"
     assert "p3-2-bare" not in lines[start + 2] and "p3-3-op" not in lines[start + 2]
+
+
+def test_p3_targets_set_the_api_servers_cpu_and_every_clients_requests_beside_bare() -> None:
+    manager = "system:kube-controller-manager"
+    op_requests = [_request(manager, "delete", "jobs")] * 30 + [
+        _request("agentrun-operator", "create", "jobs")
+    ] * 30
+    bare_requests = [_request(manager, "create", "pods")] * 40
+    op = CaseResult(
+        "p3-200-op", "operator", 2, 10, 10.0, 2, 0, {"kube-apiserver": 13.0}, op_requests
+    )
+    bare = CaseResult(
+        "p3-200-bare", "bare", 2, 10, 5.0, 20, 0, {"kube-apiserver": 10.0}, bare_requests
+    )
+    report = Report(p3=[(200, op, bare)], controller_manager_qps=500)
+    rows = {label: (value, target) for label, value, target in report._target_rows()}
+    at = "at 200 runs, controller manager QPS 500"
+    assert rows[f"P3 API server CPU, operator / bare, {at}"] == ("1.30 x", "<= 1.30x")
+    # 60 requests over 20 steps against 40 over 20
+    assert rows[f"P3 requests per step, every client, operator / bare, {at}"] == (
+        "1.50 x",
+        "<= 1.30x",
+    )
+    assert rows[f"P3 throughput, operator / bare, {at}"][1] == ">= 0.80"
+    small = Report(p3=[(100, op, bare)])._target_rows()
+    assert all(target == "" for label, _, target in small if label.startswith("P3")), small
+
+
+def test_p5_memory_target_follows_the_count_of_finished_runs() -> None:
+    def rest(finished: int) -> RestResult:
+        return RestResult(
+            finished, 0, 1.0, 2.0, 3.0, 4.0, 5.0, [], None, 60.0, [], None, [100 * 2**20]
+        )
+
+    rows = Report(rests=[rest(20_000), rest(2_000), rest(100)])._target_rows()
+    memory = [target for label, _, target in rows if label.startswith("RSS at rest")]
+    assert memory == ["<= 300 MiB", "<= 150 MiB", ""]
+    assert sum(1 for label, _, _ in rows if label.startswith("first Job after start")) == 3
