@@ -419,6 +419,17 @@ def test_quick_is_small_and_flags_win() -> None:
         bench_main.parse_args(["--turns", f"20,{MAX_TURNS + 1}"])
 
 
+def test_the_agent_case_model_answers_at_once_unless_told_to_think() -> None:
+    """By default the scripted model answers at once; --model-delay makes it think."""
+    assert bench_main.parse_args([]).model_delay == (0.0, 0.0)
+    assert bench_main.parse_args(["--quick"]).model_delay == (0.0, 0.0)
+    assert bench_main.parse_args(["--model-delay", "0"]).model_delay == (0.0, 0.0)
+    assert bench_main.parse_args(["--model-delay", "0.2-3"]).model_delay == (0.2, 3.0)
+    for bad in ("2-1", "-1", "soon"):
+        with pytest.raises(SystemExit):
+            bench_main.parse_args(["--model-delay", bad])
+
+
 def test_quick_leaves_the_peer_leg_out_unless_only_names_it_and_says_why() -> None:
     quick = bench_main.parse_args(["--quick"])
     assert quick.only == frozenset(bench_main.CASES) - {"peer"}

@@ -5,6 +5,7 @@ call arguments that are not JSON, as llama.cpp's server answers)."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -123,3 +124,28 @@ def test_a_lenient_server_takes_anything() -> None:
         with urllib.request.urlopen(request, timeout=5) as answered:
             assert answered.status == 200
         assert model.refused == []
+
+
+def test_a_thinking_model_waits_before_it_answers_and_the_same_seed_waits_the_same() -> None:
+    def waits(model: ScriptedModel) -> list[float]:
+        return [model.thinking() for _ in range(20)]
+
+    model = ScriptedModel(script=[reply("fine")], delay=(0.1, 0.2), delay_seed=3)
+    first = waits(ScriptedModel(delay=(0.1, 0.2), delay_seed=3))
+    assert all(0.1 <= w <= 0.2 for w in first)
+    assert waits(ScriptedModel(delay=(0.1, 0.2), delay_seed=3)) == first
+    assert ScriptedModel().thinking() == 0.0, "at once by default"
+    with model:
+        request = urllib.request.Request(
+            f"{model.base_url}/chat/completions",
+            data=json.dumps(_body(USER)).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5) as answered:
+            assert answered.status == 200
+        # the server notes the answer once it is sent: the client may read it first
+        deadline = time.monotonic() + 5
+        while not model.answered_at and time.monotonic() < deadline:
+            time.sleep(0.01)
+        asked, done = model.completions()[0].at, model.answered_at[0]
+        assert done - asked >= 0.1

@@ -28,7 +28,9 @@ that accepts anything).
 When the script is used up, the :attr:`ScriptedModel.responder` answers (a callable as above:
 a model whose answers depend on the conversation, for runs without a fixed length); without
 one every request gets HTTP 500 ("the script has no more replies"), so a test that expected
-fewer turns fails with a clear message. ``GET /v1/models`` lists the one
+fewer turns fails with a clear message. ``delay`` makes each chat completion wait a while
+before it is answered (seconds drawn evenly from a range, seeded), as a real model thinks
+(the benchmark's agent case). ``GET /v1/models`` lists the one
 model. ``python -m agentrun_devcluster.modelserver SCRIPT.json`` serves a JSON script (a list
 of replies as :func:`reply` returns them) until interrupted.
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import re
 import threading
 import time
@@ -424,7 +427,12 @@ class ScriptedModel:
     """The requests refused by the check, in order."""
     answered_at: list[float] = field(default_factory=list)
     """When each chat completion was answered (``time.time()`` once the answer was sent)."""
+    delay: tuple[float, float] = (0.0, 0.0)
+    """Seconds each chat completion takes before it is answered (after the check): drawn
+    evenly from this range, as a model that thinks for a while (:meth:`thinking`)."""
+    delay_seed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _random: random.Random | None = None
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
 
@@ -450,6 +458,16 @@ class ScriptedModel:
         """Every request received so far, whatever its method and path."""
         with self._lock:
             return list(self.requests)
+
+    def thinking(self) -> float:
+        """The next answer's delay (seeded: the same run of answers waits the same)."""
+        low, high = self.delay
+        if high <= 0:
+            return 0.0
+        with self._lock:
+            if self._random is None:
+                self._random = random.Random(self.delay_seed)
+            return self._random.uniform(low, high)
 
     def _next(self, body: dict[str, Any]) -> Answer:
         with self._lock:
@@ -542,6 +560,9 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
                                    "param": refusal.param, "code": None}}  # fmt: skip
                 self._send(refusal.code, json.dumps(error).encode())
                 return
+            pause = model.thinking()
+            if pause > 0:
+                time.sleep(pause)
             answer = model._next(body)
             if isinstance(answer, Status):
                 error = {"error": {"message": answer.message, "type": "scripted", "code": None}}

@@ -463,7 +463,8 @@ def replicated_runs(
 
 @dataclass
 class AgentResult:
-    """One agent run whose model (scripted, answering at once) calls one tool per turn."""
+    """One agent run whose model (scripted, answering in :attr:`model_delay`) calls one tool
+    per turn."""
 
     run: CaseResult
     turns: int
@@ -476,8 +477,14 @@ class AgentResult:
     the intent of its call."""
     into_turns: list[int] = field(default_factory=list)
     """The turn whose model request each of :attr:`into_model` timed."""
+    between_models: list[float] = field(default_factory=list)
+    """For each turn after the first: seconds from the previous turn's model answer to this
+    turn's request: both overheads and the call's Job, its pod's start and its command (a
+    tool whose pod started late shows here, not in the two above)."""
     samples: list[TurnSample] = field(default_factory=list)
     """The operator's CPU as the run went (see :func:`steady_windows`)."""
+    model_delay: tuple[float, float] = (0.0, 0.0)
+    """Seconds the model took for each answer, drawn evenly from this range."""
 
     @property
     def cpu_per_turn(self) -> float | None:
@@ -584,11 +591,19 @@ class _TurnSampler:
             self.samples.append(TurnSample(time.time() - first, len(asked), cpu))
 
 
-def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> AgentResult:
+def agent_turns(
+    bench: BenchCluster,
+    case: str,
+    turns: int,
+    timeout: float,
+    model_delay: tuple[float, float] = (0.0, 0.0),
+) -> AgentResult:
     """Run one agent run of ``turns`` model turns (every turn but the last calls
-    :data:`~.workloads.AGENT_TOOL`) on a scripted model on 127.0.0.1, and time the operator's
-    part of each turn."""
-    with ScriptedModel(responder=turn_answer(turns), strict=True) as model:
+    :data:`~.workloads.AGENT_TOOL`) on a scripted model on 127.0.0.1 that takes
+    ``model_delay`` seconds (drawn evenly from the range) for each answer, and time the
+    operator's part of each turn."""
+    model = ScriptedModel(responder=turn_answer(turns), strict=True, delay=model_delay)
+    with model:
         body = agent_run(f"{case}-000", turns, case, model.base_url)
         with _TurnSampler(bench, model) as sampler:
             result = _runs(bench, case, [body], turns, timeout)
@@ -627,7 +642,9 @@ def agent_turns(bench: BenchCluster, case: str, turns: int, timeout: float) -> A
         into_model=into,
         out_of_model=out,
         into_turns=into_turns,
+        between_models=[later - answer for answer, later in zip(answered, asked[1:], strict=False)],
         samples=sampler.samples,
+        model_delay=model_delay,
     )
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import json
 import os
 import platform
@@ -50,10 +49,9 @@ from typing import TypeVar
 
 from agentrun.api.agent import MAX_TURNS
 from agentrun_devcluster.agent_demo import llm_command
-from agentrun_devcluster.controlplane import ControlPlane
 
 from . import cases, cpulimit, peer, plots
-from .report import Report
+from .report import Report, thinking
 from .session import OPERATOR_USER, PEER_NAMESPACE, BenchCluster
 
 __all__ = ["BenchConfig", "main"]
@@ -82,7 +80,7 @@ FULL = {
     "runs": "100,200",
     "steps": 10,
     "p1_steps": 20,
-    "finished": 2000,
+    "finished": 20_000,
     "rest_seconds": 120.0,
     "chains": "10,10,10,50,128",
     "grace": None,
@@ -105,8 +103,17 @@ ASKED_FOR_ONLY = {
 }
 """The cases ``--quick`` leaves out unless ``--only`` names them, and why."""
 REPLICA_CPU = 0.15
+BENCH_CM_QPS = 500
+"""The controller manager's ``--kube-api-qps`` in the benchmark's cluster by default: high
+enough that its Job, TTL and garbage-collector controllers do not bound either leg at 200
+concurrent runs (the design's throughput and API cost targets are stated at it)."""
+BENCH_CM_BURST = 1000
 """CPUs of each replica in the replicas case (its cgroup's quota)."""
 SHARDS = 12
+MODEL_DELAY = (0.0, 0.0)
+"""Seconds the agent case's scripted model takes for each answer (``--model-delay``: a model
+that thinks for a while, as a real one does). None by default: a 1,000-turn run would take
+about 17 minutes longer, and the turns' figures came out the same with 0.5-1.5 s."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,8 @@ class BenchConfig:
     operator_env: tuple[tuple[str, str], ...]
     keep_state: bool
     quick: bool
+    model_delay: tuple[float, float] = MODEL_DELAY
+    """Seconds the scripted model takes for each answer, drawn evenly from this range."""
     only: frozenset[str] = frozenset(CASES)
     """The cases to run (all by default)."""
     skipped: tuple[str, ...] = ()
@@ -155,6 +164,21 @@ class BenchConfig:
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part.strip())
+
+
+def thinking_range(bounds: tuple[float, float]) -> str:
+    """``bounds`` as ``--model-delay`` takes it."""
+    low, high = bounds
+    return f"{low:g}" if low == high else f"{low:g}-{high:g}"
+
+
+def _seconds_range(text: str) -> tuple[float, float]:
+    """``LOW-HIGH`` (or one number) as seconds; ValueError if it is not a range."""
+    low, _, high = text.partition("-")
+    bounds = (float(low), float(high or low))
+    if not 0 <= bounds[0] <= bounds[1]:
+        raise ValueError(text)
+    return bounds
 
 
 def _named(sizes: Sequence[int], prefix: str) -> list[tuple[int, str]]:
@@ -201,7 +225,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     parser.add_argument("--runs", help="P3 concurrencies, comma-separated (default 100,200)")
     parser.add_argument("--steps", type=int, help="steps per run in P2 and P3 (default 10)")
     parser.add_argument("--p1-steps", type=int, help="sequential steps in P1 (default 20)")
-    parser.add_argument("--finished", type=int, help="finished runs in P5 (default 2000)")
+    parser.add_argument("--finished", type=int, help="finished runs in P5 (default 20000)")
     parser.add_argument("--rest-seconds", type=float, help="P5 window at rest (default 120)")
     parser.add_argument(
         "--chains",
@@ -214,18 +238,18 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         help="AGENTRUN_JOB_DELETION_GRACE_SECONDS of the operator (default: its own default; "
         "--quick: 5)",
     )
-    defaults = {name: p.default for name, p in inspect.signature(ControlPlane).parameters.items()}
     parser.add_argument(
         "--cm-qps",
         type=int,
-        default=defaults.get("controller_manager_qps", 100),
-        help="kube-controller-manager --kube-api-qps (default: the local control plane's, "
-        "%(default)s)",
+        default=BENCH_CM_QPS,
+        help="kube-controller-manager --kube-api-qps (default %(default)s: unthrottled, so "
+        "that the Jobs' own controllers do not bound both legs; the local control plane's "
+        "own default is 100)",
     )
     parser.add_argument(
         "--cm-burst",
         type=int,
-        default=defaults.get("controller_manager_burst", 200),
+        default=BENCH_CM_BURST,
         help="kube-controller-manager --kube-api-burst (default %(default)s)",
     )
     parser.add_argument(
@@ -240,6 +264,13 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         help="model turns of each agent run, comma-separated, at most "
         f"{MAX_TURNS}, a count listed again run again (its median counts; default 20,20,20,1000; "
         "--quick: 5)",
+    )
+    parser.add_argument(
+        "--model-delay",
+        default=thinking_range(MODEL_DELAY),
+        metavar="LOW-HIGH",
+        help="seconds the agent case's scripted model takes for each answer, drawn evenly "
+        "from LOW to HIGH (one number: always that; default %(default)s: at once), e.g. 0.5-1.5",
     )
     parser.add_argument(
         "--replica-runs", type=int, help="runs of the replicas case (default 400; --quick: 20)"
@@ -324,6 +355,10 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
     turns = _ints(str(pick("turns")))
     if any(not 2 <= n <= MAX_TURNS for n in turns):
         parser.error(f"--turns {args.turns!r}: counts from 2 to {MAX_TURNS}")
+    try:
+        model_delay = _seconds_range(args.model_delay)
+    except ValueError:
+        parser.error(f"--model-delay {args.model_delay!r}: give LOW-HIGH seconds, 0 <= LOW <= HIGH")
     replicas = _ints(str(pick("replicas")))
     if any(n < 1 for n in replicas):
         parser.error(f"--replicas {args.replicas!r}: counts of 1 or more")
@@ -336,6 +371,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         chains=_ints(str(pick("chains"))),
         grace=None if grace is None else int(str(grace)),
         turns=turns,
+        model_delay=model_delay,
         replica_runs=int(str(pick("replica_runs"))),
         replicas=replicas,
         replica_cpu=args.replica_cpu,
@@ -417,7 +453,8 @@ def header(config: BenchConfig, bench: BenchCluster, limit: str = "") -> list[st
         f"    cases         P1 {config.p1_steps} steps; P2 1 and {config.steps} steps; "
         f"P3 {', '.join(map(str, config.runs))} runs of {config.steps} steps; "
         f"plan sizes {', '.join(map(str, config.chains)) or 'none'}; "
-        f"agent runs of {', '.join(map(str, config.turns))} turns; "
+        f"agent runs of {', '.join(map(str, config.turns))} turns, the model answering in "
+        f"{thinking(config.model_delay)}; "
         f"P5 {config.finished} finished runs, {config.rest_seconds:.0f} s at rest",
         *_replicas_header(config, limit),
         *_peer_header(config),
@@ -437,6 +474,7 @@ def meta(config: BenchConfig) -> dict[str, object]:
         "quick": config.quick,
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "operator_settings": dict(sorted(config.env().items())),
+        "model_delay_seconds": list(config.model_delay),
     }
 
 
@@ -504,7 +542,7 @@ def run(config: BenchConfig) -> int:
         pool=pool,
         keep_state=config.keep_state,
     )
-    report = Report()
+    report = Report(controller_manager_qps=config.controller_manager_qps)
     began = time.monotonic()
     step_timeout = 30.0
 
@@ -637,7 +675,14 @@ def run(config: BenchConfig) -> int:
         for turns, case in _named(config.turns if "agent" in config.only else (), "agent"):
             agent = attempt(
                 f"agent: one run of {turns} model turns on a scripted model",
-                functools.partial(cases.agent_turns, bench, case, turns, 120 + 10.0 * turns),
+                functools.partial(
+                    cases.agent_turns,
+                    bench,
+                    case,
+                    turns,
+                    120 + (10.0 + config.model_delay[1]) * turns,
+                    config.model_delay,
+                ),
             )
             if agent is not None:
                 report.agents.append(agent)

@@ -445,9 +445,9 @@ class Report:
         run = agent.run
         lines = [
             "",
-            f"Agent turns: one run of {agent.turns} model turns on a scripted model answering at "
-            "once, each turn but the last calling one container tool (audit log and the model "
-            "server's clock)",
+            f"Agent turns: one run of {agent.turns} model turns on a scripted model answering in "
+            f"{thinking(agent.model_delay)}, each turn but the last calling one container tool "
+            "(audit log and the model server's clock)",
             f"    makespan {fmt(run.makespan, 's', 1)} "
             f"({fmt(ratio(run.makespan, agent.turns), 's')} per turn), "
             f"operator CPU {fmt(ratio(agent.cpu_per_turn, 0.001), 'ms', 0)} per turn",
@@ -456,6 +456,7 @@ class Report:
         for label, values in (
             ("tool result committed -> the next model request", agent.into_model),
             ("model answer -> intent of its call committed", agent.out_of_model),
+            ("model answer -> next model request (the call's Job too)", agent.between_models),
         ):
             s = summarize(values)
             if s is not None:
@@ -681,6 +682,7 @@ class Report:
             for label, values in (
                 ("agent turn overhead, result -> model request", agent.into_model),
                 ("agent turn overhead, answer -> call intent", agent.out_of_model),
+                ("agent turn outside the model, answer -> next request", agent.between_models),
             ):
                 s = summarize(values)
                 if s is not None:
@@ -776,6 +778,14 @@ def _of_medians(results: Sequence[object], size: str) -> str:
 # -- the data file ----------------------------------------------------------------------------
 
 
+def thinking(delay: tuple[float, float]) -> str:
+    """How long the model takes for an answer, in words."""
+    low, high = delay
+    if high <= 0:
+        return "no time"
+    return f"{low:g} s" if low == high else f"{low:g}-{high:g} s"
+
+
 def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -812,6 +822,7 @@ def _agent_row(agent: AgentResult) -> dict[str, Any]:
         "cpu_ms_per_turn": _ms(agent.cpu_per_turn),
         **_latency(agent.into_model, "result_to_request"),
         **_latency(agent.out_of_model, "answer_to_intent"),
+        **_latency(agent.between_models, "answer_to_next_request"),
         "cpu_windows": [
             {"first": w.first, "last": w.last, "cpu_ms_per_turn": _ms(w.cpu_per_turn)}
             for w in windows or ()
