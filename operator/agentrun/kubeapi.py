@@ -15,6 +15,13 @@ the in-cluster ServiceAccount), how a refusal is told to a person (:func:`api_me
 content types of patches, the items of a list call as plain JSON, and the guarded patch that
 removes a finalizer.
 
+How long a call may wait for the API server, in one place (:meth:`Cluster.api_client`): every
+request gets a connect limit and a read limit (:func:`request_timeout`), a watch a read limit a
+little above the ``timeoutSeconds`` it asks of the server, so that a connection that is
+accepted but never answered (a proxy that lost its backend) fails instead of holding its
+caller; and which failures are the API server being away or asking for a wait, retried as a
+matter of course (:func:`transient`), rather than something wrong with the request.
+
 The kubernetes client is imported inside the functions that need it: the step runner uses this
 module and starts without it.
 """
@@ -28,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
     from kubernetes.client.exceptions import ApiException
@@ -62,16 +70,22 @@ class Cluster:
 
     def api_client(self, user_agent: str | None = None) -> Any:
         """A new ``kubernetes.client.ApiClient`` for the cluster, whose connections find out
-        that the API server went silent (:func:`dead_peer_options`). The API server records a
-        write that names no field manager under the User-Agent's first word."""
+        that the API server went silent (:func:`dead_peer_options`), whose requests wait
+        within bounds (a call that names no ``_request_timeout`` gets
+        :func:`request_timeout`'s), and which tries a request that got no answer once more
+        (:data:`REQUEST_RETRIES`), not three times. The API server records a write that names
+        no field manager under the User-Agent's first word."""
+        import urllib3
         from kubernetes import client as kube_client
 
         if self.configuration.socket_options is None:
             self.configuration.socket_options = dead_peer_options()
+        if self.configuration.retries is None:
+            self.configuration.retries = urllib3.Retry(total=REQUEST_RETRIES)
         client = kube_client.ApiClient(self.configuration)
         if user_agent:
             client.user_agent = user_agent
-        return client
+        return bounded(client)
 
 
 KEEPALIVE_IDLE_SECONDS = 10
@@ -127,6 +141,83 @@ def dead_peer_socket(addr_info: tuple[Any, ...]) -> Any:
             sock.close()
             raise
     return sock
+
+
+CONNECT_SECONDS = 10.0
+"""How long a new connection to the API server may take, TLS handshake included."""
+READ_SECONDS = 30.0
+"""How long a request that is not a watch may wait for each read of its answer. Below the API
+server's own limit on such a request (``--request-timeout``, one minute: an admission webhook
+may take up to 30 s of it): a write cut short so may still have been done, which the callers
+expect of any request whose answer is lost (a Job already there is adopted, a status write
+meets a 409 and is derived again), so cutting it costs a retry, never a decision."""
+REQUEST_RETRIES = 1
+"""How many times the client tries again, at once, a request that got no answer (a pooled
+connection the server had closed, a connection refused or never answered): once, so that a
+request waits at most about :data:`READ_SECONDS` + :data:`CONNECT_SECONDS` on a path that
+accepts connections and answers nothing. Callers retry what fails after that."""
+WATCH_SECONDS = int(os.environ.get("AGENTRUN_WATCH_SECONDS") or 300)
+"""The ``timeoutSeconds`` every watch asks of the API server (``AGENTRUN_WATCH_SECONDS``): the
+server ends the watch then, quiet or not, and it is made again from the last version seen. A
+watch hears something at least every :data:`BOOKMARK_SECONDS` while the server answers (the
+bookmarks every watch asks for), so its liveness rests on those, not on ending it often: each
+end is one more request, per watch and per namespace watched."""
+WATCH_GRACE_SECONDS = 15
+"""How much longer than the longest silence of a server that answers (a bookmark's interval,
+or the watch's ``timeoutSeconds`` if that is shorter) a watch waits before it is given up."""
+BOOKMARK_SECONDS = 60
+"""How often the API server sends a bookmark to a watch that asks for them and that its watch
+cache serves, at the least (``defaultBookmarkFrequency`` in k8s.io/apiserver's cacher: "roughly
+every minute"). A watch etcd serves (the watch cache off for its resource) gets none: its
+silence is bounded by its ``timeoutSeconds`` alone."""
+SERVER_REQUEST_SECONDS = 60.0
+"""The API server's own limit on a request that is not a watch (``--request-timeout``)."""
+
+
+def watch_silence(timeout_seconds: float | None, bookmarks: bool = True) -> float | None:
+    """How long a watch that asked for ``timeoutSeconds`` (and, with ``bookmarks``, for
+    bookmarks) may hear nothing, not an event, not a bookmark, not its end, before it is
+    taken for dead: the longest silence of a server that answers, plus
+    :data:`WATCH_GRACE_SECONDS`. None when nothing bounds it (no timeout, no bookmarks)."""
+    quiet = [t for t in (timeout_seconds, BOOKMARK_SECONDS if bookmarks else None) if t]
+    return min(quiet) + WATCH_GRACE_SECONDS if quiet else None
+
+
+def request_timeout(method: str, url: str) -> tuple[float, float | None]:
+    """The ``(connect, read)`` limits of a request to ``url`` (path and query) that names
+    none: a watch (``watch=true``) waits :func:`watch_silence` of the ``timeoutSeconds`` and
+    ``allowWatchBookmarks`` it asks for; any other request :data:`READ_SECONDS`."""
+    query = {k: v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
+    if method.upper() == "GET" and query.get("watch", "").lower() in ("true", "1"):
+        try:
+            asked: float | None = float(query.get("timeoutSeconds") or 0) or None
+        except ValueError:
+            asked = None
+        bookmarks = query.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        return CONNECT_SECONDS, watch_silence(asked, bookmarks)
+    return CONNECT_SECONDS, READ_SECONDS
+
+
+def bounded(api_client: Any) -> Any:
+    """Give every request of ``api_client`` (a ``kubernetes.client.ApiClient``) that names no
+    ``_request_timeout`` the limits of :func:`request_timeout`, by wrapping the one method
+    all of them pass through (``call_api``); returns the client."""
+    send: Callable[..., Any] = api_client.call_api
+    if getattr(send, "_agentrun_bounded", False):
+        return api_client
+
+    def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        # call_api(method, url, header_params, body, post_params, _request_timeout)
+        if len(args) >= 4:
+            if args[3] is None:
+                args = (*args[:3], request_timeout(method, url), *args[4:])
+        elif kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = request_timeout(method, url)
+        return send(method, url, *args, **kwargs)
+
+    call_api._agentrun_bounded = True  # type: ignore[attr-defined]
+    api_client.call_api = call_api
+    return api_client
 
 
 def kubeconfig_paths(explicit: str | None = None) -> str | None:
@@ -240,6 +331,90 @@ def throttled(error: BaseException) -> float | None:
     except (TypeError, ValueError):  # an HTTP date, or nonsense: wait the least
         wait = 1.0
     return min(max(wait, 1.0), RETRY_AFTER_MAX_SECONDS)
+
+
+UNREACHABLE = "unreachable"
+UNAVAILABLE = "unavailable"
+THROTTLED = "throttled"
+UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
+"""Answers that say the API server cannot serve the request now (a proxy without a backend,
+the server not ready or out of time), not that the request is wrong."""
+DETAIL_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Transient:
+    """A failure that says the API server is away or asks for a wait, not that the request is
+    wrong: the caller tries again later, logs one line (:attr:`says`), no traceback."""
+
+    reason: str
+    """:data:`UNREACHABLE` (no answer at all: a connection refused, broken or timed out),
+    :data:`UNAVAILABLE` (502, 503 or 504) or :data:`THROTTLED` (429)."""
+    detail: str
+    """One line: what the client or the server said."""
+    wait: float | None = None
+    """For 429: the seconds its Retry-After asks (:func:`throttled`)."""
+
+    @property
+    def says(self) -> str:
+        """The end of a log line that begins with what failed: "reconcile" + says."""
+        if self.reason == THROTTLED:
+            return f"throttled by the API server (429: {self.detail})"
+        if self.reason == UNAVAILABLE:
+            return f"failed: the API server is unavailable ({self.detail})"
+        return f"failed: the API server did not answer ({self.detail})"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:DETAIL_CHARS]
+
+
+def _no_answer(error: BaseException) -> str | None:
+    """What the client said, when ``error`` means that no answer came."""
+    import http.client
+
+    import urllib3
+
+    no_answer = (
+        urllib3.exceptions.MaxRetryError,
+        urllib3.exceptions.ProtocolError,
+        urllib3.exceptions.TimeoutError,
+        urllib3.exceptions.NewConnectionError,
+        urllib3.exceptions.SSLError,
+        http.client.HTTPException,
+        ConnectionError,
+        TimeoutError,
+        Unreachable,
+    )
+    if not isinstance(error, no_answer):
+        return None
+    cause: BaseException = error
+    if isinstance(error, urllib3.exceptions.MaxRetryError) and error.reason is not None:
+        cause = error.reason
+    return _one_line(f"{type(cause).__name__}: {cause}")
+
+
+def transient(error: BaseException) -> Transient | None:
+    """``error`` (or the error it was raised from) as the API server being away or asking for
+    a wait (:class:`Transient`); None for anything else: a refusal of the request, a bug."""
+    seen: BaseException | None = error
+    for _ in range(3):  # the error, and what it was raised from
+        if seen is None:
+            return None
+        wait = throttled(seen)
+        status = getattr(seen, "status", None)
+        if wait is not None:
+            return Transient(THROTTLED, _one_line(api_message(seen)), wait)  # type: ignore[arg-type]
+        if status in UNAVAILABLE_STATUSES:
+            return Transient(UNAVAILABLE, _one_line(api_message(seen)))  # type: ignore[arg-type]
+        said = str(getattr(seen, "reason", None) or "")
+        if status == 0 and said.startswith("SSLError"):  # the kubernetes client's wrapping
+            return Transient(UNREACHABLE, _one_line(said))
+        no_answer = _no_answer(seen)
+        if no_answer is not None:
+            return Transient(UNREACHABLE, no_answer)
+        seen = seen.__cause__
+    return None
 
 
 def api_message(error: ApiException) -> str:

@@ -4,7 +4,9 @@
   own with the fewest seats there can be and no queue, so that requests beyond them are
   refused at once with 429 Too Many Requests. The throttled passes are tried again after the
   Retry-After the API server asks (``agentrun_throttled_passes_total``), and ``/metrics``
-  shows the refusals (``agentrun_api_requests_total{code="429"}``).
+  shows the refusals (``agentrun_api_requests_total{code="429"}``); each retry, the
+  operator's or kopf's, is one warning line of the log (``agentrun_api_retries_total``), and
+  the log has no traceback.
 * A slow API server, three ways (:func:`slowdown`): etcd stopped for 300 ms of every 400 ms
   (:class:`agentrun_devcluster.faults.Stutter`); etcd 50 ms away from the operator's API
   server (a second API server whose link to etcd is delayed); an admission policy (CEL, no
@@ -40,6 +42,7 @@ from agentrun_devcluster.forwarder import Forwarder
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from tests.support.cluster import StartOperator
 from tests.support.jobs import job_manifest
+from tests.support.oplogs import assert_retries_quiet
 from tests.support.runs import agentrun, create, envelope, get, status_of, step
 from tests.support.scraping import scrape, value
 
@@ -197,6 +200,8 @@ def test_a_throttled_operator_waits_as_asked_and_loses_nothing(
     _all_once(kube, cluster, namespace, names, ledger)
     assert refused >= 1, "the API server refused none of the operator's requests: no overload"
     assert op.alive() and op.starts == 1
+    retried = assert_retries_quiet(op)  # each a line of its own, no traceback
+    assert retried >= waited, (retried, waited)
 
 
 @dataclass

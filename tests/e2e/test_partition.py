@@ -8,18 +8,26 @@ every step's result), the operator is never restarted, and once healed it record
 finished meanwhile within a bounded time (the waits' timeouts: a stuck run fails instead of
 hanging; no timing is asserted). A cut long enough to kill its watches (60 s) shows as not
 ready on /readyz, naming a dead watch, and ready again after the heal; a 10 s cut is ridden out
-by TCP's retransmissions and need not show.
+by TCP's retransmissions and need not show. Every cut leaves a log without a traceback, one
+warning line per retry (``agentrun_api_retries_total``); a cut of 30 s or more has some.
 
-One more cut, of 90 s in CI and 5 minutes in ``make faults`` (``HISTORY_CUT_SECONDS``),
-lasts while etcd's history moves past the version kopf's watch of runs would resume from (a run elsewhere changed again and again,
-etcd compacted and defragmented; the operator's API server keeps no watch cache of runs, so
-etcd answers that watch): healed, that watch meets 410 Gone and lists again, as the
-operator's own watches do after their failed requests (``agentrun_watch_relists_total``),
-and the same checks hold. 90 s outlasts everything that happens to the operator's connections
-in a longer cut: its own watches fail and are tried again every 10 s at most
-(``RETRY_MAX_SECONDS``), and kopf's watch of runs goes through a whole round of its retries
-(attempts #1 to #5 of its request, then a new request, about 70 s in the logs of a 5 minute
-cut); a 5 minute cut only repeats those rounds. ``make faults`` adds a 5 minute cut with no
+A stall (:meth:`~agentrun_devcluster.partition.Partition.stall`) is the other half-open path:
+a proxy that lost its backend, accepting connections, acknowledging every segment and
+keepalive probe, forwarding nothing; the connections open then stay silent after the heal.
+TCP never finds it out; the operator's own limits on a read do (agentrun.kubeapi: 30 s for a
+request; for a watch, 75 s without an event or a bookmark, or here, where its watches end after
+10 s, 25 s of silence). The same checks hold, and /readyz names a stalled watch while it lasts.
+
+One more cut, of 90 s in CI and 5 minutes in ``make faults`` (``HISTORY_CUT_SECONDS``), lasts
+while etcd's history moves past the version kopf's watch of runs would resume from (a run
+elsewhere changed again and again, etcd compacted and defragmented; the operator's API server
+keeps no watch cache of runs, so etcd answers that watch): healed, that watch meets 410 Gone
+and lists again, as the operator's own watches do after their failed requests
+(``agentrun_watch_relists_total``), and the same checks hold. 90 s outlasts every limit the
+operator puts on its connections (agentrun.kubeapi: a request given up after 30 s, a watch
+after 75 s of silence, its own watches tried again every 10 s at most, kopf's requests given up
+after 65 s), so every connection it had is given up and made again while the cut lasts; a 5
+minute cut repeats that, and ``make faults`` still makes one, and adds a 5 minute cut with no
 churn.
 """
 
@@ -43,6 +51,7 @@ from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.partition import Partition, partition_unavailable
 from agentrun_devcluster.testing import KubeClients, TestCluster, job_creations, wait_for
 from tests.support.cluster import TEST_LABELS, StartOperator, create_namespace, delete_namespace
+from tests.support.oplogs import assert_retries_quiet, retried
 from tests.support.runs import agentrun, create, envelope, get, status_of, step
 from tests.support.scraping import readiness, scrape, value
 
@@ -61,6 +70,9 @@ HISTORY_CUT_SECONDS = int(os.environ.get("AGENTRUN_HISTORY_CUT_SECONDS") or 90)
 """How long the history test's cut lasts: 90 s, the longest cut in CI (``make faults``: 300)."""
 LONG_CUT_SECONDS = int(os.environ.get("AGENTRUN_LONG_CUT_SECONDS") or 0)
 """A further cut of this many seconds with no churn (``make faults``: 300); 0, in CI: none."""
+QUIET_CUT_SECONDS = 30
+"""A cut this long outlasts a watch's read limit (20 s): something is tried again (each retry
+one line of the log, counted); a shorter one may be ridden out by TCP alone."""
 
 
 @dataclass(frozen=True)
@@ -233,11 +245,15 @@ def test_a_cut_from_the_api_server_loses_nothing_and_runs_nothing_twice(
     op = start_operator(partition=partition)
     ledger = tmp_path / "executions.log"
     names = _start_runs(kube, namespace, ledger)
+    before = retried(op)
     not_ready = _cut_for(partition, op, cut)
     ready, finished = _nothing_lost_nothing_twice(kube, cluster, namespace, op, names, ledger)
+    after = assert_retries_quiet(op)  # one line per retry, no traceback
+    if cut.seconds >= QUIET_CUT_SECONDS:
+        assert after > before, f"nothing was tried again through a cut {cut.name}"
     print(
         f"cut {cut.name}: ready {ready:.1f}s and runs finished {finished:.1f}s after the heal; "
-        f"not ready meanwhile: {not_ready}"
+        f"not ready meanwhile: {not_ready}; retries {after - before:.0f}"
     )
 
 
@@ -290,3 +306,51 @@ def test_history_compacted_during_a_cut_is_listed_again_and_nothing_is_decided_t
         f"after the heal; lists again: {grew}"
     )
     assert all(n >= 1 for n in grew.values()), f"a watch did not list again: {grew}"
+
+
+STALL_SECONDS = 30
+"""How long the stall lasts: past a watch's silence limit here (25 s: the operator's watches
+end after :data:`STALL_WATCH_SECONDS`, plus its 15 s grace), so that every watch is given up
+while it lasts; a request's (30 s) is met after the heal, by those stalled with it."""
+STALL_WATCH_SECONDS = 10
+"""``AGENTRUN_WATCH_SECONDS`` of the stall test's operator. By default a watch ends after
+300 s and its silence limit rests on the API server's bookmarks (75 s): the same code, which
+a stall of a minute and a half would take to show."""
+
+
+def test_a_path_that_accepts_and_answers_nothing_is_given_up_and_nothing_is_lost_or_run_twice(
+    partition: Partition,
+    start_operator: StartOperator,
+    kube: KubeClients,
+    cluster: TestCluster,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    op = start_operator(
+        partition=partition, env={"AGENTRUN_WATCH_SECONDS": str(STALL_WATCH_SECONDS)}
+    )
+    ledger = tmp_path / "executions.log"
+    names = _start_runs(kube, namespace, ledger)
+    before = retried(op)
+    not_ready: list[str] = []
+    partition.stall()
+    try:
+        end = time.monotonic() + STALL_SECONDS
+        while time.monotonic() < end:
+            code, waiting = readiness(op)
+            if code == 503 and not not_ready:
+                not_ready = waiting
+            time.sleep(1)
+    finally:
+        partition.heal()
+    assert not_ready, f"/readyz said ready all through a stall of {STALL_SECONDS}s"
+    assert any("watch" in w for w in not_ready), not_ready
+    ready, finished = _nothing_lost_nothing_twice(kube, cluster, namespace, op, names, ledger)
+    after = assert_retries_quiet(op)
+    assert after > before, "nothing was tried again through the stall"
+    assert partition.stalled_connections > 0, "no connection of the operator's stalled"
+    print(
+        f"stall of {STALL_SECONDS}s: ready {ready:.1f}s and runs finished {finished:.1f}s after "
+        f"the heal; {partition.stalled_connections} connections stalled; retries "
+        f"{after - before:.0f}; not ready meanwhile: {not_ready}"
+    )

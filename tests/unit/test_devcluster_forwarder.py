@@ -1,7 +1,8 @@
 """The TCP forwarder of the partition and slow-link tests, against a real echo server on
 127.0.0.1: bytes pass unchanged and in order, a delay holds each chunk at least that long each
 way (a lower bound only: a busy machine may add to it, never take from it), the delay may
-be set while a connection is open, and closing ends every connection."""
+be set while a connection is open, closing ends every connection, and a stall keeps every
+connection open while forwarding nothing, until its client gives it up."""
 
 from __future__ import annotations
 
@@ -103,3 +104,46 @@ def test_close_ends_every_connection(echo: tuple[str, int]) -> None:
 def test_a_negative_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="must not be negative"):
         Forwarder("127.0.0.1", ("127.0.0.1", 9), delay=-1)
+
+
+def _hears_nothing(sock: socket.socket, seconds: float = 0.5) -> bool:
+    """Whether ``sock`` receives nothing, not even its end, for ``seconds``."""
+    sock.settimeout(seconds)
+    try:
+        sock.recv(1)
+    except TimeoutError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("delay", [None, 0.0])
+def test_a_stall_keeps_connections_open_and_forwards_nothing_until_their_clients_end(
+    echo: tuple[str, int], delay: float | None
+) -> None:
+    with Forwarder("127.0.0.1", echo, delay=delay) as link, _connect(link) as open_before:
+        _round_trip(open_before, b"open")
+        link.stall()
+        open_before.sendall(b"lost")  # acknowledged by the kernel, dropped by the proxy
+        assert _hears_nothing(open_before)
+        with _connect(link) as during:  # accepted, never joined
+            during.sendall(b"lost too")
+            assert _hears_nothing(during)
+        assert link.stalled == 2
+        link.resume()
+        with _connect(link) as after:
+            after.settimeout(5)
+            _round_trip(after, b"joined again")
+        open_before.sendall(b"still lost")
+        assert _hears_nothing(open_before)  # a stalled connection stays stalled
+        assert link.stalled == 2 and link.accepted == 3
+
+
+def test_close_ends_stalled_connections_too(echo: tuple[str, int]) -> None:
+    link = Forwarder("127.0.0.1", echo)
+    with _connect(link) as sock:
+        _round_trip(sock, b"open")
+        link.stall()
+        assert _hears_nothing(sock, 0.2)
+        link.close()
+        sock.settimeout(5)
+        assert sock.recv(1) == b""

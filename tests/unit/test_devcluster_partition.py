@@ -310,6 +310,44 @@ def test_a_connection_lives_through_a_cut_nothing_resets_it(partition: Partition
         proc.wait(10)
 
 
+def test_a_stall_accepts_and_keeps_connections_and_answers_nothing_until_healed(
+    partition: Partition,
+) -> None:
+    """Unlike a cut, a stall connects (the ping is sent, not refused) and hears nothing back,
+    on a connection made before it as on one made during it; healed, new connections are
+    answered, and one that stalled stays silent (its client must give it up)."""
+    proc = subprocess.Popen(
+        partition.wrap(
+            [sys.executable, "-c", _CONVERSATION, SERVICE_NAME, str(partition.forwarder_port)]
+        ),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def say(line: str) -> str:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{line}\n")
+        proc.stdin.flush()
+        return proc.stdout.readline().strip()
+
+    try:
+        assert say("ping 5") == "ping"
+        partition.stall()
+        assert partition.stalled and not partition.is_cut
+        assert say("ping 2") == "timeout"
+        assert _ping_from_namespace(partition) == "timeout"  # connected, never answered
+        partition.heal()
+        assert not partition.stalled
+        assert _ping_from_namespace(partition) == "ping"
+        assert say("ping 2") == "timeout"  # the connection that stalled stays so
+        assert partition.stalled_connections == 2
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 _SERVER = """
 import socket, sys
 with socket.create_server((sys.argv[1], 0)) as s:

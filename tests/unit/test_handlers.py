@@ -438,3 +438,32 @@ def test_kopfs_connections_to_the_api_server_give_up_on_a_silent_peer() -> None:
         undo()
     assert vars(auth)["aiohttp"] is aiohttp
     assert asyncio.run(user_timeout_of_a_request()) == 0  # the kernel's default
+
+
+def test_kopfs_watch_of_runs_and_its_requests_wait_within_the_operators_bounds() -> None:
+    """kopf's watch of runs asks the server to end it when the operator's own watches do, and
+    is given up after as long a silence; kopf's other requests are given up after about a
+    minute (a connection that stalled is never answered)."""
+    from types import SimpleNamespace
+
+    import kopf
+
+    from agentrun.kubeapi import (
+        CONNECT_SECONDS,
+        SERVER_REQUEST_SECONDS,
+        WATCH_GRACE_SECONDS,
+        WATCH_SECONDS,
+    )
+
+    settings = kopf.OperatorSettings()
+    memo = SimpleNamespace(state=SimpleNamespace(settings=SimpleNamespace(peering=None)))
+    configure: Any = handlers.configure  # as kopf calls it, with what it needs
+    configure(settings=settings, memo=memo)
+    # the server ends a watch after WATCH_SECONDS; kopf gives it up after a bookmark's
+    # interval of silence, and in any case a grace after the server should have ended it
+    assert settings.watching.server_timeout == WATCH_SECONDS
+    assert settings.watching.client_timeout == WATCH_SECONDS + WATCH_GRACE_SECONDS
+    assert settings.watching.inactivity_timeout == min(WATCH_SECONDS, 60) + WATCH_GRACE_SECONDS
+    assert settings.watching.connect_timeout == settings.networking.connect_timeout
+    assert settings.networking.connect_timeout == CONNECT_SECONDS
+    assert settings.networking.request_timeout == SERVER_REQUEST_SECONDS + WATCH_GRACE_SECONDS

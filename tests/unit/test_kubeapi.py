@@ -1,6 +1,8 @@
 """Expected refusals of the Kubernetes API pass; any other still fails the call. A refusal is
 told to a person in the API server's own words. The cluster's configuration comes from the
-kubeconfig kubectl would read, else the in-cluster ServiceAccount."""
+kubeconfig kubectl would read, else the in-cluster ServiceAccount. Every request waits within
+bounds (a watch a little longer than it asks the server to last), and the API server being
+away, unavailable or throttling is told apart from a refusal of the request."""
 
 from __future__ import annotations
 
@@ -15,9 +17,17 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException
 
 from agentrun.kubeapi import (
+    CONNECT_SECONDS,
+    READ_SECONDS,
+    THROTTLED,
     UNACKNOWLEDGED_SECONDS,
+    UNAVAILABLE,
+    UNREACHABLE,
+    WATCH_GRACE_SECONDS,
+    WATCH_SECONDS,
     Cluster,
     KubeconfigError,
+    Unreachable,
     api_message,
     dead_peer_options,
     dead_peer_socket,
@@ -26,8 +36,11 @@ from agentrun.kubeapi import (
     kubeconfig_paths,
     list_items,
     load_cluster,
+    request_timeout,
     throttled,
     tolerate,
+    transient,
+    watch_silence,
 )
 
 
@@ -261,3 +274,83 @@ def test_a_429_is_waited_out_as_its_retry_after_asks_within_bounds() -> None:
     assert throttled(refusal(429, "3600")) == 60.0
     assert throttled(refusal(409)) is None
     assert throttled(RuntimeError("connection reset")) is None
+
+
+def test_a_request_waits_within_bounds_and_a_watch_a_little_past_its_own_end() -> None:
+    ordinary = (CONNECT_SECONDS, READ_SECONDS)
+    assert request_timeout("GET", "/api/v1/namespaces/ns/pods?limit=500") == ordinary
+    assert request_timeout("PATCH", "/apis/agentrun.dev/v1alpha1/x?watch=true") == ordinary
+    watch = "/apis/batch/v1/jobs?watch=True&timeoutSeconds=15&allowWatchBookmarks=true"
+    assert request_timeout("GET", watch) == (CONNECT_SECONDS, 15 + WATCH_GRACE_SECONDS)
+    long_watch = "/api/v1/pods?watch=1&timeoutSeconds=300&allowWatchBookmarks=true"
+    assert request_timeout("GET", long_watch) == (CONNECT_SECONDS, 60 + WATCH_GRACE_SECONDS)
+    no_bookmarks = "/api/v1/pods?watch=true&timeoutSeconds=300"
+    assert request_timeout("GET", no_bookmarks) == (CONNECT_SECONDS, 300 + WATCH_GRACE_SECONDS)
+    assert request_timeout("GET", "/api/v1/pods?watch=true") == (CONNECT_SECONDS, None)
+    assert watch_silence(WATCH_SECONDS) == min(WATCH_SECONDS, 60) + WATCH_GRACE_SECONDS
+    assert READ_SECONDS < 60, "below the API server's own limit on a request"
+
+
+def test_a_client_made_here_bounds_every_request_that_names_no_bounds_of_its_own() -> None:
+    from kubernetes import client as kube_client
+
+    client = Cluster(kube_client.Configuration()).api_client()
+    sent: list[Any] = []
+    client.rest_client.request = lambda *args, **kwargs: sent.append(kwargs.get("_request_timeout"))
+    try:
+        assert client.configuration.retries.total == 1
+        client.call_api("GET", "https://k/api/v1/pods")
+        client.call_api("GET", "https://k/api/v1/pods?watch=true&timeoutSeconds=15")
+        client.call_api("GET", "https://k/api/v1/pods", None, None, None, None)
+        client.call_api("GET", "https://k/api/v1/pods", _request_timeout=(1, 2))
+        kube_client.CoreV1Api(client).list_namespaced_pod("ns")
+    except AttributeError:  # the stub answers None, which the generated method cannot read
+        pass
+    finally:
+        client.close()
+    assert sent == [
+        (CONNECT_SECONDS, READ_SECONDS),
+        (CONNECT_SECONDS, 15 + WATCH_GRACE_SECONDS),
+        (CONNECT_SECONDS, READ_SECONDS),
+        (1, 2),
+        (CONNECT_SECONDS, READ_SECONDS),
+    ]
+
+
+def test_the_api_server_away_unavailable_or_throttling_is_transient_a_refusal_is_not() -> None:
+    import urllib3
+
+    pool = urllib3.HTTPSConnectionPool("kubernetes.default.svc", 443)
+    timed_out = urllib3.exceptions.ReadTimeoutError(pool, "/api", "Read timed out.")
+    gave_up = urllib3.exceptions.MaxRetryError(pool, "/api", timed_out)
+    broken = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError("reset"))
+    for error in (gave_up, timed_out, broken, ConnectionRefusedError(), TimeoutError()):
+        found = transient(error)
+        assert found is not None and found.reason == UNREACHABLE, error
+        assert "\n" not in found.detail and found.says.startswith("failed: the API server did")
+    assert transient(gave_up).detail.startswith("ReadTimeoutError: ")  # type: ignore[union-attr]
+    try:
+        try:
+            raise broken
+        except urllib3.exceptions.ProtocolError as error:
+            raise Unreachable("no answer") from error
+    except Unreachable as wrapped:
+        assert transient(wrapped) is not None
+
+    def refusal(status: int, message: str = "") -> ApiException:
+        error = ApiException(status=status, reason="x")
+        error.body = json.dumps({"message": message}) if message else None
+        error.headers = {"Retry-After": "3"}
+        return error
+
+    throttling = transient(refusal(429, "too many requests"))
+    assert throttling is not None and throttling.reason == THROTTLED and throttling.wait == 3.0
+    assert throttling.says == "throttled by the API server (429: too many requests)"
+    unavailable = transient(refusal(503, "the server is shutting down"))
+    assert unavailable is not None and unavailable.reason == UNAVAILABLE
+    for status in (400, 403, 404, 409, 422, 500):
+        assert transient(refusal(status, "refused")) is None, status
+    assert transient(ValueError("a bug")) is None
+    assert transient(ApiException(status=0, reason="Cannot prepare a request message")) is None
+    ssl = transient(ApiException(status=0, reason="SSLError\nEOF occurred"))
+    assert ssl is not None and ssl.reason == UNREACHABLE

@@ -23,6 +23,7 @@ from agentrun.telemetry.endpoints import (
     SILENT_SECONDS,
     Endpoints,
     Readiness,
+    runs_watched,
     watch_kopf_listings,
 )
 from tests.support.sim import T0
@@ -317,3 +318,58 @@ def test_kopf_listing_of_runs_marks_readiness_and_passes_every_event_on() -> Non
         undo()
         assert watching.infinite_watch is stream
         watching.infinite_watch = real
+
+
+def test_the_watch_of_runs_is_told_apart_by_its_url() -> None:
+    base = f"/apis/{m.GROUP}/{m.VERSION}"
+    assert runs_watched(f"{base}/namespaces/ns/{m.PLURAL}?watch=true&timeoutSeconds=15") == (
+        True,
+        "ns",
+    )
+    assert runs_watched(f"{base}/{m.PLURAL}?watch=true") == (True, None)
+    assert runs_watched(f"{base}/namespaces/ns/{m.PLURAL}") == (False, None)  # a list
+    assert runs_watched("/api/v1/namespaces?watch=true") == (False, None)
+
+
+def test_a_watch_of_runs_that_the_server_ends_in_order_counts_as_heard_one_that_fails_not() -> None:
+    """A quiet namespace's watch of runs hears no event, but the server ends each watch
+    request after its timeoutSeconds: that end is heard; a timeout or a broken connection
+    (raised by kopf's stream) is not."""
+    from kopf._cogs.clients import api
+
+    now = [100.0]
+    fail = [False]
+
+    async def stream(url: str, **_: Any) -> AsyncIterator[Any]:
+        if fail[0]:
+            raise TimeoutError
+        lines: list[Any] = []
+        for line in lines:
+            yield line
+
+    real = api.stream
+    api.stream = stream
+    readiness = Readiness(("ns",), clock=lambda: now[0])
+    readiness.runs_listed("ns")
+    readiness.informer_listed()
+    undo = watch_kopf_listings(readiness)
+    url = f"/apis/{m.GROUP}/{m.VERSION}/namespaces/ns/{m.PLURAL}?watch=true"
+
+    async def watch() -> list[Any]:
+        wrapped: Any = api.stream  # as kopf's watch calls it
+        return [line async for line in wrapped(url=url)]
+
+    try:
+        now[0] += SILENT_SECONDS
+        assert asyncio.run(watch()) == []
+        now[0] += 1
+        assert readiness.ready(), "the end of the watch request was heard"
+        fail[0] = True
+        with pytest.raises(TimeoutError):
+            asyncio.run(watch())
+        now[0] += SILENT_SECONDS
+        assert not readiness.ready()
+    finally:
+        undo()
+        assert api.stream is stream
+        api.stream = real

@@ -20,6 +20,7 @@ from agentrun.observation.watches import (
     JOBS,
     PODS,
     SILENT_SECONDS,
+    WATCH_SECONDS,
     ClusterView,
     Informer,
     Reflector,
@@ -435,6 +436,28 @@ def test_the_watch_event_of_a_create_this_process_made_wakes_nobody() -> None:
     assert view.apply(JOBS, "ADDED", third) is not None, "not created here"
 
 
+@pytest.mark.parametrize("first", [PODS, EVENTS])
+def test_a_created_job_whose_pod_or_refusal_came_first_wakes_its_run(first: str) -> None:
+    """The Job controller makes a Job's pod within milliseconds of the create, and the watch
+    of pods may deliver it before the watch of Jobs delivers the Job: the pod then names no
+    run the view knows, and woke none. The Job's arrival wakes the run instead, even as the
+    echo of this process's create (else the pod waited for its gate to be lifted until a
+    timer, 2 s later)."""
+    view = ClusterView()
+    mine = job("j1", "u1", owner=run_ref(), version="7")
+    view.made(mine)
+    early = (
+        pod("p1", "pu1", job_uid="u1")
+        if first == PODS
+        else refusal("e1", "u1", "forbidden", "2024-01-01T00:00:00Z")
+    )
+    view.apply(first, "ADDED", early)
+    assert view.run_of(first, early) is None, "the Job is not known yet"
+    woken = view.apply(JOBS, "ADDED", mine)
+    assert woken is not None
+    assert view.run_of(JOBS, woken) == ("ns", "demo", RUN_UID)
+
+
 def test_the_deletion_of_a_job_the_operator_let_go_wakes_nobody() -> None:
     """A finished step Job released to the TTL controller (its outcome committed, the
     outcome finalizer off) is deleted a grace later: that decides nothing, unless its name is
@@ -645,14 +668,20 @@ def test_a_watch_silent_for_too_long_is_made_again_from_its_last_version_without
     silent = ReadTimeoutError(None, "/apis/batch/v1/jobs", "Read timed out.")  # type: ignore[arg-type]
     bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}}
     api = FakeApi([page([], "10"), FakeResponse(lines=[bookmark], then=silent), FakeResponse()])
-    reflector = Reflector(ClusterView(), Source(JOBS, "ns"), api, lambda *run: None)
+    retried: list[str] = []
+    reflector = Reflector(
+        ClusterView(), Source(JOBS, "ns"), api, lambda *run: None, retried=retried.append
+    )
     reflector.start()
     assert api.done.wait(10), "the reflector did not use up its answers"
     reflector.stop()
     reflector.join(5)
     watches = [c["resource_version"] for c in api.calls if c.get("watch")]
     assert watches[:2] == ["10", "15"] and reflector.lists >= 1
+    assert api.calls[1]["timeout_seconds"] == WATCH_SECONDS
     assert api.calls[1]["_request_timeout"] == (10, SILENT_SECONDS)
+    assert min(WATCH_SECONDS, 60) + 15 == SILENT_SECONDS, "past a bookmark's interval"
+    assert retried[:1] == ["unreachable"], "a watch that went silent is a retry, counted"
 
 
 def test_a_watch_is_trouble_while_its_requests_fail_or_it_hears_nothing() -> None:

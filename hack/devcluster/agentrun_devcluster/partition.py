@@ -14,8 +14,12 @@ pair (``arhK`` on the host, ``arnK`` in the namespace) that carries two pairs of
   ``/healthz`` and the test reaches them. It is never cut.
 
 :meth:`Partition.cut` drops the API path's packets silently, in both directions or in one
-(half-open), with no reset: the other side just hears nothing, as behind a failed switch.
-:meth:`Partition.heal` lets them through again::
+(half-open), with no reset: the other side just hears nothing, as behind a failed switch; no
+keepalive probe is answered either. :meth:`Partition.stall` leaves the packets alone and stalls
+the forwarder instead (:meth:`agentrun_devcluster.forwarder.Forwarder.stall`), as a proxy that
+lost its backend: connections are accepted, segments and keepalive probes acknowledged, and
+nothing is forwarded either way; a connection that stalled stays so after the heal, until its
+client gives it up. :meth:`Partition.heal` ends both::
 
     with Partition(cp.server, cp.kubeconfig, tmp_path) as partition:
         with OperatorProcess(cp.kubeconfig, namespaces=[ns], partition=partition) as op:
@@ -23,6 +27,9 @@ pair (``arhK`` on the host, ``arnK`` in the namespace) that carries two pairs of
             ...
             partition.heal()
             partition.cut(to_server=False)       # the server's packets are lost, not the operator's
+            ...
+            partition.heal()
+            partition.stall()                    # accepted, acknowledged, never answered
             ...
 
 The cut poisons a neighbour (ARP) entry of the API path with a MAC address nobody has:
@@ -211,6 +218,8 @@ class Partition(StartStop):
         """Whether the namespace's packets to the server are lost."""
         self.cut_to_operator = False
         """Whether the host's packets to the namespace (the server's answers) are lost."""
+        self.stalled = False
+        """Whether the forwarder forwards nothing (:meth:`stall`)."""
         self._forwarder: Forwarder | None = None
         self._lock_fd: int | None = None
 
@@ -266,6 +275,11 @@ class Partition(StartStop):
     def connections(self) -> int:
         """How many connections the forwarder accepted (0 when not started)."""
         return 0 if self._forwarder is None else self._forwarder.accepted
+
+    @property
+    def stalled_connections(self) -> int:
+        """How many connections the forwarder stalled (0 when not started)."""
+        return 0 if self._forwarder is None else self._forwarder.stalled
 
     @property
     def is_cut(self) -> bool:
@@ -365,8 +379,21 @@ class Partition(StartStop):
             )
             self.cut_to_operator = True
 
+    def stall(self) -> None:
+        """Make the forwarder a proxy that lost its backend: every connection open now, and
+        every one accepted until :meth:`heal`, stays open and forwards nothing (see the
+        module docstring). Packets pass as before; the management path is untouched."""
+        if self._forwarder is None:
+            raise PartitionError("the partition is not started")
+        self._forwarder.stall()
+        self.stalled = True
+
     def heal(self) -> None:
-        """Let the API path's packets through again, both directions."""
+        """Let the API path's packets through again, both directions, and new connections
+        be forwarded again (the stalled ones stay stalled)."""
+        if self.stalled and self._forwarder is not None:
+            self._forwarder.resume()
+        self.stalled = False
         if self.cut_to_server:
             _ip("-n", self.name, "neigh", "del", self.server_host, "dev", self.netns_veth)
             self.cut_to_server = False
@@ -385,7 +412,7 @@ class Partition(StartStop):
             if self.index is not None:
                 self._remove()
         finally:
-            self.cut_to_server = self.cut_to_operator = False
+            self.cut_to_server = self.cut_to_operator = self.stalled = False
             self._release()
 
     def _remove(self) -> None:

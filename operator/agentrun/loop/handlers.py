@@ -36,7 +36,14 @@ from kubernetes import client as kube_client
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core.shards import shard_of
-from agentrun.kubeapi import dead_peer_socket
+from agentrun.kubeapi import (
+    CONNECT_SECONDS,
+    SERVER_REQUEST_SECONDS,
+    WATCH_GRACE_SECONDS,
+    WATCH_SECONDS,
+    dead_peer_socket,
+    watch_silence,
+)
 from agentrun.loop import concurrency, memory
 from agentrun.loop.janitor import Janitor, keep_sweeping
 from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
@@ -44,13 +51,16 @@ from agentrun.loop.run_events import RunEvents
 from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
 from agentrun.loop.shards import ShardKeeper
 from agentrun.observation.watches import ClusterView, Informer
-from agentrun.telemetry import metrics, tracing
+from agentrun.telemetry import metrics, retries, tracing
 from agentrun.telemetry.endpoints import Endpoints, Readiness, watch_kopf_listings
 
 log = logging.getLogger("agentrun.handlers")
 
-CONNECT_SECONDS = 10.0
-"""How long kopf waits for a connection to the API server before it tries again."""
+KOPF_REQUEST_SECONDS = SERVER_REQUEST_SECONDS + WATCH_GRACE_SECONDS
+"""How long one of kopf's own requests that is not a watch may take in all (kopf's limit is
+on the whole request, not on each read): the API server's own limit on such a request and a
+little more, so that a list of every run the server still serves is never cut short, and a
+request on a connection that stalled is given up within about a minute."""
 
 
 @dataclass
@@ -110,6 +120,7 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         view,
         relisted=lambda kind: metrics.WATCH_RELISTS.labels(kind).inc(),
         shard_count=settings.shards,
+        retried=lambda reason: retries.count("watch", reason),
     )
     readiness = Readiness(settings.namespaces)
     readiness.watch_troubles(informer.troubles)
@@ -204,12 +215,13 @@ def _kopf_detects_dead_peers() -> Callable[[], None]:
 
     kopf's watch of runs reads a stream the API server writes: cut off from the API server
     (packets dropped, no reset), the operator's side sends nothing, so without keepalive the
-    watch would wait on a connection nobody answers until its ``server_timeout`` (300 s) and
-    deliver nothing meanwhile. With the options the connection fails within about half a
-    minute; kopf watches again from the version it had (and, if that version has left the
-    API server's history by then, gets 410 Gone and lists again). kopf makes its aiohttp
-    connector in one place; the operator hands that place a connector with a socket factory.
-    If kopf no longer has it, the log says so and kopf keeps aiohttp's default sockets."""
+    watch would wait on a connection nobody answers until one of its timeouts (see
+    :func:`configure`) and deliver nothing meanwhile. With the options the connection fails
+    within about half a minute, whatever it was doing; kopf watches again from the version
+    it had (and, if that version has left the API server's history by then, gets 410 Gone
+    and lists again). kopf makes its aiohttp connector in one place; the operator hands that
+    place a connector with a socket factory. If kopf no longer has it, the log says so and
+    kopf keeps aiohttp's default sockets."""
     return _in_kopf_module(
         "auth",
         "aiohttp",
@@ -256,12 +268,22 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     settings.persistence.diffbase_storage = _NoDiffBase()
     settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 300
+    # kopf's watch of runs is bounded as the operator's own watches are
+    # (agentrun.kubeapi.WATCH_SECONDS): the server sends a bookmark about once a minute and
+    # ends each watch after WATCH_SECONDS, so a watch that has heard nothing, not even a
+    # bookmark, for 75 s is on a connection that stalled (accepted, never answered: keepalive
+    # does not find that out) and is given up and made again (inactivity_timeout, reset by
+    # every line); client_timeout bounds the whole request a grace past the server's end.
+    silence = watch_silence(WATCH_SECONDS)
+    settings.watching.server_timeout = WATCH_SECONDS
+    settings.watching.client_timeout = WATCH_SECONDS + WATCH_GRACE_SECONDS
+    settings.watching.inactivity_timeout = silence or settings.watching.inactivity_timeout
     # A connection to an API server that cannot be reached is given up after 10 s and tried
     # again (kopf waits five minutes by default), so that kopf's watch of runs is back soon
-    # after a partition heals.
+    # after a partition heals; any other request of kopf's is given up after about a minute.
     settings.networking.connect_timeout = CONNECT_SECONDS
     settings.watching.connect_timeout = CONNECT_SECONDS
+    settings.networking.request_timeout = KOPF_REQUEST_SECONDS
     # A run's daemon ends by itself with the pass that finishes the run; that pass may still
     # be writing when the finished run's own event tells kopf to stop the daemon. Waiting up
     # to a second for it spares kopf's delayed re-check, which costs a patch of the run.

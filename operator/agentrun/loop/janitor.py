@@ -62,10 +62,8 @@ from agentrun.core import EmitEvent
 from agentrun.kubeapi import (
     JSON_PATCH,
     METADATA_ONLY,
-    api_message,
     finalizer_removal,
     list_items,
-    throttled,
     tolerate,
 )
 from agentrun.loop import memory
@@ -73,6 +71,7 @@ from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.watches import controller_uid
 from agentrun.telemetry import metrics
+from agentrun.telemetry.retries import fields, retried
 
 log = logging.getLogger("agentrun.janitor")
 
@@ -346,14 +345,16 @@ async def keep_sweeping(janitor: Janitor, period: float) -> None:
             done = await asyncio.to_thread(janitor.sweep)
             await asyncio.to_thread(memory.give_back)
         except Exception as error:
-            wait = throttled(error)
-            if wait is None:
+            away = retried("janitor", error)
+            if away is None:
                 log.exception("janitor pass failed; trying again in %.0fs", period)
-            else:  # the API server sheds load: a line, counted, never a traceback
-                metrics.THROTTLED_SWEEPS.inc()
-                log.warning("janitor pass throttled by the API server (429: %s); trying again "
-                            "in %.0fs", api_message(error), max(period, wait))  # type: ignore[arg-type]  # fmt: skip
-                await asyncio.sleep(max(period, wait) - period)
+            else:  # the API server away or shedding load: a line, counted, never a traceback
+                wait = max(period, away.wait or 0.0)
+                if away.wait is not None:
+                    metrics.THROTTLED_SWEEPS.inc()
+                log.warning("janitor pass %s; trying again in %.0fs", away.says, wait,
+                            extra=fields("janitor", away.reason))  # fmt: skip
+                await asyncio.sleep(wait - period)
         else:
             if done.acted or done.failures:
                 log.info("janitor: %s", done.summary(), extra={"agentrun": asdict(done)})

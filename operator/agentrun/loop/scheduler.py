@@ -35,11 +35,11 @@ from typing import Any, Protocol
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.execution import jobs
-from agentrun.kubeapi import api_message, throttled
 from agentrun.loop.reconciler import Outcome, Reconciler
 from agentrun.observation.watches import ClusterView
 from agentrun.telemetry import metrics
 from agentrun.telemetry.endpoints import Readiness
+from agentrun.telemetry.retries import fields, retried
 
 log = logging.getLogger("agentrun.handlers")
 """The name these lines have always carried (they were the handlers')."""
@@ -325,8 +325,17 @@ class Scheduler:
                     continue
                 try:
                     again = await asyncio.to_thread(delete, body)
-                except Exception:
-                    log.exception("cleanup after the run's deletion failed", extra=_ctx(*key))
+                except Exception as error:
+                    away = retried("deletion", error)
+                    if away is None:
+                        log.exception("cleanup after the run's deletion failed", extra=_ctx(*key))
+                    else:
+                        log.warning(
+                            "cleanup after the run's deletion %s; retrying in %.0fs",
+                            away.says,
+                            DELETION_RETRY_SECONDS,
+                            extra=fields("deletion", away.reason, _ctx(*key)),
+                        )
                     again = True
                 if not again:
                     return
@@ -438,8 +447,16 @@ class Scheduler:
                     return
                 body = read
             delay = await asyncio.to_thread(self.reconciler.due_in, body, found)
-        except Exception:
-            log.exception("could not check a finished run; passing it", extra=_ctx(*key))
+        except Exception as error:
+            away = retried("check", error)
+            if away is None:
+                log.exception("could not check a finished run; passing it", extra=_ctx(*key))
+            else:
+                log.warning(
+                    "check of a finished run %s; passing it",
+                    away.says,
+                    extra=fields("check", away.reason, _ctx(*key)),
+                )
             delay = 0.0
         if delay is not None:
             self.schedule_pass(*key, delay)
@@ -489,21 +506,20 @@ FAILED_PASS_RETRY_SECONDS = 5.0
 
 
 def _failed(what: str, error: Exception, namespace: str, name: str) -> float:
-    """Log a failed pass; the seconds until it is tried again: what a 429's Retry-After asks
-    (the API server is shedding load: one line, no traceback), else
-    :data:`FAILED_PASS_RETRY_SECONDS`."""
-    wait = throttled(error)
-    if wait is None:
+    """Log a failed pass; the seconds until it is tried again: what a 429's Retry-After asks,
+    else :data:`FAILED_PASS_RETRY_SECONDS`. The API server away, unavailable or shedding load
+    (:func:`agentrun.kubeapi.transient`) is one line, counted
+    (:func:`agentrun.telemetry.retries.retried`), no traceback; anything else has its
+    traceback."""
+    away = retried("pass", error)
+    if away is None:
         log.exception("%s failed; retrying", what, extra=_ctx(namespace, name))
         return FAILED_PASS_RETRY_SECONDS
-    metrics.THROTTLED_PASSES.inc()
-    log.warning(
-        "%s throttled by the API server (429: %s); retrying in %.0fs",
-        what,
-        api_message(error),  # type: ignore[arg-type]
-        wait,
-        extra=_ctx(namespace, name),
-    )
+    wait = FAILED_PASS_RETRY_SECONDS if away.wait is None else away.wait
+    if away.wait is not None:
+        metrics.THROTTLED_PASSES.inc()
+    line = fields("pass", away.reason, _ctx(namespace, name))
+    log.warning("%s %s; retrying in %.0fs", what, away.says, wait, extra=line)
     return wait
 
 

@@ -34,8 +34,9 @@ from typing import Any
 
 from agentrun.api.models import GROUP
 from agentrun.core import shards as sh
-from agentrun.kubeapi import api_message, tolerate
+from agentrun.kubeapi import CONNECT_SECONDS, api_message, tolerate
 from agentrun.telemetry import metrics
+from agentrun.telemetry.retries import fields, retried
 
 log = logging.getLogger("agentrun.shards")
 
@@ -103,6 +104,13 @@ class ShardKeeper:
     def period(self) -> float:
         return self.duration / 3
 
+    @property
+    def limits(self) -> tuple[float, float]:
+        """The ``_request_timeout`` of every Lease request: a read waits at most a
+        :attr:`period`, so that a renewal that went unanswered is sent again in time to keep
+        the shards (ownership lapses by the clock anyway: this is for liveness only)."""
+        return CONNECT_SECONDS, max(self.period, 1.0)
+
     def owns_shard(self, shard: int) -> bool:
         with self._lock:
             sent = self._held.get(shard)
@@ -136,7 +144,9 @@ class ShardKeeper:
             try:
                 self.tick()
             except Exception as error:  # the API server is away: owns() lapses by itself
-                log.warning("shard Leases: %s", _describe(error))
+                away = retried("shards", error)
+                line = fields("shards", away.reason) if away is not None else None
+                log.warning("shard Leases: %s", _describe(error), extra=line)
                 self._tell()
             if self._stop.wait(self.period):
                 return
@@ -160,7 +170,9 @@ class ShardKeeper:
                 log.warning("shard %d not released: %s", shard, _describe(error))
         self._tell()  # nothing held now: no shard's Jobs are watched any longer
         with tolerate(404):
-            self.api.delete_namespaced_lease(sh.member_lease(self.identity), self.namespace)
+            self.api.delete_namespaced_lease(
+                sh.member_lease(self.identity), self.namespace, _request_timeout=self.limits
+            )
 
     # -- one tick --------------------------------------------------------------------------
 
@@ -230,12 +242,17 @@ class ShardKeeper:
             version = self._seen[name][0]
             body = {"preconditions": {"resourceVersion": version}}
             with tolerate(404, 409):
-                self.api.delete_namespaced_lease(name, self.namespace, body=body)
+                self.api.delete_namespaced_lease(
+                    name, self.namespace, body=body, _request_timeout=self.limits
+                )
             self._seen.pop(name, None)
 
     def _observe(self, now: float) -> None:
         response = self.api.list_namespaced_lease(
-            self.namespace, label_selector=LEASE_LABEL, _preload_content=False
+            self.namespace,
+            label_selector=LEASE_LABEL,
+            _preload_content=False,
+            _request_timeout=self.limits,
         )
         listed: dict[str, dict[str, Any]] = {
             str(item["metadata"]["name"]): item
@@ -285,7 +302,7 @@ class ShardKeeper:
             }
             with tolerate(409) as taken:
                 answer = self.api.create_namespaced_lease(
-                    self.namespace, body, _preload_content=False
+                    self.namespace, body, _preload_content=False, _request_timeout=self.limits
                 )
         else:
             old = seen[2]
@@ -298,7 +315,11 @@ class ShardKeeper:
             body = {**old, "metadata": meta, "spec": {**old_spec, **spec}}
             with tolerate(409, 404) as taken:
                 answer = self.api.replace_namespaced_lease(
-                    name, self.namespace, body, _preload_content=False
+                    name,
+                    self.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=self.limits,
                 )
         if taken:
             self._seen.pop(name, None)  # listed again at the next tick
@@ -320,7 +341,11 @@ class ShardKeeper:
         spec = {k: v for k, v in (body.get("spec") or {}).items() if k != "holderIdentity"}
         with tolerate(409, 404) as gone:
             answer = self.api.replace_namespaced_lease(
-                name, self.namespace, {**body, "spec": spec}, _preload_content=False
+                name,
+                self.namespace,
+                {**body, "spec": spec},
+                _preload_content=False,
+                _request_timeout=self.limits,
             )
         if gone:
             self._seen.pop(name, None)

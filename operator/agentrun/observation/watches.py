@@ -16,9 +16,11 @@ What is watched, in each watched namespace (or in all of them):
 
 Each (kind, namespace) pair has a reflector thread: it lists (in pages), replaces its part of
 the view at once, then watches from the list's resourceVersion with bookmarks, resuming from
-the last version seen each time the server ends the watch or the watch hears nothing for
-:data:`SILENT_SECONDS` (the server sends a bookmark about once a minute), and lists again when
-that version is too old (410 Gone) or a request failed. Every change wakes the run it belongs
+the last version seen each time the server ends the watch (it asks the server to, after
+:data:`WATCH_SECONDS`) or the watch hears nothing for :data:`SILENT_SECONDS` (a connection that
+stalled: accepted, never answered), and lists again when that version is too old (410 Gone) or
+a request failed. Each failure is one warning line, and those of the API server being away are
+counted (``retried(reason)``). Every change wakes the run it belongs
 to (``wake(namespace, name, uid)``); a relist wakes the runs whose objects changed, appeared or
 vanished. :meth:`Informer.troubles` says which watches are dead now (for /readyz).
 
@@ -56,6 +58,8 @@ from agentrun.execution.jobs import (
     pod_essentials,
     step_terminated,
 )
+from agentrun.kubeapi import CONNECT_SECONDS, UNREACHABLE, transient, watch_silence
+from agentrun.kubeapi import WATCH_SECONDS as WATCH_SECONDS
 
 log = logging.getLogger("agentrun.observer")
 
@@ -76,15 +80,16 @@ Wake = Callable[[str, str, str], None]
 """``wake(namespace, run name, run uid)``: something of that run changed."""
 
 PAGE = 500
-WATCH_SECONDS = 300
-"""How long one watch request lasts before the server ends it and it is resumed."""
-SILENT_SECONDS = 70
-"""How long a watch may deliver nothing, not even a bookmark, before it is taken for dead and
-made again (from the last version seen). The API server sends watchers that ask for them a
-bookmark about once a minute; kopf's watch of runs waits as long
-(``settings.watching.inactivity_timeout``)."""
+SILENT_SECONDS = watch_silence(WATCH_SECONDS) or WATCH_SECONDS
+"""How long a watch (of :data:`WATCH_SECONDS`) may deliver nothing, not even a bookmark or its
+end, before it is taken for dead and made again (from the last version seen): its read limit.
+kopf's watch of runs waits as long (``settings.watching.inactivity_timeout``)."""
 TROUBLE_CHARS = 200
 """How much of a failed request's error /readyz repeats."""
+LOG_CONTEXT = "agentrun"
+"""The ``extra`` key of the operator's log context (``agentrun.telemetry.logs.CONTEXT``): the
+line of a watch tried again carries ``retry`` (``watch``) and ``reason`` there, as every
+retry's line does (:mod:`agentrun.telemetry.retries`)."""
 RETRY_MAX_SECONDS = 10.0
 """The longest wait before a failed list or watch is tried again (from 1 s, doubling): a
 watch that is down leaves steps unrecorded, so it is tried again soon after the API server
@@ -243,7 +248,8 @@ class ClusterView:
     def made(self, job: Obj) -> None:
         """This process created ``job`` (the create's answer): the watch's event of that
         create tells the operator nothing it does not know (its passes take the Job from the
-        answer until the view has it), so it wakes no run. Only that version, only once."""
+        answer until the view has it), so it wakes no run, unless a pod or an Event of the
+        Job came first (:meth:`_early`). Only that version, only once."""
         meta = _meta(job)
         uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
         if not uid or not version:
@@ -280,8 +286,14 @@ class ClusterView:
                 after = slim
             echo = kind == JOBS and before is None and after is not None and (
                 self._made.pop(str(uid), None) == _version(after)
-            )  # fmt: skip
+            ) and not self._early(str(uid))  # fmt: skip
         return slim if matters(kind, before, after) and not echo else None
+
+    def _early(self, job_uid: str) -> bool:
+        """Whether a pod or an Event of Job ``job_uid`` came before the Job (another watch,
+        on a connection of its own): it woke no run then, the Job unknown, so the Job's
+        arrival must (call with the lock held)."""
+        return bool(self._owned[PODS].get(job_uid) or self._owned[EVENTS].get(job_uid))
 
     def covered_elsewhere(self, source: Source, obj: Obj) -> bool:
         """Whether another source of this view (expected, not forgotten) covers ``obj`` as it
@@ -504,8 +516,11 @@ class Reflector:
         field_selector: str | None = None,
         watch_seconds: int = WATCH_SECONDS,
         relisted: Callable[[str], None] = lambda kind: None,
+        retried: Callable[[str], None] = lambda reason: None,
     ) -> None:
-        """``relisted(kind)`` is told of every list after the first (for a metric)."""
+        """``relisted(kind)`` is told of every list after the first, ``retried(reason)`` of
+        every request tried again because the API server was away (a
+        :attr:`agentrun.kubeapi.Transient.reason`; for metrics)."""
         self.view = view
         self.source = source
         self.call = call
@@ -516,7 +531,10 @@ class Reflector:
         if field_selector:
             self.selectors["field_selector"] = field_selector
         self.watch_seconds = watch_seconds
+        self.silence = watch_silence(watch_seconds) or float(watch_seconds)
+        """How long a watch request may hear nothing before it is taken for dead."""
         self.relisted = relisted
+        self.retried = retried
         self.stopping = threading.Event()
         self.lists = 0
         """How many times the source was listed (1 + relists)."""
@@ -563,7 +581,13 @@ class Reflector:
                 if self.stopping.is_set():
                     return
                 self.failing = (str(error) or type(error).__name__)[:TROUBLE_CHARS]
-                log.warning("%s failed (%s); retrying in %.0fs", self._name(), error, backoff)
+                away = transient(error)
+                if away is None:
+                    log.warning("%s failed (%s); retrying in %.0fs", self._name(), error, backoff)
+                else:
+                    self.retried(away.reason)
+                    log.warning("%s %s; retrying in %.0fs", self._name(), away.says, backoff,
+                                extra=_retry_line(away.reason))  # fmt: skip
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, RETRY_MAX_SECONDS)
 
@@ -576,11 +600,12 @@ class Reflector:
 
     def trouble(self, now: float) -> str | None:
         """What is wrong with this watch at ``now`` (monotonic): its last request failed, or
-        it has heard nothing for longer than :data:`SILENT_SECONDS`; None while it works."""
+        it has heard nothing for longer than :attr:`silence` (a server that answers ends
+        each watch sooner); None while it works."""
         failing, silent = self.failing, now - self.heard
         if failing is not None:
             return f"the {self._name()} failed ({failing}); trying again"
-        if silent > SILENT_SECONDS:
+        if silent > self.silence:
             return f"the {self._name()} has heard nothing from the API server for {silent:.0f}s"
         return None
 
@@ -599,6 +624,7 @@ class Reflector:
                 if getattr(error, "status", None) == 410:
                     raise Expired() from error
                 raise
+            self.heard = time.monotonic()
             page = json.loads(response.data)
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
@@ -623,7 +649,7 @@ class Reflector:
                 allow_watch_bookmarks=True,
                 timeout_seconds=self.watch_seconds,
                 # A read that waits longer than that for a byte fails: the watch is dead.
-                _request_timeout=(10, SILENT_SECONDS),
+                _request_timeout=(CONNECT_SECONDS, self.silence),
                 **self.selectors,
             )
         except Exception as error:
@@ -633,7 +659,7 @@ class Reflector:
         self._response = response
         self._answered()
         try:
-            for line in _silent_ends(_lines(response)):
+            for line in self._silent_ends(_lines(response)):
                 self.heard = time.monotonic()
                 if self.stopping.is_set():
                     break
@@ -656,6 +682,18 @@ class Reflector:
             response.close()
             response.release_conn()
         return version
+
+    def _silent_ends(self, lines: Iterator[str]) -> Iterator[str]:
+        """``lines``, ending with one warning line, counted, when a read waited
+        :attr:`silence` for nothing (the connection stalled): the watch is made again from the
+        last version seen, on a new connection, which fails (and is counted as failing) if the
+        API server cannot be reached."""
+        try:
+            yield from lines
+        except ReadTimeoutError:
+            self.retried(UNREACHABLE)
+            log.warning("%s heard nothing for %.0fs; watching again on a new connection",
+                        self._name(), self.silence, extra=_retry_line(UNREACHABLE))  # fmt: skip
 
     def _moved(self, obj: Obj) -> bool:
         """Whether a DELETED of a shard's watch (or the strays') is the object relabelled out
@@ -694,14 +732,8 @@ class Reflector:
                     log.exception("waking run %s/%s failed", run[0], run[1])
 
 
-def _silent_ends(lines: Iterator[str]) -> Iterator[str]:
-    """``lines``, ending quietly when a read waited :data:`SILENT_SECONDS` for nothing: the
-    watch is made again from the last version seen, on a new connection, which fails at
-    once (and is counted as failing) if the API server cannot be reached."""
-    try:
-        yield from lines
-    except ReadTimeoutError:
-        log.info("a watch heard nothing for %ds; watching again", SILENT_SECONDS)
+def _retry_line(reason: str) -> dict[str, Any]:
+    return {LOG_CONTEXT: {"retry": "watch", "reason": reason}}
 
 
 def _lines(response: Any) -> Iterator[str]:
@@ -734,14 +766,16 @@ class Informer:
         view: ClusterView | None = None,
         relisted: Callable[[str], None] = lambda kind: None,
         shard_count: int = 0,
+        retried: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """``apis``: an object with ``.core`` (CoreV1Api) and ``.batch`` (BatchV1Api);
-        ``relisted``: see :class:`Reflector`; ``shard_count``: ``AGENTRUN_SHARDS`` (0: not
-        sharded, every step Job and pod is watched)."""
+        ``relisted``, ``retried``: see :class:`Reflector`; ``shard_count``:
+        ``AGENTRUN_SHARDS`` (0: not sharded, every step Job and pod is watched)."""
         self.view = view or ClusterView()
         self.apis = apis
         self.wake = wake
         self.relisted = relisted
+        self.retried = retried
         self.shard_count = shard_count
         self.scopes: Sequence[str | None] = list(namespaces) or [None]
         self._lock = threading.Lock()
@@ -766,6 +800,7 @@ class Informer:
                     wake,
                     field_selector=REFUSAL_SELECTOR,
                     relisted=relisted,
+                    retried=retried,
                 ),
             ]
 
@@ -778,6 +813,7 @@ class Informer:
             self.wake,
             label_selector=source.label_selector(),
             relisted=self.relisted,
+            retried=self.retried,
         )
 
     def follow(self, shards: frozenset[int]) -> None:

@@ -44,7 +44,7 @@ from agentrun.core import naming
 from agentrun.core.envelope import result_object_data, summary_line
 from agentrun.core.pod_env import ENV_TOOL_ARGS
 from agentrun.execution import objects
-from agentrun.kubeapi import tolerate
+from agentrun.kubeapi import Cluster, tolerate
 
 TERMINATION_LIMIT = 4096
 INLINE_LIMIT = 3072
@@ -138,7 +138,8 @@ class ResultStore:
 
 
 def default_store(identity: StepIdentity, env: dict[str, str]) -> ResultStore | None:
-    """A store using the pod's ServiceAccount token, or None without API access."""
+    """A store using the pod's ServiceAccount token, or None without API access. Its requests
+    wait within the operator's own bounds (:meth:`agentrun.kubeapi.Cluster.api_client`)."""
     sa_dir = Path(env.get(s.ENV_SERVICEACCOUNT_DIR, DEFAULT_SERVICEACCOUNT_DIR))
     if not (sa_dir / "token").is_file() or not env.get("KUBERNETES_SERVICE_HOST"):
         return None
@@ -150,8 +151,9 @@ def default_store(identity: StepIdentity, env: dict[str, str]) -> ResultStore | 
         token_filename=str(sa_dir / "token"), cert_filename=str(sa_dir / "ca.crt"),
         environ=env,
     )  # fmt: skip
-    loader.load_and_set()
-    return ResultStore(kube_client.CoreV1Api(), identity)
+    configuration = kube_client.Configuration()
+    loader.load_and_set(configuration)
+    return ResultStore(kube_client.CoreV1Api(Cluster(configuration).api_client()), identity)
 
 
 def run_step(

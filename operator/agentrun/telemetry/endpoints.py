@@ -14,14 +14,16 @@ before, with a JSON body naming what it still waits for:
 * the operator's own watches of step Jobs, their pods and pod refusals
   (:mod:`agentrun.observation.watches`), once each has completed its first list.
 
-Once everything has listed, ``/readyz`` goes on answering 503 while a watch is dead, naming
-it: one of the operator's own watches whose last request failed (until one is answered again)
-or that has heard nothing for :data:`SILENT_SECONDS` (the API server sends a bookmark about once
-a minute), and kopf's watch of runs in a namespace when it has delivered nothing, not even a
-bookmark, for as long. So a partition from the API server, or an API server that stopped
-answering, shows as not ready within about a minute, and ready again once the watches are
-answered; the operator itself needs no restart (its liveness endpoint is kopf's and stays
-up), and it goes on working from what it has seen meanwhile.
+Once everything has listed, ``/readyz`` goes on answering 503 while a watch is dead, naming it:
+one of the operator's own watches whose last request failed (until one is answered again) or
+that has heard nothing for :data:`SILENT_SECONDS`, and kopf's watch of runs in a namespace when
+it has heard nothing for as long: no event, no bookmark, and no end of a watch request (the
+server ends each after :data:`agentrun.kubeapi.WATCH_SECONDS`, so a watch that works hears at
+least that often; :func:`watch_kopf_listings` also sees those ends). So a partition from the
+API server, or a path to it that accepts connections and answers nothing, shows as not ready
+within :data:`SILENT_SECONDS` (75 s), and ready again once the watches are answered; the
+operator itself needs no restart (its liveness endpoint is kopf's and stays up), and it goes on
+working from what it has seen meanwhile.
 """
 
 from __future__ import annotations
@@ -35,20 +37,23 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, S
 from contextlib import aclosing
 from socketserver import ThreadingMixIn
 from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, make_wsgi_app
 
 from agentrun.api import models as m
+from agentrun.kubeapi import WATCH_SECONDS, watch_silence
 from agentrun.telemetry import metrics
 
 log = logging.getLogger("agentrun.endpoints")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
-SILENT_SECONDS = 75
-"""How long kopf's watch of runs in a namespace may deliver nothing, not even a bookmark
-(sent about once a minute), before /readyz names it as dead."""
+SILENT_SECONDS = watch_silence(WATCH_SECONDS) or WATCH_SECONDS
+"""How long kopf's watch of runs in a namespace may hear nothing, not an event, not a
+bookmark, not the end of a watch request, before /readyz names it as dead (kopf gives such a
+watch up then, too: ``settings.watching.inactivity_timeout``)."""
 
 
 class Readiness:
@@ -122,11 +127,58 @@ def _runs_watch(namespace: str | None) -> str:
     return f"kopf's watch of AgentRuns in namespace {namespace}"
 
 
+def runs_watched(url: str) -> tuple[bool, str | None]:
+    """Whether ``url`` (a path and query, as kopf streams it) is a watch of AgentRuns, and in
+    which namespace (None: all)."""
+    parts = urlsplit(url)
+    watch = parse_qs(parts.query).get("watch", [""])[-1].lower() in ("true", "1")
+    segments = [s for s in parts.path.split("/") if s]
+    if not watch or segments[:3] != ["apis", m.GROUP, m.VERSION] or segments[-1:] != [m.PLURAL]:
+        return False, None
+    scope = segments[3:-1]
+    if len(scope) == 2 and scope[0] == "namespaces":
+        return True, scope[1]
+    return not scope, None
+
+
+def _kopf_stream_ends(readiness: Readiness) -> Callable[[], None]:
+    """Tell ``readiness`` each time one of kopf's watch requests of AgentRuns ends as the API
+    server ends it (the stream closed in order: no error, no timeout of kopf's); returns the
+    function that undoes it. kopf streams every watch through ``api.stream`` in its client
+    module; if it no longer does, the log says so and only events count as heard."""
+    try:
+        from kopf._cogs.clients import api
+
+        original = api.stream
+    except (ImportError, AttributeError):
+        log.warning(
+            "this kopf streams its watches elsewhere than expected; /readyz may name a quiet "
+            "namespace's watch of runs as dead"
+        )
+        return lambda: None
+
+    async def stream(url: str, **kwargs: Any) -> AsyncIterator[Any]:
+        runs, namespace = runs_watched(url)
+        lines = cast(AsyncGenerator[Any, None], original(url, **kwargs))
+        async with aclosing(lines) as each:
+            async for line in each:
+                yield line
+        if runs:  # an error or a timeout would have been raised
+            readiness.runs_heard(namespace)
+
+    api.stream = stream
+
+    def undo() -> None:
+        api.stream = original
+
+    return undo
+
+
 def watch_kopf_listings(readiness: Readiness) -> Callable[[], None]:
     """Tell ``readiness`` when kopf's watch of AgentRuns has listed them, and each time it
-    delivers something (see the module docstring); returns the function that undoes it. If
-    kopf no longer has the stream this relies on, readiness says so in the log and counts
-    kopf's watch as listed at once."""
+    delivers something or a watch request of it ends in order (see the module docstring);
+    returns the function that undoes it. If kopf no longer has the stream this relies on,
+    readiness says so in the log and counts kopf's watch as listed at once."""
     try:
         from kopf._cogs.clients import watching
 
@@ -139,6 +191,7 @@ def watch_kopf_listings(readiness: Readiness) -> Callable[[], None]:
         )
         readiness.runs_listed_everywhere()
         return lambda: None
+    undo_ends = _kopf_stream_ends(readiness)
 
     async def infinite_watch(*, resource: Any, namespace: Any, **kwargs: Any) -> AsyncIterator[Any]:
         runs = getattr(resource, "group", None) == m.GROUP and (
@@ -165,6 +218,7 @@ def watch_kopf_listings(readiness: Readiness) -> Callable[[], None]:
 
     def undo() -> None:
         watching.infinite_watch = original
+        undo_ends()
 
     return undo
 

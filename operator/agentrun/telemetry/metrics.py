@@ -105,6 +105,16 @@ THROTTLED_SWEEPS = Counter(
     "Janitor sweeps cut short by 429 Too Many Requests; each is tried again after its period, "
     "or the wait its Retry-After asks if longer.",
 )
+API_RETRIES = Counter(
+    "agentrun_api_retries",
+    "Requests to the API server (or what they were part of: a pass, a sweep, a watch) tried "
+    "again because the server did not answer (unreachable), said it cannot serve now "
+    "(unavailable: 502, 503, 504) or asked for a wait (throttled: 429), by who tried again "
+    "(pass, deletion, check, janitor, watch, shards, client: the kubernetes client's own "
+    "retry, kopf: kopf's retry of its own requests) and reason. Each is one warning line in "
+    "the log, never a traceback.",
+    ["by", "reason"],
+)
 SHARDS_OWNED = Gauge(
     "agentrun_shards_owned",
     "Shards whose runs this replica decides now (with AGENTRUN_SHARDS; 0 otherwise): it holds "
