@@ -6,8 +6,8 @@ worker busy while the others have finished: the suite takes as long as that grou
 its length. So the groups are handed out longest first (the classic longest-processing-time
 rule), by how long each took in the last run on this machine: the conftest writes every
 group's seconds to :func:`durations_file` at the end of a run and reads them at collection.
-A group that has no recorded time yet (a new machine, a new module) is ranked by its suite,
-the slower suites first: the Docker engine's, e2e, then integration, then unit.
+A group that has no recorded time yet (a new machine, a new module) is taken to last what
+groups of its suite usually do (:data:`SUITE_GUESS`).
 """
 
 from __future__ import annotations
@@ -18,16 +18,18 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [
-    "SUITE_RANK",
+    "SUITE_GUESS",
     "durations_file",
     "load_durations",
     "ranked_groups",
     "save_durations",
 ]
 
-SUITE_RANK = {"docker": 0, "containers": 0, "e2e": 1, "integration": 2, "unit": 3}
-"""A group without a recorded time goes with its suite, in this order (``docker``, the group
-of every test of the Docker engine, first: on a new machine it installs the engine)."""
+SUITE_GUESS = {"docker": 600.0, "containers": 600.0, "e2e": 60.0, "integration": 10.0, "unit": 1.0}
+"""The seconds a group with no recorded time is taken to last, by its suite (``docker``, the
+group of every test of the Docker engine, longest: on a new machine it installs the engine):
+about what such a group took on a 2-core machine, so that a new module ranks among the
+recorded ones of its kind."""
 
 
 def durations_file() -> Path:
@@ -65,21 +67,16 @@ def save_durations(path: Path, seconds: Mapping[str, float], previous: Mapping[s
 
 
 def _suite(group: str) -> str:
-    parts = group.split("/")
-    return parts[0] if parts else ""
+    return group.split("/", 1)[0]
 
 
 def ranked_groups(groups: list[str], durations: Mapping[str, float]) -> list[str]:
-    """``groups`` longest first: recorded groups by their seconds, above those of their
-    suite with none; each suite's unrecorded groups after the recorded ones of the same
-    suite, in their own order. Ties keep the order given (the sort is stable)."""
+    """``groups`` longest first, each by its recorded seconds, else by its suite's
+    :data:`SUITE_GUESS` (a suite not in it: last). Ties keep the order given (the sort is
+    stable)."""
 
-    def key(item: tuple[int, str]) -> tuple[int, float, int]:
-        index, group = item
-        rank = SUITE_RANK.get(_suite(group), len(SUITE_RANK))
+    def seconds(group: str) -> float:
         known = durations.get(group)
-        if known is not None:
-            return (0, -known, index)
-        return (1, float(rank), index)
+        return known if known is not None else SUITE_GUESS.get(_suite(group), 0.0)
 
-    return [g for _, g in sorted(enumerate(groups), key=key)]
+    return sorted(groups, key=lambda group: -seconds(group))

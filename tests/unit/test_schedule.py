@@ -9,7 +9,7 @@ import pytest
 from tests.support.schedule import durations_file, load_durations, ranked_groups, save_durations
 
 
-def test_recorded_groups_come_longest_first_then_the_rest_by_suite() -> None:
+def test_groups_come_longest_first_an_unrecorded_one_as_long_as_its_suite_usually_takes() -> None:
     groups = [
         "unit/test_a.py",
         "e2e/test_fast.py",
@@ -21,17 +21,17 @@ def test_recorded_groups_come_longest_first_then_the_rest_by_suite() -> None:
     ]
     recorded = {"e2e/test_slow.py": 500.0, "e2e/test_fast.py": 20.0, "unit/test_a.py": 40.0}
     assert ranked_groups(groups, recorded) == [
+        "docker",  # 600 s by its suite
         "e2e/test_slow.py",
+        "e2e/test_new.py",  # 60 s by its suite
         "unit/test_a.py",
         "e2e/test_fast.py",
-        "docker",
-        "e2e/test_new.py",
-        "integration/test_b.py",
-        "unit/test_new.py",
+        "integration/test_b.py",  # 10 s
+        "unit/test_new.py",  # 1 s
     ]
 
 
-def test_with_nothing_recorded_the_docker_group_and_e2e_go_first_in_their_own_order() -> None:
+def test_with_nothing_recorded_the_suites_order_them_and_ties_keep_their_order() -> None:
     groups = ["unit/test_a.py", "e2e/test_b.py", "integration/test_c.py", "e2e/test_a.py", "docker"]
     assert ranked_groups(groups, {}) == [
         "docker",
@@ -40,6 +40,7 @@ def test_with_nothing_recorded_the_docker_group_and_e2e_go_first_in_their_own_or
         "integration/test_c.py",
         "unit/test_a.py",
     ]
+    assert ranked_groups(["other/x.py", "unit/y.py"], {}) == ["unit/y.py", "other/x.py"]
 
 
 def test_saved_durations_keep_groups_this_run_did_not_run(tmp_path: Path) -> None:
