@@ -21,7 +21,8 @@ from agentrun import settings as s
 from agentrun.core import CreateJob
 from agentrun.core import shards as sh
 from agentrun.execution import jobs
-from agentrun.observation.watches import ClusterView, Informer
+from agentrun.observation.view import ClusterView
+from agentrun.observation.watches import Informer
 from agentrun_devcluster.testing import KubeClients, wait_for
 from tests.support.sim import make_run, step
 from tests.support.waiting import assert_holds

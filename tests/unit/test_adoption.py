@@ -29,7 +29,7 @@ from agentrun.core.machine import committed_launch
 from agentrun.core.refusals import refusal_may_pass
 from agentrun.execution import jobs, proof
 from agentrun.observation import adoption
-from agentrun.observation.watches import JOBS, PODS, ClusterView
+from agentrun.observation.view import JOBS, PODS, ClusterView
 from tests.support.sim import T0, UID, Sim, make_run, step
 
 

@@ -15,7 +15,7 @@ from agentrun.core import CreateJob, JobState, PrepareExecutor, turns
 from agentrun.core import executor as ex
 from agentrun.execution import jobs, proof
 from agentrun.loop.reconciler import Apis, Reconciler
-from agentrun.observation.watches import JOBS, PODS, ClusterView, Source
+from agentrun.observation.view import JOBS, PODS, ClusterView, Source
 from tests.support.agent_sim import agent_run, call
 from tests.support.executor_sim import ExecutorSim
 

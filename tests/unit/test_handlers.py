@@ -19,7 +19,8 @@ from agentrun.api import models as m
 from agentrun.loop import handlers, scheduler
 from agentrun.loop.reconciler import Apis, Outcome, Reconciler
 from agentrun.loop.scheduler import Scheduler
-from agentrun.observation.watches import ClusterView, Informer
+from agentrun.observation.view import ClusterView
+from agentrun.observation.watches import Informer
 from agentrun.telemetry.endpoints import Readiness
 from tests.support.sim import T0, UID, Sim, make_run, step
 

@@ -18,7 +18,7 @@ from agentrun.execution import jobs
 from agentrun.loop.act import CLIENT_REFUSAL, MAX_REFUSAL, client_message
 from agentrun.loop.decide import REFUSAL_REQUEUE, requeue_after
 from agentrun.loop.reconciler import Apis, Reconciler
-from agentrun.observation.watches import ClusterView
+from agentrun.observation.view import ClusterView
 from tests.support.schema import VALIDATOR
 from tests.support.sim import Sim, make_run, step
 

@@ -1,5 +1,5 @@
 """The watched view of step Jobs, their pods and their pods' refusals
-(agentrun.observation.watches):
+(agentrun.observation.view, agentrun.observation.watches):
 indexing by controller, atomic relists, what wakes a run, and the reflector's list+watch loop
 (pages, resumption, 410 Gone) against a fake API."""
 
@@ -15,18 +15,8 @@ import pytest
 from urllib3.exceptions import ReadTimeoutError
 
 from agentrun import settings as s
-from agentrun.observation.watches import (
-    EVENTS,
-    JOBS,
-    PODS,
-    SILENT_SECONDS,
-    WATCH_SECONDS,
-    ClusterView,
-    Informer,
-    Reflector,
-    Source,
-    matters,
-)
+from agentrun.observation.view import EVENTS, JOBS, PODS, ClusterView, Source, matters
+from agentrun.observation.watches import SILENT_SECONDS, WATCH_SECONDS, Informer, Reflector
 
 RUN_UID = "run-uid-1"
 OTHER_RUN = "run-uid-2"

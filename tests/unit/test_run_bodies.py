@@ -17,7 +17,7 @@ from agentrun.loop.commit import AuditRecord, commit
 from agentrun.loop.ledger import Conflict
 from agentrun.loop.observe import Observer
 from agentrun.loop.reconciler import Apis, Reconciler, RunBodies
-from agentrun.observation.watches import ClusterView
+from agentrun.observation.view import ClusterView
 from tests.support.sim import UID, Sim, make_run, step
 
 

@@ -28,7 +28,7 @@ from agentrun.core import (
 )
 from agentrun.execution import jobs, proof
 from agentrun.loop.reconciler import Apis, Reconciler
-from agentrun.observation.watches import JOBS, PODS, ClusterView, Source
+from agentrun.observation.view import JOBS, PODS, ClusterView, Source
 from tests.support.sim import UID, Sim, make_run, step
 
 SP = m.StepPhase

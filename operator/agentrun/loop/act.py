@@ -46,7 +46,8 @@ from agentrun.kubeapi import api_message, finalizer_removal, tolerate
 from agentrun.loop.common import Apis, Checkpoint, log, run_fields
 from agentrun.loop.observe import Observer
 from agentrun.loop.turn_requests import TurnSender
-from agentrun.observation.watches import Wake, controller_uid
+from agentrun.observation.view import controller_uid
+from agentrun.observation.watches import Wake
 from agentrun.telemetry import events
 
 MAX_REFUSAL = 2048

@@ -50,7 +50,8 @@ from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
 from agentrun.loop.run_events import RunEvents
 from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
 from agentrun.loop.shards import ShardKeeper
-from agentrun.observation.watches import ClusterView, Informer
+from agentrun.observation.view import ClusterView
+from agentrun.observation.watches import Informer
 from agentrun.telemetry import metrics, retries, tracing
 from agentrun.telemetry.endpoints import Endpoints, Readiness, watch_kopf_listings
 

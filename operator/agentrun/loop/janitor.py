@@ -69,7 +69,7 @@ from agentrun.kubeapi import (
 from agentrun.loop import memory
 from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
-from agentrun.observation.watches import controller_uid
+from agentrun.observation.view import controller_uid
 from agentrun.telemetry import metrics
 from agentrun.telemetry.retries import fields, retried
 

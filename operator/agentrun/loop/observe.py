@@ -46,7 +46,7 @@ from agentrun.loop.signing import JobKey
 from agentrun.loop.written import Written
 from agentrun.observation import conversation as resume
 from agentrun.observation.adoption import Adoption
-from agentrun.observation.watches import ClusterView
+from agentrun.observation.view import ClusterView
 
 V = TypeVar("V")
 
@@ -73,7 +73,7 @@ class Observer:
         process did not make counts as the operator's only if it is what that builds."""
         self.ledger = ledger
         self.view = view
-        """The watched step Jobs, pods and pod refusals (agentrun.observation.watches); a pass
+        """The watched step Jobs, pods and pod refusals (agentrun.observation.view); a pass
         waits until it is synced. Only deletion cleanup works without one."""
         self.job_key = JobKey(apis, settings.operator_namespace)
         """The key that signs the step Jobs this operator creates and verifies those it finds."""

@@ -38,7 +38,8 @@ from agentrun.loop.common import CHECKPOINTS, Apis, Checkpoint, log, no_checkpoi
 from agentrun.loop.decide import Decider, requeue_after
 from agentrun.loop.ledger import Conflict, Ledger
 from agentrun.loop.observe import Observer, RunBodies
-from agentrun.observation.watches import ClusterView, Wake
+from agentrun.observation.view import ClusterView
+from agentrun.observation.watches import Wake
 from agentrun.telemetry import changes as telemetry
 
 __all__ = ["CHECKPOINTS", "Apis", "Checkpoint", "Outcome", "Reconciler", "RunBodies"]

@@ -36,7 +36,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.execution import jobs
 from agentrun.loop.reconciler import Outcome, Reconciler
-from agentrun.observation.watches import ClusterView
+from agentrun.observation.view import ClusterView
 from agentrun.telemetry import metrics
 from agentrun.telemetry.endpoints import Readiness
 from agentrun.telemetry.retries import fields, retried

@@ -60,7 +60,7 @@ from agentrun.observation.job_checks import (  # re-exported: the checks it runs
     ownership_problem,
     spec_problem,
 )
-from agentrun.observation.watches import ClusterView, controller_ref, controller_uid
+from agentrun.observation.view import ClusterView, controller_ref, controller_uid
 
 __all__ = [
     "DERIVED_LABELS",

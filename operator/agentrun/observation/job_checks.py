@@ -16,7 +16,7 @@ from typing import Any
 from agentrun.api import models as m
 from agentrun.core import CreateJob
 from agentrun.execution import jobs, proof
-from agentrun.observation.watches import controller_ref
+from agentrun.observation.view import controller_ref
 
 Obj = dict[str, Any]
 
