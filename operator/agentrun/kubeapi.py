@@ -186,8 +186,12 @@ def watch_silence(timeout_seconds: float | None, bookmarks: bool = True) -> floa
 def request_timeout(method: str, url: str) -> tuple[float, float | None]:
     """The ``(connect, read)`` limits of a request to ``url`` (path and query) that names
     none: a watch (``watch=true``) waits :func:`watch_silence` of the ``timeoutSeconds`` and
-    ``allowWatchBookmarks`` it asks for; any other request :data:`READ_SECONDS`."""
+    ``allowWatchBookmarks`` it asks for; a followed log (``follow=true``: ``kubectl agentrun
+    logs -f``) as long as the container writes nothing, which the person following it ends;
+    any other request :data:`READ_SECONDS`."""
     query = {k: v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
+    if method.upper() == "GET" and query.get("follow", "").lower() in ("true", "1"):
+        return CONNECT_SECONDS, None
     if method.upper() == "GET" and query.get("watch", "").lower() in ("true", "1"):
         try:
             asked: float | None = float(query.get("timeoutSeconds") or 0) or None

@@ -287,6 +287,9 @@ def test_a_request_waits_within_bounds_and_a_watch_a_little_past_its_own_end() -
     no_bookmarks = "/api/v1/pods?watch=true&timeoutSeconds=300"
     assert request_timeout("GET", no_bookmarks) == (CONNECT_SECONDS, 300 + WATCH_GRACE_SECONDS)
     assert request_timeout("GET", "/api/v1/pods?watch=true") == (CONNECT_SECONDS, None)
+    followed = "/api/v1/namespaces/ns/pods/p/log?container=step&follow=True"
+    assert request_timeout("GET", followed) == (CONNECT_SECONDS, None), "a quiet log is no stall"
+    assert request_timeout("GET", followed.replace("True", "False")) == ordinary
     assert watch_silence(WATCH_SECONDS) == min(WATCH_SECONDS, 60) + WATCH_GRACE_SECONDS
     assert READ_SECONDS < 60, "below the API server's own limit on a request"
 
