@@ -15,6 +15,7 @@ import pytest
 from urllib3.exceptions import ReadTimeoutError
 
 from agentrun import settings as s
+from agentrun.core.turns import EXECUTOR_STEP
 from agentrun.observation.view import EVENTS, JOBS, PODS, ClusterView, Source, matters
 from agentrun.observation.watches import SILENT_SECONDS, WATCH_SECONDS, Informer, Reflector
 
@@ -396,9 +397,10 @@ def test_only_changes_that_can_move_a_run_wake_it() -> None:
     assert matters(PODS, started, ended)
     assert not matters(PODS, ended, None)
     assert matters(EVENTS, None, refusal("e1", "u1", "no", "t"))
-    # A model turn's pod starting to run wakes its run (its request goes to it); a plan
-    # step's does not (its Running note comes by a timer).
-    for step_name, wakes in (("t3-model", True), ("build", False)):
+    # A model turn's pod starting to run wakes its run (its request goes to it), and so does
+    # the run's executor's (the first turn waits for it); a plan step's does not (its Running
+    # note comes by a timer).
+    for step_name, wakes in (("t3-model", True), (EXECUTOR_STEP, True), ("build", False)):
         pending = pod("p3", "pu3", job_uid="u1")
         pending["metadata"].setdefault("labels", {})[s.LABEL_STEP] = step_name
         pending["status"] = {"phase": "Pending", "podIP": "10.0.0.9"}

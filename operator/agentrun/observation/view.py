@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun import settings as s
-from agentrun.core.turns import is_model_turn
+from agentrun.core.turns import EXECUTOR_STEP, is_model_turn
 from agentrun.execution.jobs import (
     has_ttl,
     is_gated,
@@ -423,15 +423,16 @@ def _released_step(job: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 def _turn_pod_running(pod: Mapping[str, Any] | None) -> bool:
-    """Whether ``pod`` is a model turn's (by its step label: a label only wakes a pass) and
-    runs with an address."""
+    """Whether ``pod`` is a model turn's or the run's executor's (by its step label: a label
+    only wakes a pass) and runs with an address: a turn's request goes to it, and a first turn
+    waits for the executor (``agentrun.core.executor.awaits``) until a pass sees it up."""
     if pod is None:
         return False
     step = (metadata(pod).get("labels") or {}).get(s.LABEL_STEP)
     status = pod.get("status") or {}
     return (
         isinstance(step, str)
-        and is_model_turn(step)
+        and (is_model_turn(step) or step == EXECUTOR_STEP)
         and status.get("phase") == "Running"
         and bool(status.get("podIP"))
     )
