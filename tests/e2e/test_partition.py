@@ -170,13 +170,21 @@ def _nothing() -> None:
 
 
 def _cut_for(
-    partition: Partition, op: OperatorProcess, cut: Cut, meanwhile: Callable[[], None] = _nothing
+    partition: Partition,
+    op: OperatorProcess,
+    cut: Cut,
+    meanwhile: Callable[[], None] = _nothing,
+    stall: bool = False,
 ) -> list[str]:
-    """Cut, run ``meanwhile`` (in a thread) while /readyz is asked every second, heal once
-    ``cut.seconds`` have passed and ``meanwhile`` is done; what /readyz first named when it
-    said not ready (empty: it never did)."""
+    """Cut (with ``stall``: stall instead, :meth:`Partition.stall`), run ``meanwhile`` (in a
+    thread) while /readyz is asked every second, heal once ``cut.seconds`` have passed and
+    ``meanwhile`` is done; what /readyz first named when it said not ready (empty: it never
+    did)."""
     not_ready: list[str] = []
-    partition.cut(to_server=cut.to_server, to_operator=cut.to_operator)
+    if stall:
+        partition.stall()
+    else:
+        partition.cut(to_server=cut.to_server, to_operator=cut.to_operator)
     try:
         with ThreadPoolExecutor(1) as pool:
             done = pool.submit(meanwhile)
@@ -190,7 +198,8 @@ def _cut_for(
     finally:
         partition.heal()
     if cut.dead_watches:
-        assert not_ready, f"/readyz said ready all through a cut {cut.name}"
+        what = f"a stall of {cut.seconds}s" if stall else f"a cut {cut.name}"
+        assert not_ready, f"/readyz said ready all through {what}"
         assert any("watch" in w for w in not_ready), not_ready
     return not_ready
 
@@ -332,19 +341,7 @@ def test_a_path_that_accepts_and_answers_nothing_is_given_up_and_nothing_is_lost
     ledger = tmp_path / "executions.log"
     names = _start_runs(kube, namespace, ledger)
     before = retried(op)
-    not_ready: list[str] = []
-    partition.stall()
-    try:
-        end = time.monotonic() + STALL_SECONDS
-        while time.monotonic() < end:
-            code, waiting = readiness(op)
-            if code == 503 and not not_ready:
-                not_ready = waiting
-            time.sleep(1)
-    finally:
-        partition.heal()
-    assert not_ready, f"/readyz said ready all through a stall of {STALL_SECONDS}s"
-    assert any("watch" in w for w in not_ready), not_ready
+    not_ready = _cut_for(partition, op, Cut(STALL_SECONDS, dead_watches=True), stall=True)
     ready, finished = _nothing_lost_nothing_twice(kube, cluster, namespace, op, names, ledger)
     after = assert_retries_quiet(op)
     assert after > before, "nothing was tried again through the stall"
