@@ -67,8 +67,9 @@ e2e: sync controlplane llama ## the operator as a process on the local control p
 	$(RUN) pytest tests/e2e
 
 # Test files spread over this many pytest-xdist workers, each with a cluster of its own: one more
-# than the machine has CPUs, as most of an e2e test's time is spent waiting on steps and cuts.
-PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# than the machine has CPUs, as most of an e2e test's time is spent waiting on steps and cuts,
+# and at most 6 (each worker's control plane, node and operators hold about 1 GB).
+PYTEST_WORKERS ?= $(shell w=$$(( $$(nproc) + 1 )); [ $$w -gt 6 ] && w=6; echo $$w)
 
 .PHONY: test
 test: lint controlplane llama ## what CI runs: lint, types, unit, property, integration, e2e and container tests (not kind)
