@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -52,7 +53,30 @@ def _group(path: Path) -> str:
     return path.relative_to(_TESTS).as_posix()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+_DURATIONS = pytest.StashKey[dict[str, float]]()
+_DURATIONS_INPUT = "agentrun_durations"
+"""The key under which pytest-xdist's controller hands the recorded times to its workers."""
+
+
+def _durations(config: pytest.Config) -> dict[str, float]:
+    """The recorded times, read once per session: on an xdist worker, as its controller read
+    them (every worker must collect in the same order, even if another session writes the
+    file meanwhile); else from the file."""
+    workerinput = getattr(config, "workerinput", None)
+    if isinstance(workerinput, dict) and isinstance(workerinput.get(_DURATIONS_INPUT), dict):
+        return dict(workerinput[_DURATIONS_INPUT])
+    if _DURATIONS not in config.stash:
+        config.stash[_DURATIONS] = load_durations(durations_file())
+    return config.stash[_DURATIONS]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller, for each worker it starts: hand it the recorded times."""
+    node.workerinput[_DURATIONS_INPUT] = _durations(node.config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs a worker more than
     the machine has CPUs, each with a session cluster of its own; most e2e time is waiting):
     a module's tests stay on one worker (its module fixtures are built once), and every test
@@ -68,9 +92,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = _group(item.path)
         groups.setdefault(group, len(groups))
         item.add_marker(pytest.mark.xdist_group(group))
-    order = {
-        g: i for i, g in enumerate(ranked_groups(list(groups), load_durations(durations_file())))
-    }
+    order = {g: i for i, g in enumerate(ranked_groups(list(groups), _durations(config)))}
     items.sort(key=lambda item: order[_group(item.path)])
 
 
