@@ -62,6 +62,7 @@ from agentrun.core import EmitEvent
 from agentrun.kubeapi import (
     JSON_PATCH,
     METADATA_ONLY,
+    Transient,
     finalizer_removal,
     list_items,
     tolerate,
@@ -71,7 +72,7 @@ from agentrun.loop.cleanup import with_patience
 from agentrun.loop.reconciler import Apis, Reconciler
 from agentrun.observation.view import controller_uid
 from agentrun.telemetry import metrics
-from agentrun.telemetry.retries import fields, retried
+from agentrun.telemetry.retries import logged
 
 log = logging.getLogger("agentrun.janitor")
 
@@ -335,6 +336,12 @@ class Janitor:
             log.log(level, "no %s Event posted: HTTP %s", event.reason, error.status)
 
 
+def _wait(period: float, away: Transient | None) -> float:
+    """Seconds until the next sweep after a failed one: the period, or longer when the API
+    server asked for a longer wait (a 429's Retry-After)."""
+    return max(period, (away.wait if away is not None else None) or 0.0)
+
+
 async def keep_sweeping(janitor: Janitor, period: float) -> None:
     """Sweep now and then every ``period`` seconds, until cancelled, each time giving memory
     freed since back to the system (:mod:`.memory`). The synchronous client runs in a
@@ -345,16 +352,12 @@ async def keep_sweeping(janitor: Janitor, period: float) -> None:
             done = await asyncio.to_thread(janitor.sweep)
             await asyncio.to_thread(memory.give_back)
         except Exception as error:
-            away = retried("janitor", error)
-            if away is None:
-                log.exception("janitor pass failed; trying again in %.0fs", period)
-            else:  # the API server away or shedding load: a line, counted, never a traceback
-                wait = max(period, away.wait or 0.0)
-                if away.wait is not None:
-                    metrics.THROTTLED_SWEEPS.inc()
-                log.warning("janitor pass %s; trying again in %.0fs", away.says, wait,
-                            extra=fields("janitor", away.reason))  # fmt: skip
-                await asyncio.sleep(wait - period)
+            # the API server away or shedding load: a line, counted, never a traceback
+            away = logged(log, "janitor", "janitor pass", error,
+                          lambda away: f"trying again in {_wait(period, away):.0f}s")  # fmt: skip
+            if away is not None and away.wait is not None:
+                metrics.THROTTLED_SWEEPS.inc()
+            await asyncio.sleep(_wait(period, away) - period)
         else:
             if done.acted or done.failures:
                 log.info("janitor: %s", done.summary(), extra={"agentrun": asdict(done)})

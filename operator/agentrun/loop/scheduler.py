@@ -35,11 +35,12 @@ from typing import Any, Protocol
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.execution import jobs
+from agentrun.kubeapi import Transient
 from agentrun.loop.reconciler import Outcome, Reconciler
 from agentrun.observation.view import ClusterView
 from agentrun.telemetry import metrics
 from agentrun.telemetry.endpoints import Readiness
-from agentrun.telemetry.retries import fields, retried
+from agentrun.telemetry.retries import logged
 
 log = logging.getLogger("agentrun.handlers")
 """The name these lines have always carried (they were the handlers')."""
@@ -326,16 +327,8 @@ class Scheduler:
                 try:
                     again = await asyncio.to_thread(delete, body)
                 except Exception as error:
-                    away = retried("deletion", error)
-                    if away is None:
-                        log.exception("cleanup after the run's deletion failed", extra=_ctx(*key))
-                    else:
-                        log.warning(
-                            "cleanup after the run's deletion %s; retrying in %.0fs",
-                            away.says,
-                            DELETION_RETRY_SECONDS,
-                            extra=fields("deletion", away.reason, _ctx(*key)),
-                        )
+                    logged(log, "deletion", "cleanup after the run's deletion", error,
+                           f"retrying in {DELETION_RETRY_SECONDS:.0f}s", _ctx(*key))  # fmt: skip
                     again = True
                 if not again:
                     return
@@ -448,15 +441,7 @@ class Scheduler:
                 body = read
             delay = await asyncio.to_thread(self.reconciler.due_in, body, found)
         except Exception as error:
-            away = retried("check", error)
-            if away is None:
-                log.exception("could not check a finished run; passing it", extra=_ctx(*key))
-            else:
-                log.warning(
-                    "check of a finished run %s; passing it",
-                    away.says,
-                    extra=fields("check", away.reason, _ctx(*key)),
-                )
+            logged(log, "check", "check of a finished run", error, "passing it", _ctx(*key))
             delay = 0.0
         if delay is not None:
             self.schedule_pass(*key, delay)
@@ -509,18 +494,18 @@ def _failed(what: str, error: Exception, namespace: str, name: str) -> float:
     """Log a failed pass; the seconds until it is tried again: what a 429's Retry-After asks,
     else :data:`FAILED_PASS_RETRY_SECONDS`. The API server away, unavailable or shedding load
     (:func:`agentrun.kubeapi.transient`) is one line, counted
-    (:func:`agentrun.telemetry.retries.retried`), no traceback; anything else has its
+    (:func:`agentrun.telemetry.retries.logged`), no traceback; anything else has its
     traceback."""
-    away = retried("pass", error)
-    if away is None:
-        log.exception("%s failed; retrying", what, extra=_ctx(namespace, name))
-        return FAILED_PASS_RETRY_SECONDS
-    wait = FAILED_PASS_RETRY_SECONDS if away.wait is None else away.wait
-    if away.wait is not None:
+
+    def wait(away: Transient | None) -> float:
+        asked = away.wait if away is not None else None
+        return FAILED_PASS_RETRY_SECONDS if asked is None else asked
+
+    away = logged(log, "pass", what, error, lambda away: f"retrying in {wait(away):.0f}s",
+                  _ctx(namespace, name))  # fmt: skip
+    if away is not None and away.wait is not None:
         metrics.THROTTLED_PASSES.inc()
-    line = fields("pass", away.reason, _ctx(namespace, name))
-    log.warning("%s %s; retrying in %.0fs", what, away.says, wait, extra=line)
-    return wait
+    return wait(away)
 
 
 def _ctx(namespace: str, name: str) -> dict[str, Any]:

@@ -6,13 +6,16 @@ count (``agentrun_api_retries_total{by, reason}``).
 Whether a failure is one of those is :func:`agentrun.kubeapi.transient`'s to say. The callers
 that try again (a pass, a deletion's cleanup, the check of a finished run, the janitor's
 sweep, a watch, the shard Leases' tick) call :func:`retried`, and log its
-:attr:`~agentrun.kubeapi.Transient.says` with :func:`fields`. The retries of the kubernetes
+:attr:`~agentrun.kubeapi.Transient.says` with :func:`fields`; those that log nothing else
+about the failure call :func:`logged`, which does both. The retries of the kubernetes
 client and of kopf are told by their own log lines, which
 :class:`agentrun.telemetry.logs.RetryLines` counts and marks the same way.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from agentrun.kubeapi import UNREACHABLE, Transient, transient
@@ -45,3 +48,24 @@ def fields(by: str, reason: str, extra: dict[str, Any] | None = None) -> dict[st
     context = dict((extra or {}).get(CONTEXT) or {})
     context.update({RETRY_FIELD: by, REASON_FIELD: reason})
     return {**(extra or {}), CONTEXT: context}
+
+
+def logged(
+    log: logging.Logger,
+    by: str,
+    what: str,
+    error: Exception,
+    then: str | Callable[[Transient | None], str],
+    extra: dict[str, Any] | None = None,
+) -> Transient | None:
+    """Log the failure ``error`` of ``what`` (e.g. "reconcile") and what follows (``then``,
+    or what it says given the failure as :func:`retried` tells it): the API server away or
+    asking for a wait is one warning line, counted and marked a retry by ``by``; anything
+    else is an error with its traceback. Returns what :func:`retried` said."""
+    away = retried(by, error)
+    follows = then if isinstance(then, str) else then(away)
+    if away is None:
+        log.exception("%s failed; %s", what, follows, extra=extra)
+    else:
+        log.warning("%s %s; %s", what, away.says, follows, extra=fields(by, away.reason, extra))
+    return away
