@@ -5,13 +5,14 @@ management address reachable throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import socketserver
 import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -280,7 +281,11 @@ for line in sys.stdin:
 """
 
 
-def test_a_connection_lives_through_a_cut_nothing_resets_it(partition: Partition) -> None:
+@contextlib.contextmanager
+def _conversation(partition: Partition) -> Iterator[Callable[[str], str]]:
+    """A client in the partition's namespace talking to the service through the forwarder
+    over one connection: ``say(line)`` sends a line of :data:`_CONVERSATION` and returns its
+    answer."""
     proc = subprocess.Popen(
         partition.wrap(
             [sys.executable, "-c", _CONVERSATION, SERVICE_NAME, str(partition.forwarder_port)]
@@ -289,7 +294,6 @@ def test_a_connection_lives_through_a_cut_nothing_resets_it(partition: Partition
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdin is not None and proc.stdout is not None
 
     def say(line: str) -> str:
         assert proc.stdin is not None and proc.stdout is not None
@@ -298,6 +302,14 @@ def test_a_connection_lives_through_a_cut_nothing_resets_it(partition: Partition
         return proc.stdout.readline().strip()
 
     try:
+        yield say
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_connection_lives_through_a_cut_nothing_resets_it(partition: Partition) -> None:
+    with _conversation(partition) as say:
         assert say("ping 5") == "ping"
         partition.cut()
         assert say("ping 2") == "timeout"
@@ -305,9 +317,6 @@ def test_a_connection_lives_through_a_cut_nothing_resets_it(partition: Partition
         # The ping sent into the cut is sent again by TCP, and answered, on the same connection.
         assert say("recv 30") == "ping"
         assert partition.connections == 1
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def test_a_stall_accepts_and_keeps_connections_and_answers_nothing_until_healed(
@@ -316,23 +325,7 @@ def test_a_stall_accepts_and_keeps_connections_and_answers_nothing_until_healed(
     """Unlike a cut, a stall connects (the ping is sent, not refused) and hears nothing back,
     on a connection made before it as on one made during it; healed, new connections are
     answered, and one that stalled stays silent (its client must give it up)."""
-    proc = subprocess.Popen(
-        partition.wrap(
-            [sys.executable, "-c", _CONVERSATION, SERVICE_NAME, str(partition.forwarder_port)]
-        ),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def say(line: str) -> str:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(f"{line}\n")
-        proc.stdin.flush()
-        return proc.stdout.readline().strip()
-
-    try:
+    with _conversation(partition) as say:
         assert say("ping 5") == "ping"
         partition.stall()
         assert partition.stalled and not partition.is_cut
@@ -343,9 +336,6 @@ def test_a_stall_accepts_and_keeps_connections_and_answers_nothing_until_healed(
         assert _ping_from_namespace(partition) == "ping"
         assert say("ping 2") == "timeout"  # the connection that stalled stays so
         assert partition.stalled_connections == 2
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 _SERVER = """
