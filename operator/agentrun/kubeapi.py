@@ -183,6 +183,12 @@ def watch_silence(timeout_seconds: float | None, bookmarks: bool = True) -> floa
     return min(quiet) + WATCH_GRACE_SECONDS if quiet else None
 
 
+WATCH_SILENCE_SECONDS = watch_silence(WATCH_SECONDS) or float(WATCH_SECONDS)
+"""How long every watch of the operator's (its own, and kopf's of runs) may hear nothing, not
+an event, not a bookmark, not its end, before it is taken for dead and made again from the
+last version seen; ``/readyz`` names such a watch as dead then."""
+
+
 def request_timeout(method: str, url: str) -> tuple[float, float | None]:
     """The ``(connect, read)`` limits of a request to ``url`` (path and query) that names
     none: a watch (``watch=true``) waits :func:`watch_silence` of the ``timeoutSeconds`` and

@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agentrun.api import models as m
+from agentrun.kubeapi import WATCH_SILENCE_SECONDS as SILENT_SECONDS
 from agentrun.telemetry import metrics
 from agentrun.telemetry.changes import ApprovalDecided, AttemptEnded, Changes
 from agentrun.telemetry.endpoints import (
-    SILENT_SECONDS,
     Endpoints,
     Readiness,
     runs_watched,

@@ -16,8 +16,9 @@ from urllib3.exceptions import ReadTimeoutError
 
 from agentrun import settings as s
 from agentrun.core.turns import EXECUTOR_STEP
+from agentrun.kubeapi import WATCH_SILENCE_SECONDS as SILENT_SECONDS
 from agentrun.observation.view import EVENTS, JOBS, PODS, ClusterView, Source, matters
-from agentrun.observation.watches import SILENT_SECONDS, WATCH_SECONDS, Informer, Reflector
+from agentrun.observation.watches import WATCH_SECONDS, Informer, Reflector
 
 RUN_UID = "run-uid-1"
 OTHER_RUN = "run-uid-2"

@@ -41,8 +41,8 @@ from agentrun.kubeapi import (
     SERVER_REQUEST_SECONDS,
     WATCH_GRACE_SECONDS,
     WATCH_SECONDS,
+    WATCH_SILENCE_SECONDS,
     dead_peer_socket,
-    watch_silence,
 )
 from agentrun.loop import concurrency, memory
 from agentrun.loop.janitor import Janitor, keep_sweeping
@@ -275,10 +275,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # bookmark, for 75 s is on a connection that stalled (accepted, never answered: keepalive
     # does not find that out) and is given up and made again (inactivity_timeout, reset by
     # every line); client_timeout bounds the whole request a grace past the server's end.
-    silence = watch_silence(WATCH_SECONDS)
     settings.watching.server_timeout = WATCH_SECONDS
     settings.watching.client_timeout = WATCH_SECONDS + WATCH_GRACE_SECONDS
-    settings.watching.inactivity_timeout = silence or settings.watching.inactivity_timeout
+    settings.watching.inactivity_timeout = WATCH_SILENCE_SECONDS
     # A connection to an API server that cannot be reached is given up after 10 s and tried
     # again (kopf waits five minutes by default), so that kopf's watch of runs is back soon
     # after a partition heals; any other request of kopf's is given up after about a minute.

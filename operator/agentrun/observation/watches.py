@@ -5,7 +5,8 @@ them), waking the run a change belongs to.
 Each (kind, namespace) pair has a reflector thread: it lists (in pages), replaces its part of
 the view at once, then watches from the list's resourceVersion with bookmarks, resuming from
 the last version seen each time the server ends the watch (it asks the server to, after
-:data:`WATCH_SECONDS`) or the watch hears nothing for :data:`SILENT_SECONDS` (a connection that
+:data:`WATCH_SECONDS`) or the watch hears nothing for
+:data:`~agentrun.kubeapi.WATCH_SILENCE_SECONDS` (a connection that
 stalled: accepted, never answered), and lists again when that version is too old (410 Gone) or
 a request failed. Each failure is one warning line, and those of the API server being away are
 counted (``retried(reason)``). Every change that matters
@@ -52,10 +53,6 @@ Wake = Callable[[str, str, str], None]
 """``wake(namespace, run name, run uid)``: something of that run changed."""
 
 PAGE = 500
-SILENT_SECONDS = watch_silence(WATCH_SECONDS) or WATCH_SECONDS
-"""How long a watch (of :data:`WATCH_SECONDS`) may deliver nothing, not even a bookmark or its
-end, before it is taken for dead and made again (from the last version seen): its read limit.
-kopf's watch of runs waits as long (``settings.watching.inactivity_timeout``)."""
 TROUBLE_CHARS = 200
 """How much of a failed request's error /readyz repeats."""
 LOG_CONTEXT = "agentrun"

@@ -16,12 +16,12 @@ before, with a JSON body naming what it still waits for:
 
 Once everything has listed, ``/readyz`` goes on answering 503 while a watch is dead, naming it:
 one of the operator's own watches whose last request failed (until one is answered again) or
-that has heard nothing for :data:`SILENT_SECONDS`, and kopf's watch of runs in a namespace when
-it has heard nothing for as long: no event, no bookmark, and no end of a watch request (the
-server ends each after :data:`agentrun.kubeapi.WATCH_SECONDS`, so a watch that works hears at
-least that often; :func:`watch_kopf_listings` also sees those ends). So a partition from the
-API server, or a path to it that accepts connections and answers nothing, shows as not ready
-within :data:`SILENT_SECONDS` (75 s), and ready again once the watches are answered; the
+that has heard nothing for :data:`~agentrun.kubeapi.WATCH_SILENCE_SECONDS`, and kopf's watch of
+runs in a namespace when it has heard nothing for as long: no event, no bookmark, and no end of
+a watch request (the server ends each after :data:`agentrun.kubeapi.WATCH_SECONDS`, so a watch
+that works hears at least that often; :func:`watch_kopf_listings` also sees those ends). So a
+partition from the API server, or a path to it that accepts connections and answers nothing,
+shows as not ready within that time (75 s), and ready again once the watches are answered; the
 operator itself needs no restart (its liveness endpoint is kopf's and stays up), and it goes on
 working from what it has seen meanwhile.
 """
@@ -43,17 +43,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import REGISTRY, make_wsgi_app
 
 from agentrun.api import models as m
-from agentrun.kubeapi import WATCH_SECONDS, watch_silence
+from agentrun.kubeapi import WATCH_SILENCE_SECONDS
 from agentrun.telemetry import metrics
 
 log = logging.getLogger("agentrun.endpoints")
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-
-SILENT_SECONDS = watch_silence(WATCH_SECONDS) or WATCH_SECONDS
-"""How long kopf's watch of runs in a namespace may hear nothing, not an event, not a
-bookmark, not the end of a watch request, before /readyz names it as dead (kopf gives such a
-watch up then, too: ``settings.watching.inactivity_timeout``)."""
 
 
 class Readiness:
@@ -108,7 +103,7 @@ class Readiness:
             waiting += [
                 f"{_runs_watch(ns)}: nothing heard for {now - heard:.0f}s"
                 for ns, heard in sorted(self._runs_heard.items(), key=lambda i: i[0] or "")
-                if now - heard > SILENT_SECONDS
+                if now - heard > WATCH_SILENCE_SECONDS
             ]
             listed = self._informer_listed
         if not listed:
