@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from agentrun_devcluster.binaries import cache_root
+
 __all__ = [
     "SUITE_GUESS",
     "durations_file",
@@ -34,13 +36,9 @@ recorded ones of its kind."""
 
 def durations_file() -> Path:
     """Where the last run's seconds per group are kept: the cache the project's builds use,
-    outside the repository (``$AGENTRUN_CACHE_DIR``, else ``$XDG_CACHE_HOME/agentrun``, else
-    ``~/.cache/agentrun``), so that a fresh clone on the same machine still has them."""
-    root = os.environ.get("AGENTRUN_CACHE_DIR")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = str(Path(xdg) / "agentrun")
-    return Path(root) / "test-durations.json"
+    outside the repository (:func:`agentrun_devcluster.binaries.cache_root`), so that a fresh
+    clone on the same machine still has them."""
+    return cache_root() / "test-durations.json"
 
 
 def load_durations(path: Path) -> dict[str, float]:

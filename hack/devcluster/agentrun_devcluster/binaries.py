@@ -11,6 +11,7 @@ __all__ = [
     "BIN_DIR_ENV",
     "BinariesError",
     "build_script",
+    "cache_root",
     "helm_binary",
     "kstatus_bin_dir",
     "resolve_bin_dir",
@@ -20,6 +21,16 @@ __all__ = [
 #: Environment variable naming a ready bin dir (skips the build script).
 BIN_DIR_ENV = "AGENTRUN_CONTROLPLANE_BIN"
 TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+
+
+def cache_root() -> Path:
+    """The project's cache outside any checkout, where the build scripts put what they build
+    and the tools keep state between runs: ``$AGENTRUN_CACHE_DIR``, else
+    ``${XDG_CACHE_HOME:-~/.cache}/agentrun`` (as the scripts under hack/ compute it)."""
+    explicit = os.environ.get("AGENTRUN_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentrun"
 
 
 class BinariesError(RuntimeError):

@@ -58,6 +58,7 @@ from typing import IO, Any, Self
 
 import yaml
 
+from .binaries import cache_root
 from .dockerapi import DockerError, engine_from_env
 from .dockercontainer import DockerRuntime
 from .kubeapi import JSON, KubeApi
@@ -425,10 +426,7 @@ class LocalNode:
 
 def default_node_state_dir(name: str) -> Path:
     """``${AGENTRUN_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/agentrun}/node/<name>``."""
-    cache = os.environ.get("AGENTRUN_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "agentrun"
-    )
-    return Path(cache) / "node" / name
+    return cache_root() / "node" / name
 
 
 def run_node(
