@@ -87,13 +87,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     The groups come longest first, by the last run's times on this machine
     (:mod:`tests.support.schedule`; ``make test`` passes ``--no-loadscope-reorder`` so that
     pytest-xdist hands them out in this order), each module's tests in their own order."""
-    groups: dict[str, int] = {}
+    group_of: dict[pytest.Item, str] = {}
     for item in items:
-        group = _group(item.path)
-        groups.setdefault(group, len(groups))
-        item.add_marker(pytest.mark.xdist_group(group))
-    order = {g: i for i, g in enumerate(ranked_groups(list(groups), _durations(config)))}
-    items.sort(key=lambda item: order[_group(item.path)])
+        group_of[item] = _group(item.path)
+        item.add_marker(pytest.mark.xdist_group(group_of[item]))
+    groups = list(dict.fromkeys(group_of.values()))  # in the order first collected
+    order = {g: i for i, g in enumerate(ranked_groups(groups, _durations(config)))}
+    items.sort(key=lambda item: order[group_of[item]])
 
 
 @pytest.hookimpl(wrapper=True)
