@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -549,6 +549,15 @@ def finalizer_addition(
         else {"op": "add", "path": "/metadata/finalizers", "value": [finalizer]}
     )
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}, add]
+
+
+def label_addition(labels: Mapping[str, str] | None, key: str, value: str) -> dict[str, Any]:
+    """The JSON patch op setting label ``key`` to ``value`` on an object read with
+    ``labels`` (None: the object has none)."""
+    if labels is None:
+        return {"op": "add", "path": "/metadata/labels", "value": {key: value}}
+    path = key.replace("~", "~0").replace("/", "~1")
+    return {"op": "add", "path": f"/metadata/labels/{path}", "value": value}
 
 
 def finalizer_removal(finalizers: Sequence[str], finalizer: str) -> list[dict[str, Any]] | None:

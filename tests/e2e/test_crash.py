@@ -45,7 +45,10 @@ from typing import Any
 
 import pytest
 
+from agentrun.api import models as m
 from agentrun.core.naming import job_name
+from agentrun.core.shards import run_shard_label
+from agentrun.settings import LABEL_SHARD
 from agentrun_devcluster.faults import POINTS as ALL_POINTS
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorError, OperatorProcess
@@ -65,7 +68,7 @@ from tests.support.mcp_pods import create_auth_secret
 from tests.support.mcp_pods import entry as mcp_entry
 from tests.support.plugin import LLM_COMMAND
 from tests.support.runs import TERMINAL, Run, agentrun, create, get, status_of, step
-from tests.support.scraping import scrape
+from tests.support.scraping import scrape, value
 from tests.support.waiting import assert_holds
 
 pytestmark = pytest.mark.e2e
@@ -1295,6 +1298,28 @@ def sharded_wave(plans: list[PlanSpec]) -> list[PlanSpec]:
     ]  # fmt: skip
 
 
+def runs_split_by_shard(
+    kube: KubeClients, namespace: str, ops: list[OperatorProcess], runs: int, context: str
+) -> None:
+    """Every run carries its shard's label (the operator's), and each replica watches the
+    runs of its shards only: the runs each counts (``agentrun_runs``) add up to every run
+    once, and none counts them all."""
+    listed = kube.custom.list_namespaced_custom_object(m.GROUP, m.VERSION, namespace, m.PLURAL)
+    wrong = [
+        r["metadata"]["name"]
+        for r in listed["items"]
+        if (r["metadata"].get("labels") or {}).get(LABEL_SHARD)
+        != run_shard_label(namespace, r["metadata"]["name"], SHARDS)
+    ]
+    assert not wrong, f"{context}: runs without their shard's label: {wrong}"
+
+    def counted() -> list[float] | None:
+        seen = [value(scrape(op)[0], "agentrun_runs") for op in ops]
+        return seen if sum(seen) == runs and max(seen) < runs else None
+
+    wait_for(f"each run counted by one replica ({context})", counted, timeout=60)
+
+
 def test_three_sharded_replicas_with_one_killed_at_every_crash_point(
     start_operator: StartOperator,
     cluster: TestCluster,
@@ -1356,6 +1381,7 @@ def test_three_sharded_replicas_with_one_killed_at_every_crash_point(
         cluster, kube, namespace, replicas, Ledgers(plans, uids, ledger), f"{context}\n{lives}"
     )
     owned = wait_shards_settled(replicas, context)
+    runs_split_by_shard(kube, namespace, replicas, len(uids), context)
     conflicts = [count_lines(op.log_text(), CONFLICT_LINE) for op in replicas]
     print(
         f"\nsharded crash test summary: SEED={SEED}; {len(plans)} runs, {executions} step "
@@ -1398,6 +1424,7 @@ def test_rolling_restarts_of_every_sharded_replica_lose_nothing(
         cluster, kube, namespace, replicas, Ledgers(plans, uids, ledger), "rolling restarts"
     )
     owned = wait_shards_settled(replicas, "rolling restarts")
+    runs_split_by_shard(kube, namespace, replicas, len(uids), "rolling restarts")
     handed = [
         count_lines(op.log_text(), "given back") for op in replicas
     ]  # shards released at each clean stop, and at rebalances

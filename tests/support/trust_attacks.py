@@ -34,10 +34,11 @@ from agentrun.core import subagents as sa
 from agentrun.core.envelope import result_object_data
 from agentrun.core.launch import committed_launch
 from agentrun.core.naming import job_name, result_object_name, sha256_text
+from agentrun.core.shards import run_shard_label
 from agentrun.core.turns import child_agent, child_call, model_step, record_name
 from agentrun.execution import jobs, objects
 from agentrun.pod import runner
-from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID
+from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID, LABEL_SHARD
 from agentrun_devcluster.modelserver import reply, tool_call
 from agentrun_devcluster.testing import KubeClients
 
@@ -838,6 +839,9 @@ ATTACKS: dict[str, Mutation] = {
             }
         },
     ),
+    "run-shard-label": lambda t, c: _custom(
+        c, t, {"metadata": {"labels": {LABEL_SHARD: "0-of-1"}}}
+    ),
     "run-owners": lambda t, c: _custom(
         c,
         t,
@@ -952,6 +956,9 @@ MIMICS: dict[str, Mutation] = {
     "run-metadata": _same_metadata,
     "run-identity": _same_identity,
     "run-labels": _same_labels,
+    "run-shard-label": lambda t, c: _custom(
+        c, t, {"metadata": {"labels": {LABEL_SHARD: run_shard_label(t.namespace, t.name, 3)}}}
+    ),
     "run-owners": _same_owners,
     "run-goal": _same_spec("goal", "actor"),
     "step-container": _same_spec("plan"),

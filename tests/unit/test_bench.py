@@ -868,3 +868,22 @@ def test_p5_memory_target_follows_the_count_of_finished_runs() -> None:
     memory = [target for label, _, target in rows if label.startswith("RSS at rest")]
     assert memory == ["<= 300 MiB", "<= 150 MiB", ""]
     assert sum(1 for label, _, _ in rows if label.startswith("first Job after start")) == 3
+
+
+def test_the_busiest_replicas_whole_decoding_is_put_over_one_replicas() -> None:
+    def case(replicas: int, decoded: list[float]) -> ReplicaResult:
+        run = CaseResult("r", "operator", 10, 10, 100.0, 10, 0, {})
+        return ReplicaResult(replicas, run, [12.0 / replicas] * replicas, None, decoded=decoded)
+
+    report = Report()
+    report.replicas = [case(1, [900.0]), case(2, [500.0, 420.0]), case(3, [310.0, 280.0, 300.0])]
+    rows = {label: (value, target) for label, value, target in report._target_rows()}
+    assert rows["run events decoded whole by each of 3 replicas / by 1 (busiest: 310 of 900)"] == (
+        "0.34 x",
+        "<= 0.34x",
+    )
+    assert rows["run events decoded whole by each of 2 replicas / by 1 (busiest: 500 of 900)"][
+        0
+    ] == ("0.56 x")
+    report.replicas = [case(1, []), case(3, [1.0, 1.0, 1.0])]
+    assert not [r for r in report._target_rows() if r[0].startswith("run events")]

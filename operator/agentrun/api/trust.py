@@ -366,6 +366,23 @@ TABLE: tuple[Entry, ...] = (
         outcomes=_every(UNAFFECTED),
     ),
     Entry(
+        id="run-shard-label",
+        object="AgentRun",
+        path="metadata.labels[agentrun.dev/shard]",
+        decides=(
+            "nothing a pass decides: with shards (AGENTRUN_SHARDS), which replica's watch "
+            "delivers the run's events; a run labelled with another shard is labelled again by "
+            "the replica that finds it, one labelled with none is watched by every replica"
+        ),
+        resource=RUNS,
+        writers=(Writer.CREATOR, Writer.EDITOR, Writer.OPERATOR),
+        frozen=Frozen.NEVER,
+        checks=(Check.NOT_USED,),
+        proven=(Origin.NOT_USED,),
+        mimic_is="the shard label the operator would write, written before it",
+        outcomes=_every(UNAFFECTED),
+    ),
+    Entry(
         id="run-owners",
         object="AgentRun",
         path="metadata.ownerReferences, metadata.finalizers",

@@ -337,6 +337,11 @@ class Actor:
             self.observer.job_key.get(), "child", run.metadata.uid, name, *bound
         )
         manifest["metadata"].setdefault("annotations", {})[s.ANNOTATION_PROOF] = signed
+        count = self.shard_count
+        if count:  # its own shard's replica watches it from its creation (no relabel)
+            label = shards.run_shard_label(run.metadata.namespace, name, count)
+            labels = manifest["metadata"]["labels"]
+            manifest["metadata"]["labels"] = {**labels, s.LABEL_SHARD: label}
         return dict(manifest)
 
     def _create_child(self, run: m.AgentRun, action: CreateChild) -> None:

@@ -1,11 +1,12 @@
 """kopf wiring, and nothing else: every decision lives in the core, every write in the shell.
 
-* every event on a run feeds the run's latest body to the reconciler and hands the run to the
-  scheduler (agentrun/loop/scheduler.py), which decides when each run gets its next pass:
-  while unfinished, in a task of its own, after a timer, a wake-up or the periodic resync;
-  once finished, only when something is due. With kopf peering (``AGENTRUN_PEERING``), a kopf
-  daemon per unfinished run drives it instead, so that kopf pauses it when another operator
-  takes over;
+* every event on a run (of kopf's watch of runs; with shards, of the operator's own watches
+  of its shards' runs, agentrun/loop/run_watch.py) feeds the run's latest body to the
+  reconciler and hands the run to the scheduler (agentrun/loop/scheduler.py), which decides
+  when each run gets its next pass: while unfinished, in a task of its own, after a timer, a
+  wake-up or the periodic resync; once finished, only when something is due. With kopf
+  peering (``AGENTRUN_PEERING``), a kopf daemon per unfinished run drives it instead, so that
+  kopf pauses it when another operator takes over;
 * an event showing a run being deleted starts its deletion's task (the scheduler's), which
   removes what the run owns and releases the run's finalizer, within
   ``cleanup_timeout_seconds`` even if cleanup keeps failing (with an Event saying what was
@@ -48,6 +49,7 @@ from agentrun.loop import concurrency, memory
 from agentrun.loop.janitor import Janitor, keep_sweeping
 from agentrun.loop.reconciler import Apis, Checkpoint, Reconciler, RunBodies
 from agentrun.loop.run_events import RunEvents
+from agentrun.loop.run_watch import RunSources, RunWatch, run_event
 from agentrun.loop.scheduler import FINISHED, Scheduler, Waker
 from agentrun.loop.shards import ShardKeeper
 from agentrun.observation.view import ClusterView
@@ -114,20 +116,34 @@ def make_state(settings: s.Settings, checkpoint: Checkpoint | None = None) -> Op
         if checkpoint is None
         else Reconciler(apis, settings, checkpoint=checkpoint, view=view, wake=waker, bodies=bodies)
     )
+    readiness = Readiness(settings.namespaces)
+    janitor = Janitor(reconciler, settings.namespaces)
+    scheduler = Scheduler(reconciler, view, readiness, janitor.finish_deletion)
+    waker.scheduler = scheduler
+
+    def relisted(kind: str) -> None:
+        metrics.WATCH_RELISTS.labels(kind).inc()
+
+    def retried(reason: str) -> None:
+        retries.count("watch", reason)
+
+    runs = None
+    if settings.shards:  # its own watches of its shards' runs (agentrun/observation/runs.py)
+        watch = RunWatch(
+            scheduler, bodies, reconciler.ledger, settings.shards, lambda: informer.followed()
+        )
+        runs = RunSources(watch, apis.custom, readiness.runs_listed_here, relisted, retried)
     informer = Informer(
         apis,
         settings.namespaces,
         waker,
         view,
-        relisted=lambda kind: metrics.WATCH_RELISTS.labels(kind).inc(),
+        relisted=relisted,
         shard_count=settings.shards,
-        retried=lambda reason: retries.count("watch", reason),
+        retried=retried,
+        runs=runs,
     )
-    readiness = Readiness(settings.namespaces)
     readiness.watch_troubles(informer.troubles)
-    janitor = Janitor(reconciler, settings.namespaces)
-    scheduler = Scheduler(reconciler, view, readiness, janitor.finish_deletion)
-    waker.scheduler = scheduler
     keeper = None
     if settings.shards:
         keeper = ShardKeeper(
@@ -387,35 +403,19 @@ def _drive_with_daemons() -> None:
     )(drive_run)
 
 
-@kopf.on.event(m.GROUP, m.VERSION, m.PLURAL)
 async def run_changed(
-    name: str,
-    namespace: str | None,
     body: kopf.Body,
-    status: kopf.Status,
     memo: Any,
     type: str | None = None,
     **_: Any,
 ) -> None:
-    if type == "DELETED":
-        metrics.RUNS.gone(namespace or "", name)
-    else:
-        metrics.RUNS.seen(namespace or "", name, status.get("phase"))
+    """An event of kopf's watch of runs (not sharded: every run)."""
     state = _state(memo)
-    bodies = state.reconciler.bodies
-    if bodies is not None:
-        if type == "DELETED" or not state.scheduler.holds(namespace or "", name):
-            bodies.drop(namespace or "", name)
-        else:
-            bodies.offer(dict(body))  # before the wake: the pass starts from it
-    if type == "DELETED":
-        state.scheduler.run_gone(namespace or "", name)
-    else:
-        state.scheduler.run_changed(namespace or "", name, status.get("phase"), body)
-    # A sub-agent's run changed: its parent reads the child's phase, tokens and answer.
-    for owner in body.get("metadata", {}).get("ownerReferences") or []:
-        if owner.get("controller") is True and owner.get("kind") == m.KIND:
-            state.scheduler.wake(namespace or "", str(owner.get("name", "")))
+    run_event(state.scheduler, state.reconciler.bodies, type, body)
+
+
+def _watch_runs_with_kopf() -> None:
+    kopf.on.event(m.GROUP, m.VERSION, m.PLURAL)(run_changed)
 
 
 def run_operator(
@@ -427,6 +427,8 @@ def run_operator(
     """Run the operator in the foreground until SIGINT or SIGTERM. ``checkpoint`` is called
     at the reconciler's named checkpoints (fault injection in tests; none in production)."""
     state = make_state(settings, checkpoint)
+    if not settings.shards:  # with shards the operator watches its shards' runs itself
+        _watch_runs_with_kopf()
     if not state.scheduler.own_drivers:
         _drive_with_daemons()
     memo = kopf.Memo(state=state)
@@ -446,11 +448,11 @@ def run_operator(
                 "choose another --metrics-port (AGENTRUN_METRICS_PORT), or 0 to turn them off"
             ) from error
         endpoints.start()
-    unwatch = watch_kopf_listings(state.readiness)
+    unwatch = watch_kopf_listings(state.readiness) if not settings.shards else lambda: None
     undo_sockets = _kopf_detects_dead_peers()
     undo_decoding = (
         _kopf_reuses_held_runs(state.reconciler.bodies)
-        if state.reconciler.bodies is not None
+        if state.reconciler.bodies is not None and not settings.shards
         else lambda: None
     )
     tracing.install(settings)

@@ -8,7 +8,9 @@ counted. The ledger owns ``.status`` of AgentRuns; nothing else in the operator 
 It also puts the run finalizer on a run that lacks it (:meth:`Ledger.hold`), guarded by the
 same resourceVersion: before a pass's first write or object for the run, which then carries
 the version that patch returned (no write meets a version moved by another). A finished run
-found without it is given it only by a pass that has something of it to clean up.
+found without it is given it only by a pass that has something of it to clean up. With
+shards the same patch labels the run with its shard (agentrun/observation/runs.py), and
+:meth:`Ledger.relabel` labels one found without it that no pass will hold.
 """
 
 from __future__ import annotations
@@ -20,8 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.api import models as m
-from agentrun.kubeapi import JSON_PATCH, finalizer_addition, json_patch, patch_status, tolerate
-from agentrun.settings import FIELD_MANAGER, RUN_FINALIZER
+from agentrun.kubeapi import (
+    JSON_PATCH,
+    MERGE_PATCH,
+    finalizer_addition,
+    json_patch,
+    label_addition,
+    patch_status,
+    tolerate,
+)
+from agentrun.settings import FIELD_MANAGER, LABEL_SHARD, RUN_FINALIZER
 from agentrun.telemetry import metrics
 
 log = logging.getLogger("agentrun.ledger")
@@ -64,15 +74,22 @@ class Ledger:
             return None
         return body
 
-    def hold(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The run read as ``body`` with the run finalizer added (itself if it has it), as
-        stored then; None when it is gone. Raises :class:`Conflict` when the run moved on
-        since ``body`` was read (the patch's ``test`` op on its resourceVersion failed)."""
+    def hold(self, body: dict[str, Any], shard: str | None = None) -> dict[str, Any] | None:
+        """The run read as ``body`` with the run finalizer added and, with ``shard``, its
+        ``agentrun.dev/shard`` label set to it (itself if it has both), as stored then; None
+        when it is gone. One JSON patch. Raises :class:`Conflict` when the run moved on since
+        ``body`` was read (the patch's ``test`` op on its resourceVersion failed)."""
         meta = body["metadata"]
         finalizers = meta.get("finalizers")
-        if RUN_FINALIZER in (finalizers or []):
+        held = RUN_FINALIZER in (finalizers or [])
+        labelled = shard is None or (meta.get("labels") or {}).get(LABEL_SHARD) == shard
+        if held and labelled:
             return body
         patch = finalizer_addition(finalizers, RUN_FINALIZER, str(meta["resourceVersion"]))
+        if held:
+            patch = patch[:1]
+        if not labelled:
+            patch.append(label_addition(meta.get("labels"), LABEL_SHARD, str(shard)))
         with tolerate(404, 409, 422) as refused:
             stored: dict[str, Any] = self.custom.patch_namespaced_custom_object(
                 m.GROUP,
@@ -92,6 +109,24 @@ class Ledger:
             self.stats.add(conflicts=1)
             raise Conflict(f"{meta['namespace']}/{meta['name']}") from refused.error
         return stored
+
+    def relabel(self, namespace: str, name: str, uid: str, shard: str) -> bool:
+        """Set the ``agentrun.dev/shard`` label of run ``uid`` to ``shard`` (a merge patch
+        bound to the uid: nothing else of the run changes, whatever its version); False when
+        the run is gone or another has its name."""
+        patch = {"metadata": {"uid": uid, "labels": {LABEL_SHARD: shard}}}
+        with tolerate(404, 409) as refused:
+            self.custom.patch_namespaced_custom_object(
+                m.GROUP,
+                m.VERSION,
+                namespace,
+                m.PLURAL,
+                name,
+                patch,
+                field_manager=FIELD_MANAGER,
+                _content_type=MERGE_PATCH,
+            )
+        return not refused
 
     def commit(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Write ``status`` (in its wire form, :meth:`~agentrun.api.base.ApiModel.to_wire`)

@@ -31,6 +31,7 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core import EmitEvent
+from agentrun.core.shards import run_shard_label
 from agentrun.loop import cleanup
 from agentrun.loop.act import Actor, Events
 from agentrun.loop.commit import AuditRecord, commit
@@ -200,11 +201,20 @@ class Reconciler:
         return body, True
 
     def _held(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """``body`` with the run finalizer on it (:meth:`Ledger.hold`), before anything is
-        written or made for the run; None when the run is gone."""
-        if s.RUN_FINALIZER in (body["metadata"].get("finalizers") or []):
+        """``body`` with the run finalizer on it (:meth:`Ledger.hold`), and with shards its
+        shard's label (agentrun/observation/runs.py), before anything is written or made for
+        the run; None when the run is gone."""
+        meta = body["metadata"]
+        shard = (
+            run_shard_label(meta["namespace"], meta["name"], self.settings.shards)
+            if self.settings.shards
+            else None
+        )
+        if s.RUN_FINALIZER in (meta.get("finalizers") or []) and (
+            shard is None or (meta.get("labels") or {}).get(s.LABEL_SHARD) == shard
+        ):
             return body
-        held = self.ledger.hold(body)
+        held = self.ledger.hold(body, shard)
         if held is not None and self.bodies is not None:
             self.bodies.offer(held)
         return held

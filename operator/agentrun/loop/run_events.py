@@ -28,6 +28,11 @@ write, this process's own whose event came before its answer, another replica's 
 other line is decoded whole, as kopf does, and so is one that does not read as expected (the
 code then does no worse than kopf's).
 
+With shards (agentrun/observation/runs.py), the decoder is also told which runs' shards
+this replica follows: the event of any other run, and every DELETED, is decoded only as far
+as its metadata (the object then has no spec and no status): what the replica does with it
+(waking a parent, labelling a stray, forgetting a run) reads the metadata alone.
+
 Nothing decides anything from what is skipped: the pass reads the body held whichever way the
 event was decoded (:meth:`~agentrun.loop.observe.RunBodies.offer` keeps the one held at the
 same version), and kopf and the event handler read the metadata and the phase, which are the
@@ -74,8 +79,11 @@ class RunEvents:
     """``loads`` for the lines of kopf's watches (see the module docstring). Called on the
     event loop's thread; ``held`` must be safe to call from it."""
 
-    def __init__(self, held: Held) -> None:
+    def __init__(self, held: Held, wanted: Callable[[str, str], bool] | None = None) -> None:
+        """``wanted(namespace, name)``: whether the run's shard is followed here (None:
+        every run's is)."""
         self.held = held
+        self.wanted = wanted
 
     def loads(self, text: str | bytes | bytearray, **kwargs: Any) -> Any:
         if kwargs or not isinstance(text, str):
@@ -88,6 +96,9 @@ class RunEvents:
             meta, after = _metadata(text, len(start))
         except (ValueError, IndexError):
             return json.loads(text)
+        if self.wanted is not None and (event_type == "DELETED" or not self._wanted(meta)):
+            metrics.RUN_EVENTS.labels("metadata").inc()
+            return _event(event_type, meta, {})
         if event_type == "MODIFIED":
             event = self._from_held(meta)
             if event is not None:
@@ -99,6 +110,12 @@ class RunEvents:
         except (ValueError, IndexError):
             return json.loads(text)
         return _event(event_type, meta, rest)
+
+    def _wanted(self, meta: Mapping[str, Any]) -> bool:
+        namespace, name = meta.get("namespace"), meta.get("name")
+        if not (isinstance(namespace, str) and isinstance(name, str)) or self.wanted is None:
+            return True
+        return self.wanted(namespace, name)
 
     def _from_held(self, meta: dict[str, Any]) -> dict[str, Any] | None:
         """The MODIFIED event of the run of metadata ``meta`` from the body held at its

@@ -128,9 +128,10 @@ class Scheduler:
         for :attr:`owns` while it is late, until the shard is told lost
         (:meth:`shards_changed`)."""
         self.known: dict[tuple[str, str], tuple[str | None, dict[str, Any], bool]] = {}
-        """With shards, every run the watch delivered and not seen deleted: its phase, its
-        identity (:func:`_identity`) and whether it may be due whatever its Jobs
-        (:func:`_may_be_due`), to take it up when its shard comes here."""
+        """With shards, every run of the shards followed here that the watch delivered and
+        not seen deleted: its phase, its identity (:func:`_identity`) and whether it may be
+        due whatever its Jobs (:func:`_may_be_due`), to take it up when its shard's Lease
+        comes here (a shard's runs are watched from just before it is taken)."""
         self.in_flight: Counter[tuple[str, str]] = Counter()
         """Passes running now, per run (a shard is given away only once none of its runs has
         one)."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrun import settings as s
+from agentrun.core.subagents import LABEL_PARENT_UID
 from agentrun.core.turns import EXECUTOR_STEP, is_model_turn
 from agentrun.execution.jobs import (
     has_ttl,
@@ -48,6 +49,8 @@ JOBS = "jobs"
 PODS = "pods"
 EVENTS = "events"
 KINDS = (JOBS, PODS, EVENTS)
+RUNS = "agentruns"
+"""AgentRuns, watched by sharded replicas (agentrun/observation/runs.py), not kept here."""
 
 STEP_SELECTOR = s.LABEL_RUN_UID
 """Label selector of the Jobs and pods watched: the run-uid label is present."""
@@ -101,10 +104,12 @@ def _slim(kind: str, obj: Obj) -> Obj:
 @dataclass(frozen=True)
 class Source:
     """One reflector's part of the view: a kind in one namespace, or in all (None); with
-    shards, only the Jobs or pods of one shard (``shard``: the value of their
+    shards, only the Jobs, pods or runs of one shard (``shard``: the value of their
     ``agentrun.dev/shard`` label), or those whose label names no shard of this replica's count
     (``others``: every such value; a Job made before Jobs carried the label, or under another
-    count, or relabelled). Sources of one kind and scope never cover the same object."""
+    count, or relabelled; a run not labelled yet), or the runs labelled as some run's
+    sub-agent children (``children``). Sources of one kind and scope never cover the same Job
+    or pod; a run may be in the children's source and in a shard's."""
 
     kind: str
     namespace: str | None
@@ -113,24 +118,31 @@ class Source:
     epoch: int = 0
     """Told apart from an earlier watch of the same shard (given up, then taken again): what
     the earlier one still delivers on its way out is dropped."""
+    children: bool = False
 
     def covers(self, obj: Mapping[str, Any]) -> bool:
         if self.namespace is not None and metadata(obj).get("namespace") != self.namespace:
             return False
+        labels = metadata(obj).get("labels") or {}
+        if self.children:
+            return LABEL_PARENT_UID in labels
         if self.shard is None and self.others is None:
             return True
-        value = (metadata(obj).get("labels") or {}).get(s.LABEL_SHARD)
+        value = labels.get(s.LABEL_SHARD)
         if self.shard is not None:
             return bool(value == self.shard)
         return value not in (self.others or ())
 
     def label_selector(self) -> str:
-        """The label selector of the Jobs or pods this source covers."""
+        """The label selector of the Jobs, pods or runs this source covers."""
+        if self.children:
+            return LABEL_PARENT_UID
+        base = [] if self.kind == RUNS else [STEP_SELECTOR]
         if self.shard is not None:
-            return f"{STEP_SELECTOR},{s.LABEL_SHARD}={self.shard}"
+            return ",".join([*base, f"{s.LABEL_SHARD}={self.shard}"])
         if self.others is not None:
-            return f"{STEP_SELECTOR},{s.LABEL_SHARD} notin ({','.join(sorted(self.others))})"
-        return STEP_SELECTOR
+            return ",".join([*base, f"{s.LABEL_SHARD} notin ({','.join(sorted(self.others))})"])
+        return ",".join(base)
 
 
 class ClusterView:

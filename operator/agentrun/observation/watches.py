@@ -25,8 +25,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
 from urllib3.exceptions import ReadTimeoutError
 
@@ -37,6 +37,7 @@ from agentrun.observation.view import (
     EVENTS,
     JOBS,
     PODS,
+    RUNS,
     ClusterView,
     Obj,
     Source,
@@ -70,6 +71,40 @@ class Expired(Exception):
 
 
 ListCall = Callable[..., Any]
+Loads = Callable[[str], Any]
+"""How a watch line is decoded (``json.loads``, or the run watch's decoder)."""
+
+
+class Part(Protocol):
+    """What a reflector keeps current: :class:`~agentrun.observation.view.ClusterView`, or the
+    runs a sharded replica watches (:class:`agentrun.observation.runs.RunView`)."""
+
+    def expect(self, source: Source) -> None: ...
+
+    def replace(self, source: Source, items: Iterable[Obj]) -> list[Obj]: ...
+
+    def apply(
+        self, kind: str, event_type: str, obj: Obj, source: Source | None = None
+    ) -> Obj | None: ...
+
+    def run_of(self, kind: str, obj: Mapping[str, Any]) -> tuple[str, str, str] | None: ...
+
+    def covered_elsewhere(self, source: Source, obj: Obj) -> bool: ...
+
+    def forget(self, source: Source) -> None: ...
+
+
+class Runs(Protocol):
+    """With shards, the runs watched beside the Jobs and pods
+    (:func:`agentrun.loop.run_watch.run_reflectors`)."""
+
+    def reflector(self, source: Source) -> Reflector:
+        """The reflector of a source of runs."""
+        ...
+
+    def followed(self) -> None:
+        """The shards followed changed (called after their watches started)."""
+        ...
 
 
 class Reflector:
@@ -77,7 +112,7 @@ class Reflector:
 
     def __init__(
         self,
-        view: ClusterView,
+        view: Part,
         source: Source,
         call: ListCall,
         wake: Wake,
@@ -87,11 +122,14 @@ class Reflector:
         watch_seconds: int = WATCH_SECONDS,
         relisted: Callable[[str], None] = lambda kind: None,
         retried: Callable[[str], None] = lambda reason: None,
+        loads: Loads = json.loads,
     ) -> None:
         """``relisted(kind)`` is told of every list after the first, ``retried(reason)`` of
         every request tried again because the API server was away (a
-        :attr:`agentrun.kubeapi.Transient.reason`; for metrics)."""
+        :attr:`agentrun.kubeapi.Transient.reason`; for metrics); ``loads`` decodes each line
+        of a watch."""
         self.view = view
+        self.loads = loads
         self.source = source
         self.call = call
         self.wake = wake
@@ -233,7 +271,7 @@ class Reflector:
                 self.heard = time.monotonic()
                 if self.stopping.is_set():
                     break
-                event = json.loads(line)
+                event = self.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:
@@ -337,16 +375,21 @@ class Informer:
         relisted: Callable[[str], None] = lambda kind: None,
         shard_count: int = 0,
         retried: Callable[[str], None] = lambda reason: None,
+        runs: Runs | None = None,
     ) -> None:
         """``apis``: an object with ``.core`` (CoreV1Api) and ``.batch`` (BatchV1Api);
         ``relisted``, ``retried``: see :class:`Reflector`; ``shard_count``:
-        ``AGENTRUN_SHARDS`` (0: not sharded, every step Job and pod is watched)."""
+        ``AGENTRUN_SHARDS`` (0: not sharded, every step Job and pod is watched); ``runs``:
+        with shards, the reflector of a source of runs (agentrun/observation/runs.py): then
+        the runs of the shards followed, those labelled with no shard of this count and
+        every sub-agent child are watched too, beside the Jobs and pods."""
         self.view = view or ClusterView()
         self.apis = apis
         self.wake = wake
         self.relisted = relisted
         self.retried = retried
         self.shard_count = shard_count
+        self.runs = runs if shard_count else None
         self.scopes: Sequence[str | None] = list(namespaces) or [None]
         self._lock = threading.Lock()
         self._started = False
@@ -373,6 +416,11 @@ class Informer:
                     retried=retried,
                 ),
             ]
+            if self.runs is not None:
+                self.reflectors += [
+                    self.runs.reflector(Source(RUNS, ns, others=others)),
+                    self.runs.reflector(Source(RUNS, ns, children=True)),
+                ]
 
     def _reflector(self, source: Source) -> Reflector:
         api, kind = (self.apis.batch, "job") if source.kind == JOBS else (self.apis.core, "pod")
@@ -387,10 +435,10 @@ class Informer:
         )
 
     def follow(self, shards: frozenset[int]) -> None:
-        """Watch the Jobs and pods of exactly ``shards``: a shard new here is expected by the
-        view at once (passes wait until it is listed), one no longer here is forgotten (its
-        objects leave the view). Called before the replica may decide a shard's runs, and
-        after it gave one up."""
+        """Watch the Jobs and pods (and runs) of exactly ``shards``: a shard new here is
+        expected by the view at once (passes wait until it is listed), one no longer here is
+        forgotten (its objects leave the view). Called before the replica may decide a shard's
+        runs, and after it gave one up."""
         if not self.shard_count:
             return
         with self._lock:
@@ -403,13 +451,20 @@ class Informer:
                     for ns in self.scopes
                     for kind in (JOBS, PODS)
                 ]
+                if self.runs is not None:
+                    self._sharded[shard] += [
+                        self.runs.reflector(Source(RUNS, ns, shard=label, epoch=self._epoch))
+                        for ns in self.scopes
+                    ]
                 if self._started:
                     for reflector in self._sharded[shard]:
                         reflector.start()
         for reflectors in gone:
             for reflector in reflectors:
                 reflector.stop()
-                self.view.forget(reflector.source)
+                reflector.view.forget(reflector.source)
+        if self.runs is not None:
+            self.runs.followed()
 
     def followed(self) -> frozenset[int]:
         """The shards whose Jobs and pods are watched."""

@@ -86,6 +86,13 @@ class Readiness:
             self._runs_unlisted.discard(namespace)
             self._runs_heard[namespace] = now
 
+    def runs_listed_here(self, namespace: str | None) -> None:
+        """The operator's own watch of AgentRuns in ``namespace`` (with shards: those not yet
+        labelled with one) has listed them; whether it still hears is one of its own
+        watches' troubles (:meth:`watch_troubles`)."""
+        with self._lock:
+            self._runs_unlisted.discard(namespace)
+
     def runs_listed_everywhere(self) -> None:
         with self._lock:
             self._runs_unlisted.clear()

@@ -136,9 +136,11 @@ WATCH_RELISTS = Counter(
 )
 RUN_EVENTS = Counter(
     "agentrun_run_events",
-    "Events of kopf's watch of runs, by how they were decoded: metadata (a MODIFIED event of a "
-    "run held at that version already, as this process wrote or read it: the rest of the "
-    "event is not decoded) or whole (but for the run's managedFields, never decoded).",
+    "Events of the watch of runs (kopf's, or with shards the operator's own), by how they were "
+    "decoded: metadata (a MODIFIED event of a run held at that version already, as this "
+    "process wrote or read it; with shards also a run of a shard not followed here, and a "
+    "DELETED: the rest of the event is not decoded) or whole (but for the run's managedFields, "
+    "never decoded).",
     ["decoded"],
 )
 TOKENS = Counter(
@@ -221,7 +223,10 @@ class _RunPhaseCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         gauge = GaugeMetricFamily(
-            "agentrun_runs", "AgentRuns the operator watches, by phase.", labels=["phase"]
+            "agentrun_runs",
+            "AgentRuns the operator watches, by phase (with shards: those of the shards this "
+            "replica follows; the replicas' figures add up to every run).",
+            labels=["phase"],
         )
         for phase, count in sorted(self.phases.counts().items()):
             gauge.add_metric([phase], count)

@@ -79,6 +79,8 @@ WAITS = "agentrun_reconcile_wait_seconds_count"
 WAIT_SECONDS = "agentrun_reconcile_wait_seconds_sum"
 """The seconds those passes waited for a worker."""
 PASS_SAMPLES = (PASSES, PASS_SECONDS, WAITS, WAIT_SECONDS)
+RUN_EVENTS = "agentrun_run_events_total"
+"""Run events an operator decoded so far, by how (``decoded``: ``whole`` or ``metadata``)."""
 QUIET_SECONDS = 3.0
 """The operator counts as done with a case when it made no request for this long."""
 
@@ -414,6 +416,9 @@ class ReplicaResult:
     lost: float = 0.0
     """Shards the replicas stopped deciding while the runs ran: their renewals came late
     (none is given back at a rebalance then: the replicas had split them before)."""
+    decoded: list[float] = field(default_factory=list)
+    """Run events each replica decoded whole while the runs ran
+    (``agentrun_run_events_total{decoded="whole"}``); empty when a replica did not answer."""
 
     @property
     def cores_per_replica(self) -> float | None:
@@ -448,8 +453,15 @@ def replicated_runs(
             owned = bench.wait_shards(shards)
             say(f"  shards owned per replica: {', '.join(f'{n:g}' for n in owned)}")
             before, lost = groups.periods(), bench.shards_lost()
+            whole = bench.replica_samples(RUN_EVENTS, {"decoded": "whole"})
             result = operator_runs(bench, case, runs, steps, timeout)
             after, lost = groups.periods(), bench.shards_lost() - lost
+            decoded = [
+                b - a
+                for a, b in zip(whole, bench.replica_samples(RUN_EVENTS, {"decoded": "whole"}),
+                                strict=True)
+                if a >= 0 and b >= 0
+            ]  # fmt: skip
         finally:
             say(f"  cleaning up {case}")
             delete_runs(bench, case, say)
@@ -458,7 +470,11 @@ def replicated_runs(
     if before is not None and after is not None:
         throttled = ratio(after[1] - before[1], after[0] - before[0])
     limited = cpus if groups.groups else None
-    return ReplicaResult(replicas, result, owned, limited, throttled=throttled, lost=lost)
+    if len(decoded) != replicas:
+        decoded = []
+    return ReplicaResult(
+        replicas, result, owned, limited, throttled=throttled, lost=lost, decoded=decoded
+    )
 
 
 @dataclass

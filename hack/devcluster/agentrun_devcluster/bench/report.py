@@ -476,6 +476,24 @@ class Report:
             )
         return lines
 
+    def _decoding_rows(self) -> list[tuple[str, str, str]]:
+        """The run events the busiest of N replicas decoded whole, over what one replica
+        decoded for the same runs."""
+        one = next((r for r in self.replicas if r.replicas == 1 and r.decoded), None)
+        rows: list[tuple[str, str, str]] = []
+        for r in self.replicas:
+            if one is None or r.replicas == 1 or not r.decoded:
+                continue
+            rows.append(
+                (
+                    f"run events decoded whole by each of {r.replicas} replicas / by 1 "
+                    f"(busiest: {max(r.decoded):.0f} of {one.decoded[0]:.0f})",
+                    fmt(ratio(max(r.decoded), one.decoded[0]), "x"),
+                    "<= 0.34x" if r.replicas == 3 else "",
+                )
+            )
+        return rows
+
     def _replica_speedups(self) -> dict[int, float | None]:
         return speedups({r.replicas: r.run.throughput for r in self.replicas})
 
@@ -754,6 +772,7 @@ class Report:
                         REPLICA_TARGETS.get(count, "") if base == 1 else "",
                     )
                 )
+        rows += self._decoding_rows()
         rows += self._peer_targets()
         return rows
 
@@ -848,6 +867,7 @@ def _replica_row(r: ReplicaResult, speedup: float | None) -> dict[str, Any]:
         "operator_cpu_s": _round(case.operator_cpu, 1),
         "throttled_pct": _round(None if r.throttled is None else r.throttled * 100, 0),
         "shards_lost": r.lost,
+        "run_events_decoded_whole": r.decoded,
     }
 
 
