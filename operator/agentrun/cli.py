@@ -114,6 +114,10 @@ def _step(args: argparse.Namespace) -> int:
         from agentrun.pod import mcp
 
         return mcp.main(args.command[1:])
+    if args.command[:1] == ["http"]:
+        from agentrun.pod import http_tool
+
+        return http_tool.main(args.command[1:])
     from agentrun.pod import runner
 
     return runner.main(args.command)
@@ -230,11 +234,12 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
             "`agentrun step llm` is a model turn of an agent run instead: it calls the "
             "model with the context the operator assembled and reports the model's message "
             "and proposed tool calls (it runs no tool). `agentrun step mcp discover|call` "
-            "lists or calls the tools of an MCP server of an agent run."
+            "lists or calls the tools of an MCP server of an agent run; `agentrun step http` "
+            "makes the request of a call of an agent run's HTTP tool."
         ),
     )
     step_parser.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ... | llm | mcp ACTION"
+        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ... | llm | mcp ACTION | http"
     )
     step_parser.set_defaults(func=_step)
     if extensions:

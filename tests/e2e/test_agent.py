@@ -255,8 +255,11 @@ def test_an_endpoint_answering_errors_and_garbage_is_retried_per_policy(
     assert step_status(run, "t1-model")["attempt"] == 3
     retries = [t["message"] for t in _history(run) if t["reason"] == "RetryScheduled"]
     assert len(retries) == 2
-    assert f"the model endpoint {model.base_url} answered HTTP 503: overloaded" in retries[0]
-    assert "not a chat completion" in retries[1]
+    assert (
+        f"(ModelErrorStatus: the model endpoint {model.base_url} answered HTTP 503: overloaded"
+        in retries[0]
+    )
+    assert f"(ModelAnswerNotJSON: the model endpoint {model.base_url} answered" in retries[1]
     assert len(model.completions()) == 3
     assert agent_operator.alive()
 
@@ -271,6 +274,7 @@ def test_an_endpoint_that_is_down_fails_the_run_and_the_operator_goes_on(
     message = status_of(run)["message"]
     assert message.startswith("step t1-model failed: ")
     assert f"the model endpoint {down} cannot be reached" in message
+    assert condition(run)["reason"] == "ModelUnreachable"
     # The operator is fine and goes on with other runs.
     assert agent_operator.alive()
     model.add(reply("still here"))
@@ -440,31 +444,41 @@ def test_reported_usage_of_ten_to_the_thirty_does_not_exhaust_the_budget(
 
 
 @pytest.mark.parametrize(
-    ("body", "said"),
+    ("body", "reason", "said"),
     [
-        (b"", "the body is empty"),
-        (b'{"choices": [', "the body is not JSON"),
-        (b'{"choices": [{"message": {"content": "caf\xe9"}}]}', "the body is not UTF-8 text"),
+        (b"", "ModelEmptyAnswer", "answered HTTP 200 with an empty body"),
+        (
+            b'{"choices": [',
+            "ModelAnswerNotJSON",
+            'answered with a body that is not JSON ({"choices": [)',
+        ),
+        (
+            b'{"choices": [{"message": {"content": "caf\xe9"}}]}',
+            "ModelAnswerNotUTF8",
+            "answered with a body that is not UTF-8 text (byte 41 is 0xe9)",
+        ),
     ],
     ids=["empty", "not-json", "not-utf8"],
 )
-def test_a_broken_answer_fails_the_turn_with_one_line(
+def test_a_broken_answer_fails_the_turn_with_its_reason_and_one_line(
     kube: KubeClients,
     namespace: str,
     agent_operator: OperatorProcess,
     model: ScriptedModel,
     body: bytes,
+    reason: str,
     said: str,
 ) -> None:
+    """Each way an answer is broken has its own reason, on the step and the run (not Error),
+    and one line saying what was wrong."""
     model.add(Raw(body))
     create(kube, namespace, agent_run("broken", model))
     run = wait_phase(kube, namespace, "broken", "Failed")
     message = status_of(run)["message"]
-    assert message.startswith("step t1-model failed: ")
-    assert (
-        f"the model endpoint {model.base_url} answered with something that is not a chat "
-        f"completion: {said}" in message
-    )
+    assert message.startswith(f"step t1-model failed: {reason}: the model endpoint ")
+    assert f"the model endpoint {model.base_url} {said}" in message, message
+    assert condition(run)["reason"] == reason
+    assert step_status(run, "t1-model")["error"]["reason"] == reason
     assert "\n" not in message and "Traceback" not in message
 
 

@@ -228,3 +228,64 @@ def test_a_fork_of_another_runs_uid_namespace_or_records_fails_and_never_calls_t
     assert f"(ConfigMap {context})" in message
 
     assert len(model.completions()) == asked, "the model was called for a refused fork"
+
+
+def test_ask_continues_the_conversation_after_its_answer_with_the_next_question(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    fork_operator: OperatorProcess,
+    model: ScriptedModel,
+) -> None:
+    model.add(
+        reply("looking", [tool_call("search", {"query": "latency"}, "c1")]),
+        reply("the cache is cold"),
+    )
+    source = create(kube, namespace, agent_run("source", model))
+    wait_phase(kube, namespace, "source", "Succeeded")
+    uid = source["metadata"]["uid"]
+    sent = model.completions()
+    assert len(sent) == 2
+
+    question = "Is it cold in every region?"
+    model.add(reply("only in eu-west"))
+    asked = kubectl_agentrun(cluster, "ask", "source", question, "--wait", "--timeout", "150s",
+                             "-n", namespace)  # fmt: skip
+    assert _ok(asked) == "only in eu-west"
+    assert (
+        "asked agentrun/source the next question: agentrun/source-2 continues its conversation "
+        "after its answer in turn 2"
+    ) in asked.stderr
+    # The model got the conversation as the answering turn saw it, the answer, the question.
+    follow_up = model.completions()[2]
+    assert follow_up.messages == [
+        *sent[1].messages,
+        {"role": "assistant", "content": "the cache is cold"},
+        {"role": "user", "content": question},
+    ]
+    assert sent[1].messages[1]["content"] == "find out why checkout is slow"
+    run = get(kube, namespace, "source-2")
+    assert run["spec"]["goal"] == question
+    assert run["spec"]["agent"]["resumeFrom"] == {"run": "source", "uid": uid, "turn": 2}
+    agent = status_of(run)["agent"]
+    assert (agent["resumedFrom"]["turn"], agent["resumedFrom"]["earlierTurns"]) == (2, 2)
+    assert agent["turn"] == 1 and status_of(run)["phase"] == "Succeeded"
+
+    # The next question of the same conversation: the next name, and the whole talk so far.
+    model.add(reply("since the deploy at noon"))
+    again = _ok(kubectl_agentrun(cluster, "ask", "source-2", "Since when?", "-n", namespace))
+    assert again == "source-3\n"
+    wait_phase(kube, namespace, "source-3", "Succeeded")
+    assert model.completions()[3].messages == [
+        *follow_up.messages,
+        {"role": "assistant", "content": "only in eu-west"},
+        {"role": "user", "content": "Since when?"},
+    ]
+    answer = _ok(kubectl_agentrun(cluster, "result", "source-3", "-n", namespace))
+    assert answer == "since the deploy at noon"
+    assert len(model.completions()) == 4
+
+    # A run that is not there is said to be so.
+    refused = kubectl_agentrun(cluster, "ask", "nobody", question, "-n", namespace)
+    assert refused.returncode == 1
+    assert refused.stderr == f"error: agentrun 'nobody' not found in namespace '{namespace}'\n"

@@ -238,14 +238,14 @@ def test_tree_shows_the_family_and_deleting_the_parent_deletes_it(
     create(kube, namespace, stranger)  # a label claims it; no ownerReference does
 
     out = ok(kubectl_agentrun(cluster, "-n", namespace, "tree", "family")).splitlines()
-    assert out[0].split() == ["RUN", "PHASE", "TOKENS", "FAMILY", "TOKENS"]
+    assert out[0].split() == ["RUN", "PHASE", "TOKENS", "(WITH", "SUB-AGENTS)"]
     rows = [(line.split(), len(line) - len(line.lstrip())) for line in out[1:]]
     first_name, second_name = first["metadata"]["name"], second["metadata"]["name"]
-    expected = [(["family", "Pending", "0", "0"], 0)]
+    expected = [(["family", "Pending", "0"], 0)]
     for kid in sorted([first_name, second_name]):  # children by name, each with its own
-        expected.append(([kid, "Pending", "0", "0"], 2))
+        expected.append(([kid, "Pending", "0"], 2))
         if kid == first_name:
-            expected.append(([grandchild["metadata"]["name"], "Pending", "0", "0"], 4))
+            expected.append(([grandchild["metadata"]["name"], "Pending", "0"], 4))
     assert rows == expected  # the stranger, with only a label, is not there
 
     kube.custom.delete_namespaced_custom_object(m.GROUP, m.VERSION, namespace, m.PLURAL, "family")

@@ -79,6 +79,7 @@ from tests.support.trust_attacks import (
     FORGED,
     GENUINE,
     HELPER,
+    HTTP_TOOL,
     LARGE,
     LARGE_DIGEST,
     REFERENCED,
@@ -349,10 +350,21 @@ def _agent_run(name: str, ledger: Path, model: ModelProcess, holds: Path) -> Run
         {"image": "busybox:1.36", "command": ["sh", "-c", script]},
         approval="required",
     )
+    # Offered, never called: the entry agent-http-tools changes its URL and allowedHosts.
+    lookup = {
+        "name": HTTP_TOOL,
+        "description": "Look a thing up.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        "http": {
+            "url": "http://127.0.0.1:9/lookup/{query}",
+            "headers": [{"name": "Accept", "value": "application/json"}],
+            "allowedHosts": ["127.0.0.1:9"],
+        },
+    }
     return agent_run(
         name,
         model.base_url,
-        tools=[act],
+        tools=[act, lookup],
         model_extra={"apiKeySecretRef": {"name": API_KEY_SECRET, "key": "value"}},
         goal=f"trust attack {name}",
         plan={"steps": [step("first", _held(holds / f"{name}.first") + envelope("first done"))]},

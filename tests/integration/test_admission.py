@@ -821,6 +821,17 @@ def test_the_agents_model_and_tools_cannot_change_after_creation(admission: Admi
     assert _denial(admission.patch("carol", "served", [dropped])) == (
         "spec.agent.mcpServers" + changed
     )
+    # An HTTP tool: where its request goes and which hosts it may reach.
+    fetch = {k: v for k, v in _tool("fetch").items() if k != "container"}
+    fetch["http"] = {"url": "https://api.example/{q}", "allowedHosts": ["api.example"]}
+    admission.created("alice", _agent_run("fetching", agent_extra={"tools": [fetch]}))
+    elsewhere = [
+        _replace("/spec/agent/tools/0/http/url", "https://attacker.example/{q}"),
+        _replace("/spec/agent/tools/0/http/allowedHosts", ["attacker.example"]),
+    ]
+    assert _denial(admission.patch("carol", "fetching", elsewhere)) == (
+        "spec.agent.tools[fetch]" + changed
+    )
     admission.created("alice", _agent_run("chosen", agent_extra={"toolChoice": "auto"}))
     unset = {"op": "remove", "path": "/spec/agent/toolChoice"}
     assert _denial(admission.patch("carol", "chosen", [unset])) == (

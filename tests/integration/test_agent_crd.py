@@ -31,6 +31,13 @@ def tool(name: str = "search", **extra: Any) -> dict[str, Any]:
     return body
 
 
+def http_tool(name: str = "fetch", **http: Any) -> dict[str, Any]:
+    body = tool(name)
+    del body["container"]
+    body["http"] = {"url": "https://api.example/items/{q}", "allowedHosts": ["api.example"], **http}
+    return body
+
+
 def agent_run(name: str, *, plan: list[dict[str, Any]] | None = None, **agent: Any) -> Run:
     spec: dict[str, Any] = {
         "goal": "check admission of agent runs",
@@ -134,6 +141,49 @@ INVALID = [
         {"model": {"baseURL": "localhost:8000", "name": "m"}},
         "should match '^https?://",
     ),
+    (
+        "http-and-container",
+        {"tools": [{**tool(), "http": http_tool()["http"]}]},
+        "a tool has a container, an agent (a sub-agent) or http (an HTTP request), exactly one",
+    ),
+    (
+        "http-get-with-body",
+        {"tools": [http_tool(body={"argument": "q"})]},
+        "a GET request has no body",
+    ),
+    (
+        "http-body-argument-and-template",
+        {"tools": [http_tool(method="POST", body={"argument": "q", "template": {"a": 1}})]},
+        "a body is an argument or a template, exactly one",
+    ),
+    (
+        "http-reserved-header",
+        {"tools": [http_tool(headers=[{"name": "Idempotency-KEY", "value": "mine"}])]},
+        "a tool may not set the headers Host",
+    ),
+    (
+        "http-header-value-and-secret",
+        {
+            "tools": [
+                http_tool(
+                    headers=[
+                        {"name": "X-A", "value": "v", "secretKeyRef": {"name": "s", "key": "k"}}
+                    ]
+                )
+            ]
+        },
+        "a header has a value or a secretKeyRef, exactly one",
+    ),
+    (
+        "http-header-value-with-a-line-break",
+        {"tools": [http_tool(headers=[{"name": "X-A", "value": "a\r\nHost: evil"}])]},
+        "should match",
+    ),
+    ("http-allowed-host-with-a-path", {"tools": [http_tool(allowedHosts=["a.b/x"])]}, "match"),
+    ("http-allowed-host-userinfo", {"tools": [http_tool(allowedHosts=["u@a.b"])]}, "match"),
+    ("http-no-allowed-hosts", {"tools": [http_tool(allowedHosts=[])]}, "should have at least 1"),
+    ("http-url-not-http", {"tools": [http_tool(url="ftp://a.b/x")]}, "should match '^https?://"),
+    ("http-method", {"tools": [http_tool(method="TRACE")]}, "Unsupported value"),
 ]
 
 
@@ -143,6 +193,27 @@ def test_invalid_agents_are_refused_with_a_clear_message(
 ) -> None:
     said = _refused(kube, namespace, agent_run(case, **agent))
     assert message in said, said
+
+
+def test_an_http_tool_is_accepted_defaulted_and_its_body_template_kept(
+    kube: KubeClients, namespace: str
+) -> None:
+    body = http_tool(
+        method="POST",
+        headers=[
+            {"name": "Accept", "value": "application/json"},
+            {"name": "Authorization", "secretKeyRef": {"name": "api", "key": "token"}},
+        ],
+        body={"template": {"q": "{q}", "nested": {"list": [1, "{q}"]}}},
+        allowedHosts=["api.example", "127.0.0.1:8080", "[::1]:9"],
+    )
+    created = create(kube, namespace, agent_run("http-tool", tools=[body]))
+    http = created["spec"]["agent"]["tools"][0]["http"]
+    assert http["maxResponseBytes"] == 16384
+    assert http["body"]["template"] == {"q": "{q}", "nested": {"list": [1, "{q}"]}}
+    assert http["headers"][1]["secretKeyRef"] == {"name": "api", "key": "token"}
+    get = create(kube, namespace, agent_run("http-get", tools=[http_tool()]))
+    assert get["spec"]["agent"]["tools"][0]["http"]["method"] == "GET"
 
 
 def test_plan_steps_may_not_take_the_names_of_turns_and_calls(
@@ -210,6 +281,19 @@ def test_explain_teaches_the_agent(kubectl: Kubectl) -> None:
     assert "approvals are never carried" in resume
     turn = kubectl("explain", "agentrun.spec.agent.resumeFrom.turn").stdout
     assert "ResumeRefused" in turn
+    http = " ".join(kubectl("explain", "agentrun.spec.agent.tools.http").stdout.split())
+    assert "Idempotency-Key" in http and "argsHash covers the method, the URL" in http
+    for field in ("method", "url", "headers", "body", "allowedHosts", "maxResponseBytes"):
+        assert field in http, field
+    hosts = " ".join(
+        kubectl("explain", "agentrun.spec.agent.tools.http.allowedHosts").stdout.split()
+    )
+    assert "allowed.example does not allow allowed.example.evil.com" in hosts
+    assert "A URL with userinfo (user@host) is never sent" in hosts
+    url = " ".join(kubectl("explain", "agentrun.spec.agent.tools.http.url").stdout.split())
+    assert "percent-encoded" in url
+    secret = kubectl("explain", "agentrun.spec.agent.tools.http.headers.secretKeyRef").stdout
+    assert "never into status" in " ".join(secret.split())
     choice = " ".join(kubectl("explain", "agentrun.spec.agent.toolChoice").stdout.split())
     assert "auto (it decides), none (it answers without calling a tool)" in choice
     assert "required (it calls at least one tool), or a tool's name" in choice

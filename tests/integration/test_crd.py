@@ -36,8 +36,13 @@ def test_every_example_is_accepted_by_kubectl_apply(
     name = yaml.safe_load(path.read_text())["metadata"]["name"]
     assert f"agentrun.agentrun.dev/{name} created" in out.stdout
     got = json.loads(kubectl("get", "agentrun", name, "-n", namespace, "-o", "json").stdout)
-    # Structural defaulting filled in what the user left out.
-    assert all(s["risk"] in ("read", "write", "external") for s in got["spec"]["plan"]["steps"])
+    # Structural defaulting filled in what the user left out: each step's and tool's risk.
+    spec = got["spec"]
+    defaulted = [
+        *(spec.get("plan") or {}).get("steps", []),
+        *(spec.get("agent") or {}).get("tools", []),
+    ]
+    assert all(s["risk"] in ("read", "write", "external") for s in defaulted), defaulted
 
 
 INVALID = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from agentrun.core import (
@@ -29,6 +30,8 @@ class SimExecutor:
     trusted: bool = True
     started: bool = False
     """Its pod was let start (StartPod): it then runs, with an address."""
+    started_at: datetime | None = None
+    """When its pod was let start: its command runs from then on."""
 
     @property
     def pod_uid(self) -> str:
@@ -64,7 +67,7 @@ class ExecutorSim(AgentSim):
             start_pod=None if found.started else PodRef(f"{named}-pod", found.pod_uid),
             address="10.0.0.9" if running else None,
             pod_uid=found.pod_uid if running else None,
-            running_since=self.now if running else None,
+            running_since=found.started_at if running else None,
         )
         return AheadJob(job, found.trusted)
 
@@ -79,7 +82,10 @@ class ExecutorSim(AgentSim):
             self.executors.setdefault(action.job_name, SimExecutor(action.generation))
             return
         if isinstance(action, StartPod) and action.job_name in self.executors:
-            self.executors[action.job_name].started = self.pods_start
+            executor = self.executors[action.job_name]
+            executor.started = self.pods_start
+            if executor.started and executor.started_at is None:
+                executor.started_at = self.now
             return
         if isinstance(action, SendTurn) and action.executor:
             self.sent.append(action)

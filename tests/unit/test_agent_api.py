@@ -145,11 +145,15 @@ def test_the_crd_keys_tools_by_name_and_keeps_their_schema_whole() -> None:
     assert item["properties"]["parameters"]["type"] == "object"
     assert "parameters" in item["required"]
     rules = [r["rule"] for r in item["x-kubernetes-validations"]]
+    kinds = " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in ("container", "agent", "http"))
     assert rules == [
         "has(self.parameters.type) && self.parameters.type == 'object'",
-        "has(self.container) != has(self.agent)",
+        f"{kinds} == 1",
     ]
     assert "container" not in item["required"]  # a sub-agent tool has an agent instead
+    assert item["properties"]["http"]["properties"]["body"]["properties"]["template"][
+        "x-kubernetes-preserve-unknown-fields"
+    ]
 
 
 def test_the_openapi_schema_accepts_an_agent_run_and_refuses_a_run_of_neither() -> None:

@@ -4,6 +4,7 @@ approvable, budgeted steps (docs/agent.md)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -249,6 +250,23 @@ def test_a_risky_call_waits_for_an_approval_of_its_exact_arguments() -> None:
     sim.answer("", [call("restart", {"service": "payments"}, "r2")])
     st2 = sim.step_status("t2-0-restart")
     assert st2.phase == SP.WAITING_FOR_APPROVAL and st2.args_hash != h
+
+
+def test_the_history_names_one_argshash_for_a_call_from_acceptance_to_approval() -> None:
+    sim = AgentSim(agent_run(tools=[SEARCH, RESTART]))
+    sim.answer("", [call("restart", {"service": "checkout"}, "r1")])
+    h = sim.step_status("t1-0-restart").args_hash or ""
+    sim.spec_update(approvals=[m.Approval(step="t1-0-restart", decision="approve",
+                                          args_hash=h, by="alice")])  # fmt: skip
+    sim.settle()
+    said = {
+        t.reason: t.message or ""
+        for t in sim.status.history or []
+        if t.step == "t1-0-restart" or t.reason == "WaitingForApproval"
+    }
+    for reason in ("ToolCallAccepted", "ApprovalRequested", "WaitingForApproval"):
+        digests = set(re.findall(r"args ([0-9a-f]{12})", said[reason]))
+        assert digests == {h[:12]}, (reason, said[reason])
 
 
 def test_a_rejected_call_is_answered_to_the_model_and_the_run_goes_on() -> None:

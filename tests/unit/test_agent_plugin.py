@@ -50,6 +50,57 @@ def test_the_transcript_shows_each_turn_its_calls_outcomes_and_tokens() -> None:
     assert "kubectl agentrun approve agent t2-0-restart" in text
 
 
+def test_a_stopped_runs_transcript_shows_its_last_turn_once_and_promises_no_next_turn() -> None:
+    sim = AgentSim(agent_run(maxTurns=2, maxToolCallsPerTurn=1))
+    for turn in (1, 2):
+        sim.answer("", [call("search", {"query": f"q{turn}"}, f"c{turn}"),
+                        call("search", {"query": "more"}, f"d{turn}")])  # fmt: skip
+        sim.tools_return()
+    assert sim.status.phase == m.RunPhase.FAILED  # MaxTurnsReached after turn 2
+    records = transcript.records_of(sim.run, _config_maps(sim))
+    lines = transcript.transcript_lines(sim.run, records)
+    text = "\n".join(lines)
+    assert [line.split(" (")[0] for line in lines if line.startswith("turn ")] == [
+        "turn 1",
+        "turn 2",
+    ]
+    assert "in progress" not in text
+    # The call refused in turn 1 may be made again in turn 2; the one refused in the last
+    # turn may not, and is not told it may.
+    (first, last) = [line for line in lines if "maxToolCallsPerTurn" in line]
+    assert "call it again next turn" in first
+    assert "next turn" not in last and "the last turn (spec.agent.maxTurns 2)" in last
+    refused = [t.message or "" for t in sim.status.history or [] if t.reason == "ToolCallRefused"]
+    assert "next turn" not in refused[-1]
+
+
+def test_a_turn_cut_short_by_a_cancel_is_shown_once_as_stopped_not_in_progress() -> None:
+    sim = AgentSim(agent_run(tools=[SEARCH, RESTART], maxToolCallsPerTurn=1))
+    sim.answer("", [call("search", {"query": "x"}, "c1")])
+    sim.tools_return()
+    sim.answer("", [call("restart", {"service": "checkout"}, "r1"),  # waits for approval
+                    call("search", {"query": "y"}, "c2")])  # fmt: skip
+    (refused,) = [c.problem for c in sim.agent.calls if c.problem]
+    assert "call it again next turn" in refused  # turn 2 of 20: one was to follow
+    sim.spec_update(cancel=True)
+    sim.settle()
+    assert sim.status.phase == m.RunPhase.CANCELLED
+    records = transcript.records_of(sim.run, _config_maps(sim))
+    lines = transcript.transcript_lines(sim.run, records)
+    text = "\n".join(lines)
+    assert [line for line in lines if line.startswith("turn 2")] == [
+        "turn 2 (stopped before it closed)"
+    ]
+    assert "in progress" not in text and "kubectl agentrun approve" not in text
+    assert '  -> restart({"service": "checkout"})  [r1]' in lines
+    # None did: the refused call is not told to call again.
+    assert "next turn" not in text
+    assert (
+        "     invalid: the model may make at most 1 tool calls a turn "
+        "(spec.agent.maxToolCallsPerTurn); this one was not run" in lines
+    )
+
+
 def test_records_not_owned_by_the_run_are_left_out() -> None:
     sim = AgentSim(agent_run())
     sim.answer("", [call("search", {"query": "x"}, "c1")])
@@ -134,8 +185,9 @@ def test_a_fork_from_a_turn_the_run_did_not_close_says_which_turns_it_can_be() -
     with pytest.raises(ValueError) as answered:
         forking.plan_turn(sim.run, 3, "x")
     assert str(answered.value) == (
-        "cannot fork agentrun/source from turn 3: agentrun/source answered in turn 3: nothing "
-        "follows it to continue; fork from an earlier turn (1 to 2)"
+        "cannot fork agentrun/source from turn 3: agentrun/source answered in turn 3: a fork "
+        "keeps its goal, so nothing new follows the answer; ask it the next question instead "
+        "(kubectl agentrun ask source QUESTION), or fork from an earlier turn (1 to 2)"
     )
     with pytest.raises(ValueError, match="has not closed turn 9: its conversation goes up to"):
         forking.plan_turn(sim.run, 9, "x")

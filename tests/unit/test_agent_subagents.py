@@ -10,9 +10,12 @@ import dataclasses
 import json
 from typing import Any
 
+import pytest
+
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
+from agentrun.clients.plugin import commands
 from agentrun.core import CoreConfig, Observed, refusals
 from agentrun.core import subagents as sa
 from agentrun.core.actions import CreateChild
@@ -288,3 +291,43 @@ def test_a_child_refused_by_a_quota_past_the_grace_fails_the_call() -> None:
     assert failed.step == "t1-0-researcher" and failed.to_phase == SP.FAILED, failed
     assert failed.message is not None and "exceeded quota" in failed.message
     assert not sim.children
+
+
+class _Family:
+    """The runs of a namespace as ``kubectl agentrun tree`` reads them: the parent as its
+    operator left it and its children as the API server holds them."""
+
+    namespace = "default"
+
+    def __init__(self, sim: AgentSim) -> None:
+        self.bodies = [sim.run.to_wire(), *sim.children.values()]
+
+    def get_run_body(self, name: str) -> dict[str, Any]:
+        return next(b for b in self.bodies if b["metadata"]["name"] == name)
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        return self.bodies
+
+
+def test_tree_counts_a_childs_tokens_once_the_parents_usage_already_holds_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sim = _sim()
+    name = _delegated(sim)
+    sim.child_ends(name, "Succeeded", answer="the cache was flushed at 9:00", tokens=1200)
+    sim.answer("the cache was flushed")
+    own = sum(t.tokens for t in sim.agent.recent)  # the parent's own two turns
+    assert sim.status.usage.tokens == own + 1200  # type: ignore[union-attr]
+    spent = own + 1200  # what the family used: the parent's turns and the child's
+    args = commands.build_parser().parse_args(["tree", "agent"])
+    assert commands.cmd_tree(_Family(sim), args) == 0  # type: ignore[arg-type]
+    header, top, child = capsys.readouterr().out.splitlines()
+    assert top.split()[-1] == str(spent)  # the family's total, the child's tokens once
+    assert top.split() == ["agent", "Succeeded", str(spent)]
+    assert header.split()[2:] == ["TOKENS", "(WITH", "SUB-AGENTS)"]  # what a figure holds
+    assert child.split() == [name, "Succeeded", "1200"]
+    args = commands.build_parser().parse_args(["tree", "agent", "-o", "json"])
+    assert commands.cmd_tree(_Family(sim), args) == 0  # type: ignore[arg-type]
+    family = json.loads(capsys.readouterr().out)
+    assert family["tokens"] == spent and "familyTokens" not in family
+    assert [(c["name"], c["tokens"]) for c in family["children"]] == [(name, 1200)]

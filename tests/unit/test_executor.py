@@ -379,6 +379,26 @@ def test_a_call_of_an_mcp_tool_goes_to_the_executor_which_holds_the_header_secre
     assert not [j for j in sim.creations if "lookup" in j]
 
 
+def test_the_history_says_a_call_and_a_turn_run_on_the_executor_never_as_a_job() -> None:
+    sim = _mcp_sim()
+    executor_job = turns.executor_name(sim.run, 1)
+    sim.executor_answers("", [call("lookup", {"word": "latency"}, "c1")])
+    sim.advance(sim.config.running_after_seconds + 1)
+    sim.settle()  # the call has run long enough to be Running
+    sim.answers[sim.step_status("t1-0-lookup").job_name or ""] = (0, tool_envelope("{}", "ok"))
+    sim.settle()
+    sim.advance(sim.config.running_after_seconds + 1)
+    sim.settle()  # and so has turn 2
+    started = {t.step: t.message or "" for t in sim.status.history or [] if t.reason == "Started"}
+    assert set(started) == {"t1-0-lookup", "t2-model"}
+    for step in ("t1-0-lookup", "t2-model"):
+        assert started[step] == (
+            f"step {step}: attempt 1 running on the run's executor {executor_job} "
+            "(pod executor-pod-1)"
+        )
+    assert not [name for name in sim.creations if "lookup" in name or "t2-model" in name]
+
+
 def test_without_the_header_secrets_confirmed_there_is_no_executor_and_calls_are_jobs() -> None:
     sim = _mcp_sim(granted=False)
     assert sim.agent.executor is None and not sim.executors

@@ -18,6 +18,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun import settings as s
+from agentrun.api import names
 from agentrun.core import agent_loop as loop
 from agentrun.core import context as cx
 from agentrun.core.envelope import MAX_INFLATED_RESULT
@@ -115,7 +116,11 @@ def test_the_api_key_comes_from_the_environment_and_is_never_printed(
     assert llm.run_turn(env, store_factory=_no_store) == 1
     assert model.completions()[0].authorization == "Bearer sk-secret-value"
     said = _termination(env)
-    assert said == f"the model endpoint {model.base_url} answered HTTP 401: bad key"
+    assert said == (
+        f"ModelErrorStatus: the model endpoint {model.base_url} answered HTTP 401: bad key: "
+        "check the API key (spec.agent.model.apiKeySecretRef) and that it may use "
+        "spec.agent.model.name"
+    )
     out = capsys.readouterr()
     assert "sk-secret-value" not in out.out + out.err + said
 
@@ -134,49 +139,80 @@ def test_an_endpoint_that_is_down_fails_the_turn_with_the_reason(tmp_path: Path)
         base_url = f"http://127.0.0.1:{down.port}/v1"
         env = _env(tmp_path, base_url)
         assert llm.run_turn(env, store_factory=_no_store) == 1
-    assert _termination(env).startswith(f"the model endpoint {base_url} cannot be reached")
+    assert _termination(env).startswith(
+        f"ModelUnreachable: the model endpoint {base_url} cannot be reached"
+    )
 
 
 @pytest.mark.parametrize(
-    ("answer", "said"),
+    ("answer", "reason", "said"),
     [
-        (Status(500, "overloaded"), "answered HTTP 500: overloaded"),
+        (
+            Status(500, "overloaded"),
+            "ModelErrorStatus",
+            "answered HTTP 500: overloaded: the server failed: a retry may pass",
+        ),
+        (
+            Status(404, "no such model"),
+            "ModelErrorStatus",
+            "answered HTTP 404: no such model: check spec.agent.model.baseURL",
+        ),
         (
             Raw(b"<html>bad gateway</html>", "text/html"),
-            "not a chat completion: the body is not JSON: <html>bad gateway</html>",
+            "ModelAnswerNotJSON",
+            "answered with a body that is not JSON (<html>bad gateway</html>): is "
+            "spec.agent.model.baseURL the API's base",
         ),
-        (Raw(b'{"choices": []}'), "not a chat completion: it has no choices"),
-        (Raw(b'{"object": "nonsense"}'), "not a chat completion: it has no choices"),
+        (Raw(b'{"choices": []}'), "ModelAnswerInvalid", "not a chat completion: it has no choices"),
+        (
+            Raw(b'{"object": "nonsense"}'),
+            "ModelAnswerInvalid",
+            "not a chat completion: it has no choices",
+        ),
         (
             Raw(b'{"choices": [{"index": 0, "message": {"content": 5}}]}'),
+            "ModelAnswerInvalid",
             "not a chat completion: the message's content is not text",
         ),
-        (Raw(b""), "not a chat completion: the body is empty"),
-        (Raw(b"   \n"), "not a chat completion: the body is empty"),
-        (Raw(b'{"choices": [{"message": '), 'the body is not JSON: {"choices": [{"message":'),
-        (Raw(b"null"), "not a chat completion: the body is JSON null, not an object"),
-        (Raw(b"[1]"), "not a chat completion: the body is JSON an array, not an object"),
+        (Raw(b""), "ModelEmptyAnswer", "answered HTTP 200 with an empty body"),
+        (Raw(b"   \n"), "ModelEmptyAnswer", "answered HTTP 200 with an empty body"),
+        (
+            Raw(b'{"choices": [{"message": '),
+            "ModelAnswerNotJSON",
+            'a body that is not JSON ({"choices": [{"message":)',
+        ),
+        (Raw(b"null"), "ModelAnswerInvalid", "JSON that is null, not a chat completion object"),
+        (Raw(b"[1]"), "ModelAnswerInvalid", "JSON that is an array, not a chat completion"),
         (
             Raw(b'{"choices": [{"message": {"content": "caf\xe9"}}]}'),
-            "not a chat completion: the body is not UTF-8 text (byte 41 is 0xe9)",
+            "ModelAnswerNotUTF8",
+            "a body that is not UTF-8 text (byte 41 is 0xe9): a chat completion is JSON in UTF-8",
         ),
-        (Raw(b"\xff\xfe\x00\x00"), "the body is not UTF-8 text (byte 0 is 0xff)"),
+        (
+            Raw(b"\xff\xfe\x00\x00"),
+            "ModelAnswerNotUTF8",
+            "not UTF-8 text (byte 0 is 0xff)",
+        ),
         (
             Raw(b'{"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "a"}}'),
-            "not a chat completion: usage.prompt_tokens is not a number",
+            "ModelUsageInvalid",
+            'reported usage.prompt_tokens "a" (not a number) for turn 2: a token count is',
         ),
     ],
 )
-def test_garbage_from_the_endpoint_fails_the_turn_with_one_line_saying_why(
-    tmp_path: Path, model: ScriptedModel, answer: Any, said: str
+def test_garbage_from_the_endpoint_fails_the_turn_with_its_reason_and_one_line_saying_why(
+    tmp_path: Path, model: ScriptedModel, answer: Any, reason: str, said: str
 ) -> None:
-    """An empty 200 body, a body that is not JSON or not UTF-8, JSON that is not a chat
-    completion: the turn fails with one line saying so (never a traceback's)."""
+    """An error status, an empty 200 body, a body that is not JSON or not UTF-8, JSON that is
+    not a chat completion: the turn fails with its own reason (the termination message begins
+    with it, and the operator takes it from there) and one line saying what was wrong and what
+    to do (never a traceback's)."""
     model.add(answer)
     env = _env(tmp_path, model.base_url)
     assert llm.run_turn(env, store_factory=_no_store) == 1
     message = _termination(env)
-    assert message.startswith(f"the model endpoint {model.base_url} "), message
+    assert message.startswith(f"{reason}: the model endpoint {model.base_url} "), message
+    assert reason in names.TURN_FAILURES
     assert said in message
     assert "\n" not in message and "Traceback" not in message, message
 
@@ -190,7 +226,7 @@ def test_whatever_fails_in_a_turn_it_ends_in_one_line(tmp_path: Path) -> None:
     env = _env(tmp_path, "http://127.0.0.1:9/v1")
     assert llm.run_turn(env, client_factory=broken, store_factory=_no_store) == 1
     assert _termination(env) == (
-        "the turn failed: RuntimeError: first line second line of something deep"
+        "TurnFailed: the turn failed: RuntimeError: first line second line of something deep"
     )
 
 
@@ -266,7 +302,7 @@ def test_the_largest_output_the_termination_message_holds_and_one_byte_more(
 
     assert llm.run_turn(env, store_factory=_no_store) == 1
     said = _termination(env)
-    assert said.startswith("the turn's output is ")
+    assert said.startswith("TurnOutputTooLarge: the turn's output is ")
     assert f"({_packed_bytes(text[:over])} as the compressed envelope)" in said
     assert f"more than the {runner.TERMINATION_LIMIT} bytes of the termination message" in said
     assert "lower spec.agent.model.maxOutputTokens, or give steps a ServiceAccount" in said
@@ -318,7 +354,7 @@ def test_an_output_over_the_most_a_turn_may_return_fails_the_turn(
     model.add(reply("x" * MAX_INFLATED_RESULT))
     env = _env(tmp_path, model.base_url)
     assert llm.run_turn(env, store_factory=lambda i, e: FakeStore(i)) == 1
-    assert _termination(env).startswith("the turn's output is ")
+    assert _termination(env).startswith("TurnOutputTooLarge: the turn's output is ")
     assert f"more than the {MAX_INFLATED_RESULT} a turn may return" in _termination(env)
 
 
@@ -385,12 +421,191 @@ def test_the_scripted_model_records_every_request_whatever_its_method(
 def test_the_tool_choice_is_sent_as_chat_completions_defines_it(
     tmp_path: Path, model: ScriptedModel, choice: str, sent: Any
 ) -> None:
-    model.add(reply("done"))
+    model.add(reply("done") if choice in ("auto", "none") else reply("", [_search_call()]))
     env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_TOOL_CHOICE: choice}
     assert llm.run_turn(env, store_factory=_no_store) == 0
     (request,) = model.completions()
     assert request.body["tool_choice"] == sent
     assert model.refused == []
+
+
+def _search_call() -> dict[str, Any]:
+    return tool_call("search", {"q": "db"}, "c9")
+
+
+@pytest.mark.parametrize(
+    ("choice", "answer", "said"),
+    [
+        ("required", reply("plain text"), "is required, but the model endpoint {url} answered "
+         "without calling a tool: the server did not honour tool_choice"),
+        ("required", reply("cut", finish_reason="length"), "answered without calling a tool "
+         "(cut off at maxOutputTokens, perhaps while writing a call)"),
+        ("search", reply("plain text"), "is search (a call of that tool), but the model "
+         "endpoint {url} answered without calling a tool"),
+        ("search", reply("", [tool_call("grep", {"q": "x"})]), "called grep"),
+        ("search", reply("", [_search_call(), tool_call("grep", {})]), "called grep, search"),
+    ],
+)  # fmt: skip
+def test_an_answer_that_ignores_the_tool_choice_fails_the_turn_tool_choice_ignored(
+    tmp_path: Path, model: ScriptedModel, choice: str, answer: dict[str, Any], said: str
+) -> None:
+    """toolChoice required (or a tool's name) asks that every turn call a tool (that tool):
+    an answer without one, or with another tool's, is not taken (llama-server answered plain
+    text to `required`). The turn fails with its own reason, so the operator retries it per
+    spec.agent.model.retry, each retry a call of its own."""
+    model.add(answer)
+    env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_TOOL_CHOICE: choice}
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    message = _termination(env)
+    assert message.startswith(f"ToolChoiceIgnored: turn 2: spec.agent.toolChoice {said}"[:35])
+    assert said.format(url=model.base_url) in message, message
+    assert len(model.completions()) == 1, "one call: a retry is the operator's, a new attempt"
+
+
+def _no_usage(usage: dict[str, Any] | None, content: str = "the cache is cold") -> Raw:
+    body: dict[str, Any] = {
+        "choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return Raw(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(
+    ("usage", "said"),
+    [
+        ({"prompt_tokens": -3, "completion_tokens": 5}, "usage.prompt_tokens -3"),
+        ({"prompt_tokens": 3, "completion_tokens": -1}, "usage.completion_tokens -1"),
+        ({"prompt_tokens": 3, "completion_tokens": -0.5}, "usage.completion_tokens -0.5"),
+    ],
+)
+def test_negative_usage_fails_the_turn_model_usage_invalid(
+    tmp_path: Path, model: ScriptedModel, usage: dict[str, Any], said: str
+) -> None:
+    """A negative token count is no usage: the turn is not counted as 0 (which would let the
+    server spend the budget for free), it fails saying which count, for which turn."""
+    model.add(_no_usage(usage))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    assert _termination(env).startswith(
+        f"ModelUsageInvalid: the model endpoint {model.base_url} reported {said} for turn 2: a "
+        "token count is a number of at least 0, so this answer cannot be counted against "
+        "spec.budget.maxTokens and is not taken (the attempt counts no tokens)"
+    )
+
+
+BOTH = ["prompt_tokens", "completion_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("usage", "estimated"),
+    [
+        (None, BOTH),
+        ({}, BOTH),
+        ({"prompt_tokens": None, "completion_tokens": None}, BOTH),
+        ({"prompt_tokens": 70}, ["completion_tokens"]),
+        ({"completion_tokens": 9, "total_tokens": 9}, ["prompt_tokens"]),
+    ],
+)  # fmt: skip
+def test_usage_the_server_did_not_report_is_estimated_and_named(
+    tmp_path: Path, model: ScriptedModel, usage: dict[str, Any] | None, estimated: list[str]
+) -> None:
+    """A count the server did not report is not 0 (which would let the run's turns past
+    budget.maxTokens): it is estimated as the operator estimates a turn before it starts, 4
+    bytes a token of the request sent and of the output, and the output names it, so that the
+    operator says so on the run (UsageNotReported)."""
+    model.add(_no_usage(usage))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    envelope = json.loads(_termination(env))
+    (request,) = model.completions()
+    sent = cx.request_bytes(request.body)
+    prompt = -(-sent // cx.BYTES_PER_TOKEN) if "prompt_tokens" in estimated else 70
+    completion = 5 if "completion_tokens" in estimated else 9  # 17 bytes: "the cache is cold"
+    assert envelope["usage"] == {"tokens": prompt + completion}
+    assert envelope["result"]["usage"]["estimated"] == estimated
+    output = cx.parse_output(json.dumps(envelope["result"]), 2)
+    assert isinstance(output, cx.Output)
+    assert output.unreported == tuple(estimated)
+    assert (output.prompt_tokens, output.completion_tokens) == (prompt, completion)
+
+
+def test_reported_usage_is_not_called_estimated(tmp_path: Path, model: ScriptedModel) -> None:
+    model.add(_no_usage({"prompt_tokens": 0, "completion_tokens": 0}))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 0
+    envelope = json.loads(_termination(env))
+    assert envelope["usage"] == {"tokens": 0}
+    assert "estimated" not in envelope["result"]["usage"]
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("sk-secret-value\n", "ends with a line break (a Secret made from a file"),
+        ("sk-secret-value\r\n", "ends with a line break"),
+        (" sk-secret-value", "begins or ends with whitespace"),
+        ("sk-secret\u2019value", "has a character that is not printable ASCII (its character 10)"),
+        ("sk-secret\x00value", "has a character that is not printable ASCII (its character 10)"),
+    ],
+)
+def test_an_api_key_no_header_can_carry_fails_the_turn_without_printing_it(
+    tmp_path: Path,
+    model: ScriptedModel,
+    capsys: pytest.CaptureFixture[str],
+    key: str,
+    said: str,
+) -> None:
+    """A key with a line break or a character that is not ASCII cannot be an HTTP header: the
+    HTTP client's own error quoted the header, key and all ("Illegal header value b'Bearer
+    sk-...'"), or was a raw UnicodeEncodeError. The turn fails saying what is wrong with the
+    key and where it comes from, sends nothing, and never prints it."""
+    model.add(reply("never sent"))
+    env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_API_KEY: key}
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    message = _termination(env)
+    assert message.startswith(
+        "ModelAPIKeyInvalid: the API key (the Secret key spec.agent.model.apiKeySecretRef "
+        f"names) {said}"
+    ), message
+    assert "UnicodeEncodeError" not in message
+    assert model.completions() == []
+    out = capsys.readouterr()
+    for part in ("secret-value", "secret\u2019value", "secret\x00value"):
+        assert part not in out.out + out.err + message
+
+
+def test_an_error_that_quotes_the_api_key_is_said_without_it(
+    tmp_path: Path, model: ScriptedModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model.add(Status(401, "Incorrect API key provided: sk-secret-value."))
+    env = {**_env(tmp_path, model.base_url), loop.ENV_MODEL_API_KEY: "sk-secret-value"}
+    assert llm.run_turn(env, store_factory=_no_store) == 1
+    message = _termination(env)
+    assert "Incorrect API key provided: [the API key]." in message
+    out = capsys.readouterr()
+    assert "sk-secret-value" not in out.out + out.err + message
+
+
+def test_a_lone_surrogate_in_the_answer_becomes_a_replacement_character(
+    tmp_path: Path, model: ScriptedModel
+) -> None:
+    """JSON may escape half of a surrogate pair (\\ud800), which is no character and which
+    UTF-8 cannot carry: the turn failed with a raw UnicodeEncodeError. It is taken as U+FFFD,
+    as the operator reads a turn's output anyway."""
+    # JSON text, as the server sent it: each \u escape is one of the body's, not the
+    # arguments' (which hold the lone surrogate itself once the body is read).
+    body = (
+        r'{"choices": [{"message": {"content": "x\ud800y", "tool_calls": [{"id": "c1", '
+        r'"type": "function", "function": {"name": "search", "arguments": '
+        r'"{\"q\": \"\udc00\"}"}}]}, "finish_reason": "tool_calls"}]}'
+    )
+    model.add(Raw(body.encode()))
+    env = _env(tmp_path, model.base_url)
+    assert llm.run_turn(env, store_factory=_no_store) == 0, _termination(env)
+    envelope = json.loads(_termination(env))
+    assert envelope["result"]["content"] == "x\ufffdy"
+    assert envelope["result"]["toolCalls"][0]["arguments"] == '{"q": "\ufffd"}'
 
 
 def test_no_tool_choice_is_sent_unset_or_without_tools(
@@ -476,7 +691,9 @@ def test_a_turn_without_its_request_fails_when_its_wait_ends(tmp_path: Path) -> 
         port = lease.port
         lease.release()
         assert llm.serve(env, port=port, wait_seconds=0.2, store_factory=_no_store) == 1
-    assert _termination(env) == "no request for the turn came within 0 s"
+    assert _termination(env).startswith(
+        "TurnRequestMissing: no request for the turn came within 0 s: the operator did not send it"
+    )
 
 
 def test_a_repeated_request_is_answered_with_what_was_taken() -> None:

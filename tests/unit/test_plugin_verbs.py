@@ -177,28 +177,29 @@ def test_history_prints_its_entries(capsys: pytest.CaptureFixture[str]) -> None:
     assert yaml.safe_load(out)[1]["from"] == "Launching"
 
 
-def test_tree_prints_the_family_nested_with_family_tokens(
+def test_tree_prints_the_family_nested_with_tokens_that_hold_the_sub_agents(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    root = Member("lead", "u0", 0, "Running", 10, (
-        Member("helper", "u1", 1, "Succeeded", 5, (Member("deep", "u2", 2, "Failed", 1),)),
+    # A parent's status.usage.tokens hold its children's: 16 for the lead, 6 of them the
+    # helper's, 1 of those the deep one's.
+    root = Member("lead", "u0", 0, "Running", 16, (
+        Member("helper", "u1", 1, "Succeeded", 6, (Member("deep", "u2", 2, "Failed", 1),)),
         Member("other", "u3", 1, "Pending", 0),
     ))  # fmt: skip
     family = graphs.family_object(root)
-    assert family["familyTokens"] == 16 and family["tokens"] == 10
-    assert family["children"][0]["familyTokens"] == 6
+    assert family["tokens"] == 16 and family["children"][0]["tokens"] == 6
     assert family["children"][0]["children"][0] == {
-        "name": "deep", "uid": "u2", "phase": "Failed", "tokens": 1, "familyTokens": 1,
-        "children": [],
+        "name": "deep", "uid": "u2", "phase": "Failed", "tokens": 1, "children": [],
     }  # fmt: skip
     drawn = graphs.family_mermaid(root)
     assert drawn.startswith("flowchart TD\n")
-    assert 'r0["lead<br/>Running<br/>10 tokens"]' in drawn
+    assert 'r0["lead<br/>Running<br/>16 tokens with sub-agents"]' in drawn
+    assert 'r2["deep<br/>Failed<br/>1 tokens"]' in drawn
     assert "r0 --> r1" in drawn and "r1 --> r2" in drawn and "r0 --> r3" in drawn
 
     body = run_body([("a", [])], {"a": "Succeeded"}, usage={"tokens": 3})
     code, out, _ = call(FakeSession(body), capsys, "tree", "nightly", "-o", "json")
-    assert code == 0 and json.loads(out)["familyTokens"] == 3
+    assert code == 0 and json.loads(out)["tokens"] == 3
 
 
 # -- -o mermaid | dot -----------------------------------------------------------------------------

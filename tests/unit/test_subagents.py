@@ -234,10 +234,11 @@ def test_the_family_is_found_by_controller_uid_with_phases_and_tokens() -> None:
     tree = sa.family(root, [kid, grandkid, labelled_only, loop])
     assert [c.name for c in tree.children] == ["agent-sub-1"]
     assert tree.children[0].children[0].depth == 2
+    # Each run's own status.usage.tokens, which hold its children's: never summed again.
     assert sa.tree_rows(tree) == [
-        ["agent", "Pending", "100", "145"],
-        ["  agent-sub-1", "Succeeded", "40", "45"],
-        ["    agent-sub-1-sub-1", "Pending", "5", "5"],
+        ["agent", "Pending", "100"],
+        ["  agent-sub-1", "Succeeded", "40"],
+        ["    agent-sub-1-sub-1", "Pending", "5"],
     ]
 
 
@@ -324,10 +325,10 @@ def test_kubectl_agentrun_tree_prints_the_family_by_controller_uid(
     args = commands.build_parser().parse_args(["tree", "agentrun/agent"])
     assert commands.cmd_tree(session, args) == 0  # type: ignore[arg-type]
     assert capsys.readouterr().out.splitlines() == [
-        "RUN            PHASE      TOKENS  FAMILY TOKENS",
-        "agent          Running    300     400",
-        "  agent-sub-a  Succeeded  80      80",
-        "  agent-sub-b  Running    20      20",
+        "RUN            PHASE      TOKENS (WITH SUB-AGENTS)",
+        "agent          Running    300",
+        "  agent-sub-a  Succeeded  80",
+        "  agent-sub-b  Running    20",
     ]
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
+from agentrun.api import names
 from agentrun.api.base import (
     ApiModel,
     ApprovalMode,
@@ -29,6 +30,7 @@ from agentrun.api.base import (
     SecretKeySelector,
     Timestamp,
 )
+from agentrun.api.http_tool import HttpRequest
 from agentrun.api.mcp import MAX_SERVER_TOOLS, MAX_SERVERS, McpServer, PinnedTool
 from agentrun.api.names import TOOL_CHOICE_MODES as TOOL_CHOICE_MODES
 
@@ -118,7 +120,8 @@ class ModelEndpoint(ApiModel):
         description=(
             "Retries of a failed model turn (the endpoint down, an error or an answer that is "
             "not a chat completion); the turn runs once when unset. A turn that fails after "
-            "its retries fails the run."
+            "its retries fails the run. A failed turn's reason says why: "
+            f"{', '.join(names.TURN_FAILURES)}."
         ),
     )
 
@@ -168,8 +171,9 @@ class SubAgent(ApiModel):
 
 
 class AgentTool(ApiModel):
-    """A tool the model may call: a container that receives the call's arguments as JSON, or
-    a sub-agent (a child AgentRun) that receives them as its goal."""
+    """A tool the model may call: a container that receives the call's arguments as JSON, a
+    sub-agent (a child AgentRun) that receives them as its goal, or one HTTP request made
+    from them (http)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -179,8 +183,14 @@ class AgentTool(ApiModel):
                     "message": "parameters must be a JSON Schema of an object (type: object)",
                 },
                 {
-                    "rule": "has(self.container) != has(self.agent)",
-                    "message": "a tool has a container or an agent (a sub-agent), exactly one",
+                    "rule": (
+                        "(has(self.container) ? 1 : 0) + (has(self.agent) ? 1 : 0) "
+                        "+ (has(self.http) ? 1 : 0) == 1"
+                    ),
+                    "message": (
+                        "a tool has a container, an agent (a sub-agent) or http (an HTTP "
+                        "request), exactly one"
+                    ),
                 },
             ]
         }
@@ -216,7 +226,7 @@ class AgentTool(ApiModel):
     container: ContainerAction | None = Field(
         default=None,
         description=(
-            "The container that runs a call (or set agent instead). Besides the usual "
+            "The container that runs a call (or set agent or http instead). Besides the usual "
             "AGENTRUN_* identity and idempotency variables it gets AGENTRUN_TOOL_ARGS (the "
             "arguments, JSON text), AGENTRUN_TOOL_NAME, AGENTRUN_TOOL_CALL_ID and "
             "AGENTRUN_TURN; under `agentrun step --` the arguments are also in the file named "
@@ -234,6 +244,22 @@ class AgentTool(ApiModel):
             "are its own; its answer is the call's result. parameters must require a string "
             "property goal. Cancelling or suspending this run reaches the children; deleting "
             "it deletes them."
+        ),
+    )
+    http: HttpRequest | None = Field(
+        default=None,
+        description=(
+            "An HTTP tool (instead of a container or an agent): every valid call is one "
+            "request to a host of allowedHosts, its URL and body filled from the arguments, "
+            "made by the operator's program (agentrun step http) on the run's executor or in "
+            "a pod of its own, never from the operator's pod. Header values from Secrets stay "
+            "in that pod. The request carries the call's idempotency key in the header "
+            "Idempotency-Key, the same in every attempt. The response (status, Content-Type, "
+            "body cut at maxResponseBytes) is what the model reads; a status that is not 2xx "
+            "is an error the model reads, while a request that could not be made (no "
+            "connection, timeoutSeconds passed) fails the attempt and is retried per retry. "
+            "The call's argsHash covers the method, the URL, the headers (values or Secret "
+            "references), the body and the arguments."
         ),
     )
     risk: Risk = Field(
@@ -255,7 +281,10 @@ class AgentTool(ApiModel):
         default=None,
         ge=1,
         le=7 * 86400,
-        description="Deadline of one attempt of a call (the Job's activeDeadlineSeconds).",
+        description=(
+            "Deadline of one attempt of a call (the Job's activeDeadlineSeconds); for an http "
+            "tool also the request's own deadline (30 s when unset)."
+        ),
     )
     retry: RetryPolicy | None = Field(
         default=None,
@@ -298,7 +327,9 @@ class ResumeFrom(ApiModel):
             "run's contextBytes is smaller). The operator reads them from "
             "that run's own records and checks them against the digests it committed; a run "
             "that is gone, a turn it has not closed, or a record that does not verify fails "
-            "this run (reason ResumeRefused) before any model turn."
+            "this run (reason ResumeRefused) before any model turn. The turn that run answered "
+            "in asks it the next question (kubectl agentrun ask): the messages that turn saw, "
+            "its answer, then this run's goal as a user message."
         ),
     )
 
@@ -588,7 +619,8 @@ class ResumedFrom(ApiModel):
     context_digest: str = Field(
         description=(
             "sha256 of its context document the messages were taken from (the one of its turn "
-            "turn+1), as verified against its committed records."
+            "turn+1; of turn itself when it answered in turn), as verified against its "
+            "committed records."
         ),
         max_length=64,
     )
@@ -723,6 +755,15 @@ class AgentStatus(ApiModel):
         description=(
             "Turns whose endpoint reported more tokens than they could have used; what they "
             "could have used was counted instead (an Event ReportedUsageRefused says so)."
+        ),
+    )
+    unreported_usage_turns: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Turns whose endpoint reported no token usage, or only part of it; what it left "
+            "out was counted as estimated at 4 bytes a token of the request and of the output "
+            "(a Warning Event UsageNotReported says so)."
         ),
     )
     prompt_tokens: int = Field(default=0, ge=0, description="Prompt tokens of all turns.")

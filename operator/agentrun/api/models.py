@@ -45,6 +45,8 @@ from agentrun.api.names import SINGULAR as SINGULAR
 from agentrun.api.names import VERSION as VERSION
 
 # Limits that keep objects far below etcd's 1.5 MiB object limit and CEL costs bounded.
+MAX_GOAL = 4096
+"""Longest spec.goal (characters); a follow-up question is one."""
 # MAX_STEPS and MAX_DEPENDENCIES are set by the API server's cost budget for the CEL rule that
 # checks every dependsOn entry names a step (its estimated cost grows as steps^2 * deps):
 # 128 x 16 fits, 500 x 32 is refused as 26x over budget.
@@ -566,7 +568,7 @@ class AgentRunSpec(ApiModel):
     )
 
     goal: str = Field(
-        description="What the run is for, in plain words.", min_length=1, max_length=4096
+        description="What the run is for, in plain words.", min_length=1, max_length=MAX_GOAL
     )
     actor: str | None = Field(
         default=None, description="Who or what asked for the run (agent or person).", max_length=253

@@ -1,5 +1,7 @@
 """Making a fork: one implementation for ``kubectl agentrun fork`` and
-:meth:`agentrun.clients.typed.AgentRunClient.fork`.
+:meth:`agentrun.clients.typed.AgentRunClient.fork`; and a follow-up, a fork after an agent
+run's answer that asks the next question (:func:`ask`, for ``kubectl agentrun ask`` and
+:meth:`agentrun.clients.typed.AgentRunClient.ask`).
 
 What a fork keeps and runs is planned by :mod:`agentrun.core.fork_plan` (pure). Making it:
 
@@ -17,6 +19,10 @@ own records (:mod:`agentrun.observation.conversation`). The API calls are the ca
 (:class:`ForkApi`), so
 each client keeps its own connection; a refusal becomes :class:`ForkRefused`, whose message
 says what to do. Also here: the new run's default name and the copy of a result ConfigMap.
+
+A follow-up (:mod:`agentrun.core.follow_up` plans it) copies nothing and carries nothing: it
+is created once, under the name given or the first free default name (one that exists is
+skipped for the next).
 """
 
 from __future__ import annotations
@@ -32,14 +38,18 @@ from kubernetes.client.exceptions import ApiException
 
 from agentrun import settings as s
 from agentrun.api import models as m
+from agentrun.core import follow_up, naming
 from agentrun.core import fork_plan as forking
-from agentrun.core import naming
 from agentrun.execution import objects
 from agentrun.kubeapi import Unreachable, api_message
 
 
 class ForkRefused(Exception):
     """The fork cannot be made; the message says why."""
+
+
+class NameTaken(ForkRefused):
+    """The new run's name is taken in the namespace."""
 
 
 @dataclass(frozen=True)
@@ -152,15 +162,7 @@ def make(
     manifest = forking.new_run(body, fork, entries)
     copies = [c.copy_name for c in fork.carry if c.step in sources and c.copy_name]
 
-    try:
-        created = api.create_run(manifest, dry_run)
-    except ApiException as error:
-        if error.status == 409:
-            raise ForkRefused(
-                f"agentrun '{fork.name}' already exists in namespace '{namespace}'; "
-                f"choose another {name_option}"
-            ) from None
-        raise ForkRefused(f"cannot create agentrun '{fork.name}': {api_message(error)}") from None
+    created = _create(api.create_run, manifest, namespace, name_option, dry_run)
     if dry_run:
         shown = copy.deepcopy(manifest)
         shown["spec"].pop("suspend", None)
@@ -188,6 +190,82 @@ def make(
         ) from None
     stored = resumed if isinstance(resumed, dict) else created
     return Forked(fork, stored, copies)
+
+
+def _create(
+    create_run: Callable[[dict[str, Any], bool], dict[str, Any]],
+    manifest: dict[str, Any],
+    namespace: str,
+    name_option: str,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """The new run as the API server stored it; :class:`NameTaken` when one of its name
+    exists, :class:`ForkRefused` when it is refused otherwise."""
+    name = manifest["metadata"]["name"]
+    try:
+        return create_run(manifest, dry_run)
+    except ApiException as error:
+        if error.status == 409:
+            raise NameTaken(
+                f"agentrun '{name}' already exists in namespace '{namespace}'; "
+                f"choose another {name_option}"
+            ) from None
+        raise ForkRefused(f"cannot create agentrun '{name}': {api_message(error)}") from None
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A follow-up made."""
+
+    run: dict[str, Any]
+    """The new run as the API server stored it."""
+    source: str
+    """The name of the run asked."""
+    turn: int
+    """The turn it answered in, which the new run continues after."""
+
+    @property
+    def name(self) -> str:
+        return str(self.run["metadata"]["name"])
+
+    def note(self) -> str:
+        """One line saying what the follow-up continues."""
+        return (
+            f"asked agentrun/{self.source} the next question: agentrun/{self.name} continues "
+            f"its conversation after its answer in turn {self.turn} (read by the operator from "
+            "its records)"
+        )
+
+
+def ask(
+    create_run: Callable[[dict[str, Any], bool], dict[str, Any]],
+    body: dict[str, Any],
+    run: m.AgentRun,
+    question: str,
+    name: str | None = None,
+    *,
+    name_option: str = "--name",
+) -> Asked:
+    """Make the follow-up of ``run`` (``body``: the run as stored) asking ``question``: named
+    ``name``, else the first default name not taken (:func:`agentrun.core.follow_up.names`).
+    :class:`ForkRefused` saying why when it cannot be made."""
+    problem = follow_up.question_problem(question) or follow_up.ask_problem(run)
+    if problem is not None:
+        raise ForkRefused(f"cannot ask agentrun/{run.metadata.name}: {problem}")
+    tried = [name] if name else list(follow_up.names(run))
+    for candidate in tried:
+        manifest = follow_up.new_run(body, run, question, candidate)
+        try:
+            created = _create(create_run, manifest, run.metadata.namespace, name_option)
+        except NameTaken:
+            if name:
+                raise
+            continue
+        return Asked(created, run.metadata.name, follow_up.answered_turn(run))
+    raise NameTaken(
+        f"agentrun {tried[0]} to {tried[-1]} all exist in namespace "
+        f"'{run.metadata.namespace}'; name the new run with {name_option}"
+    )
 
 
 def _delete_again(api: ForkApi, name: str) -> str:

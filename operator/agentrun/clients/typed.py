@@ -13,6 +13,13 @@ models of :mod:`agentrun.api.models`, the same ones the operator reads.
 
 :meth:`AgentRunClient.fork` makes a fork exactly as ``kubectl agentrun fork`` does (the shared
 :mod:`agentrun.clients.forks`): from a plan step, or after a turn of an agent run.
+:meth:`AgentRunClient.ask` asks an agent run that answered the next question of its
+conversation, as ``kubectl agentrun ask`` does:
+
+    with AgentRunClient(namespace="demo") as runs:
+        follow_up = runs.ask("review", "And what about the cache?")
+        runs.wait(follow_up.metadata.name)
+        print(runs.result(follow_up.metadata.name))   # its answer
 
 Results, history and waiting are read as ``kubectl agentrun result|history|wait`` read them (the
 shared :mod:`agentrun.clients.reading`).
@@ -336,14 +343,6 @@ class AgentRunClient:
         run = self._parse(body)
         target = forks.fork_name(name, new_name)
 
-        def create_run(manifest: dict[str, Any], dry: bool) -> dict[str, Any]:
-            extra = {"dry_run": "All"} if dry else {}
-            created: dict[str, Any] = self._custom.create_namespaced_custom_object(
-                m.GROUP, m.VERSION, self.namespace, m.PLURAL, manifest,
-                field_manager=FIELD_MANAGER, **extra,
-            )  # fmt: skip
-            return created
-
         def resume_run(run_name: str) -> object:
             return self._custom.patch_namespaced_custom_object(
                 m.GROUP, m.VERSION, self.namespace, m.PLURAL, run_name,
@@ -353,7 +352,7 @@ class AgentRunClient:
 
         api = forks.ForkApi(
             get_config_map=self._config_map,
-            create_run=create_run,
+            create_run=self._create_run,
             create_config_map=lambda cm: self._core.create_namespaced_config_map(
                 self.namespace, cm, field_manager=FIELD_MANAGER
             ),
@@ -371,6 +370,37 @@ class AgentRunClient:
             raise AgentRunError(str(error)) from None
         return self._parse(forked.run)
 
+    def ask(self, name: str, question: str, *, new_name: str | None = None) -> m.AgentRun:
+        """Ask agent run ``name``, which answered, the next question of its conversation: a
+        new run with its spec (model, tools, instructions, limits, budget; not its plan, whose
+        results the conversation holds) and ``question`` as its goal, which continues the
+        conversation after the answer (``spec.agent.resumeFrom`` names ``name``, its uid and
+        the turn it answered in). Its first model turn sees the whole conversation, the answer,
+        then the question. Returns the new run as stored; :meth:`wait` for it, then
+        :meth:`result` without a step reads its answer.
+
+        ``new_name`` defaults to ``BASE-2`` (``BASE-3``, ... when taken), BASE being ``name``
+        or, for a run that is itself a follow-up, its conversation's first run's name
+        (:mod:`agentrun.core.follow_up`). :class:`RunNotFound` when there is no run ``name``;
+        :class:`AgentRunError` saying why when it cannot be asked: the question is empty or too
+        long, the run is not an agent run, has not finished, or ended without an answer.
+        """
+        body = self._read(name)
+        try:
+            asked = forks.ask(self._create_run, body, self._parse(body), question, new_name,
+                              name_option="new_name")  # fmt: skip
+        except forks.ForkRefused as error:
+            raise AgentRunError(str(error)) from None
+        return self._parse(asked.run)
+
+    def _create_run(self, manifest: dict[str, Any], dry_run: bool) -> dict[str, Any]:
+        extra = {"dry_run": "All"} if dry_run else {}
+        created: dict[str, Any] = self._custom.create_namespaced_custom_object(
+            m.GROUP, m.VERSION, self.namespace, m.PLURAL, manifest,
+            field_manager=FIELD_MANAGER, **extra,
+        )  # fmt: skip
+        return created
+
     def _config_map(self, cm_name: str) -> dict[str, Any] | None:
         with tolerate(404) as missing:
             found = self._core.read_namespaced_config_map(cm_name, self.namespace)
@@ -381,12 +411,17 @@ class AgentRunClient:
 
     # -- results and history -------------------------------------------------------------------
 
-    def result(self, name: str, step: str) -> str:
+    def result(self, name: str, step: str | None = None) -> str:
         """The full result of ``step``: inline in status, or from the ConfigMap status refers
-        to (checked against the digest the step committed)."""
+        to (checked against the digest the step committed). Without ``step``, the answer of
+        an agent run (its result)."""
         run = self.get(name)
+        what = "the answer" if step is None else f"the result of step '{step}'"
         try:
-            stored = reading.step_result(run, step, self._config_map)
+            if step is None:
+                stored = reading.answer(run, self._config_map)
+            else:
+                stored = reading.step_result(run, step, self._config_map)
         except reading.NotAStep as error:
             raise AgentRunError(
                 f"step '{step}' is not a step of agentrun/{name} (steps: {', '.join(error.steps)})"
@@ -401,8 +436,8 @@ class AgentRunClient:
         # a ConfigMap by anyone who may write ConfigMaps.
         if stored.ref is not None and not stored.intact:
             raise AgentRunError(
-                f"the result of step '{step}' of agentrun/{name} in ConfigMap "
-                f"'{stored.ref.name}' does not match the digest {stored.digest} the step "
+                f"{what} of agentrun/{name} in ConfigMap '{stored.ref.name}' does not match "
+                f"the digest {stored.digest} {'the model' if step is None else 'the step'} "
                 "committed: it was changed afterwards"
             )
         return stored.content

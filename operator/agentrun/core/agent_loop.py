@@ -13,7 +13,8 @@ An agent run (``spec.agent``) moves through stages (``status.agent.stage``):
     (messages, tool definitions, settings) at 4 bytes a token. When they do not cover it the
     loop is ``Paused`` (run phase Suspended, reason BudgetExhausted) until
     ``spec.budget.maxTokens`` is raised. A turn is counted for what the endpoint reported, but
-    never more than it could have used (:func:`counted_tokens`).
+    never more than it could have used (:func:`counted_tokens`); a count it did not report, as
+    ``agentrun step llm`` estimated it, which the run is told of (:func:`_note_unreported`).
 ``Thinking``
     Turn N's model step (``t{N}-model``) runs like any step: committed intent, a Job with a
     deterministic name, retries per ``agent.model.retry``. It runs ``agentrun step llm`` in
@@ -82,6 +83,7 @@ from agentrun.core.actions import (
     StartPod,
     StoreRecord,
 )
+from agentrun.core.arguments import args_hash, resolve_inputs
 from agentrun.core.calls import call_outcome, content_of, cut, validate_calls
 from agentrun.core.envelope import summary_line
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
@@ -153,6 +155,7 @@ __all__ = [
     "KIND_CONTEXT",
     "KIND_TRANSCRIPT",
     "SPEC_CHANGED",
+    "USAGE_NOT_REPORTED",
     "AgentConfig",
     "Host",
     "Settled",
@@ -546,6 +549,33 @@ def counted_tokens(b: Host, step: str, reported: int) -> int:
     return ceiling
 
 
+USAGE_NOT_REPORTED = "UsageNotReported"
+"""The reason of the transition (and Warning Event) of a turn whose endpoint reported no usage,
+or only part of it."""
+
+
+def _note_unreported(b: Host, ag: a.AgentStatus, output: cx.Output) -> None:
+    """Say on the run that turn ``ag.turn``'s endpoint reported no usage (or only part of it),
+    and how it was counted: ``agentrun step llm`` estimated each missing count at
+    :data:`agentrun.core.context.BYTES_PER_TOKEN` bytes a token (of the request sent, of the
+    output), so that budget.maxTokens still holds; a transition UsageNotReported, a Warning
+    Event, and ``status.agent.unreportedUsageTurns``."""
+    ag.unreported_usage_turns += 1
+    if len(output.unreported) == len(cx.USAGE_COUNTS):
+        missing = "usage"
+    else:
+        missing = " and ".join(f"usage.{key}" for key in output.unreported)
+    b.record(
+        model_step(ag.turn),
+        None,
+        "Counted",
+        USAGE_NOT_REPORTED,
+        f"turn {ag.turn}: the model endpoint reported no {missing}; counted as estimated at "
+        f"{cx.BYTES_PER_TOKEN} bytes a token instead ({output.prompt_tokens} prompt + "
+        f"{output.completion_tokens} completion tokens against budget.maxTokens)",
+    )
+
+
 def _begin_turn(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
     ctx = ag.context
     if ctx is None or ctx.turn != ag.turn:  # pragma: no cover - a context comes with each turn
@@ -641,6 +671,8 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
         b.stop("InvalidModelOutput", text)
         return
     output = _bounded(agent, ag, output)
+    if output.unreported:
+        _note_unreported(b, ag, output)
     ag.prompt_tokens = min(ag.prompt_tokens + output.prompt_tokens, m.MAX_TOKENS)
     ag.completion_tokens = min(ag.completion_tokens + output.completion_tokens, m.MAX_TOKENS)
     ag.finish_reason = output.finish_reason
@@ -656,16 +688,20 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
     invalid = [c for c in calls if c.problem]
     ag.tool_calls += len(calls)
     ag.invalid_tool_calls += len(invalid)
-    for index, call in enumerate(calls):
+    for call in calls:
         if call.step is not None:
             b.steps[call.step] = m.StepStatus(name=call.step, phase=SP.PENDING)
+    hashes = _args_hashes(b, config, {c.step for c in calls if c.step is not None})
+    for index, call in enumerate(calls):
+        if call.step is not None:
+            h = hashes.get(call.step)
             b.record(
                 call.step,
                 None,
                 SP.PENDING,
                 "ToolCallAccepted",
-                f"turn {ag.turn}: call {call.id} of {call.tool} with args "
-                f"{naming.sha256_text(call.arguments)[:12]}",
+                f"turn {ag.turn}: call {call.id} of {call.tool}"
+                + (f" with args {h[:12]}" if h else ""),
             )
         else:
             b.record(
@@ -676,6 +712,21 @@ def _take_output(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig
                 f"turn {ag.turn}: call {call.id} of {call.tool} not run: {call.problem}",
             )
     ag.stage = a.AgentStage.ACTING
+
+
+def _args_hashes(b: Host, config: AgentConfig, names: set[str]) -> dict[str, str]:
+    """The argsHash of the current turn's steps ``names`` (accepted calls'), by name: the one
+    each one's launch computes and an approval of it binds to (never a digest of the
+    arguments alone, which the history would show beside the argsHash as if another)."""
+    hashes: dict[str, str] = {}
+    for step in current_steps(b, config):
+        if step.name not in names:
+            continue
+        resolved = resolve_inputs(b, step)
+        h = args_hash(b.run, step, resolved[1]) if not isinstance(resolved, str) else None
+        if h is not None:
+            hashes[step.name] = h
+    return hashes
 
 
 def _answer(b: Host, ag: a.AgentStatus, st: m.StepStatus, output: cx.Output) -> None:
@@ -820,6 +871,7 @@ def _record(
             "completionTokens": output.completion_tokens,
         },
         **({"reportedTokens": output.reported_tokens} if output.reported_tokens else {}),
+        **({"usageEstimated": list(output.unreported)} if output.unreported else {}),
         "toolCalls": calls,
         "answer": answer,
     }

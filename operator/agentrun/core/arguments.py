@@ -6,7 +6,9 @@ approval rules keyed on that hash (:func:`needs_approval`, :func:`decision_for`)
 step (:mod:`.launch`) and accepting a carried result (:mod:`.carried`) both ask these
 questions, so they live apart from either.
 
-Imports :mod:`.builder` only.
+Imports :mod:`.turns`, never the builder or the loop: the agent loop asks these questions too
+(the argsHash it names when it accepts a tool call is the one the call's launch computes and an
+approval binds to).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import json
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop, naming
-from agentrun.core.builder import Builder
+from agentrun.core import naming
+from agentrun.core.turns import Host, context_inputs
 
 UNHASHABLE = (
     "the step's settings cannot be hashed for approval (stepTemplate.securityContext or "
@@ -65,7 +67,7 @@ def decision_for(run: m.AgentRun, step: str, args_hash: str) -> m.Approval | Non
     return matching[0] if matching else None
 
 
-def resolve_inputs(b: Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], dict[str, str]] | str:
+def resolve_inputs(b: Host, step: m.Step) -> tuple[tuple[m.EnvVar, ...], dict[str, str]] | str:
     """Env vars carrying dependency results, and the digest of each; or why one is missing."""
     env: list[m.EnvVar] = []
     digests: dict[str, str] = {}
@@ -105,7 +107,7 @@ def resolve_inputs(b: Builder, step: m.Step) -> tuple[tuple[m.EnvVar, ...], dict
         digests[inp.name] = naming.sha256_text(value)
     # A model turn's context: the run's own record, passed like an input of a result kept
     # by reference (by the ConfigMap's keys; its digest is in the args hash).
-    context_env, context_digests = agent_loop.context_inputs(b.status.agent, step.name)
+    context_env, context_digests = context_inputs(b.status.agent, step.name)
     env += context_env
     digests.update(context_digests)
     return tuple(env), digests

@@ -16,13 +16,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 from agentrun.api import models as m
+from agentrun.api import names
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent_loop, naming
 from agentrun.core.actions import DeleteJob, EmitEvent, StartPod, StoreResult
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.builder import MESSAGE_LIMIT, REASON_LIMIT, Builder, floor_seconds, truncate
 from agentrun.core.envelope import MAX_TOKENS, Envelope, parse, result_object_data
-from agentrun.core.launch import reissue_create
+from agentrun.core.launch import reissue_create, runs_where
 from agentrun.core.observed import JobState, ObservedJob
 from agentrun.core.refusals import create_refusal_waits, refusal_waits
 
@@ -144,7 +145,7 @@ def _note_running(b: Builder, st: m.StepStatus, job: ObservedJob) -> None:
         since = max(since, min(floor_seconds(st.attempt_started_at), b.now))
     due = since + timedelta(seconds=after)
     if b.now >= due:
-        b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running as Job {job.name}")
+        b.move(st, SP.RUNNING, "Started", f"attempt {st.attempt} running {runs_where(b, st)}")
     else:
         b.timer(due)
 
@@ -214,10 +215,27 @@ def _failure_of(job: ObservedJob, exit_code: int | None) -> tuple[str, str]:
     if job.reason == "DeadlineExceeded":
         return "StepTimeout", "the attempt ran past timeoutSeconds"
     detail = (job.termination_message or job.message or "")[: 2 * MESSAGE_LIMIT].strip()
+    turn_failure = model_turn_failure(job.step, detail)
+    if turn_failure is not None:
+        return turn_failure
     if exit_code is not None:
         text = f"exit code {exit_code}" + (f": {detail}" if detail else "")
         return "Error", text
     return job.reason or "Error", detail or "the Job failed"
+
+
+def model_turn_failure(step: str, message: str) -> tuple[str, str] | None:
+    """The reason and message of a failed model turn's attempt, from the one line its pod (or
+    the run's executor) ended with: ``agentrun step llm`` begins it with the reason
+    (``ModelUnreachable: the model endpoint ...``, one of :data:`names.TURN_FAILURES`). None
+    for any other step, whose container may write anything, and for a line without one of
+    those reasons (an older operator image's)."""
+    if not agent_loop.is_model_turn(step):
+        return None
+    reason, colon, rest = message.partition(":")
+    if not colon or reason not in names.TURN_FAILURES or not rest.strip():
+        return None
+    return reason, rest.strip()
 
 
 def _check_step_timeout(b: Builder, step: m.Step, st: m.StepStatus, job: ObservedJob) -> None:

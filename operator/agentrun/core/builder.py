@@ -74,8 +74,17 @@ def posts_event(transition: m.Transition) -> bool:
     return _warns(t.to_phase, t.reason) or _notable(t.step, t.to_phase, t.reason, t.by)
 
 
+WARNING_REASONS = frozenset({agent_loop.USAGE_NOT_REPORTED})
+"""Reasons of transitions that post a Warning Event besides failures, ``...Exceeded`` and
+``...Refused``: what the run's creator must hear of though the run goes on."""
+
+
 def _warns(new: str, reason: str) -> bool:
-    return new in {SP.FAILED, m.RunPhase.FAILED} or reason.endswith(("Exceeded", "Refused"))
+    return (
+        new in {SP.FAILED, m.RunPhase.FAILED}
+        or reason.endswith(("Exceeded", "Refused"))
+        or reason in WARNING_REASONS
+    )
 
 
 def _notable(step: str | None, new: str, reason: str, by: str | None) -> bool:

@@ -12,10 +12,10 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import context as cx
-from agentrun.core import naming, subagents
+from agentrun.core import http_tool, naming, subagents
 from agentrun.core.actions import StoreResult
 from agentrun.core.envelope import clean
-from agentrun.core.turns import AgentConfig, Host, call_step, child_agent, model_of
+from agentrun.core.turns import AgentConfig, Host, again, call_step, child_agent, model_of
 
 
 def content_of(b: Host, st: m.StepStatus) -> str | None:
@@ -92,7 +92,8 @@ def validate_calls(
         if problem is None and accepted >= agent.max_tool_calls_per_turn:
             problem = (
                 f"the model may make at most {agent.max_tool_calls_per_turn} tool calls a turn "
-                "(spec.agent.maxToolCallsPerTurn); this one was not run, call it again next turn"
+                f"(spec.agent.maxToolCallsPerTurn); this one was not run; "
+                f"{again(turn, agent.max_turns)}"
             )
         # Room is kept for one more model turn, which answers.
         if (
@@ -143,6 +144,7 @@ class _Children:
     def __init__(self, b: Host, agent: a.Agent, turn: int, calls: int, config: AgentConfig) -> None:
         self.b = b
         self.agent = agent
+        self.again = again(turn, agent.max_turns)
         self.calls = calls
         self.config = config
         self.accepted = 0
@@ -165,7 +167,11 @@ class _Children:
             )
         started = ag.children_started if ag is not None else 0
         problem = subagents.limit_problem(
-            b.observed.depth, self.accepted, started + self.accepted, subagents.Limits()
+            b.observed.depth,
+            self.accepted,
+            started + self.accepted,
+            subagents.Limits(),
+            again=self.again,
         )
         if problem is not None:
             return problem
@@ -210,6 +216,8 @@ def _problem(
     mismatch = schema_problem(tool.parameters, arguments)
     if mismatch is not None:
         return mismatch
+    if tool.http is not None:  # its URL, its host and its body, as its step would make them
+        return http_tool.call_problem(tool.http, arguments)
     if tool.container is not None and not _allowed(b.run, tool.container.image):
         return (
             f"the tool's image {tool.container.image} is not allowed by policy.allowedImages; "

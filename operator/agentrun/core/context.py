@@ -33,7 +33,8 @@ plan's results) always stay.
 
 The **output** of a model turn is the result of its step: JSON
 ``{"content": ..., "toolCalls": [{"id", "name", "arguments"}], "finishReason": ...,
-"usage": {"promptTokens", "completionTokens", "totalTokens"}, "model": ...}`` (written by
+"usage": {"promptTokens", "completionTokens", "totalTokens"}, "model": ...}`` (``usage`` with
+``"estimated": ["prompt_tokens", ...]`` naming the counts the endpoint did not report; written by
 :func:`output_result`, read back by :func:`parse_output`).
 """
 
@@ -58,6 +59,11 @@ shown to the model again)."""
 NOTE = "x-note"
 MAX_REPORTED_TOKENS = 2**53 - 1
 """Token counts read from an endpoint are clamped to this (exact in any JSON reader)."""
+BYTES_PER_TOKEN = 4
+"""How tokens are estimated from bytes: a turn's prompt before it starts (for the budget), and
+the usage counts an endpoint did not report (:attr:`Output.unreported`)."""
+USAGE_COUNTS = ("prompt_tokens", "completion_tokens")
+"""The usage counts of a chat completion that a turn is counted for."""
 
 Message = dict[str, Any]
 
@@ -113,6 +119,9 @@ class Output:
     reported_tokens: int | None = None
     """What the endpoint reported, when more than the turn could have used (then the token
     counts are bounded)."""
+    unreported: tuple[str, ...] = ()
+    """The usage counts (of :data:`USAGE_COUNTS`) the endpoint did not report: those counts
+    are estimates, at :data:`BYTES_PER_TOKEN` bytes a token of the request and of the output."""
 
 
 def output_result(output: Output) -> dict[str, Any]:
@@ -129,6 +138,8 @@ def output_result(output: Output) -> dict[str, Any]:
             "totalTokens": output.prompt_tokens + output.completion_tokens,
         },
     }
+    if output.unreported:
+        body["usage"]["estimated"] = list(output.unreported)
     if output.model:
         body["model"] = output.model
     return body
@@ -186,7 +197,14 @@ def parse_output(text: str, turn: int) -> Output | str:
         completion_tokens=_count(usage.get("completionTokens")),
         model=clean(model)[:253] if isinstance(model, str) else None,
         dropped_calls=max(len(raw_calls) - MAX_CALLS_KEPT, 0),
+        unreported=_estimated(usage.get("estimated")),
     )
+
+
+def _estimated(value: Any) -> tuple[str, ...]:
+    """The usage counts an output says are estimates (only names of :data:`USAGE_COUNTS`)."""
+    named = value if isinstance(value, list) else []
+    return tuple(key for key in USAGE_COUNTS if key in named)
 
 
 def output_summary(output: Output) -> str:

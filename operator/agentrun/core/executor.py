@@ -1,5 +1,5 @@
 """The run's executor: one pod that takes an agent run's model turns, and the calls of its MCP
-servers' tools, instead of a Job each.
+servers' tools and of its HTTP tools, instead of a Job each.
 
 A model turn in a Job of its own pays a pod's start and the import of the model client for
 one call (:mod:`agentrun.pod.executor` says how much). With ``AgentConfig.executor`` on, the
@@ -18,11 +18,12 @@ loop keeps one executor per run while the run may still take turns:
   the executor's answer (:mod:`agentrun.loop.turn_requests`), so it is settled as a step
   from its pod is; an attempt whose pod is gone without an answer failed (``ExecutorLost``),
   and the retry policy decides, as for a pod that died.
-- **MCP calls the same way.** A call of an MCP server's tool runs the operator's program as a
-  turn does, so a launch that finds the executor running binds it too; its request carries
-  the call step's variables, and for its header variables the executor's own variables that
-  hold those Secrets' values (:func:`call_env`: the executor's Job takes every header Secret
-  of the run's MCP servers; the operator never reads one).
+- **MCP calls the same way, and HTTP tools' calls.** A call of an MCP server's tool or of an
+  HTTP tool runs the operator's program as a turn does, so a launch that finds the executor
+  running binds it too; its request carries the call step's variables, and for its header
+  variables the executor's own variables that hold those Secrets' values (:func:`call_env`:
+  the executor's Job takes every header Secret of the run's MCP servers and HTTP tools; the
+  operator never reads one).
 - **A turn waits for one that is coming.** The executor is named in the pass that begins
   the first turn, so that turn finds it starting: a model turn's launch waits for an
   executor named in status that is coming (:func:`awaits`: up to :data:`WAIT_SECONDS` from
@@ -53,6 +54,7 @@ from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.actions import Action, CreateJob, PrepareExecutor, SendTurn, StartPod
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
+from agentrun.core.pod_env import ENV_HTTP_TOOL
 from agentrun.core.turns import (
     DISCOVERY,
     AgentConfig,
@@ -197,6 +199,9 @@ MCP_CALL = "mcp-call"
 as the executor runs it: :mod:`agentrun.pod.executor`)."""
 MCP_DISCOVER = "mcp-discover"
 """The program of the discovery of an MCP server's tools sent to the executor."""
+HTTP_CALL = "http-call"
+"""The program of a call of an HTTP tool sent to the executor (``agentrun step http`` as the
+executor runs it)."""
 
 
 def call_env(
@@ -230,15 +235,25 @@ def call_digest(env: Mapping[str, object], secret_env: Mapping[str, object]) -> 
 
 def takes_call(b: Host, step: m.Step, inputs: int) -> bool:
     """Whether ``step``, of a committed launch intent with ``inputs`` input variables, is a
-    call of an MCP server's tool, or the discovery of a server's tools, that the run's
-    executor can run."""
+    call of an MCP server's tool or of an HTTP tool, or the discovery of a server's tools,
+    that the run's executor can run."""
     agent = b.run.spec.agent
     if agent is None or inputs or call_env(b.run, step) is None:
         return False
     if _discovers(b, step.name):
         return True
     call = call_of(b.status.agent, step.name)
-    return call is not None and call.tool in mcp_tools_of(agent, b.status.agent)
+    if call is None:
+        return False
+    http = {t.name for t in agent.tools or [] if t.http is not None}
+    return call.tool in http or call.tool in mcp_tools_of(agent, b.status.agent)
+
+
+def _program(st: m.StepStatus, env: tuple[tuple[str, str], ...]) -> str:
+    """The executor's program of a call's (or a discovery's) attempt ``st`` with ``env``."""
+    if st.name.startswith(DISCOVERY):
+        return MCP_DISCOVER
+    return HTTP_CALL if any(name == ENV_HTTP_TOOL for name, _ in env) else MCP_CALL
 
 
 def _discovers(b: Host, name: str) -> bool:
@@ -311,7 +326,7 @@ def call_request(
             digest=call_digest(dict(env), dict(secret)),
             executor=executor.name,
             turn=turn_of_step(st.name) or 0,
-            program=MCP_DISCOVER if st.name.startswith(DISCOVERY) else MCP_CALL,
+            program=_program(st, env),
             env=env,
             secret_env=secret,
             timeout_seconds=step.timeout_seconds,

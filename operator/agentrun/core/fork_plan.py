@@ -71,11 +71,15 @@ class ForkPlan:
         return f"turn {self.from_turn}" if self.from_turn is not None else f"step {self.from_step}"
 
 
-def default_name(run: str, suffix: str) -> str:
-    """``RUN-fork-xxxx``, with RUN shortened so that the whole stays within 63 characters
+def suffixed(run: str, tail: str) -> str:
+    """``RUN`` + ``tail``, with RUN shortened so that the whole stays within 63 characters
     (the operator puts the run's name in label values, which allow no more)."""
-    tail = f"-fork-{suffix}"
     return run[: naming.MAX_NAME - len(tail)].rstrip("-.") + tail
+
+
+def default_name(run: str, suffix: str) -> str:
+    """``RUN-fork-xxxx`` (:func:`suffixed`)."""
+    return suffixed(run, f"-fork-{suffix}")
 
 
 def copy_name(new_run: str, step: str) -> str:
@@ -95,9 +99,10 @@ def turn_of(run: m.AgentRun, value: str) -> int | None:
     return int(value)
 
 
-def agent_problem(run: m.AgentRun) -> str | None:
-    """Why ``run``'s spec cannot be copied into a fork: its spec.agent changed after the run
-    started, so it is not what the run's turns used (None: it is, or nothing was frozen)."""
+def agent_problem(run: m.AgentRun, copy: str = "a fork") -> str | None:
+    """Why ``run``'s spec cannot be copied into ``copy`` (a new run): its spec.agent changed
+    after the run started, so it is not what the run's turns used (None: it is, or nothing was
+    frozen)."""
     ag = run.status.agent if run.status else None
     if ag is None or ag.frozen is None:
         return None
@@ -106,7 +111,7 @@ def agent_problem(run: m.AgentRun) -> str | None:
         return None
     return (
         f"its {', '.join(changed)} changed after it started, so its spec is not what its "
-        "turns used and a fork would copy the change; create a new run instead"
+        f"turns used and {copy} would copy the change; create a new run instead"
     )
 
 
@@ -116,6 +121,17 @@ def plan_turn(run: m.AgentRun, turn: int, name: str) -> ForkPlan:
     that turn (the operator checks again, against its committed records)."""
     where = f"agentrun/{run.metadata.name}"
     problem = agent_problem(run) or resuming.turn_problem(run, turn, where)
+    if problem is None and turn == resuming.answered_in(run):
+        # The operator continues after an answer with the new run's goal as the next
+        # question; a fork keeps the old goal, which would ask the same question again.
+        earlier = (
+            f"fork from an earlier turn (1 to {turn - 1})" if turn > 1 else "it has no earlier turn"
+        )
+        problem = (
+            f"{where} answered in turn {turn}: a fork keeps its goal, so nothing new follows "
+            f"the answer; ask it the next question instead (kubectl agentrun ask "
+            f"{run.metadata.name} QUESTION), or {earlier}"
+        )
     if problem is not None:
         raise ValueError(f"cannot fork {where} from turn {turn}: {problem}")
     carry, rerun = _carry_or_rerun(run, name)
@@ -195,29 +211,48 @@ def carried_result(fork: ForkPlan, carry: Carry, content: str | None) -> dict[st
     return entry
 
 
+def copied_spec(old: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec of run ``old`` (as stored) for a new run: without its decisions
+    (``approvals``), switches (``suspend``, ``cancel``) and carried results."""
+    spec = copy.deepcopy(dict(old.get("spec") or {}))
+    for key in ("approvals", "suspend", "cancel", "carriedResults"):
+        spec.pop(key, None)
+    return spec
+
+
+def continuing(spec: dict[str, Any], source: str, uid: str, turn: int) -> None:
+    """Make ``spec`` (of an agent run) continue the conversation of ``source`` (its name)
+    after ``turn``: ``spec.agent.resumeFrom``."""
+    agent = spec.get("agent")
+    if isinstance(agent, dict):
+        agent["resumeFrom"] = {"run": source, "uid": uid, "turn": turn}
+
+
+def manifest(
+    old: Mapping[str, Any], name: str, annotations: Mapping[str, str], spec: dict[str, Any]
+) -> dict[str, Any]:
+    """A new AgentRun ``name`` with ``spec``, ``annotations`` and run ``old``'s labels (but
+    the operator's own, ``agentrun.dev/...``)."""
+    meta = old.get("metadata") or {}
+    labels = {
+        k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(f"{m.GROUP}/")
+    }
+    metadata: dict[str, Any] = {"name": name, "annotations": dict(annotations)}
+    if labels:
+        metadata["labels"] = labels
+    return {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": metadata, "spec": spec}
+
+
 def new_run(
     old: Mapping[str, Any], fork: ForkPlan, carried: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The new AgentRun: the old spec without decisions and switches, suspended until the
     carried results are copied, with the carried results (fixed at creation)."""
-    spec = copy.deepcopy(dict(old.get("spec") or {}))
-    for key in ("approvals", "suspend", "cancel", "carriedResults"):
-        spec.pop(key, None)
+    spec = copied_spec(old)
     spec["suspend"] = True
     if carried:
         spec["carriedResults"] = carried
-    agent = spec.get("agent")
-    if isinstance(agent, dict) and fork.from_turn is not None:
-        name = fork.source.partition("/")[2]
-        agent["resumeFrom"] = {"run": name, "uid": fork.source_uid, "turn": fork.from_turn}
-    meta = old.get("metadata") or {}
-    labels = {
-        k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(f"{m.GROUP}/")
-    }
-    metadata: dict[str, Any] = {
-        "name": fork.name,
-        "annotations": {ANNOTATION_FORKED_FROM: f"{fork.source} at {fork.starts_at}"},
-    }
-    if labels:
-        metadata["labels"] = labels
-    return {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": metadata, "spec": spec}
+    if fork.from_turn is not None:
+        continuing(spec, fork.source.partition("/")[2], fork.source_uid, fork.from_turn)
+    annotations = {ANNOTATION_FORKED_FROM: f"{fork.source} at {fork.starts_at}"}
+    return manifest(old, fork.name, annotations, spec)

@@ -55,9 +55,8 @@ def launch_ready_steps(b: Builder, budget: m.Budget) -> None:
         if st.phase == SP.BACKING_OFF and st.next_attempt_at and b.now < st.next_attempt_at:
             b.timer(st.next_attempt_at)
             continue
-        if not agent_loop.image_exempt(b.status.agent, step.name) and not _image_allowed(
-            b.run, step
-        ):
+        exempt = agent_loop.image_exempt(b.status.agent, step.name, b.run.spec.agent)
+        if not exempt and not _image_allowed(b.run, step):
             image = step.container.image
             message = f"image {image} is not allowed by policy.allowedImages"
             _fail_before_launch(b, step, st, "ImageNotAllowed", message)
@@ -212,6 +211,16 @@ def _refuse(
     return False
 
 
+def runs_where(b: Builder, st: m.StepStatus) -> str:
+    """Where the step's current attempt runs, for the history: on the run's executor when it
+    is bound to the executor's pod (a model turn, an MCP call or discovery: its Job name is
+    only the attempt's name, no such Job is made), else as its own Job."""
+    executor = b.status.agent.executor if b.status.agent is not None else None
+    if st.executor_pod is not None and executor is not None:
+        return f"on the run's executor {executor.job_name} (pod {st.executor_pod})"
+    return f"as Job {st.job_name}"
+
+
 def _commit_launch_intent(
     b: Builder,
     step: m.Step,
@@ -247,12 +256,7 @@ def _commit_launch_intent(
     else:
         create = CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env)
         actions.extend(agent_loop.launch_actions(b, st, create, b.config.agent))
-        executor = b.status.agent.executor if b.status.agent is not None else None
-        where = (
-            f"on the run's executor {executor.job_name} (pod {st.executor_pod})"
-            if st.executor_pod is not None and executor is not None
-            else f"as Job {st.job_name}"
-        )
+        where = runs_where(b, st)
     b.move(
         st,
         SP.LAUNCHING,

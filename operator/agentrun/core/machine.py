@@ -56,7 +56,7 @@ from pydantic import BaseModel
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop, children, mcp
+from agentrun.core import agent_loop, children, http_tool, mcp
 from agentrun.core import frozen as freezing
 from agentrun.core.actions import Action, CreateChild, CreateJob, DeleteJob, StartPod
 from agentrun.core.arguments import needs_approval
@@ -239,7 +239,9 @@ def _spec_checked(run: m.AgentRun, status: m.AgentRunStatus) -> bool:
 
 def agent_problems(agent: a.Agent) -> list[str]:
     """What is wrong with ``spec.agent`` that its schema cannot tell: a tool name offered
-    twice (the model calls tools by name), a sub-agent tool naming a tool there is not."""
+    twice (the model calls tools by name), a sub-agent tool naming a tool there is not, an
+    HTTP tool whose URL or body takes an argument it does not declare or whose URL names a
+    host it does not allow."""
     problems: list[str] = []
     if agent.mcp_servers:
         clashes = mcp.name_conflicts([t.name for t in agent.tools or []], agent.mcp_servers)
@@ -249,6 +251,7 @@ def agent_problems(agent: a.Agent) -> list[str]:
             )
     names = {t.name for t in agent.tools or []}
     for tool in agent.tools or []:
+        problems += http_tool.declaration_problems(tool)
         missing = [n for n in (tool.agent.tools or []) if n not in names] if tool.agent else []
         if missing:
             problems.append(

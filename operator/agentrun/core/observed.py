@@ -173,8 +173,8 @@ class CarriedSource:
 class ResumeSource:
     """The conversation ``spec.agent.resumeFrom`` names, as the shell read it from that run in
     the run's own namespace (:mod:`agentrun.observation.conversation`): the context document of the
-    turn after
-    ``turn``, verified against the chain of digests that run committed, or why it cannot be
+    turn after ``turn`` (of ``turn`` itself, with the answer, after the turn it answered in),
+    verified against the chain of digests that run committed, or why it cannot be
     continued (``problem``). The core checks the document against ``digest`` again."""
 
     run: str
@@ -187,6 +187,11 @@ class ResumeSource:
     """sha256 of ``document`` as the chain of that run's committed digests gives it."""
     earlier_turns: int = 0
     """That run's own ``status.agent.resumedFrom.earlierTurns`` (a fork of a fork)."""
+    answer: str | None = None
+    """That run's answer, when ``turn`` is the turn it answered in (a follow-up question):
+    then ``document`` is the context of ``turn`` itself, which the answer followed."""
+    answer_digest: str | None = None
+    """sha256 of ``answer`` as that run committed it (``status.agent.answerDigest``)."""
     problem: str | None = None
 
 

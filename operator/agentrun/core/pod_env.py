@@ -24,3 +24,12 @@ ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"
 ENV_EXECUTOR_SECRET = "AGENTRUN_EXECUTOR_SECRET_"
 """The prefix of a run's executor's variables holding the values of its MCP servers' header
 Secrets (:func:`agentrun.core.turns.executor_secret_env`)."""
+ENV_HTTP_TOOL = "AGENTRUN_HTTP_TOOL"
+"""The declaration of an HTTP tool (its entry of spec.agent.tools, JSON) in the environment of
+``agentrun step http`` (:mod:`agentrun.pod.http_tool`)."""
+ENV_HTTP_HEADER = "AGENTRUN_HTTP_HEADER_"
+"""``AGENTRUN_HTTP_HEADER_0`` ...: the values of an HTTP tool's headers from Secrets, by the
+header's index in the tool's headers."""
+ENV_CALL_TIMEOUT = "AGENTRUN_CALL_TIMEOUT_SECONDS"
+"""A call's deadline in seconds, as the run's executor passes it on (the tool's
+timeoutSeconds)."""

@@ -20,6 +20,13 @@ forking user writes goes into it, and nothing is trusted for its name or labels:
   lend
   its own right to read them.
 
+A run that continues after the turn S **answered** in (``turn`` is S's last turn: kubectl
+agentrun ask) asks S's conversation the next question: its first context is S's context of that
+turn itself, then S's answer (``status.agent.answer``, or the transcript record S's status
+names, checked against ``status.agent.answerDigest``) as the assistant message of that turn, then
+this run's ``spec.goal`` as a user message. The question has no turn of its own (no ``x-turn``),
+so paging keeps it as it keeps the first user message.
+
 Any failure ends the run before its first model turn, reason :data:`REASON`, with a message
 saying what did not hold. The first context keeps the source's messages as they are (their
 ``x-turn`` marks are the source's turn numbers) and gets this run's tools; this run's turns
@@ -87,13 +94,64 @@ def turn_problem(source: m.AgentRun, turn: int, where: str) -> str | None:
     if ag is None or ctx is None:
         return f"{where} has not started its conversation"
     last = ctx.turn - 1  # the turns closed with a context after them
-    if 1 <= turn <= last:
+    if 1 <= turn <= last or turn == answered_in(source):
         return None
-    if ag.stage == a.AgentStage.ANSWERED and turn == ag.turn:
-        earlier = f"fork from an earlier turn (1 to {last})" if last else "it has no earlier turn"
-        return f"{where} answered in turn {ag.turn}: nothing follows it to continue; {earlier}"
     closed = f"its conversation goes up to turn {last}" if last else "it has closed no turn yet"
     return f"{where} has not closed turn {turn}: {closed}"
+
+
+def answered_in(source: m.AgentRun) -> int | None:
+    """The turn ``source`` answered in; None while it has not answered (or never will)."""
+    ag = source.status.agent if source.status else None
+    return ag.turn if ag is not None and ag.stage == a.AgentStage.ANSWERED else None
+
+
+def context_turn(source: m.AgentRun, turn: int) -> int:
+    """The turn whose context document holds the conversation continued after ``turn``: the
+    next turn's; for the turn ``source`` answered in, that turn's own (its answer and the
+    question follow it)."""
+    return turn if turn == answered_in(source) else turn + 1
+
+
+def answer_map(source: m.AgentRun) -> str | None:
+    """The ConfigMap holding ``source``'s answer, when status keeps it there rather than
+    inline."""
+    ag = source.status.agent if source.status else None
+    if ag is None or ag.answer is not None or ag.answer_ref is None:
+        return None
+    return ag.answer_ref.name
+
+
+def verified_answer(
+    source: m.AgentRun, config_map: Mapping[str, Any] | None
+) -> tuple[str, str] | str:
+    """``source``'s answer and its digest: from its status, or from ``config_map`` (the one
+    :func:`answer_map` names, None when missing) if it is ``source``'s and holds the answer
+    with the digest status commits; else why not."""
+    ag = source.status.agent if source.status else None
+    what = f"the answer of agentrun/{source.metadata.name}"
+    if ag is None or (ag.answer is None and ag.answer_ref is None):
+        return f"{what} is not in its status"
+    if ag.answer is not None:
+        text = ag.answer
+    else:
+        assert ag.answer_ref is not None
+        where = f"{what} (ConfigMap {ag.answer_ref.name}, key {ag.answer_ref.key})"
+        if config_map is None:
+            return f"{where} is gone"
+        if not _controlled_by(config_map, source.metadata.uid):
+            return f"{where} is not controlled by that run: it is not its record"
+        found = (config_map.get("data") or {}).get(ag.answer_ref.key)
+        if not isinstance(found, str):
+            return f"{where} is not there"
+        text = found
+    digest = naming.sha256_text(text)
+    if ag.answer_digest is not None and digest != ag.answer_digest:
+        return (
+            f"{what} does not have the digest {ag.answer_digest[:12]} that run committed: it "
+            "was changed"
+        )
+    return text, digest
 
 
 def anchor(source: m.AgentRun) -> tuple[int, str]:
@@ -190,11 +248,19 @@ def take(
     if naming.sha256_text(source.document) != source.digest:
         return f"{what} does not have the digest {source.digest[:12]} its run committed"
     doc = cx.Context.from_parts([source.document])
-    if isinstance(doc, str) or doc.turn != resume.turn + 1:
-        return f"{what} is not the context of turn {resume.turn + 1}"
+    # After the answer: that turn's own context, its answer and this run's question follow.
+    turn = resume.turn if source.answer is not None else resume.turn + 1
+    if isinstance(doc, str) or doc.turn != turn:
+        return f"{what} is not the context of turn {turn}"
+    messages = doc.messages
+    if source.answer is not None:
+        if naming.sha256_text(source.answer) != source.answer_digest:
+            return f"{what}: its answer does not have the digest its run committed"
+        marked = source.earlier_turns + resume.turn
+        messages = [*messages, *follow_up(marked, source.answer, run.spec.goal)]
     first = cx.Context(
         turn=1,
-        messages=doc.messages,
+        messages=messages,
         tools=tools,
         omitted_turns=doc.omitted_turns,
         paged_results=doc.paged_results,
@@ -207,6 +273,13 @@ def take(
         earlier_turns=source.earlier_turns + resume.turn,
     )
     return first, taken
+
+
+def follow_up(turn: int, answer: str, question: str) -> list[cx.Message]:
+    """The messages after the context of ``turn`` (of the conversation) that its model
+    answered in: the answer, then the next question, of no turn (so it is never left out)."""
+    said = cx.assistant_message(turn, cx.Output(content=answer, finish_reason="stop"))
+    return [said, {"role": "user", "content": question}]
 
 
 def started_message(taken: a.ResumedFrom, messages: int) -> str:

@@ -68,7 +68,9 @@ Reaching the children (:func:`child_switches`)
     alike).
 The family (:func:`family`)
     What ``kubectl agentrun tree RUN`` prints (already a command of the plugin): the runs
-    controlled (by uid) by the run and by its children, with phases and tokens.
+    controlled (by uid) by the run and by its children, with phases and tokens. A run's tokens
+    are its ``status.usage.tokens``, which already hold its children's as it counted them
+    (see Counting): the top run's figure is the family's, and nothing is added up again.
 
 tests/e2e/test_crash.py kills the operator while children are made; the trust table's
 ``child-run`` row is a child forged by someone else.
@@ -85,7 +87,7 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.observed import ObservedChild as ObservedChild
-from agentrun.core.turns import AgentConfig, turn_needs
+from agentrun.core.turns import AGAIN_NEXT_TURN, AgentConfig, turn_needs
 
 DEFAULT_MAX_DEPTH = 2
 """A user's run (depth 0) may have children (1) and grandchildren (2), no deeper."""
@@ -161,9 +163,13 @@ def call_args_hash(tool: SubAgentTool, arguments: Mapping[str, Any]) -> str:
     return naming.sha256_text(naming.canonical_json(wire))
 
 
-def limit_problem(depth: int, this_turn: int, started: int, limits: Limits) -> str | None:
+def limit_problem(
+    depth: int, this_turn: int, started: int, limits: Limits, *, again: str = AGAIN_NEXT_TURN
+) -> str | None:
     """Why one more child may not be started (None: it may): ``depth`` is the parent's,
-    ``this_turn`` the children already accepted in this turn, ``started`` in all turns."""
+    ``this_turn`` the children already accepted in this turn, ``started`` in all turns;
+    ``again`` what a call over the limit of one turn may do (:func:`agentrun.core.turns.again`:
+    nothing more in the last turn)."""
     if depth + 1 > limits.max_depth:
         return (
             f"a sub-agent of this run would be at depth {depth + 1}, deeper than the "
@@ -171,8 +177,7 @@ def limit_problem(depth: int, this_turn: int, started: int, limits: Limits) -> s
         )
     if this_turn >= limits.max_children_per_turn:
         return (
-            f"at most {limits.max_children_per_turn} sub-agents may be started in one turn; "
-            "call it again next turn"
+            f"at most {limits.max_children_per_turn} sub-agents may be started in one turn; {again}"
         )
     if started >= limits.max_children:
         return f"this run already started {started} sub-agents, the most it may; answer yourself"
@@ -591,7 +596,9 @@ def child_switches(
 
 @dataclass(frozen=True)
 class Member:
-    """One run of a family as ``kubectl agentrun tree`` shows it."""
+    """One run of a family as ``kubectl agentrun tree`` shows it. ``tokens`` is the run's
+    ``status.usage.tokens``: its own and those of its sub-agents (and theirs), as counted
+    against its budget (:func:`counted_tokens`)."""
 
     name: str
     uid: str
@@ -624,18 +631,20 @@ def family(root: ObservedChild, runs: Sequence[ObservedChild], limit: int = 256)
     return member(root, 0)
 
 
+TREE_HEADERS = ("RUN", "PHASE", "TOKENS (WITH SUB-AGENTS)")
+"""The columns of :func:`tree_rows`: a run's tokens hold its sub-agents' (:class:`Member`)."""
+
+
 def tree_rows(root: Member) -> list[list[str]]:
-    """The family as rows, parents before their children: the name indented two spaces a
-    level, the phase, the run's own tokens, and the tokens of the run with everything below
-    it."""
+    """The family as rows (:data:`TREE_HEADERS`), parents before their children: the name
+    indented two spaces a level, the phase, and the run's tokens, which already hold those of
+    the runs below it (never added to them again: the top row is the family's total)."""
     rows: list[list[str]] = []
 
-    def walk(node: Member) -> int:
-        row = ["  " * node.depth + node.name, node.phase, str(node.tokens), ""]
-        rows.append(row)
-        total = node.tokens + sum(walk(kid) for kid in node.children)
-        row[3] = str(total)
-        return total
+    def walk(node: Member) -> None:
+        rows.append(["  " * node.depth + node.name, node.phase, str(node.tokens)])
+        for kid in node.children:
+            walk(kid)
 
     walk(root)
     return rows

@@ -1,9 +1,9 @@
 """The agent loop's steps as the state machine runs them: their names, the steps synthesized
 for the current turn (a model turn in the operator's image, a tool call in its tool's
 container with the call's arguments, the discovery of an MCP server before the first turn and
-a call of one of its tools, both in the operator's image), their idempotency keys, and the
-small questions the machine asks about them (is this a tool call, may it launch yet, is its
-turn closed).
+a call of one of its tools, and a call of an HTTP tool, all in the operator's image), their
+idempotency keys, and the small questions the machine asks about them (is this a tool call,
+may it launch yet, is its turn closed).
 
 See :mod:`agentrun.core.agent_loop` for the loop itself.
 """
@@ -22,7 +22,7 @@ from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.api.base import SecretKeySelector
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import naming
+from agentrun.core import http_tool, naming
 from agentrun.core.actions import Action
 from agentrun.core.observed import Observed
 from agentrun.core.pod_env import ENV_CONTEXT_PART as ENV_CONTEXT_PART
@@ -64,6 +64,10 @@ DISCOVERY = "t0-mcp-"
 """The step listing the tools of MCP server ``s`` before the first turn is ``t0-mcp-{s}``."""
 DISCOVERY_RETRY = m.RetryPolicy(limit=3)
 """Retries of a discovery step (a server not up yet, a dropped connection)."""
+AGAIN_NEXT_TURN = "call it again next turn"
+"""What a call refused by a limit of one turn (tool calls or sub-agents per turn) is told to
+do; the model reads it with the next turn's context. Never said in the last turn
+(:func:`again`), nor shown for a turn that had no next one (``kubectl agentrun transcript``)."""
 _DYNAMIC = re.compile(r"^t([0-9]+)-")
 _LABEL = re.compile(r"[^a-z0-9-]+")
 
@@ -87,6 +91,14 @@ class AgentConfig:
     """Model turns and MCP servers' tool calls go to one executor per run
     (:class:`agentrun.core.actions.PrepareExecutor`) instead of a Job each; a turn that finds
     no executor running runs as a Job of its own, made ahead as :attr:`turns_ahead` says."""
+
+
+def again(turn: int, max_turns: int) -> str:
+    """What a call of ``turn`` refused by a limit of one turn may do: call it again next turn,
+    unless ``turn`` is the last one (``spec.agent.maxTurns``), which no turn follows."""
+    if turn >= max_turns:
+        return f"this is the last turn (spec.agent.maxTurns {max_turns})"
+    return AGAIN_NEXT_TURN
 
 
 TEMPLATE_TOKENS = 2048
@@ -214,12 +226,15 @@ def executor_secret_env(ref: SecretKeySelector) -> str:
 
 
 def executor_secrets(agent: a.Agent | None) -> dict[str, SecretKeySelector]:
-    """The executor's variables holding its run's MCP servers' header Secrets, by name."""
-    return {
-        executor_secret_env(header.secret_key_ref): header.secret_key_ref
+    """The executor's variables holding its run's MCP servers' and HTTP tools' header
+    Secrets, by name."""
+    refs = [
+        header.secret_key_ref
         for server in (agent.mcp_servers if agent is not None else None) or []
         for header in server.headers or []
-    }
+    ]
+    refs += http_tool.header_secrets(agent)
+    return {executor_secret_env(ref): ref for ref in refs}
 
 
 def executor_step(run: m.AgentRun, status: a.AgentStatus, config: AgentConfig) -> m.Step:
@@ -564,6 +579,26 @@ def mcp_call_step(
     return _call_step(call, description, container, tool)
 
 
+def http_call_step(
+    turn: int,
+    call: a.ToolCallStatus,
+    tool: a.AgentTool,
+    status: a.AgentStatus,
+    config: AgentConfig,
+) -> m.Step:
+    """The step of a valid call of an HTTP tool (``agentrun step http``): the tool's
+    declaration (its header Secrets by reference) and the arguments are its environment, so
+    its args hash covers the method, the URL, the headers and the body."""
+    assert call.step is not None and tool.http is not None
+    image, command = _operator_image(status, config)
+    env = [*http_tool.step_env(tool), *_call_env(tool.name, call, turn)]
+    container = m.ContainerAction.model_construct(
+        image=image, command=program_command(command, "http"), env=env
+    )
+    description = f"turn {turn}: call {call.id} of {tool.name} (HTTP {tool.http.method.value})"
+    return _call_step(call, description, container, tool)
+
+
 def child_agent(agent: a.Agent, status: a.AgentStatus | None, tool: a.AgentTool) -> a.Agent:
     """The ``spec.agent`` of a child of the sub-agent tool ``tool``: the run's frozen model,
     the declared instructions and maxTurns, and the tools it names, copied."""
@@ -666,6 +701,8 @@ def _dynamic(
             found.append(child_call_step(status.turn, call, agent, status, tool))
         elif tool is not None and tool.container is not None:
             found.append(tool_call_step(status.turn, call, tool))
+        elif tool is not None and tool.http is not None:
+            found.append(http_call_step(status.turn, call, tool, status, config))
         elif call.tool in mcp_tools:
             server, listed, pinned = mcp_tools[call.tool]
             found.append(mcp_call_step(status.turn, call, server, listed, pinned, status, config))
@@ -693,9 +730,9 @@ def idempotency_key(
     return f"{run.metadata.uid}:{turn}:{call.id}:{args_hash}" if call else None
 
 
-def image_exempt(status: a.AgentStatus | None, step: str) -> bool:
-    """Model turns, MCP discoveries and MCP calls run the operator's own image, and a
-    sub-agent's call runs none (it makes a child AgentRun), which
+def image_exempt(status: a.AgentStatus | None, step: str, agent: a.Agent | None = None) -> bool:
+    """Model turns, MCP discoveries, MCP calls and calls of ``agent``'s HTTP tools run the
+    operator's own image, and a sub-agent's call runs none (it makes a child AgentRun), which
     policy.allowedImages does not govern (a tool's image is checked when its call is
     validated)."""
     if status is None:
@@ -704,9 +741,10 @@ def image_exempt(status: a.AgentStatus | None, step: str) -> bool:
         return step.startswith(DISCOVERY)
     if step == model_step(status.turn):
         return True
-    pinned = {p.name for p in status.mcp_tools or []}
+    own = {p.name for p in status.mcp_tools or []}
+    own |= {t.name for t in (agent.tools if agent is not None else None) or [] if t.http}
     return any(
-        c.step == step and (c.tool in pinned or c.child is not None) for c in status.calls or []
+        c.step == step and (c.tool in own or c.child is not None) for c in status.calls or []
     )
 
 

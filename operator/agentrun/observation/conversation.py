@@ -8,8 +8,11 @@ The checks are :mod:`agentrun.core.resume`'s; this module makes the reads in the
 2. the source run, by name in the run's own namespace: its uid, that it is an agent run that
    closed the turn, and the digest of its newest context from its status;
 3. its context ConfigMaps from the newest back to the one after the turn, each checked against
-   the digest the one after it names (the newest against status);
-4. a LocalSubjectAccessReview: may the creator ``get`` the ConfigMap whose messages the run
+   the digest the one after it names (the newest against status); after the turn the source
+   answered in (a follow-up question), its newest context, which that turn saw, and its answer
+   (inline in its status, else the transcript record its status names, checked against the
+   answer's digest in status);
+4. a LocalSubjectAccessReview: may the creator ``get`` the ConfigMaps whose messages the run
    takes?
 
 Read on every pass until the run's first turn has taken the conversation, then never again.
@@ -61,6 +64,7 @@ def read_source(
     if problem is not None or source is None:
         return refused(problem or "the run cannot be read")
     turn, digest = checks.anchor(source)
+    wanted = checks.context_turn(source, resume.turn)
     while True:
         name = checks.context_map(source, turn, digest)
         verified = checks.verified_document(_config_map(core_api, namespace, name), source,
@@ -68,14 +72,25 @@ def read_source(
         if isinstance(verified, str):
             return refused(verified)
         document, doc = verified
-        if turn == resume.turn + 1:
+        if turn == wanted:
             break
         link = checks.previous_link(doc, turn, source)
         if isinstance(link, str):
             return refused(link)
         turn, digest = link
-    map_check = rights.Check("get", "configmaps", name, f"the context of {found.run}")
-    denied = authorizer.denied(run, [map_check], PURPOSE)
+    map_checks = [rights.Check("get", "configmaps", name, f"the context of {found.run}")]
+    answer: tuple[str, str] | None = None
+    if wanted == resume.turn:  # after its answer: the answer follows that context
+        answer_map = checks.answer_map(source)
+        read = _config_map(core_api, namespace, answer_map) if answer_map is not None else None
+        said = checks.verified_answer(source, read)
+        if isinstance(said, str):
+            return refused(said)
+        answer = said
+        if answer_map is not None:
+            map_checks.append(rights.Check("get", "configmaps", answer_map,
+                                           f"the answer of {found.run}"))  # fmt: skip
+    denied = authorizer.denied(run, map_checks, PURPOSE)
     if denied is not None:
         return refused(denied)
     return ResumeSource(
@@ -85,6 +100,8 @@ def read_source(
         document=document,
         digest=digest,
         earlier_turns=checks.earlier_turns(source),
+        answer=answer[0] if answer is not None else None,
+        answer_digest=answer[1] if answer is not None else None,
     )
 
 

@@ -33,11 +33,14 @@ sha256; it runs as ``agentrun step mcp call`` would in a pod of its own
 (:func:`agentrun.pod.mcp.outcome`), stopped after the request's ``timeoutSeconds``. With
 ``program`` :data:`MCP_DISCOVER` it is the discovery of a server's tools, before the run's
 first turn (its ``env`` only the server's entry, :data:`DISCOVER_ENV`), run as ``agentrun step
-mcp discover`` would.
+mcp discover`` would. With ``program`` :data:`HTTP_CALL` it is a call of an HTTP tool (its
+``env`` the tool's entry and the call's variables, :data:`HTTP_CALL_ENV`, its ``secretEnv``
+the tool's headers from Secrets), run as ``agentrun step http`` would
+(:func:`agentrun.pod.http_tool.outcome`).
 
 It never runs a container tool. The model settings and the API key are its Job's, fixed when
 the operator made it from the run's frozen model; the header Secrets its Job's, from the
-run's MCP servers (fixed at creation, as the model is).
+run's MCP servers and HTTP tools (fixed at creation, as the model is).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from agentrun import settings as s
 from agentrun.core import executor as core_executor
 from agentrun.core import naming, pod_env
 from agentrun.core.executor import call_digest
-from agentrun.pod import llm, mcp, runner
+from agentrun.pod import http_tool, llm, mcp, runner
 
 REMEMBERED = 64
 """Attempts whose outcome is kept (a run's turns come one at a time, each with at most a few
@@ -66,6 +69,8 @@ MCP_CALL = core_executor.MCP_CALL
 """The program of a request for a call of an MCP server's tool (none: a model turn)."""
 MCP_DISCOVER = core_executor.MCP_DISCOVER
 """The program of a request for the discovery of an MCP server's tools."""
+HTTP_CALL = core_executor.HTTP_CALL
+"""The program of a request for a call of an HTTP tool."""
 DISCOVER_ENV = frozenset({mcp.ENV_SERVER})
 """The variables of a discovery's step a request may set
 (:func:`agentrun.core.turns.discovery_step_of`)."""
@@ -80,7 +85,18 @@ CALL_ENV = frozenset(
     }
 )
 """The variables of a call's step a request may set (:func:`agentrun.core.turns.mcp_call_step`)."""
-ENV_CALL_TIMEOUT = "AGENTRUN_CALL_TIMEOUT_SECONDS"
+HTTP_CALL_ENV = frozenset(
+    {
+        pod_env.ENV_HTTP_TOOL,
+        pod_env.ENV_TOOL_ARGS,
+        pod_env.ENV_TOOL_NAME,
+        pod_env.ENV_TOOL_CALL_ID,
+        pod_env.ENV_TURN,
+    }
+)
+"""The variables of an HTTP call's step a request may set
+(:func:`agentrun.core.turns.http_call_step`)."""
+ENV_CALL_TIMEOUT = pod_env.ENV_CALL_TIMEOUT
 """A call's limit as the executor passes it on (the request's ``timeoutSeconds``)."""
 IDLE_SECONDS = 3600.0
 """How long the executor waits without a request before it ends."""
@@ -119,12 +135,14 @@ class Turns:
         call: Call,
         mcp_call: Call | None = None,
         mcp_discover: Call | None = None,
+        http_call: Call | None = None,
     ) -> None:
         self.env = dict(env)
         self.token_sha256 = token_sha256
         self.call = call
         self.mcp_call = mcp_call
         self.mcp_discover = mcp_discover
+        self.http_call = http_call
         self.last_request = time.monotonic()
         self._lock = threading.Lock()
         self._attempts: OrderedDict[str, Attempt] = OrderedDict()
@@ -156,6 +174,11 @@ class Turns:
         elif program == MCP_DISCOVER and self.mcp_discover is not None:
             env_or_error = self._call_env(request, digest, key, ids, DISCOVER_ENV)
             call = self.mcp_discover
+        elif program == HTTP_CALL and self.http_call is not None:
+            env_or_error = self._call_env(
+                request, digest, key, ids, HTTP_CALL_ENV, pod_env.ENV_HTTP_HEADER
+            )
+            call = self.http_call
         elif not program:
             env_or_error = self._turn_env(request, digest, key, ids)
             call = self.call
@@ -199,11 +222,13 @@ class Turns:
         key: str,
         ids: dict[str, str],
         allowed: frozenset[str],
+        headers: str = mcp.ENV_HEADER,
     ) -> dict[str, str] | str:
-        """The environment of a call of an MCP server's tool or a discovery of its tools (as
-        its own pod would have had it), or why the request is not one: only the variables
-        such a step has (``allowed``), and for those from a Secret, a variable of this pod
-        holding that Secret's value."""
+        """The environment of a call of an MCP server's tool, a discovery of its tools or a
+        call of an HTTP tool (as its own pod would have had it), or why the request is not
+        one: only the variables such a step has (``allowed``), and for those from a Secret
+        (named ``headers`` and an index), a variable of this pod holding that Secret's
+        value."""
         plain, secret = request.get("env"), request.get("secretEnv")
         if not (isinstance(plain, dict) and isinstance(secret, dict)):
             return "a call's request needs its env and secretEnv"
@@ -224,7 +249,7 @@ class Turns:
                 if str(source).startswith(pod_env.ENV_EXECUTOR_SECRET)
                 else None
             )
-            if not str(name).startswith(mcp.ENV_HEADER) or held is None:
+            if not str(name).startswith(headers) or held is None:
                 return f"this executor holds no Secret value for {name} ({source})"
             env[str(name)] = held
         return env
@@ -320,6 +345,16 @@ def mcp_discover(
     return _attempt(outcome, store_factory)
 
 
+def http_call(store_factory: runner.StoreFactory = runner.default_store) -> Call:
+    """What the executor runs for a call of an HTTP tool: the request as its own pod makes it
+    (:func:`agentrun.pod.http_tool.outcome`), within the request's ``timeoutSeconds``."""
+
+    def outcome(env: dict[str, str], store: runner.ResultStore | None) -> tuple[int, str]:
+        return http_tool.outcome(env, store)
+
+    return _attempt(outcome, store_factory)
+
+
 def serve(
     env: dict[str, str] | None = None,
     client_factory: Callable[[str, str], Any] | None = None,
@@ -345,6 +380,7 @@ def serve(
         turn_call(factory, store_factory),
         mcp_call(store_factory=store_factory),
         mcp_discover(store_factory=store_factory),
+        http_call(store_factory),
     )
     routes = {"/turn": turns.take, "/answer": turns.answer}
     server = ThreadingHTTPServer(

@@ -2,8 +2,8 @@
 
 What a command reads or writes is shared with :class:`agentrun.clients.typed.AgentRunClient`:
 results, history and waiting are :mod:`agentrun.clients.reading`, decisions
-:mod:`agentrun.access.approvals`, forks :mod:`agentrun.clients.forks`; the plugin passes them
-its own API calls (:class:`~agentrun.clients.plugin.kube.Session`).
+:mod:`agentrun.access.approvals`, forks and follow-up questions :mod:`agentrun.clients.forks`;
+the plugin passes them its own API calls (:class:`~agentrun.clients.plugin.kube.Session`).
 
 Exit codes: 0 done, 1 failed (the message on stderr says why), 2 usage error.
 """
@@ -28,7 +28,7 @@ from agentrun.clients.plugin import completion, graphs, render, watching
 from agentrun.clients.plugin import logs as steplogs
 from agentrun.clients.plugin import transcript as transcripts
 from agentrun.clients.plugin.kube import PluginError, Session, strip_kind
-from agentrun.core import subagents
+from agentrun.core import follow_up, subagents
 from agentrun.execution import objects
 from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, Unreachable, api_message
 
@@ -209,8 +209,7 @@ def cmd_tree(session: Session, args: argparse.Namespace) -> int:
     if args.output == "mermaid":
         sys.stdout.write(graphs.family_mermaid(top))
         return 0
-    rows = subagents.tree_rows(top)
-    _out(*render.table(["RUN", "PHASE", "TOKENS", "FAMILY TOKENS"], rows))
+    _out(*render.table(subagents.TREE_HEADERS, subagents.tree_rows(top)))
     return 0
 
 
@@ -348,6 +347,48 @@ def cmd_fork(session: Session, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- ask ------------------------------------------------------------------------------------
+
+
+def cmd_ask(session: Session, args: argparse.Namespace) -> int:
+    old_name, question = strip_kind(args.run), args.question
+    problem = follow_up.question_problem(question)
+    if problem is not None:
+        raise PluginError(f"cannot ask agentrun/{old_name}: {problem}", code=2)
+    body, run = session.get_run(old_name)
+    try:
+        asked = forks.ask(session.create_run, body, run, question, args.name)
+    except forks.ForkRefused as error:
+        raise PluginError(str(error)) from None
+    _note(asked.note())
+    if not args.wait:
+        _print_run(asked.run, args.output)
+        return 0
+    _note(f"waiting for agentrun/{asked.name} to answer")
+    ended = _wait_for(session, asked.name, args.timeout)
+    status = ended.status or m.AgentRunStatus()
+    if status.phase != m.RunPhase.SUCCEEDED:
+        raise PluginError(
+            f"{_ended_line(ended)}; it gave no answer (kubectl agentrun transcript {asked.name} "
+            "shows its turns)"
+        )
+    if args.output is None:
+        return _print_answer(session, ended)
+    _print_run(session.get_run_body(asked.name), args.output)
+    return 0
+
+
+def _print_run(body: dict[str, Any], output: str | None) -> None:
+    """A run's name (``-o name``: as kubectl prints one), or the object (``-o json|yaml``)."""
+    name = body["metadata"]["name"]
+    if output in graphs.DATA_FORMATS:
+        _dump(graphs.as_kubectl_shows(body), output)
+    elif output == "name":
+        _out(f"{m.SINGULAR}.{m.GROUP}/{name}")
+    else:
+        _out(name)
+
+
 # -- wait -----------------------------------------------------------------------------------
 
 
@@ -386,22 +427,33 @@ def _watched(session: Session, name: str, timeout: float) -> reading.Waited:
         )
 
 
-def cmd_wait(session: Session, args: argparse.Namespace) -> int:
-    name = strip_kind(args.run)
-    waited = _watched(session, name, args.timeout)
+def _wait_for(session: Session, name: str, timeout: float) -> m.AgentRun:
+    """The run once it ended; :class:`PluginError` when ``timeout`` ran out first."""
+    waited = _watched(session, name, timeout)
     run = waited.run
     status = run.status or m.AgentRunStatus()
     if waited.timed_out:
         raise PluginError(
-            f"timed out after {render.duration(args.timeout)} waiting for {_ref(run)} to "
+            f"timed out after {render.duration(timeout)} waiting for {_ref(run)} to "
             f"finish (phase {status.phase or 'Pending'}"
             + (f": {status.message})" if status.message else ")")
         )
+    return run
+
+
+def _ended_line(run: m.AgentRun) -> str:
+    status = run.status or m.AgentRunStatus()
+    return f"{_ref(run)} {status.phase}" + (f": {status.message}" if status.message else "")
+
+
+def cmd_wait(session: Session, args: argparse.Namespace) -> int:
+    name = strip_kind(args.run)
+    run = _wait_for(session, name, args.timeout)
     if args.output in graphs.DATA_FORMATS:
         _dump(graphs.as_kubectl_shows(session.get_run_body(name)), args.output)
     else:
-        _out(f"{_ref(run)} {status.phase}" + (f": {status.message}" if status.message else ""))
-    return 0 if status.phase == m.RunPhase.SUCCEEDED else 1
+        _out(_ended_line(run))
+    return 0 if _phase(run) == m.RunPhase.SUCCEEDED else 1
 
 
 # -- logs -----------------------------------------------------------------------------------
@@ -620,8 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_tree,
         "Show the run and the runs it controls, and theirs, with phases and tokens.",
         "A run's children are the AgentRuns whose controller ownerReference is the run (by "
-        "uid), as sub-agents will be, indented under it; TOKENS is a run's own "
-        "(status.usage.tokens), FAMILY TOKENS with everything below it.",
+        "uid), as sub-agents are, indented under it. TOKENS is a run's status.usage.tokens, "
+        "which hold the tokens of its sub-agents (as counted against its budget): the first "
+        "row's are the family's.",
     )
     _add_output(p, "mermaid", what="the family (nested runs) or a graph of it (mermaid)")
     p = command("history", cmd_history, "Show the run's timeline from its audit record.")
@@ -670,6 +723,40 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the new run with the API server (a server-side dry run) and print it; "
         "create nothing",
+    )
+    p = command(
+        "ask",
+        cmd_ask,
+        "Ask an agent run that answered the next question of its conversation, in a new run.",
+        "The new run has RUN's spec (model, tools, instructions, limits, budget; not its plan, "
+        "whose results the conversation holds, nor approvals) with QUESTION as its goal, and "
+        "continues RUN's conversation after its answer (spec.agent.resumeFrom: RUN, its uid "
+        "and the turn it answered in): its first model turn sees the whole conversation, the "
+        "answer, then QUESTION. Only a run that answered (Succeeded) can be asked; for one "
+        "that failed or was cancelled, fork it from a turn it closed. The new run is named "
+        "RUN-2 (RUN-3, ... when taken); asking a run that ask named BASE-N names the next "
+        "one BASE-N+1 (or the next free). Prints the new run's name.",
+    )
+    p.add_argument("question", metavar="QUESTION", help="the next question (its spec.goal)")
+    p.add_argument("--name", help="name of the new run (default: RUN-2, or the next free)")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the new run ends and print its answer (exit 1 if it did not succeed)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=300.0,
+        help="with --wait: give up after this long (300, 90s, 5m, 1h; default 300s)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("name", *graphs.DATA_FORMATS),
+        default=None,
+        help="print the new run as kubectl -o name does, or the object (json, yaml; with "
+        "--wait: as it ended) instead of its name (with --wait: its answer)",
     )
     p = sub.add_parser(
         "release",

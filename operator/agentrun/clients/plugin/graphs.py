@@ -5,7 +5,8 @@ pure functions from runs and families to text, tested without a cluster.
   prints it (``metadata.managedFields`` left out, as kubectl does by default).
 * ``status -o mermaid|dot``: the plan's DAG, a node per step labelled with its name and phase,
   an edge from each dependency to the step that depends on it.
-* ``tree -o json|yaml``: the family as nested objects; ``tree -o mermaid``: as a graph.
+* ``tree -o json|yaml``: the family as nested objects; ``tree -o mermaid``: as a graph. A
+  run's ``tokens`` hold its sub-agents' (``status.usage.tokens``): never summed again.
 """
 
 from __future__ import annotations
@@ -59,16 +60,15 @@ def as_kubectl_shows(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def family_object(member: Member) -> dict[str, Any]:
-    """A family (``tree``) as nested objects: each run's name, uid, phase, its own tokens, the
-    tokens of it and everything below it, and its children."""
-    children = [family_object(kid) for kid in member.children]
+    """A family (``tree``) as nested objects: each run's name, uid, phase, tokens (its
+    ``status.usage.tokens``, which hold its sub-agents': the top run's are the family's) and
+    its children."""
     return {
         "name": member.name,
         "uid": member.uid,
         "phase": member.phase,
         "tokens": member.tokens,
-        "familyTokens": member.tokens + sum(int(c["familyTokens"]) for c in children),
-        "children": children,
+        "children": [family_object(kid) for kid in member.children],
     }
 
 
@@ -143,7 +143,8 @@ def plan_dot(run: m.AgentRun) -> str:
 
 
 def family_mermaid(root: Member) -> str:
-    """A family as a Mermaid flowchart: each run with its phase and tokens, parent --> child."""
+    """A family as a Mermaid flowchart: each run with its phase and tokens (a parent's said to
+    hold its sub-agents'), parent --> child."""
     lines = ["flowchart TD"]
     edges: list[str] = []
     by_phase: dict[str, list[str]] = {}
@@ -154,10 +155,8 @@ def family_mermaid(root: Member) -> str:
         node = f"r{count}"
         count += 1
         by_phase.setdefault(member.phase, []).append(node)
-        lines.append(
-            f'    {node}["{_mermaid_text(member.name)}<br/>{member.phase}<br/>'
-            f'{member.tokens} tokens"]'
-        )
+        tokens = f"{member.tokens} tokens" + (" with sub-agents" if member.children else "")
+        lines.append(f'    {node}["{_mermaid_text(member.name)}<br/>{member.phase}<br/>{tokens}"]')
         for kid in member.children:
             edges.append(f"    {node} --> {visit(kid)}")
         return node

@@ -3,8 +3,10 @@ part of ``kubectl agentrun status``.
 
 The finished turns come from the run's transcript records (ConfigMaps labelled
 ``agentrun.dev/object=transcript``, one per turn, written by the operator when the turn
-closed); the turn in progress from ``status.agent``. Pure functions over plain data: the
-command reads, these render.
+closed); the turn in progress from ``status.agent``, unless it has a record (the last turn of a
+run that stopped after it closed: shown once, from its record). A run that ended had no turn
+after its last: that turn's refused calls are shown without the model's hint to call them
+again next turn. Pure functions over plain data: the command reads, these render.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.clients.plugin.render import one_line
-from agentrun.core import agent_loop
+from agentrun.core import agent_loop, turns
 
 RESULT_LIMIT = 300
 """Characters of a tool result or a message shown per line; the record keeps all of it."""
@@ -50,7 +52,16 @@ def _tokens(record: Mapping[str, Any]) -> str:
     return f"{prompt} prompt + {completion} completion tokens"
 
 
-def _call_lines(call: Mapping[str, Any]) -> list[str]:
+def _problem(problem: str, last: bool) -> str:
+    """A refused call's problem as shown: for the ``last`` turn of a run that ended, without
+    the hint to call it again next turn (the model read it with no next turn)."""
+    if last:
+        for joint in ("; ", ", "):
+            problem = problem.replace(joint + turns.AGAIN_NEXT_TURN, "")
+    return one_line(problem, RESULT_LIMIT)
+
+
+def _call_lines(call: Mapping[str, Any], last: bool = False) -> list[str]:
     head = f"  -> {call.get('name')}({one_line(str(call.get('arguments') or ''), 200)})"
     head += f"  [{call.get('id')}]"
     outcome = str(call.get("outcome") or "?")
@@ -64,7 +75,7 @@ def _call_lines(call: Mapping[str, Any]) -> list[str]:
         outcome += f", {call['tokens']} tokens"
     lines = [head, f"     {outcome}"]
     if call.get("problem"):
-        lines.append(f"     invalid: {one_line(str(call['problem']), RESULT_LIMIT)}")
+        lines.append(f"     invalid: {_problem(str(call['problem']), last)}")
     if call.get("error"):
         lines.append(f"     error: {one_line(str(call['error']), RESULT_LIMIT)}")
     result = call.get("result")
@@ -78,8 +89,8 @@ def _call_lines(call: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def turn_lines(record: Mapping[str, Any]) -> list[str]:
-    """One finished turn."""
+def turn_lines(record: Mapping[str, Any], last: bool = False) -> list[str]:
+    """One finished turn (``last``: the last of a run that ended, which no turn followed)."""
     context = record.get("context") or {}
     paged = ""
     if context.get("pagedResults") or context.get("omittedTurns"):
@@ -100,30 +111,43 @@ def turn_lines(record: Mapping[str, Any]) -> list[str]:
         lines.append(f"  {label}: {one_line(content, RESULT_LIMIT)}")
     for call in record.get("toolCalls") or []:
         if isinstance(call, Mapping):
-            lines.extend(_call_lines(call))
+            lines.extend(_call_lines(call, last))
     if record.get("droppedCalls"):
         lines.append(f"  ({record['droppedCalls']} more calls dropped: over 64 in one turn)")
     return lines
 
 
-def current_lines(run: m.AgentRun) -> list[str]:
-    """The turn in progress, from status."""
+def _ended(run: m.AgentRun) -> bool:
+    """Whether the run's loop is over without an answer still to come: no turn follows its
+    current one."""
     ag = run.status.agent if run.status else None
-    if ag is None or ag.turn == 0 or ag.stage == a.AgentStage.ANSWERED:
+    phase = run.status.phase if run.status else None
+    return phase in m.TERMINAL_RUN_PHASES or (ag is not None and ag.stage == a.AgentStage.STOPPED)
+
+
+def current_lines(run: m.AgentRun, closed: Iterable[int] = ()) -> list[str]:
+    """The turn in progress, from status; for a run that ended, the turn it stopped in before
+    that turn closed. Nothing when that turn is among ``closed`` (it has its record)."""
+    ag = run.status.agent if run.status else None
+    if ag is None or ag.turn == 0 or ag.stage == a.AgentStage.ANSWERED or ag.turn in set(closed):
         return []
+    stopped = _ended(run)
     steps = {st.name: st for st in (run.status.steps if run.status else None) or []}
-    lines = [f"turn {ag.turn} ({str(ag.stage).lower()}, in progress)"]
     model = steps.get(agent_loop.model_step(ag.turn))
+    if stopped and model is None and not ag.calls:
+        return []  # it stopped before the turn began: there is nothing of it to show
+    state = "stopped before it closed" if stopped else f"{str(ag.stage).lower()}, in progress"
+    lines = [f"turn {ag.turn} ({state})"]
     if model is not None:
         lines.append(f"  model step {model.name}: {model.phase} ({one_line(model.message)})")
     for call in ag.calls or []:
         lines.append(f"  -> {call.tool}({one_line(call.arguments, 200)})  [{call.id}]")
         if call.problem:
-            lines.append(f"     invalid: {one_line(call.problem, RESULT_LIMIT)}")
+            lines.append(f"     invalid: {_problem(call.problem, stopped)}")
         st = steps.get(call.step or "")
         if st is not None:
             waiting = ""
-            if st.phase == m.StepPhase.WAITING_FOR_APPROVAL:
+            if st.phase == m.StepPhase.WAITING_FOR_APPROVAL and not stopped:
                 waiting = f" (kubectl agentrun approve {run.metadata.name} {st.name})"
             lines.append(f"     {st.phase} as step {st.name}, args {(st.args_hash or '')[:12]}"
                          f"{waiting}")  # fmt: skip
@@ -143,13 +167,15 @@ def _resumed_line(run: m.AgentRun) -> list[str]:
 
 
 def transcript_lines(run: m.AgentRun, records: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The whole conversation: every finished turn, then the one in progress (for a run that
-    continues another's conversation, a first line saying whose)."""
+    """The whole conversation: every finished turn, then the one in progress or the one the
+    run stopped in before it closed (for a run that continues another's conversation, a first
+    line saying whose). ``records`` are in turn order (:func:`records_of`)."""
     lines: list[str] = _resumed_line(run)
-    for record in records:
-        lines.extend(turn_lines(record))
-    lines.extend(current_lines(run))
-    return lines
+    current = current_lines(run, [int(record["turn"]) for record in records])
+    final = _ended(run) and not current  # the last record is the run's last turn
+    for index, record in enumerate(records):
+        lines.extend(turn_lines(record, final and index == len(records) - 1))
+    return lines + current
 
 
 def agent_status_lines(run: m.AgentRun) -> list[str]:
