@@ -248,7 +248,8 @@ def test_a_run_is_labelled_with_its_shard_where_no_pass_will() -> None:
         # (holds, wanted, the run as found, its watch, labelled here)
         (True, True, _run("a", 1), STRAYS, False),  # new: its pass labels it
         (True, True, _run("a", 1, phase="Succeeded"), STRAYS, True),  # finished stray
-        (False, False, _run("a", 1, phase="Succeeded"), STRAYS, False),  # not held here
+        (False, False, _run("a", 1, phase="Succeeded"), STRAYS, False),  # not followed here
+        (False, True, _run("a", 1, phase="Succeeded"), STRAYS, True),  # followed, not held yet
         (True, True, _run("a", 1, label=label, phase="Succeeded"), _shard("a"), False),
         (False, False, _run("a", 1, label=other), Source(RUNS, "team", shard=other), True),
         (True, True, _run("a", 1, phase="Succeeded", deleting=True), STRAYS, False),

@@ -10,7 +10,9 @@ from the operator's own (agentrun/observation/runs.py).
   ``run-shard-label``). A run not yet labelled is labelled by its first pass, in the patch
   that puts the run finalizer on it; one found with a wrong label in a shard's watch here is
   labelled by this replica whatever its shard; one found among the strays (no label of this
-  count) that this replica holds and no pass will hold (finished) is labelled here.
+  count) whose shard this replica follows and that no pass will hold (finished: a run made
+  before its operator was sharded, or under another count) is labelled here. The label is the
+  same whoever writes it (the run's shard, not its holder's name).
 """
 
 from __future__ import annotations
@@ -118,8 +120,8 @@ class RunWatch:
         if (meta.get("labels") or {}).get(s.LABEL_SHARD) == shard or meta.get("deletionTimestamp"):
             return
         if source.shard is None:  # a stray, or a child in no shard of this count
-            if not self.scheduler.holds(namespace, name):
-                return  # its holder labels it
+            if not self.wanted(namespace, name):
+                return  # the replica that follows its shard labels it
             if (body.get("status") or {}).get("phase") not in FINISHED:
                 return  # its pass labels it, with the run finalizer
         key = (namespace, name)
