@@ -394,6 +394,7 @@ class Informer:
         self._lock = threading.Lock()
         self._started = False
         self._epoch = 0
+        self._following: frozenset[int] = frozenset()
         self._sharded: dict[int, list[Reflector]] = {}
         """Shard -> the watches of its Jobs and pods (every scope), while followed."""
         others = (
@@ -442,8 +443,10 @@ class Informer:
         if not self.shard_count:
             return
         with self._lock:
+            self._following = frozenset(shards)
             gone = [self._sharded.pop(i) for i in set(self._sharded) - shards]
-            for shard in sorted(shards - set(self._sharded)):
+            added = sorted(shards - set(self._sharded))
+            for shard in added:
                 self._epoch += 1
                 label = sh.shard_label(shard, self.shard_count)
                 self._sharded[shard] = [
@@ -463,13 +466,14 @@ class Informer:
             for reflector in reflectors:
                 reflector.stop()
                 reflector.view.forget(reflector.source)
-        if self.runs is not None:
+        if self.runs is not None and added:
             self.runs.followed()
 
     def followed(self) -> frozenset[int]:
-        """The shards whose Jobs and pods are watched."""
-        with self._lock:
-            return frozenset(self._sharded)
+        """The shards whose Jobs and pods (and runs) are watched. Without the lock: the run
+        watches ask while they hold their view's, which :meth:`follow` takes under this
+        one's (a frozenset, replaced whole)."""
+        return self._following
 
     def _all(self) -> list[Reflector]:
         with self._lock:
