@@ -346,6 +346,9 @@ def throttled(error: BaseException) -> float | None:
 UNREACHABLE = "unreachable"
 UNAVAILABLE = "unavailable"
 THROTTLED = "throttled"
+TERMINATING = "namespace_terminating"
+"""The API server refused a create (403) because the namespace is being deleted: the run goes
+with it, and the pass is tried again until it has gone."""
 UNAVAILABLE_STATUSES = frozenset({502, 503, 504})
 """Answers that say the API server cannot serve the request now (a proxy without a backend,
 the server not ready or out of time), not that the request is wrong."""
@@ -359,7 +362,8 @@ class Transient:
 
     reason: str
     """:data:`UNREACHABLE` (no answer at all: a connection refused, broken or timed out),
-    :data:`UNAVAILABLE` (502, 503 or 504) or :data:`THROTTLED` (429)."""
+    :data:`UNAVAILABLE` (502, 503 or 504), :data:`THROTTLED` (429) or :data:`TERMINATING` (a
+    create refused in a namespace being deleted)."""
     detail: str
     """One line: what the client or the server said."""
     wait: float | None = None
@@ -372,6 +376,8 @@ class Transient:
             return f"throttled by the API server (429: {self.detail})"
         if self.reason == UNAVAILABLE:
             return f"failed: the API server is unavailable ({self.detail})"
+        if self.reason == TERMINATING:
+            return f"refused: the namespace is being deleted ({self.detail})"
         return f"failed: the API server did not answer ({self.detail})"
 
 
@@ -417,6 +423,8 @@ def transient(error: BaseException) -> Transient | None:
             return Transient(THROTTLED, _one_line(api_message(seen)), wait)  # type: ignore[arg-type]
         if status in UNAVAILABLE_STATUSES:
             return Transient(UNAVAILABLE, _one_line(api_message(seen)))  # type: ignore[arg-type]
+        if status == 403 and _namespace_terminating(seen):
+            return Transient(TERMINATING, _one_line(api_message(seen)))  # type: ignore[arg-type]
         said = str(getattr(seen, "reason", None) or "")
         if status == 0 and said.startswith("SSLError"):  # the kubernetes client's wrapping
             return Transient(UNREACHABLE, _one_line(said))
@@ -425,6 +433,22 @@ def transient(error: BaseException) -> Transient | None:
             return Transient(UNREACHABLE, no_answer)
         seen = seen.__cause__
     return None
+
+
+def _namespace_terminating(error: BaseException) -> bool:
+    """Whether a 403 is the API server refusing new content in a namespace being deleted (its
+    Status names the cause ``NamespaceTerminating``)."""
+    body = getattr(error, "body", None)
+    try:
+        parsed = json.loads(body) if body else None
+    except (TypeError, ValueError):
+        return False
+    causes = (
+        ((parsed or {}).get("details") or {}).get("causes") or []
+        if isinstance(parsed, dict)
+        else []
+    )
+    return any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes)
 
 
 def api_message(error: ApiException) -> str:

@@ -19,6 +19,7 @@ from kubernetes.config import ConfigException
 from agentrun.kubeapi import (
     CONNECT_SECONDS,
     READ_SECONDS,
+    TERMINATING,
     THROTTLED,
     UNACKNOWLEDGED_SECONDS,
     UNAVAILABLE,
@@ -357,3 +358,30 @@ def test_the_api_server_away_unavailable_or_throttling_is_transient_a_refusal_is
     assert transient(ApiException(status=0, reason="Cannot prepare a request message")) is None
     ssl = transient(ApiException(status=0, reason="SSLError\nEOF occurred"))
     assert ssl is not None and ssl.reason == UNREACHABLE
+
+
+def test_a_create_refused_in_a_namespace_being_deleted_is_one_line_not_a_traceback() -> None:
+    """The API server refuses new content in a namespace being deleted (403 with the cause
+    NamespaceTerminating): the run goes with its namespace, so a pass that meets it is tried
+    again quietly; any other 403 stays a refusal."""
+    message = (
+        'configmaps "r-audit-1" is forbidden: unable to create new content in namespace t '
+        "because it is being terminated"
+    )
+    error = ApiException(status=403, reason="Forbidden")
+    error.body = json.dumps(
+        {
+            "message": message,
+            "reason": "Forbidden",
+            "details": {"causes": [{"reason": "NamespaceTerminating", "field": "metadata"}]},
+            "code": 403,
+        }
+    )
+    found = transient(error)
+    assert found is not None and found.reason == TERMINATING
+    assert found.says == f"refused: the namespace is being deleted ({message})"
+    forbidden = ApiException(status=403, reason="Forbidden")
+    forbidden.body = json.dumps({"message": "no", "details": {"causes": [{"reason": "x"}]}})
+    assert transient(forbidden) is None
+    forbidden.body = "not json"
+    assert transient(forbidden) is None
