@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from agentrun.settings import LABEL_RUN_UID, LABEL_STEP
 from agentrun_devcluster.agent_demo import SCRIPT as AGENT_SCRIPT
 from agentrun_devcluster.dockerapi import DockerEngine
-from agentrun_devcluster.modelserver import ScriptedModel
+from agentrun_devcluster.modelserver import ScriptedModel, reply
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for
 from tests.support.chart import (
     EXAMPLES,
@@ -149,6 +149,19 @@ def test_pod_security_admission_enforces_the_restricted_standard(
 
 
 AGENT_EXAMPLE = "agent-investigation"
+SCRIPTS = {
+    AGENT_EXAMPLE: list(AGENT_SCRIPT),
+    "agent-question": [reply("Paris is the capital of France.")],
+    # Its tracker is not here: the model answers without calling the HTTP tools, which still
+    # puts the executor (holding the tools' header Secret) in the restricted namespace.
+    "agent-http-tool": [reply("T-7 is not a duplicate of another ticket; it stays open.")],
+}
+"""What the scripted model answers, per agent example."""
+SECRETS = {"agent-http-tool": ("tracker", {"token": "Bearer container-suite"})}
+"""Secrets an example names, made before it is applied."""
+ANSWER_ONLY = {"agent-question", "agent-http-tool"}
+"""Examples whose run only asks the model, on the run's executor: its pod may be gone once
+the run has ended (the executor's Job goes with the run's end), leaving no pod to look at."""
 STALL_SECONDS = 90
 """A run whose status does not change for this long has stalled (the operator is stuck)."""
 
@@ -167,8 +180,14 @@ def test_every_example_runs_in_a_restricted_namespace(
 ) -> None:
     # An agent's model: the scripted one of `make demo-agent`, on the host (pods share its
     # network here).
-    model = ScriptedModel(script=list(AGENT_SCRIPT)).start()
+    script = SCRIPTS.get(example.stem, [])
+    model = ScriptedModel(script=list(script)).start()
     request.addfinalizer(model.stop)
+    if example.stem in SECRETS:
+        secret, data = SECRETS[example.stem]
+        dkube.core.create_namespaced_secret(
+            restricted, {"metadata": {"name": secret}, "stringData": data}
+        )
     name = apply(docker_cluster, restricted, example, model.base_url)
     approved: list[str] = []
     last = ("", time.monotonic())
@@ -198,7 +217,7 @@ def test_every_example_runs_in_a_restricted_namespace(
     def unsucceeded() -> list[str]:
         listed = dkube.core.list_namespaced_pod(restricted, label_selector=LABEL_RUN_UID).items
         pods = [as_dict(dkube, p) for p in listed]
-        assert pods
+        assert pods or example.stem in ANSWER_ONLY
         for pod in pods:
             for status in pod["status"].get("containerStatuses") or []:
                 if "containerID" not in status and "waiting" in (status.get("state") or {}):
@@ -217,9 +236,7 @@ def test_every_example_runs_in_a_restricted_namespace(
         assert approved == ["restart-service"]
     if example.stem == AGENT_EXAMPLE:
         assert len(approved) == 1 and approved[0].endswith("-restart-service"), approved
-        assert len(model.completions()) == len(AGENT_SCRIPT)
-    else:
-        assert not model.completions()
+    assert len(model.completions()) == len(script)
 
 
 def test_helm_upgrade_replaces_the_operator_pod_and_it_keeps_reconciling(
