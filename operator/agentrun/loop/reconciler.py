@@ -210,12 +210,8 @@ class Reconciler:
             if self.settings.shards
             else None
         )
-        if s.RUN_FINALIZER in (meta.get("finalizers") or []) and (
-            shard is None or (meta.get("labels") or {}).get(s.LABEL_SHARD) == shard
-        ):
-            return body
-        held = self.ledger.hold(body, shard)
-        if held is not None and self.bodies is not None:
+        held = self.ledger.hold(body, shard)  # ``body`` itself when it has both already
+        if held is not None and held is not body and self.bodies is not None:
             self.bodies.offer(held)
         return held
 

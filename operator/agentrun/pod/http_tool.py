@@ -44,8 +44,8 @@ from agentrun.api import http_tool as api
 from agentrun.core import http_tool as core
 from agentrun.core import naming
 from agentrun.core.calls import schema_problem
-from agentrun.core.envelope import RESULT_Z, clean, compress_result
-from agentrun.core.pod_env import ENV_CALL_TIMEOUT, ENV_HTTP_HEADER, ENV_HTTP_TOOL, ENV_TOOL_ARGS
+from agentrun.core.envelope import RESULT_Z, compress_result
+from agentrun.core.pod_env import ENV_CALL_TIMEOUT, ENV_HTTP_HEADER, ENV_HTTP_TOOL
 from agentrun.pod import runner
 
 READ_CHUNK = 64 * 1024
@@ -55,9 +55,7 @@ class HttpFailed(Exception):
     """The call has no result; the message says why, in one line."""
 
 
-def _one_line(value: object, limit: int = 300) -> str:
-    text = " ".join(clean(str(value)).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+_one_line = runner.one_line
 
 
 def tool_of(env: Mapping[str, str]) -> tuple[a.AgentTool, api.HttpRequest, dict[str, str]]:
@@ -108,11 +106,9 @@ def arguments_of(env: Mapping[str, str], tool: a.AgentTool) -> dict[str, Any]:
     """The call's arguments, checked against the tool's parameters as the operator checked
     them."""
     try:
-        arguments = json.loads(env.get(ENV_TOOL_ARGS) or "{}")
+        arguments = runner.call_arguments(env)
     except ValueError as error:
-        raise HttpFailed(f"{ENV_TOOL_ARGS} is not JSON: {_one_line(error, 200)}") from None
-    if not isinstance(arguments, dict):
-        raise HttpFailed(f"{ENV_TOOL_ARGS} is not a JSON object")
+        raise HttpFailed(str(error)) from None
     problem = schema_problem(tool.parameters, arguments)
     if problem is not None:
         raise HttpFailed(f"{problem}: the request was not sent")

@@ -40,7 +40,6 @@ import anyio
 from agentrun import settings as s
 from agentrun.api import mcp as api
 from agentrun.core import mcp as core
-from agentrun.core.envelope import clean
 from agentrun.pod import runner
 
 if TYPE_CHECKING:
@@ -63,9 +62,7 @@ class McpFailed(Exception):
     """The step cannot produce a result; the message says why, in one line."""
 
 
-def _one_line(value: object, limit: int = 300) -> str:
-    text = " ".join(clean(str(value)).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+_one_line = runner.one_line
 
 
 def _leaf(error: BaseException) -> BaseException:
@@ -168,12 +165,9 @@ async def call(
 
 def _arguments(env: Mapping[str, str]) -> dict[str, Any]:
     try:
-        arguments = json.loads(env.get(ENV_TOOL_ARGS) or "{}")
+        return runner.call_arguments(env)
     except ValueError as error:
-        raise McpFailed(f"{ENV_TOOL_ARGS} is not JSON: {_one_line(error, 200)}") from None
-    if not isinstance(arguments, dict):
-        raise McpFailed(f"{ENV_TOOL_ARGS} is not a JSON object")
-    return arguments
+        raise McpFailed(str(error)) from None
 
 
 def _pinned(env: Mapping[str, str], server: api.McpServer) -> api.PinnedTool:

@@ -41,7 +41,7 @@ from typing import Any
 from agentrun import settings as s
 from agentrun.api import names
 from agentrun.core import naming
-from agentrun.core.envelope import result_object_data, summary_line
+from agentrun.core.envelope import clean, result_object_data, summary_line
 from agentrun.core.pod_env import ENV_TOOL_ARGS
 from agentrun.execution import objects
 from agentrun.kubeapi import Cluster, tolerate
@@ -74,6 +74,24 @@ class StepIdentity:
 
     def complete(self) -> bool:
         return bool(self.run and self.namespace and self.run_uid and self.step)
+
+
+def one_line(value: object, limit: int = 300) -> str:
+    """``value`` as one clean line of at most ``limit`` characters (a failure's message)."""
+    text = " ".join(clean(str(value)).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def call_arguments(env: Mapping[str, str]) -> dict[str, Any]:
+    """The arguments of a tool call (``AGENTRUN_TOOL_ARGS``, a JSON object; none: empty).
+    Raises ValueError saying, in one line, what is wrong with them."""
+    try:
+        arguments = json.loads(env.get(ENV_TOOL_ARGS) or "{}")
+    except ValueError as error:
+        raise ValueError(f"{ENV_TOOL_ARGS} is not JSON: {one_line(error, 200)}") from None
+    if not isinstance(arguments, dict):
+        raise ValueError(f"{ENV_TOOL_ARGS} is not a JSON object")
+    return arguments
 
 
 def build_envelope(ok: bool, result: str) -> dict[str, Any]:
