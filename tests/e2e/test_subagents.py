@@ -26,7 +26,7 @@ from agentrun.api import agent as a
 from agentrun.api import models as m
 from agentrun.core import subagents as sa
 from agentrun.core import turns
-from agentrun.core.turns import child_agent
+from agentrun.core.turn_steps import child_agent
 from agentrun_devcluster.modelserver import ScriptedModel, reply, tool_call
 from agentrun_devcluster.operator import OperatorProcess
 from agentrun_devcluster.testing import KubeClients, TestCluster, wait_for

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from agentrun.api import models as m
 from agentrun.core import Observed, reconcile
 from agentrun.loop.ledger import Ledger
-from agentrun.loop.observe import RunBodies
+from agentrun.loop.run_bodies import RunBodies
 from agentrun.loop.run_events import PREFIX, RunEvents
 from agentrun_devcluster.testing import KubeClients
 from tests.support.runs import agentrun, create, step

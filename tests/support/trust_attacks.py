@@ -35,7 +35,8 @@ from agentrun.core.envelope import result_object_data
 from agentrun.core.launch import committed_launch
 from agentrun.core.naming import job_name, result_object_name, sha256_text
 from agentrun.core.shards import run_shard_label
-from agentrun.core.turns import child_agent, child_call, model_step, record_name
+from agentrun.core.turn_steps import child_agent
+from agentrun.core.turns import child_call, model_step, record_name
 from agentrun.execution import jobs, objects
 from agentrun.pod import runner
 from agentrun.settings import ANNOTATION_PROOF, LABEL_KIND, LABEL_RUN_UID, LABEL_SHARD

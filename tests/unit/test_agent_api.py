@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from agentrun.api import agent as a
-from agentrun.api import crd
+from agentrun.api import agent_status, crd
 from agentrun.api import models as m
 from tests.support.paths import CRD_FILE
 from tests.support.schema import VALIDATOR
@@ -186,7 +186,7 @@ def test_status_agent_round_trips() -> None:
             },
         }
     )
-    assert status.agent is not None and status.agent.stage == a.AgentStage.ACTING
+    assert status.agent is not None and status.agent.stage == agent_status.AgentStage.ACTING
     wire = status.to_wire()
     assert wire["agent"]["calls"][1]["problem"] == "unknown tool 'nope'"
     assert m.AgentRunStatus.model_validate(wire).to_wire() == wire

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.api.base import SecretKeySelector
 from agentrun.api.models import StepPhase as SP
@@ -76,7 +77,7 @@ def _failed_closed(sim: AgentSim, *fields: str) -> str:
     assert "fixed at creation" in message
     assert [t.reason for t in status.history or []][-1] == loop.SPEC_CHANGED
     assert any(reason == loop.SPEC_CHANGED for reason, _ in sim.events), sim.events
-    assert sim.agent.stage == a.AgentStage.STOPPED
+    assert sim.agent.stage == agent_status.AgentStage.STOPPED
     return message
 
 
@@ -101,7 +102,7 @@ def test_a_base_url_changed_while_a_tool_call_runs_never_gets_a_turn() -> None:
     sim = _keyed_sim()
     sim.answer("", [call("search", {"query": "latency"}, "c1")])
     (tool_job,) = sim.tool_jobs()
-    assert sim.agent.stage == a.AgentStage.ACTING
+    assert sim.agent.stage == agent_status.AgentStage.ACTING
     _model_update(sim, baseURL=ATTACKER)
     sim.settle()
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import SendTurn, reconcile, turns
+from agentrun.core import SendTurn, reconcile, turn_steps, turns
 from agentrun.core import agent_loop as loop
 from agentrun.core import executor as ex
 from agentrun.core import http_tool as h
@@ -92,11 +93,13 @@ def test_a_call_is_a_step_of_the_operators_program_with_the_header_secret_by_ref
 def _hash(tool: dict[str, Any]) -> str | None:
     """The argsHash of the call ``c1`` of ``tool`` with the same arguments."""
     run = agent_run(tools=[tool])
-    status = a.AgentStatus(turn=1, stage=a.AgentStage.ACTING)
+    status = agent_status.AgentStatus(turn=1, stage=agent_status.AgentStage.ACTING)
     arguments = json.dumps({"user": "ann", "note": "hi"})
-    made = a.ToolCallStatus(id="c1", tool=tool["name"], step="t1-0-lookup", arguments=arguments)
+    made = agent_status.ToolCallStatus(
+        id="c1", tool=tool["name"], step="t1-0-lookup", arguments=arguments
+    )
     declared = a.AgentTool.model_validate(tool)
-    step = turns.http_call_step(1, made, declared, status, turns.AgentConfig())
+    step = turn_steps.http_call_step(1, made, declared, status, turns.AgentConfig())
     return args_hash(run, step, {})
 
 
@@ -227,7 +230,7 @@ def test_a_call_goes_to_the_executor_which_holds_the_header_secret() -> None:
     sim = _executor_sim()
     executor_job = turns.executor_name(sim.run, 1)
     assert sim.executors[executor_job].started
-    step = turns.executor_step(sim.run, sim.agent, sim.config.agent)
+    step = turn_steps.executor_step(sim.run, sim.agent, sim.config.agent)
     ref = m.SecretKeySelector(name="api-token", key="token")
     held = next(e for e in step.container.env or [] if e.name == turns.executor_secret_env(ref))
     assert held.value_from is not None and held.value_from.secret_key_ref == ref

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.clients.plugin import transcript
@@ -47,13 +48,13 @@ def _tool_messages(ctx: cx.Context, turn: int) -> dict[str, str]:
 def test_a_loop_of_turns_with_parallel_calls_ends_with_the_answer_as_the_result() -> None:
     sim = AgentSim(agent_run())
     sim.settle()
-    assert sim.agent.stage == a.AgentStage.THINKING
+    assert sim.agent.stage == agent_status.AgentStage.THINKING
     assert sim.status.current_step == "t1-model"
     sim.answer(
         "two searches at once",
         [call("search", {"query": "latency"}, "c1"), call("search", {"query": "db"}, "c2")],
     )
-    assert sim.agent.stage == a.AgentStage.ACTING
+    assert sim.agent.stage == agent_status.AgentStage.ACTING
     assert sorted(j.step for j in sim.tool_jobs()) == ["t1-0-search", "t1-1-search"]
     sim.tools_return()
     assert sim.agent.turn == 2
@@ -72,7 +73,7 @@ def test_a_loop_of_turns_with_parallel_calls_ends_with_the_answer_as_the_result(
     assert (
         status.message == "the model answered in turn 3: checkout is slow because the cache is cold"
     )
-    assert sim.agent.stage == a.AgentStage.ANSWERED
+    assert sim.agent.stage == agent_status.AgentStage.ANSWERED
     assert sim.agent.answer == "checkout is slow because the cache is cold"
     assert sim.agent.answer_digest == sha256_text(sim.agent.answer)
     assert status.progress == "turn 3/20"
@@ -172,7 +173,7 @@ def test_a_call_cut_off_is_answered_and_the_next_request_is_one_any_server_takes
     sim = AgentSim(agent_run())
     sim.answer("", [call("search", arguments, "cut"), call("search", {"query": "x"}, "ok")])
     sim.tools_return()
-    assert sim.agent.turn == 2 and sim.agent.stage == a.AgentStage.THINKING
+    assert sim.agent.turn == 2 and sim.agent.stage == agent_status.AgentStage.THINKING
     request = sim.request()
     assert check_request(request) is None
     (asked,) = [msg for msg in request["messages"] if msg.get("tool_calls")]
@@ -300,7 +301,7 @@ def test_the_budget_pauses_before_a_turn_and_raising_it_resumes() -> None:
     sim = AgentSim(agent_run(spec={"budget": {"maxTokens": 2000}}))
     sim.answer("", [call("search", {"query": "x"}, "c")], prompt=800, completion=200)
     sim.tools_return()
-    assert sim.agent.stage == a.AgentStage.PAUSED
+    assert sim.agent.stage == agent_status.AgentStage.PAUSED
     assert sim.status.phase == m.RunPhase.SUSPENDED
     succeeded = sim.condition("Succeeded")
     assert succeeded is not None and succeeded.reason == "BudgetExhausted"
@@ -310,7 +311,7 @@ def test_the_budget_pauses_before_a_turn_and_raising_it_resumes() -> None:
     assert sim.model_job() is None
     sim.spec_update(budget=m.Budget(max_tokens=10_000))
     sim.settle()
-    assert sim.agent.stage == a.AgentStage.THINKING
+    assert sim.agent.stage == agent_status.AgentStage.THINKING
     resumed: m.RunPhase | None = sim.status.phase  # (read again: mypy narrowed it above)
     assert resumed == m.RunPhase.RUNNING
     started = [t for t in sim.status.history or [] if t.reason == "TurnStarted"][-1]
@@ -333,7 +334,7 @@ def test_max_turns_ends_the_run_with_a_clear_reason() -> None:
         "and gave no answer"
     )
     assert _reasons(sim)[-1] == "MaxTurnsReached"
-    assert sim.agent.stage == a.AgentStage.STOPPED
+    assert sim.agent.stage == agent_status.AgentStage.STOPPED
     assert [r["turn"] for r in sim.transcript()] == [1, 2]
 
 
@@ -388,7 +389,7 @@ def test_a_plan_runs_first_and_its_results_open_the_conversation() -> None:
     ]
     sim = AgentSim(agent_run(plan=plan))
     sim.settle()
-    assert sim.agent.stage == a.AgentStage.WAITING and sim.model_job() is None
+    assert sim.agent.stage == agent_status.AgentStage.WAITING and sim.model_job() is None
     assert sim.status.progress == "0/2"
     for name, result in (("gather", "p99 is 2s"), ("metrics", "x" * 1000)):
         (job,) = sim.active()
@@ -397,7 +398,7 @@ def test_a_plan_runs_first_and_its_results_open_the_conversation() -> None:
         sim.settle()
     # metrics' result went to a ConfigMap; the core read it back for the first message.
     assert sim.step_status("metrics").result_ref is not None
-    assert sim.agent.stage == a.AgentStage.THINKING
+    assert sim.agent.stage == agent_status.AgentStage.THINKING
     user = sim.context().messages[1]["content"]
     assert user.startswith("find out why checkout is slow\n\n# Results of the plan's steps")
     assert "## step gather: succeeded\nsummary: gather summary\np99 is 2s" in user
@@ -436,7 +437,7 @@ def test_results_kept_by_reference_go_into_the_next_context_stored_now_or_read_b
     bigger = json.dumps({"rows": "z" * 3000})
     sim.finish(second.name, True, tool_envelope(bigger, "3000 rows"))
     decision = sim.tick()  # the last result: committed with the turn closed, the next begun
-    assert sim.agent.turn == 2 and sim.agent.stage == a.AgentStage.THINKING
+    assert sim.agent.turn == 2 and sim.agent.stage == agent_status.AgentStage.THINKING
     messages = _tool_messages(sim.context(), 1)
     assert messages == {"a": big, "b": bigger}
     # The first read back by the shell; the second taken from this pass's own store.
@@ -535,7 +536,7 @@ def test_an_answer_cut_off_at_the_output_limit_fails_the_run_saying_so(turn: int
         assert "kubectl agentrun fork agent --from 1 --dry-run" in message
     else:
         assert "create the run again with a larger spec.agent.model.maxOutputTokens" in message
-    assert sim.agent.stage == a.AgentStage.STOPPED
+    assert sim.agent.stage == agent_status.AgentStage.STOPPED
     assert sim.agent.answer is None and sim.agent.answer_ref is None
     record = sim.transcript()[-1]
     assert (record["content"], record["cutOff"], record["answer"]) == (
@@ -565,7 +566,7 @@ def test_the_estimate_before_a_turn_counts_the_whole_request_tool_definitions_to
     assert ctx.bytes == cx.request_bytes(sim.request())
     messages_only = cx.messages_bytes(sim.context().messages)
     assert 1024 + messages_only // 4 < 1024 + 1000 < 1024 + ctx.bytes // 4
-    assert sim.agent.stage == a.AgentStage.PAUSED
+    assert sim.agent.stage == agent_status.AgentStage.PAUSED
     assert sim.status.phase == m.RunPhase.SUSPENDED
     assert f"it may use {1024 + -(-ctx.bytes // 4)} tokens" in (sim.status.message or "")
 
@@ -616,7 +617,7 @@ def test_cancelling_stops_the_loop() -> None:
     sim.spec_update(cancel=True)
     sim.settle()
     assert sim.status.phase == m.RunPhase.CANCELLED
-    assert sim.agent.stage == a.AgentStage.STOPPED
+    assert sim.agent.stage == agent_status.AgentStage.STOPPED
 
 
 def test_reported_usage_counts_at_most_what_the_turn_could_have_used() -> None:
@@ -641,7 +642,7 @@ def test_reported_usage_counts_at_most_what_the_turn_could_have_used() -> None:
     assert "ReportedUsageRefused" in [reason for reason, _ in sim.events]
     assert builder._warns("Counted", "ReportedUsageRefused"), "a Warning Event"
     sim.tools_return()
-    assert sim.agent.stage == a.AgentStage.THINKING, "the budget was not exhausted"
+    assert sim.agent.stage == agent_status.AgentStage.THINKING, "the budget was not exhausted"
     (summary,) = sim.agent.recent or []
     assert (summary.tokens, summary.reported_tokens) == (ceiling, MAX_TOKENS)
     assert sim.transcript()[0]["reportedTokens"] == MAX_TOKENS
@@ -658,7 +659,7 @@ def test_a_new_step_of_the_loop_launches_in_its_pass_only_with_its_rights_known(
     here has no API key, the search tool no Secret) launches in the pass that makes it."""
     sim = AgentSim(agent_run())
     sim.tick()
-    assert sim.agent.stage == a.AgentStage.THINKING
+    assert sim.agent.stage == agent_status.AgentStage.THINKING
     job = sim.model_job()
     assert job is not None and sim.step_status("t1-model").phase == SP.LAUNCHING
     sim.finish(job.name, True, turn_envelope("", [call("search", {"query": "x"}, "c")]))
@@ -683,7 +684,7 @@ def test_a_new_step_that_uses_the_creators_rights_waits_to_be_committed_unless_g
     sim = AgentSim(agent_run(model=model))
     sim.granted = granted
     sim.tick()
-    assert sim.agent.stage == a.AgentStage.THINKING
+    assert sim.agent.stage == agent_status.AgentStage.THINKING
     if granted:
         assert sim.step_status("t1-model").phase == SP.LAUNCHING and sim.model_job() is not None
         return

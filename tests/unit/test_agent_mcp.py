@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import agent_loop as loop
-from agentrun.core import mcp, turns
+from agentrun.core import agent_start, mcp, turns
 from tests.support.agent_sim import SEARCH, AgentSim, agent_run, call, tool_envelope
 from tests.support.sim import UID
 
@@ -76,7 +76,7 @@ def _offered(sim: AgentSim) -> dict[str, Any]:
 def test_discovery_runs_first_as_a_step_in_the_operators_image_with_the_header_secret() -> None:
     sim = _sim()
     sim.settle()
-    assert sim.agent.turn == 0 and sim.agent.stage == a.AgentStage.WAITING
+    assert sim.agent.turn == 0 and sim.agent.stage == agent_status.AgentStage.WAITING
     assert [j.step for j in sim.active()] == [DISCOVERY]
     create = next(c for c in sim.created_specs.values() if c.step.name == DISCOVERY)
     assert create.step.container.image == loop.AgentConfig().llm_image
@@ -93,7 +93,7 @@ def test_discovery_runs_first_as_a_step_in_the_operators_image_with_the_header_s
 def test_the_allowed_tools_are_pinned_and_offered_beside_the_container_tools() -> None:
     sim = _sim()
     _discovered(sim)
-    assert sim.agent.turn == 1 and sim.agent.stage == a.AgentStage.THINKING
+    assert sim.agent.turn == 1 and sim.agent.stage == agent_status.AgentStage.THINKING
     pins = {p.name: p for p in sim.agent.mcp_tools or []}
     assert sorted(pins) == ["deploy", "lookup"]
     assert pins["lookup"].digest == mcp.tool_digest(LOOKUP)
@@ -185,7 +185,7 @@ def test_a_server_without_an_allowed_tool_fails_the_run_before_any_turn() -> Non
     sim = _sim()
     _discovered(sim, [LOOKUP])
     assert sim.status.phase == m.RunPhase.FAILED
-    assert _reason(sim) == loop.DISCOVERY_FAILED
+    assert _reason(sim) == agent_start.DISCOVERY_FAILED
     assert sim.status.message == (
         "MCP server tools: the server does not list the tool deploy (it lists: lookup)"
     )

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.core import CreateJob
 from agentrun.core import context as cx
@@ -241,7 +242,7 @@ def _drive_to_end(sim: AgentSim, checker: Checker) -> None:
         if sim.status.phase in m.TERMINAL_RUN_PHASES:
             return
         ag = sim.status.agent
-        if ag is not None and ag.stage == a.AgentStage.PAUSED:
+        if ag is not None and ag.stage == agent_status.AgentStage.PAUSED:
             _raise_budget(sim)
         _approve(sim, i * 5 + 1)  # never a multiple of 4: approve
         for job in sim.active():
@@ -274,9 +275,9 @@ def test_the_loop_keeps_its_invariants_under_any_order_of_events(
         assert s.phase in m.TERMINAL_STEP_PHASES, f"{s.name} left in {s.phase}"
     ag = status.agent
     if status.phase == m.RunPhase.SUCCEEDED:
-        assert ag is not None and ag.stage == a.AgentStage.ANSWERED
+        assert ag is not None and ag.stage == agent_status.AgentStage.ANSWERED
         assert ag.answer is not None or ag.answer_ref is not None
     elif ag is not None:
-        assert ag.stage == a.AgentStage.STOPPED
+        assert ag.stage == agent_status.AgentStage.STOPPED
     turns = [r["turn"] for r in sim.transcript()]
     assert turns == sorted(set(turns)), "a turn was recorded twice"

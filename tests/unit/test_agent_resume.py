@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.clients.plugin import transcript
 from agentrun.core import context as cx
@@ -61,7 +62,7 @@ def test_a_forks_first_turn_sees_the_sources_conversation_up_to_the_turn_and_no_
     source = _three_turns()
     fork = _fork(source, 2)
     fork.settle()
-    assert fork.agent.stage == a.AgentStage.THINKING
+    assert fork.agent.stage == agent_status.AgentStage.THINKING
     first = fork.context(1)
     after_two = source.context(3)  # what the source's turn 3 saw
     assert first.messages == after_two.messages
@@ -71,7 +72,7 @@ def test_a_forks_first_turn_sees_the_sources_conversation_up_to_the_turn_and_no_
     assert first.turn == 1 and first.previous is None
     assert first.tools == after_two.tools  # the same spec: the same tools
     taken = fork.agent.resumed_from
-    assert taken == a.ResumedFrom(
+    assert taken == agent_status.ResumedFrom(
         run="default/source",
         uid=UID,
         turn=2,
@@ -284,7 +285,7 @@ def test_contexts_from_before_the_chain_can_be_continued_only_from_the_newest() 
     )
     newest = _fork(source, 2, Sources(maps=dict(sources.maps)))
     newest.settle()
-    assert newest.agent.stage == a.AgentStage.THINKING
+    assert newest.agent.stage == agent_status.AgentStage.THINKING
 
 
 def test_the_creator_must_be_allowed_to_read_the_source_and_its_conversation() -> None:
@@ -387,7 +388,7 @@ def test_a_follow_up_sees_the_whole_conversation_then_the_answer_then_the_questi
     source = _three_turns()
     asked = _ask(source)
     asked.settle()
-    assert asked.agent.stage == a.AgentStage.THINKING
+    assert asked.agent.stage == agent_status.AgentStage.THINKING
     first = asked.context(1)
     seen = source.context(3)  # what the source's turn 3, which answered, saw
     assert first.messages[: len(seen.messages)] == seen.messages
@@ -395,7 +396,7 @@ def test_a_follow_up_sees_the_whole_conversation_then_the_answer_then_the_questi
         {"role": "assistant", "content": "the cache is cold", "x-turn": 3},
         {"role": "user", "content": QUESTION},
     ]
-    assert asked.agent.resumed_from == a.ResumedFrom(
+    assert asked.agent.resumed_from == agent_status.ResumedFrom(
         run="default/source", uid=UID, turn=3, context_digest=seen.digest(), earlier_turns=3
     )
     # What the model is sent ends with the answer and the question, as a chat goes on.

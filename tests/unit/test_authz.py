@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from agentrun.access import authz
-from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
-from agentrun.core import CreateJob, EmitEvent, Observed, reconcile, rights, turns
+from agentrun.core import CreateJob, EmitEvent, Observed, reconcile, rights, turn_steps
 from tests.support.agent_sim import agent_run
 from tests.support.executor_sim import ExecutorSim
 from tests.support.sim import T0, Sim, make_run, step
@@ -323,8 +323,10 @@ def test_the_rights_a_runs_executor_needs_are_kept_current_without_a_step_using_
     }
     sim = ExecutorSim(agent_run(mcpServers=[server]))
     sim.settle()
-    assert sim.agent.stage == a.AgentStage.WAITING  # discovering: the executor starts beside
-    checks = turns.executor_checks(sim.run)
+    assert (
+        sim.agent.stage == agent_status.AgentStage.WAITING
+    )  # discovering: the executor starts beside
+    checks = turn_steps.executor_checks(sim.run)
     assert ("get", "secrets", "mcp") in {c.permission for c in checks}
     run = created_by(sim.run.model_copy(deep=True), "alice", [])
     api = FakeAuthorization({("alice", "get", "secrets", "mcp")})
@@ -335,7 +337,7 @@ def test_the_rights_a_runs_executor_needs_are_kept_current_without_a_step_using_
     authorizer.refresh(run, checks)
     assert authorizer.reviews == 1, "asked again only after the ttl"
     sim.status.phase = m.RunPhase.FAILED
-    assert turns.executor_checks(sim.run) == [], "a run that ended keeps no executor"
+    assert turn_steps.executor_checks(sim.run) == [], "a run that ended keeps no executor"
 
 
 def test_the_executors_rights_are_asked_before_the_first_turn_begins() -> None:
@@ -347,11 +349,11 @@ def test_the_executors_rights_are_asked_before_the_first_turn_begins() -> None:
     fresh = agent_run(model=keyed)
     assert fresh.status is None
     key = ("get", "secrets", "llm-key")
-    assert key in {c.permission for c in turns.executor_checks(fresh)}
+    assert key in {c.permission for c in turn_steps.executor_checks(fresh)}
     planned = ExecutorSim(agent_run(model=keyed, plan=[step("prepare")]))
     planned.settle()
     assert planned.step_status("prepare").phase == SP.LAUNCHING
-    assert turns.executor_checks(planned.run) == []
+    assert turn_steps.executor_checks(planned.run) == []
     planned.finish(planned.job_of("prepare").name)
     planned.settle()  # the plan done: the first turn begins once the rights are confirmed
-    assert key in {c.permission for c in turns.executor_checks(planned.run)}
+    assert key in {c.permission for c in turn_steps.executor_checks(planned.run)}

@@ -13,6 +13,7 @@ from typing import Any
 from unittest import mock
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.core import Observed
 from agentrun.core import context as cx
 from agentrun.loop.common import Apis
@@ -115,7 +116,7 @@ def test_a_context_changed_under_the_operator_is_detected_though_its_document_is
     sim = AgentSim(agent_run())
     sim.answer("", [call("search", {"query": "x"}, "c1")])
     ctx = sim.agent.context
-    assert sim.agent.stage == a.AgentStage.ACTING and ctx.name in sim.contexts
+    assert sim.agent.stage == agent_status.AgentStage.ACTING and ctx.name in sim.contexts
     document = json.loads(sim.records[ctx.name]["part-0"])
     document["messages"][1]["content"] = "a goal someone else wrote"
     sim.records[ctx.name] = {"part-0": json.dumps(document)}

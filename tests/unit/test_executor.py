@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.core import (
@@ -17,6 +17,7 @@ from agentrun.core import (
     SendTurn,
     mcp,
     reconcile,
+    turn_steps,
     turns,
 )
 from agentrun.core import agent_loop as loop
@@ -37,7 +38,7 @@ def test_a_run_makes_one_executor_and_every_turn_goes_to_it() -> None:
     sim = ExecutorSim(agent_run())
     sim.settle()
     # Named in status first, then made; its pod let start by this process.
-    assert sim.agent.executor == a.ExecutorStatus(
+    assert sim.agent.executor == agent_status.ExecutorStatus(
         generation=1, job_name=turns.executor_name(sim.run, 1), named_at=T0
     )
     assert list(sim.executors) == [turns.executor_name(sim.run, 1)]
@@ -135,7 +136,7 @@ def test_an_attempt_whose_executor_went_fails_and_its_retry_goes_to_the_next() -
     sim.advance(30)
     sim.settle()
     assert sim.agent.executor is not None and sim.agent.executor.named_at is not None
-    assert sim.agent.executor == a.ExecutorStatus(
+    assert sim.agent.executor == agent_status.ExecutorStatus(
         generation=2,
         job_name=turns.executor_name(sim.run, 2),
         named_at=sim.agent.executor.named_at,
@@ -351,7 +352,7 @@ def test_a_call_of_an_mcp_tool_goes_to_the_executor_which_holds_the_header_secre
     executor_job = turns.executor_name(sim.run, 1)
     assert sim.executors[executor_job].started
     # The executor's Job takes the header's Secret under a name of its own.
-    step = turns.executor_step(sim.run, sim.agent, sim.config.agent)
+    step = turn_steps.executor_step(sim.run, sim.agent, sim.config.agent)
     ref = m.SecretKeySelector(name="mcp", key="token")
     held = next(e for e in step.container.env or [] if e.name == turns.executor_secret_env(ref))
     assert held.value_from is not None and held.value_from.secret_key_ref == ref
@@ -409,7 +410,7 @@ def test_without_the_header_secrets_confirmed_there_is_no_executor_and_calls_are
 
 def test_a_call_whose_variable_the_executor_does_not_hold_is_not_sent_to_it() -> None:
     sim = _mcp_sim()
-    step = turns.executor_step(sim.run, sim.agent, sim.config.agent)
+    step = turn_steps.executor_step(sim.run, sim.agent, sim.config.agent)
     other = m.SecretKeySelector(name="other", key="token")
     source = m.EnvVarSource(secret_key_ref=m.SecretKeySelector(name="other", key="token"))
     foreign = step.model_copy(
@@ -419,5 +420,5 @@ def test_a_call_whose_variable_the_executor_does_not_hold_is_not_sent_to_it() ->
             )
         }
     )
-    assert turns.executor_secret_env(other) not in turns.executor_secrets(sim.run.spec.agent)
+    assert turns.executor_secret_env(other) not in turn_steps.executor_secrets(sim.run.spec.agent)
     assert ex.call_env(sim.run, foreign) is None

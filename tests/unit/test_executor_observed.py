@@ -9,7 +9,7 @@ from typing import Any
 from unittest import mock
 
 from agentrun import settings as s
-from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.core import CreateJob, JobState, PrepareExecutor, turns
 from agentrun.core import executor as ex
@@ -147,7 +147,7 @@ def test_an_executor_no_longer_named_or_of_a_run_that_ended_is_a_stray() -> None
     job, pod = _executor_objects(sim.run, prepare)
     ended = sim.run.model_copy(deep=True)
     assert ended.status is not None and ended.status.agent is not None
-    ended.status.agent.stage = a.AgentStage.ANSWERED
+    ended.status.agent.stage = agent_status.AgentStage.ANSWERED
     ended.status.steps = []
     assert turns.executor_wanted(ended) is None
     observed = _observer(job, [pod]).observer._observe(ended)
@@ -156,7 +156,7 @@ def test_an_executor_no_longer_named_or_of_a_run_that_ended_is_a_stray() -> None
     # And one whose name status no longer gives (a later generation is named).
     renamed = sim.run.model_copy(deep=True)
     assert renamed.status is not None and renamed.status.agent is not None
-    renamed.status.agent.executor = a.ExecutorStatus(generation=2, job_name="another")
+    renamed.status.agent.executor = agent_status.ExecutorStatus(generation=2, job_name="another")
     renamed.status.steps = []
     observed = _observer(job, [pod]).observer._observe(renamed)
     assert observed.executor is None

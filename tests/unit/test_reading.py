@@ -10,7 +10,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.access import audit
-from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.clients import reading
 from agentrun.core import naming
@@ -107,7 +107,7 @@ def test_the_answer_of_an_agent_run_or_why_there_is_none() -> None:
         update={
             "status": m.AgentRunStatus(
                 phase=m.RunPhase.SUCCEEDED,
-                agent=a.AgentStatus(answer="42", answer_digest=naming.sha256_text("42")),
+                agent=agent_status.AgentStatus(answer="42", answer_digest=naming.sha256_text("42")),
             )
         }
     )

@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from agentrun.api import names
 from agentrun.loop import handlers
-from agentrun.loop.observe import RunBodies
+from agentrun.loop.run_bodies import RunBodies
 from agentrun.loop.run_events import PREFIX, PREFIXES, RunEvents
 from tests.support.sim import Sim, make_run, step
 

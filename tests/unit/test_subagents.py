@@ -11,6 +11,7 @@ import pytest
 
 from agentrun import settings as s
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.clients.plugin import commands
 from agentrun.core import subagents as sa
@@ -425,7 +426,7 @@ def test_the_parent_keeps_room_for_the_turn_that_reads_the_answers() -> None:
     model = a.ModelEndpoint.model_validate(
         {"baseURL": "http://127.0.0.1:9/v1", "name": "m", "maxOutputTokens": 500}
     )
-    ctx = a.ContextStatus(turn=1, name="c", parts=1, digest="d", bytes=4000, messages=2)
+    ctx = agent_status.ContextStatus(turn=1, name="c", parts=1, digest="d", bytes=4000, messages=2)
     config = AgentConfig(tool_result_bytes=8000, bytes_per_token=4)
     # This turn: 500 + 1000 of prompt; the next: that prompt, this turn's 500, two results
     # of at most 2000 tokens each, and 500 more of output.

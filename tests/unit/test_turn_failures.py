@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from agentrun.api import agent as a
+from agentrun.api import agent_status, names
 from agentrun.api import models as m
-from agentrun.api import names
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop as loop
+from agentrun.core import agent_budget
 from agentrun.core import context as cx
 from agentrun.core.actions import EmitEvent
 from tests.support.agent_sim import AgentSim, agent_run, call, tool_envelope
@@ -153,13 +152,13 @@ def test_usage_the_endpoint_did_not_report_is_counted_as_estimated_with_a_warnin
     assert sim.status.usage is not None and sim.status.usage.tokens == 852
     assert (sim.agent.prompt_tokens, sim.agent.completion_tokens) == (812, 40)
     assert sim.agent.unreported_usage_turns == 1
-    (noted,) = [t for t in sim.status.history or [] if t.reason == loop.USAGE_NOT_REPORTED]
+    (noted,) = [t for t in sim.status.history or [] if t.reason == agent_budget.USAGE_NOT_REPORTED]
     said = (
         "turn 1: the model endpoint reported no usage; counted as estimated at 4 bytes a token "
         "instead (812 prompt + 40 completion tokens against budget.maxTokens)"
     )
     assert (noted.step, noted.message) == ("t1-model", said)
-    assert (loop.USAGE_NOT_REPORTED, said) in sim.warnings
+    assert (agent_budget.USAGE_NOT_REPORTED, said) in sim.warnings
     sim.tools_return(lambda job: (True, tool_envelope("found it")))
     assert sim.transcript()[0]["usageEstimated"] == list(both)
     # Turn 2 reports its usage: counted as reported, nothing said.
@@ -167,15 +166,15 @@ def test_usage_the_endpoint_did_not_report_is_counted_as_estimated_with_a_warnin
     assert sim.status.phase == m.RunPhase.SUCCEEDED
     assert sim.status.usage.tokens == 852 + 320
     assert sim.agent.unreported_usage_turns == 1
-    assert [r for r, _ in sim.warnings].count(loop.USAGE_NOT_REPORTED) == 1
+    assert [r for r, _ in sim.warnings].count(agent_budget.USAGE_NOT_REPORTED) == 1
     assert "usageEstimated" not in sim.transcript()[1]
 
 
 def test_a_count_left_out_of_the_usage_is_named() -> None:
     sim = _sim(agent_run(model=ONCE))
     _answer(sim, _turn_envelope("done", (), 120, 3, ("completion_tokens",)))
-    assert sim.agent.stage == a.AgentStage.ANSWERED
-    (noted,) = [t for t in sim.status.history or [] if t.reason == loop.USAGE_NOT_REPORTED]
+    assert sim.agent.stage == agent_status.AgentStage.ANSWERED
+    (noted,) = [t for t in sim.status.history or [] if t.reason == agent_budget.USAGE_NOT_REPORTED]
     assert (noted.message or "").startswith(
         "turn 1: the model endpoint reported no usage.completion_tokens; counted as estimated"
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.core import (
     AheadJob,
@@ -26,6 +26,7 @@ from agentrun.core import (
     naming,
     reconcile,
     rights,
+    turn_steps,
     turns,
 )
 from agentrun.core import agent_loop as loop
@@ -187,7 +188,9 @@ def test_which_jobs_count_as_made_ahead() -> None:
     status = run.status
     assert status is not None and status.agent is not None
     answered = status.model_copy(
-        update={"agent": status.agent.model_copy(update={"stage": a.AgentStage.ANSWERED})}
+        update={
+            "agent": status.agent.model_copy(update={"stage": agent_status.AgentStage.ANSWERED})
+        }
     )
     done = run.model_copy(update={"status": answered})
     assert not turns.made_ahead(done, _name(sim, 2), "t2-model")
@@ -287,7 +290,7 @@ def test_a_keyed_models_turns_are_made_ahead_only_while_its_rights_are_confirmed
     sim = _turns_ahead(AgentSim(agent_run(model=KEYED)), 2)
     sim.answer("", [call("search", {"query": "db"})])
     assert not [p for p in _actions(sim) if isinstance(p, PrepareTurn)]
-    step = turns.model_turn_step(sim.run, sim.agent, 2, sim.config.agent)
+    step = turn_steps.model_turn_step(sim.run, sim.agent, 2, sim.config.agent)
     granted = frozenset(c.permission for c in rights.checks_for(sim.run, step))
     assert granted, "the keyed model's turn uses a Secret of its creator"
     confirmed = dataclasses.replace(sim.observed(), granted=granted)

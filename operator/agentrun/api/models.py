@@ -5,16 +5,20 @@ These models are the single source of truth for the API. The CustomResourceDefin
 validation rules) is generated from them by ``agentrun crd`` (see :mod:`agentrun.api.crd`).
 
 Every field carries a description; keep them written for the person typing ``kubectl explain``.
+
+The spec and the run are here; the enums (:mod:`agentrun.api.phases`), the limits
+(:mod:`agentrun.api.limits`), the step pods' defaults (:mod:`agentrun.api.step_template`) and
+the status (:mod:`agentrun.api.run_status`) live beside them and are re-exported, so that the
+rest of the code reads every name of the API from this module.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import ConfigDict, Field, field_validator
 
-from agentrun.api.agent import Agent, AgentStatus
+from agentrun.api.agent import Agent
 
 # Re-exported: the rest of the code reads every name of the API from this module.
 from agentrun.api.base import ENV_NAME_PATTERN as ENV_NAME_PATTERN
@@ -34,6 +38,23 @@ from agentrun.api.base import RetryPolicy as RetryPolicy
 from agentrun.api.base import Risk as Risk
 from agentrun.api.base import SecretKeySelector as SecretKeySelector
 from agentrun.api.base import Timestamp as Timestamp
+from agentrun.api.limits import ANNOTATION_CREATED_BY as ANNOTATION_CREATED_BY
+from agentrun.api.limits import ANNOTATION_CREATED_BY_GROUPS as ANNOTATION_CREATED_BY_GROUPS
+from agentrun.api.limits import ANNOTATION_MODIFIED_BY as ANNOTATION_MODIFIED_BY
+from agentrun.api.limits import ARGS_HASH_PATTERN as ARGS_HASH_PATTERN
+from agentrun.api.limits import DNS_LABEL_PATTERN as DNS_LABEL_PATTERN
+from agentrun.api.limits import MAX_APPROVALS as MAX_APPROVALS
+from agentrun.api.limits import MAX_DEPENDENCIES as MAX_DEPENDENCIES
+from agentrun.api.limits import MAX_GOAL as MAX_GOAL
+from agentrun.api.limits import MAX_HISTORY as MAX_HISTORY
+from agentrun.api.limits import MAX_HISTORY_HARD as MAX_HISTORY_HARD
+from agentrun.api.limits import MAX_INLINE_RESULT as MAX_INLINE_RESULT
+from agentrun.api.limits import MAX_INPUTS as MAX_INPUTS
+from agentrun.api.limits import MAX_MESSAGE as MAX_MESSAGE
+from agentrun.api.limits import MAX_REASON as MAX_REASON
+from agentrun.api.limits import MAX_STEPS as MAX_STEPS
+from agentrun.api.limits import MAX_SUMMARY as MAX_SUMMARY
+from agentrun.api.limits import MAX_TOKENS as MAX_TOKENS
 from agentrun.api.names import API_VERSION as API_VERSION
 from agentrun.api.names import CATEGORIES as CATEGORIES
 from agentrun.api.names import GROUP as GROUP
@@ -43,99 +64,26 @@ from agentrun.api.names import PLURAL as PLURAL
 from agentrun.api.names import SHORT_NAMES as SHORT_NAMES
 from agentrun.api.names import SINGULAR as SINGULAR
 from agentrun.api.names import VERSION as VERSION
-
-# Limits that keep objects far below etcd's 1.5 MiB object limit and CEL costs bounded.
-MAX_GOAL = 4096
-"""Longest spec.goal (characters); a follow-up question is one."""
-# MAX_STEPS and MAX_DEPENDENCIES are set by the API server's cost budget for the CEL rule that
-# checks every dependsOn entry names a step (its estimated cost grows as steps^2 * deps):
-# 128 x 16 fits, 500 x 32 is refused as 26x over budget.
-MAX_STEPS = 128
-MAX_DEPENDENCIES = 16
-MAX_INPUTS = 32
-MAX_APPROVALS = 64
-MAX_HISTORY = 50
-MAX_HISTORY_HARD = 1000
-"""History keeps entries the audit record has not stored yet, up to this many."""
-MAX_INLINE_RESULT = 4096
-"""Longest result kept in status (spec.carriedResults[].result has the same bound)."""
-MAX_SUMMARY = 1024
-MAX_MESSAGE = 1024
-MAX_REASON = 128
-MAX_TOKENS = 2**53 - 1
-"""Token counts in status are clamped to this (exact in any JSON reader, within int64)."""
-ANNOTATION_CREATED_BY = f"{GROUP}/created-by"
-"""Set at admission (MutatingAdmissionPolicy) to the user who created the run."""
-ANNOTATION_CREATED_BY_GROUPS = f"{GROUP}/created-by-groups"
-"""Set at admission with created-by: the creating user's groups, a JSON array of strings."""
-ANNOTATION_MODIFIED_BY = f"{GROUP}/last-modified-by"
-"""Set at admission to the user who last changed the run's spec."""
-
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-ARGS_HASH_PATTERN = r"^[a-f0-9]{64}$"
-
-
-# --------------------------------------------------------------------------------------------
-# Enums
-# --------------------------------------------------------------------------------------------
-
-
-class ApprovalDecision(StrEnum):
-    """A person's decision on a gated step."""
-
-    APPROVE = "approve"
-    REJECT = "reject"
-
-
-class OnRejection(StrEnum):
-    """What a rejection of a gated step does to the run."""
-
-    FAIL_RUN = "failRun"
-    SKIP_STEP = "skipStep"
-
-
-class KeepJobs(StrEnum):
-    """Which finished step Jobs the operator keeps."""
-
-    NONE = "none"
-    FAILED = "failed"
-    ALL = "all"
-
-
-class RunPhase(StrEnum):
-    """Where a run is in its life."""
-
-    PENDING = "Pending"
-    RUNNING = "Running"
-    WAITING_FOR_APPROVAL = "WaitingForApproval"
-    SUSPENDED = "Suspended"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    CANCELLED = "Cancelled"
-
-
-TERMINAL_RUN_PHASES = frozenset({RunPhase.SUCCEEDED, RunPhase.FAILED, RunPhase.CANCELLED})
-
-
-class StepPhase(StrEnum):
-    """Where a step is in its life."""
-
-    PENDING = "Pending"
-    WAITING_FOR_APPROVAL = "WaitingForApproval"
-    LAUNCHING = "Launching"
-    RUNNING = "Running"
-    BACKING_OFF = "BackingOff"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    SKIPPED = "Skipped"
-    CANCELLED = "Cancelled"
-
-
-TERMINAL_STEP_PHASES = frozenset(
-    {StepPhase.SUCCEEDED, StepPhase.FAILED, StepPhase.SKIPPED, StepPhase.CANCELLED}
-)
-ACTIVE_STEP_PHASES = frozenset({StepPhase.LAUNCHING, StepPhase.RUNNING})
-
+from agentrun.api.phases import ACTIVE_STEP_PHASES as ACTIVE_STEP_PHASES
+from agentrun.api.phases import TERMINAL_RUN_PHASES as TERMINAL_RUN_PHASES
+from agentrun.api.phases import TERMINAL_STEP_PHASES as TERMINAL_STEP_PHASES
+from agentrun.api.phases import ApprovalDecision as ApprovalDecision
+from agentrun.api.phases import KeepJobs as KeepJobs
+from agentrun.api.phases import OnRejection as OnRejection
+from agentrun.api.phases import RunPhase as RunPhase
+from agentrun.api.phases import StepPhase as StepPhase
+from agentrun.api.run_status import AgentRunStatus as AgentRunStatus
+from agentrun.api.run_status import AuditStatus as AuditStatus
+from agentrun.api.run_status import Condition as Condition
+from agentrun.api.run_status import ConditionStatus as ConditionStatus
+from agentrun.api.run_status import StepError as StepError
+from agentrun.api.run_status import StepStatus as StepStatus
+from agentrun.api.run_status import StepUsage as StepUsage
+from agentrun.api.run_status import Transition as Transition
+from agentrun.api.run_status import Usage as Usage
+from agentrun.api.step_template import CONTAINER_SECURITY_CONTEXT as CONTAINER_SECURITY_CONTEXT
+from agentrun.api.step_template import POD_SECURITY_CONTEXT as POD_SECURITY_CONTEXT
+from agentrun.api.step_template import StepTemplate as StepTemplate
 
 # --------------------------------------------------------------------------------------------
 # Spec
@@ -418,121 +366,6 @@ class Retention(ApiModel):
     )
 
 
-def _typed(kind: str, description: str, **extra: Any) -> dict[str, Any]:
-    return {"type": kind, "description": description, **extra}
-
-
-def _open(description: str, properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """An object whose known fields are typed: the API server refuses a run that gives one
-    a value of another type, at ``kubectl apply``, saying which field. Unknown fields are kept
-    (never pruned in silence): the Job's create refuses them, and the step fails, saying so."""
-    return _typed(
-        "object",
-        description,
-        properties=properties,
-        **{"x-kubernetes-preserve-unknown-fields": True},
-        **extra,
-    )
-
-
-_INT64 = {"format": "int64"}
-_PROFILE = {
-    "type": _typed("string", "RuntimeDefault, Localhost or Unconfined."),
-    "localhostProfile": _typed("string", "The profile's path on the node, for Localhost."),
-}
-_SECURITY_COMMON: dict[str, Any] = {
-    "runAsUser": _typed("integer", "UID the container process runs as.", **_INT64),
-    "runAsGroup": _typed("integer", "GID the container process runs as.", **_INT64),
-    "runAsNonRoot": _typed("boolean", "Refuse to start the container as root."),
-    "seccompProfile": _open("Seccomp profile.", _PROFILE, required=["type"]),
-    "appArmorProfile": _open("AppArmor profile.", _PROFILE, required=["type"]),
-    "seLinuxOptions": _open(
-        "SELinux context.",
-        {k: _typed("string", f"SELinux {k} label.") for k in ("user", "role", "type", "level")},
-    ),
-    "windowsOptions": _open(
-        "Windows-specific settings.",
-        {
-            "gmsaCredentialSpecName": _typed("string", "Name of the GMSA credential spec."),
-            "gmsaCredentialSpec": _typed("string", "Content of the GMSA credential spec."),
-            "runAsUserName": _typed("string", "Windows user name to run as."),
-            "hostProcess": _typed("boolean", "Run as a Windows HostProcess container."),
-        },
-    ),
-}
-POD_SECURITY_CONTEXT: dict[str, Any] = {
-    **_SECURITY_COMMON,
-    "fsGroup": _typed("integer", "Group owning the pod's volumes.", **_INT64),
-    "fsGroupChangePolicy": _typed("string", "OnRootMismatch or Always."),
-    "supplementalGroups": _typed(
-        "array", "Extra groups of the first process.", items={"type": "integer", **_INT64}
-    ),
-    "supplementalGroupsPolicy": _typed("string", "Merge or Strict."),
-    "seLinuxChangePolicy": _typed("string", "MountOption or Recursive."),
-    "sysctls": _typed(
-        "array",
-        "Namespaced sysctls of the pod.",
-        items={
-            "type": "object",
-            "x-kubernetes-preserve-unknown-fields": True,
-            "required": ["name", "value"],
-            "properties": {
-                "name": _typed("string", "Sysctl name."),
-                "value": _typed("string", "Sysctl value."),
-            },
-        },
-    ),
-}
-"""The typed fields of a Pod's securityContext (core/v1 PodSecurityContext)."""
-CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
-    **_SECURITY_COMMON,
-    "allowPrivilegeEscalation": _typed("boolean", "Whether a process may gain privileges."),
-    "privileged": _typed("boolean", "Run the container privileged."),
-    "readOnlyRootFilesystem": _typed("boolean", "Mount the root filesystem read-only."),
-    "procMount": _typed("string", "Default or Unmasked."),
-    "capabilities": _open(
-        "Capabilities to add and drop.",
-        {
-            "add": _typed("array", "Capabilities to add.", items={"type": "string"}),
-            "drop": _typed("array", "Capabilities to drop.", items={"type": "string"}),
-        },
-    ),
-}
-"""The typed fields of a container's securityContext (core/v1 SecurityContext)."""
-
-
-class StepTemplate(ApiModel):
-    """Defaults for every step's pod."""
-
-    service_account_name: str | None = Field(
-        default=None, description="ServiceAccount of step pods.", max_length=253
-    )
-    resources: ResourceRequirements | None = Field(
-        default=None, description="Default compute resources of step containers."
-    )
-    security_context: dict[str, Any] | None = Field(
-        default=None,
-        description=(
-            "Pod securityContext of step pods; the restricted Pod Security Standard when unset."
-        ),
-        json_schema_extra={
-            "properties": POD_SECURITY_CONTEXT,
-            "x-kubernetes-preserve-unknown-fields": True,
-        },
-    )
-    container_security_context: dict[str, Any] | None = Field(
-        default=None,
-        description=(
-            "Container securityContext of step containers; the restricted Pod Security "
-            "Standard when unset."
-        ),
-        json_schema_extra={
-            "properties": CONTAINER_SECURITY_CONTEXT,
-            "x-kubernetes-preserve-unknown-fields": True,
-        },
-    )
-
-
 class AgentRunSpec(ApiModel):
     """What the user wants: a goal and a plan, with limits, policy and decisions."""
 
@@ -632,243 +465,6 @@ class AgentRunSpec(ApiModel):
     )
     step_template: StepTemplate | None = Field(
         default=None, description="Defaults for every step's pod."
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Status
-# --------------------------------------------------------------------------------------------
-
-
-class ConditionStatus(StrEnum):
-    TRUE = "True"
-    FALSE = "False"
-    UNKNOWN = "Unknown"
-
-
-class Condition(ApiModel):
-    """A standard Kubernetes condition (metav1.Condition)."""
-
-    type: str = Field(description="Condition type, e.g. Succeeded.", max_length=316)
-    status: ConditionStatus = Field(description="True, False or Unknown.")
-    reason: str = Field(description="CamelCase reason for the last transition.", max_length=1024)
-    message: str = Field(default="", description="Human readable details.", max_length=32768)
-    observed_generation: int | None = Field(
-        default=None, description="metadata.generation the condition was set from."
-    )
-    last_transition_time: Timestamp = Field(description="When status last changed.")
-
-
-class StepError(ApiModel):
-    """Why the last attempt of a step failed."""
-
-    reason: str = Field(
-        description="CamelCase reason, e.g. Error, DeadlineExceeded.", max_length=MAX_REASON
-    )
-    message: str = Field(default="", description="Details, truncated.", max_length=1024)
-    exit_code: int | None = Field(default=None, description="Exit code of the container.")
-    at: Timestamp | None = Field(default=None, description="When the failure was recorded.")
-
-
-class StepUsage(ApiModel):
-    """What a step consumed, as reported by the step."""
-
-    tokens: int = Field(
-        default=0, ge=0, le=MAX_TOKENS, description="Tokens reported by the step (clamped)."
-    )
-
-
-class StepStatus(ApiModel):
-    """Observed state of one step."""
-
-    name: str = Field(description="Step name.", max_length=63)
-    phase: StepPhase = Field(description="Where the step is in its life.")
-    attempt: int = Field(
-        default=0, ge=0, description="Number of the current or last attempt (0: not started)."
-    )
-    job_name: str | None = Field(default=None, description="Job of the current or last attempt.")
-    executor_pod: str | None = Field(
-        default=None,
-        description=(
-            "For a model turn's attempt sent to the run's executor instead of a Job of its "
-            "own: the uid of the executor's pod, bound in the attempt's intent. Only that pod "
-            "is asked for the attempt's outcome; once it is gone without one, the attempt "
-            "failed (reason ExecutorLost). jobName is then the attempt's name, not a Job's."
-        ),
-        max_length=64,
-    )
-    args_hash: str | None = Field(
-        default=None,
-        description=(
-            "sha256 of everything that decides what the step runs and as whom: image, "
-            "command, args, env (references, never secret values), inputs, workingDir, "
-            "resources, and stepTemplate's serviceAccountName and security contexts. "
-            "Approvals must name it; any change needs a new approval."
-        ),
-    )
-    idempotency_key: str | None = Field(
-        default=None,
-        description=(
-            "{run uid}:{step}:{image}:{argsHash}, given to the pod as AGENTRUN_IDEMPOTENCY_KEY."
-        ),
-    )
-    started_at: Timestamp | None = Field(
-        default=None, description="When the first attempt started."
-    )
-    finished_at: Timestamp | None = Field(default=None, description="When the step finished.")
-    attempt_started_at: Timestamp | None = Field(
-        default=None, description="When the current attempt was launched."
-    )
-    next_attempt_at: Timestamp | None = Field(
-        default=None, description="When the next attempt starts (while BackingOff)."
-    )
-    summary: str | None = Field(
-        default=None, description="Short summary of the result.", max_length=MAX_SUMMARY
-    )
-    result: str | None = Field(
-        default=None,
-        description="The result, when small enough to keep inline.",
-        max_length=MAX_INLINE_RESULT,
-    )
-    result_ref: ResultRef | None = Field(default=None, description="Where a larger result is kept.")
-    result_digest: str | None = Field(
-        default=None,
-        description="sha256 of the full result, when it is kept by reference.",
-        max_length=64,
-    )
-    error: StepError | None = Field(default=None, description="Why the last attempt failed.")
-    approval_requested_at: Timestamp | None = Field(
-        default=None, description="Since when the step waits for approval."
-    )
-    decided_by: str | None = Field(
-        default=None,
-        description="Who approved or rejected the step's current arguments.",
-        max_length=253,
-    )
-    gated: bool | None = Field(
-        default=None,
-        description=(
-            "True once the step has needed approval in this run. A gated step stays gated for "
-            "the run's life, even if it is removed from the plan and added back with a weaker "
-            "risk or approval: approval requirements only get stricter."
-        ),
-    )
-    frozen: str | None = Field(
-        default=None,
-        description=(
-            "What the step may use with its creator's rights: a digest of its container and "
-            "the run's ServiceAccount as the plan held them on the operator's first pass, or "
-            "'added' for a step added later. A step that uses a Secret, a ConfigMap or the "
-            "ServiceAccount launches only while it still has that digest."
-        ),
-        max_length=64,
-    )
-    usage: StepUsage | None = Field(default=None, description="What the step consumed.")
-    message: str | None = Field(
-        default=None, description="Human readable state.", max_length=MAX_MESSAGE
-    )
-
-
-class Usage(ApiModel):
-    """What the run consumed so far."""
-
-    steps: int = Field(default=0, ge=0, description="Distinct steps started.")
-    attempts: int = Field(default=0, ge=0, description="Step attempts (Jobs) launched.")
-    tokens: int = Field(
-        default=0, ge=0, le=MAX_TOKENS, description="Tokens reported by steps (clamped)."
-    )
-    wall_time_seconds: int = Field(default=0, ge=0, description="Seconds since the run started.")
-
-
-class Transition(ApiModel):
-    """One change of phase of the run or of a step."""
-
-    # Never changed once made: a pass appends new ones and shares those it read
-    # (agentrun.core.machine._copy_status).
-    model_config = ConfigDict(frozen=True)
-
-    at: Timestamp = Field(description="When it happened.")
-    step: str | None = Field(default=None, description="The step; unset for the run itself.")
-    from_phase: str | None = Field(
-        default=None, alias="from", description="Phase before (unset when new)."
-    )
-    to_phase: str = Field(alias="to", description="Phase after.")
-    reason: str = Field(description="CamelCase reason.", max_length=MAX_REASON)
-    message: str | None = Field(default=None, description="Details.", max_length=MAX_MESSAGE)
-    by: str | None = Field(
-        default=None, description="Who caused it, when a person did.", max_length=253
-    )
-    seq: int = Field(default=0, ge=0, description="Sequence number of the transition in the run.")
-
-
-class AuditStatus(ApiModel):
-    """Where the full, hash-chained audit record of the run is kept."""
-
-    record: str | None = Field(
-        default=None, description="Name prefix of the run's audit record ConfigMaps."
-    )
-    recorded_seq: int = Field(
-        default=0, ge=0, description="Transitions up to this seq are in the audit record."
-    )
-    head_seq: int | None = Field(
-        default=None,
-        ge=0,
-        description=(
-            "seq of the last transition the record's hash chain covers, committed with it: "
-            "the chain's anchor (status is written only by the operator)."
-        ),
-    )
-    head_hash: str | None = Field(
-        default=None,
-        description="Hash of the chain's entry headSeq; the record must end at it.",
-        pattern=r"^[a-f0-9]{64}$",
-    )
-
-
-class AgentRunStatus(ApiModel):
-    """What the operator observed and did. Written only by the operator, via /status."""
-
-    observed_generation: int | None = Field(
-        default=None, description="metadata.generation this status was derived from."
-    )
-    phase: RunPhase | None = Field(default=None, description="Where the run is in its life.")
-    conditions: list[Condition] | None = Field(
-        default=None,
-        description="Succeeded (Unknown, True or False with a reason) and ApprovalPending.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    message: str | None = Field(
-        default=None, description="Human readable state of the run.", max_length=MAX_MESSAGE
-    )
-    progress: str | None = Field(default=None, description="Succeeded steps / all steps, e.g. 2/5.")
-    current_step: str | None = Field(
-        default=None,
-        description="The step(s) running or waiting now, comma separated.",
-        max_length=MAX_MESSAGE,
-    )
-    started_at: Timestamp | None = Field(default=None, description="When the run started.")
-    completed_at: Timestamp | None = Field(default=None, description="When the run finished.")
-    steps: list[StepStatus] | None = Field(
-        default=None,
-        description="One entry per step that the operator has looked at.",
-        # Atomic, not a map keyed by name: the operator is the list's only writer, and the API
-        # server then tracks it in managedFields as one field, not every field of every entry
-        # (about 31 KiB of each read, watch event and stored copy of a 128-step run).
-        json_schema_extra={"x-kubernetes-list-type": "atomic"},
-    )
-    usage: Usage | None = Field(default=None, description="What the run consumed.")
-    history: list[Transition] | None = Field(
-        default=None,
-        description=(
-            f"The last {MAX_HISTORY} transitions, oldest first (more while the audit record "
-            "lags behind); the full trail is in the audit record."
-        ),
-        max_length=MAX_HISTORY_HARD,
-    )
-    history_seq: int | None = Field(default=None, description="seq of the latest transition.")
-    audit: AuditStatus | None = Field(default=None, description="The full audit record.")
-    agent: AgentStatus | None = Field(
-        default=None, description="The agent loop, in runs with spec.agent."
     )
 
 

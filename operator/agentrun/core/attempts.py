@@ -18,7 +18,7 @@ from datetime import timedelta
 from agentrun.api import models as m
 from agentrun.api import names
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop, naming
+from agentrun.core import agent_budget, agent_loop, naming
 from agentrun.core.actions import DeleteJob, EmitEvent, StartPod, StoreResult
 from agentrun.core.backoff import backoff_seconds
 from agentrun.core.builder import MESSAGE_LIMIT, REASON_LIMIT, Builder, floor_seconds, truncate
@@ -286,7 +286,7 @@ def _attempt_succeeded(
             st.result_ref = m.ResultRef(name=name, key="result")
     tokens = env.tokens
     if tokens and agent_loop.is_model_turn(step.name):
-        tokens = agent_loop.counted_tokens(b, step.name, tokens)  # never more than it could use
+        tokens = agent_budget.counted_tokens(b, step.name, tokens)  # never more than it could use
     if tokens:
         # Clamped: a sum past int64 would make every later status write fail validation.
         step_tokens = (st.usage.tokens if st.usage else 0) + tokens

@@ -9,13 +9,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import context as cx
 from agentrun.core import http_tool, naming, subagents
 from agentrun.core.actions import StoreResult
 from agentrun.core.envelope import clean
-from agentrun.core.turns import AgentConfig, Host, again, call_step, child_agent, model_of
+from agentrun.core.turn_steps import child_agent
+from agentrun.core.turns import AgentConfig, Host, again, call_step, model_of
 
 
 def content_of(b: Host, st: m.StepStatus) -> str | None:
@@ -77,7 +79,7 @@ def validate_calls(
     calls: Sequence[cx.ToolCall],
     mcp_schemas: Mapping[str, Mapping[str, Any]] | None = None,
     config: AgentConfig | None = None,
-) -> list[a.ToolCallStatus]:
+) -> list[agent_status.ToolCallStatus]:
     """Every call, valid (with its step) or not (with the problem). ``mcp_schemas``: the
     inputSchema of each MCP server's tool offered in this turn, by name."""
     tools = {t.name: t for t in agent.tools or []}
@@ -86,7 +88,7 @@ def validate_calls(
     budget = b.run.spec.budget or m.Budget()
     started = (b.status.usage or m.Usage()).steps
     accepted = 0
-    out: list[a.ToolCallStatus] = []
+    out: list[agent_status.ToolCallStatus] = []
     for index, call in enumerate(calls):
         problem = _problem(b, tools, mcp, call)
         if problem is None and accepted >= agent.max_tool_calls_per_turn:
@@ -105,7 +107,7 @@ def validate_calls(
                 f"budget.maxSteps ({budget.max_steps}) leaves no room for this call; answer "
                 "with what you have"
             )
-        child: a.ChildCall | None = None
+        child: agent_status.ChildCall | None = None
         tool = tools.get(call.name)
         if problem is None and tool is not None and tool.agent is not None:
             carved = children.accept(tool, json.loads(call.arguments or "{}"))
@@ -116,7 +118,7 @@ def validate_calls(
         arguments = call.arguments
         if problem is not None:
             out.append(
-                a.ToolCallStatus(
+                agent_status.ToolCallStatus(
                     id=call.id,
                     tool=call.name,
                     arguments=cut(arguments, 1024)[: a.MAX_TOOL_ARGUMENTS],
@@ -126,7 +128,7 @@ def validate_calls(
             continue
         accepted += 1
         out.append(
-            a.ToolCallStatus(
+            agent_status.ToolCallStatus(
                 id=call.id,
                 tool=call.name,
                 step=call_step(turn, index, call.name),
@@ -150,7 +152,7 @@ class _Children:
         self.accepted = 0
         self.carved = 0
 
-    def accept(self, tool: a.AgentTool, arguments: Any) -> a.ChildCall | str:
+    def accept(self, tool: a.AgentTool, arguments: Any) -> agent_status.ChildCall | str:
         """The child of a valid call of ``tool``, or why the call may not start one."""
         b, agent = self.b, self.agent
         sub = tool.agent
@@ -189,7 +191,7 @@ class _Children:
             return carve.problem
         self.accepted += 1
         self.carved += carve.tokens or 0
-        return a.ChildCall(tokens=carve.tokens)
+        return agent_status.ChildCall(tokens=carve.tokens)
 
 
 def _problem(
@@ -226,7 +228,7 @@ def _problem(
     return None
 
 
-def call_outcome(b: Host, call: a.ToolCallStatus) -> dict[str, Any] | None:
+def call_outcome(b: Host, call: agent_status.ToolCallStatus) -> dict[str, Any] | None:
     """The call's outcome for the record and the model; None while a result is unread."""
     if call.problem is not None or call.step is None:
         answer = f"error: the call was not run: {call.problem}"

@@ -24,6 +24,7 @@ import json
 from typing import Any
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
 from agentrun.core import naming, subagents
@@ -32,20 +33,21 @@ from agentrun.core.builder import Builder, truncate
 from agentrun.core.envelope import summary_line
 from agentrun.core.observed import ObservedChild
 from agentrun.core.refusals import create_refusal_waits
-from agentrun.core.turns import child_agent, child_call
+from agentrun.core.turn_steps import child_agent
+from agentrun.core.turns import child_call
 
 CHILD_FAILED = "SubAgentFailed"
 UNLIMITED = 2**53 - 1
 
 
-def _tool(b: Builder, call: a.ToolCallStatus) -> a.AgentTool | None:
+def _tool(b: Builder, call: agent_status.ToolCallStatus) -> a.AgentTool | None:
     agent = b.run.spec.agent
     if agent is None:
         return None
     return next((t for t in agent.tools or [] if t.name == call.tool and t.agent), None)
 
 
-def manifest(b: Builder, call: a.ToolCallStatus, key: str) -> dict[str, Any] | None:
+def manifest(b: Builder, call: agent_status.ToolCallStatus, key: str) -> dict[str, Any] | None:
     """The child AgentRun of ``call`` (committed with its intent), as the operator creates
     it; None when the run no longer declares the tool."""
     agent = b.run.spec.agent
@@ -157,7 +159,7 @@ def _fail(b: Builder, st: m.StepStatus, reason: str, message: str) -> None:
     b.move(st, SP.FAILED, reason, message)
 
 
-def _in_flight(b: Builder) -> list[a.ChildCall]:
+def _in_flight(b: Builder) -> list[agent_status.ChildCall]:
     ag = b.status.agent
     return [c.child for c in (ag.calls if ag is not None else None) or [] if c.child]
 

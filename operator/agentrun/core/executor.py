@@ -50,11 +50,13 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.actions import Action, CreateJob, PrepareExecutor, SendTurn, StartPod
 from agentrun.core.observed import AheadJob, JobState, ObservedJob
 from agentrun.core.pod_env import ENV_HTTP_TOOL
+from agentrun.core.turn_steps import executor_secrets, executor_step
 from agentrun.core.turns import (
     DISCOVERY,
     AgentConfig,
@@ -63,8 +65,6 @@ from agentrun.core.turns import (
     dynamic_names,
     executor_name,
     executor_secret_env,
-    executor_secrets,
-    executor_step,
     is_model_turn,
     keeps_executor,
     mcp_tools_of,
@@ -102,7 +102,7 @@ def _bound(b: Host, pod_uid: str | None) -> bool:
     )
 
 
-def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> None:
+def keep(b: Host, agent: a.Agent, ag: agent_status.AgentStatus, config: AgentConfig) -> None:
     """Have the run's executor made, let start, or replaced (see the module's doc)."""
     if not config.executor or b.run.spec.suspend or b.run.spec.cancel:
         return
@@ -128,7 +128,9 @@ def keep(b: Host, agent: a.Agent, ag: a.AgentStatus, config: AgentConfig) -> Non
     if replace:
         generation = current.generation + 1 if current is not None else 1
         name = executor_name(b.run, generation)
-        ag.executor = a.ExecutorStatus(generation=generation, job_name=name, named_at=b.now)
+        ag.executor = agent_status.ExecutorStatus(
+            generation=generation, job_name=name, named_at=b.now
+        )
         b.later.append(PrepareExecutor(step, name, generation))
         return
     assert current is not None
@@ -165,13 +167,17 @@ def holding(b: Host, st: m.StepStatus) -> ObservedJob | None:
     return None if _gone(found.job) or found.job.address is None else found.job
 
 
-def request(ag: a.AgentStatus, st: m.StepStatus, executor: ObservedJob) -> list[Action]:
+def request(ag: agent_status.AgentStatus, st: m.StepStatus, executor: ObservedJob) -> list[Action]:
     """The request of the model turn's attempt ``st`` to ``executor``."""
     return request_to(ag, st, st.job_name or "", executor.address, executor.name)
 
 
 def request_to(
-    ag: a.AgentStatus, st: m.StepStatus, name: str, address: str | None, executor: str = ""
+    ag: agent_status.AgentStatus,
+    st: m.StepStatus,
+    name: str,
+    address: str | None,
+    executor: str = "",
 ) -> list[Action]:
     """The request of the model turn's attempt ``st`` (named ``name``) to the pod at
     ``address``: the turn's own pod, or the run's ``executor``; none without an address."""

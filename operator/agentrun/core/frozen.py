@@ -13,7 +13,7 @@ rights would not notice, since the Secret stays the creator's. So:
   go) and ``spec.agent.toolChoice``
   (:func:`freeze`) into ``status.agent.frozen``, which only it writes
   (the status subresource);
-* every model turn's Job is built from that copy (:func:`agentrun.core.turns.model_turn_step`),
+* every model turn's Job is built from that copy (:func:`agentrun.core.turn_steps.model_turn_step`),
   never from the spec as it reads later;
 * every later pass compares the spec with it first (:func:`changes`): a run whose
   ``spec.agent.model``, ``spec.agent.tools``, ``spec.agent.mcpServers`` or
@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.api.base import ApiModel, SecretKeySelector
 from agentrun.api.mcp import McpServer
@@ -64,12 +65,12 @@ def servers_digest(servers: Sequence[McpServer] | None) -> str | None:
     return _digest(servers) if servers else None
 
 
-def freeze(run: m.AgentRun) -> a.FrozenAgent | None:
+def freeze(run: m.AgentRun) -> agent_status.FrozenAgent | None:
     """What a run's turns will use, from its spec as read now (None without ``spec.agent``)."""
     agent = run.spec.agent
     if agent is None:
         return None
-    return a.FrozenAgent(
+    return agent_status.FrozenAgent(
         model=agent.model.model_copy(deep=True),
         tools_digest=tools_digest(agent.tools),
         tool_choice=agent.tool_choice,
@@ -78,7 +79,7 @@ def freeze(run: m.AgentRun) -> a.FrozenAgent | None:
     )
 
 
-def changes(agent: a.Agent | None, frozen: a.FrozenAgent) -> list[str]:
+def changes(agent: a.Agent | None, frozen: agent_status.FrozenAgent) -> list[str]:
     """The fields of ``spec.agent`` that no longer match what was frozen, as paths of the
     spec (``spec.agent.model.baseURL``, ``spec.agent.tools``, ``spec.agent``); empty when
     none changed."""
@@ -113,7 +114,7 @@ _SHOWN_FIELDS = {"base_url": "baseURL", "name": "name", "api_key_secret_ref": "a
 """Fields whose old and new values a message shows: where the key goes, and which key."""
 
 
-def refusal(agent: a.Agent | None, frozen: a.FrozenAgent, changed: Sequence[str]) -> str:
+def refusal(agent: a.Agent | None, frozen: agent_status.FrozenAgent, changed: Sequence[str]) -> str:
     """The run's message when ``changed`` (from :func:`changes`) is not empty."""
     if agent is None:
         head = "spec.agent was removed after the run started"

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop, children, executor, naming
+from agentrun.core import agent_launch, agent_loop, children, executor, naming
 from agentrun.core import frozen as freezing
 from agentrun.core.actions import Action, CreateJob
 from agentrun.core.arguments import (
@@ -152,9 +152,9 @@ def _earlier_attempt_running(b: Builder, step_name: str) -> bool:
 def _name_held(b: Builder, step_name: str, attempt: int) -> bool:
     """Whether the Job name of the step's next attempt is held by a Job no attempt accounts
     for (a model turn's made ahead that ended before its turn): the attempt waits until it is
-    gone, so its create never meets it (:func:`agentrun.core.agent_loop.clear_name`)."""
+    gone, so its create never meets it (:func:`agentrun.core.agent_launch.clear_name`)."""
     name = naming.job_name(b.run.metadata.name, b.run.metadata.uid, step_name, attempt)
-    return agent_loop.clear_name(b, name)
+    return agent_launch.clear_name(b, name)
 
 
 def _fail_before_launch(
@@ -255,7 +255,7 @@ def _commit_launch_intent(
         where = f"as child AgentRun {st.job_name}"
     else:
         create = CreateJob(step, st.attempt, st.job_name, st.idempotency_key, h, input_env)
-        actions.extend(agent_loop.launch_actions(b, st, create, b.config.agent))
+        actions.extend(agent_launch.launch_actions(b, st, create, b.config.agent))
         where = runs_where(b, st)
     b.move(
         st,

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.core import context as cx
 from agentrun.core import naming
@@ -103,7 +104,7 @@ def turn_problem(source: m.AgentRun, turn: int, where: str) -> str | None:
 def answered_in(source: m.AgentRun) -> int | None:
     """The turn ``source`` answered in; None while it has not answered (or never will)."""
     ag = source.status.agent if source.status else None
-    return ag.turn if ag is not None and ag.stage == a.AgentStage.ANSWERED else None
+    return ag.turn if ag is not None and ag.stage == agent_status.AgentStage.ANSWERED else None
 
 
 def context_turn(source: m.AgentRun, turn: int) -> int:
@@ -229,7 +230,7 @@ def take(
     resume: a.ResumeFrom,
     source: ResumeSource | None,
     tools: list[dict[str, Any]],
-) -> tuple[cx.Context, a.ResumedFrom] | str | None:
+) -> tuple[cx.Context, agent_status.ResumedFrom] | str | None:
     """The first context of ``run`` (turn 1: the source's messages and ``run``'s tools, not
     paged yet) and what it was taken from; why not (a message for the run); or None while the
     shell has not read the source named by ``resume``."""
@@ -265,7 +266,7 @@ def take(
         omitted_turns=doc.omitted_turns,
         paged_results=doc.paged_results,
     )
-    taken = a.ResumedFrom(
+    taken = agent_status.ResumedFrom(
         run=origin,
         uid=resume.uid,
         turn=resume.turn,
@@ -282,7 +283,7 @@ def follow_up(turn: int, answer: str, question: str) -> list[cx.Message]:
     return [said, {"role": "user", "content": question}]
 
 
-def started_message(taken: a.ResumedFrom, messages: int) -> str:
+def started_message(taken: agent_status.ResumedFrom, messages: int) -> str:
     """What the AgentStarted transition of a run that continues a conversation says."""
     return (
         f"the agent continues the conversation of {taken.run} after its turn {taken.turn} "
@@ -291,6 +292,6 @@ def started_message(taken: a.ResumedFrom, messages: int) -> str:
     )
 
 
-def conversation_turn(ag: a.AgentStatus) -> int:
+def conversation_turn(ag: agent_status.AgentStatus) -> int:
     """The current turn's number in the conversation (its messages' ``x-turn``)."""
     return ag.turn + (ag.resumed_from.earlier_turns if ag.resumed_from else 0)

@@ -84,6 +84,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.core import naming
 from agentrun.core.observed import ObservedChild as ObservedChild
@@ -240,7 +241,7 @@ def carve(
 
 
 def parent_keeps(
-    model: a.ModelEndpoint, ctx: a.ContextStatus, calls: int, config: AgentConfig
+    model: a.ModelEndpoint, ctx: agent_status.ContextStatus, calls: int, config: AgentConfig
 ) -> int:
     """The ``keep`` of :func:`carve`: most tokens the parent's next turn may use, the turn
     that reads its children's answers. Its prompt is the current turn's request plus this

@@ -1,9 +1,9 @@
-"""The agent loop's steps as the state machine runs them: their names, the steps synthesized
-for the current turn (a model turn in the operator's image, a tool call in its tool's
-container with the call's arguments, the discovery of an MCP server before the first turn and
-a call of one of its tools, and a call of an HTTP tool, all in the operator's image), their
-idempotency keys, and the small questions the machine asks about them (is this a tool call,
-may it launch yet, is its turn closed).
+"""The agent loop's steps as the state machine runs them: their names, their idempotency
+keys, and the small questions the machine asks about them (is this a tool call, may it launch
+yet, is its turn closed). The steps synthesized for the current turn (a model turn in the
+operator's image, a tool call in its tool's container with the call's arguments, the discovery
+of an MCP server before the first turn and a call of one of its tools, and a call of an HTTP
+tool, all in the operator's image) are built in :mod:`agentrun.core.turn_steps`.
 
 See :mod:`agentrun.core.agent_loop` for the loop itself.
 """
@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.api.base import SecretKeySelector
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import http_tool, naming
+from agentrun.core import naming
 from agentrun.core.actions import Action
 from agentrun.core.observed import Observed
 from agentrun.core.pod_env import ENV_CONTEXT_PART as ENV_CONTEXT_PART
@@ -39,7 +40,7 @@ from agentrun.core.pod_env import ENV_TOOL_ARGS as ENV_TOOL_ARGS
 from agentrun.core.pod_env import ENV_TOOL_CALL_ID as ENV_TOOL_CALL_ID
 from agentrun.core.pod_env import ENV_TOOL_NAME as ENV_TOOL_NAME
 from agentrun.core.pod_env import ENV_TURN as ENV_TURN
-from agentrun.core.rights import Check, checks_for
+from agentrun.core.rights import checks_for
 
 CONTEXT_INPUT = "AGENTRUN_CONTEXT"
 """The name the context's digest has among a model turn's inputs (in its args hash)."""
@@ -107,13 +108,13 @@ a preamble offering the tools), when bounding what a turn could have used."""
 TEMPLATE_TOKENS_PER_MESSAGE = 32
 
 
-def turn_needs(model: a.ModelEndpoint, ctx: a.ContextStatus, config: AgentConfig) -> int:
+def turn_needs(model: a.ModelEndpoint, ctx: agent_status.ContextStatus, config: AgentConfig) -> int:
     """Tokens a turn may use: its output limit and its prompt, estimated from the size of the
     whole request it sends (messages, tool definitions and settings)."""
     return model.max_output_tokens + math.ceil(ctx.bytes / config.bytes_per_token)
 
 
-def prompt_ceiling(ctx: a.ContextStatus) -> int:
+def prompt_ceiling(ctx: agent_status.ContextStatus) -> int:
     """Most prompt tokens a turn could have used: a token covers at least one byte of what was
     sent, plus what a chat template adds."""
     return ctx.bytes + TEMPLATE_TOKENS + TEMPLATE_TOKENS_PER_MESSAGE * ctx.messages
@@ -182,11 +183,15 @@ def executor_name(run: m.AgentRun, generation: int) -> str:
     return naming.job_name(run.metadata.name, run.metadata.uid, EXECUTOR_STEP, generation)
 
 
-EXECUTOR_STAGES = (a.AgentStage.READY, a.AgentStage.THINKING, a.AgentStage.ACTING)
+EXECUTOR_STAGES = (
+    agent_status.AgentStage.READY,
+    agent_status.AgentStage.THINKING,
+    agent_status.AgentStage.ACTING,
+)
 """The loop's stages in which a run keeps its executor."""
 
 
-def keeps_executor(status: a.AgentStatus, steps: Iterable[str]) -> bool:
+def keeps_executor(status: agent_status.AgentStatus, steps: Iterable[str]) -> bool:
     """Whether a run whose loop is at ``status``, with the steps ``steps`` in its status,
     keeps its executor: while it may take turns (:data:`EXECUTOR_STAGES`), and while its MCP
     servers' tools are discovered before the first turn (the executor starts beside the
@@ -194,13 +199,13 @@ def keeps_executor(status: a.AgentStatus, steps: Iterable[str]) -> bool:
     if status.stage in EXECUTOR_STAGES:
         return True
     return (
-        status.stage == a.AgentStage.WAITING
+        status.stage == agent_status.AgentStage.WAITING
         and status.turn == 0
         and any(name.startswith(DISCOVERY) for name in steps)
     )
 
 
-def _keeping(run: m.AgentRun) -> a.AgentStatus | None:
+def _keeping(run: m.AgentRun) -> agent_status.AgentStatus | None:
     """The loop's status of ``run`` as read, while the run keeps its executor
     (:func:`keeps_executor`, and the run not ended); None otherwise."""
     status = run.status
@@ -223,43 +228,6 @@ def executor_secret_env(ref: SecretKeySelector) -> str:
     """The variable of the run's executor that holds the value of the Secret key ``ref`` (an
     MCP server's header), which a call sent to it takes in place of its own variable."""
     return ENV_EXECUTOR_SECRET + naming.sha256_text(f"{ref.name}\0{ref.key}")[:16].upper()
-
-
-def executor_secrets(agent: a.Agent | None) -> dict[str, SecretKeySelector]:
-    """The executor's variables holding its run's MCP servers' and HTTP tools' header
-    Secrets, by name."""
-    refs = [
-        header.secret_key_ref
-        for server in (agent.mcp_servers if agent is not None else None) or []
-        for header in server.headers or []
-    ]
-    refs += http_tool.header_secrets(agent)
-    return {executor_secret_env(ref): ref for ref in refs}
-
-
-def executor_step(run: m.AgentRun, status: a.AgentStatus, config: AgentConfig) -> m.Step:
-    """The step the run's executor Job is built from: a model turn's, for no turn in
-    particular (each request says which), with the values of the MCP servers' header
-    Secrets (:func:`executor_secret_env`: a call of their tools may be sent to it too), no
-    deadline of its own (each call has its own), and not retried (a lost executor is
-    replaced, and the attempt it held retried)."""
-    turn = model_turn_step(run, status, max(status.turn, 1), config)
-    env = [e for e in turn.container.env or [] if e.name != ENV_TURN]
-    held = executor_secrets(run.spec.agent)
-    env += [_secret_env(name, ref) for name, ref in sorted(held.items())]
-    container = m.ContainerAction.model_construct(
-        image=turn.container.image, command=turn.container.command, env=env
-    )
-    return m.Step.model_construct(
-        name=EXECUTOR_STEP,
-        description="the run's executor: its model turns and MCP calls",
-        container=container,
-        risk=m.Risk.READ,
-        approval=m.ApprovalMode.AUTO,
-        on_rejection=m.OnRejection.FAIL_RUN,
-        retry=m.RetryPolicy(limit=0),
-        timeout_seconds=None,
-    )
 
 
 def call_step(turn: int, index: int, tool: str) -> str:
@@ -325,13 +293,15 @@ def is_agent_run(run: m.AgentRun) -> bool:
     return run.spec.agent is not None
 
 
-def dynamic_names(status: a.AgentStatus | None, agent: a.Agent | None = None) -> set[str]:
+def dynamic_names(
+    status: agent_status.AgentStatus | None, agent: a.Agent | None = None
+) -> set[str]:
     """The steps of the current turn (whether they exist yet or not); before the first turn,
     the discovery steps of ``agent``'s MCP servers."""
     if status is None:
         return set()
     if status.turn == 0:
-        if agent is None or status.stage != a.AgentStage.WAITING:
+        if agent is None or status.stage != agent_status.AgentStage.WAITING:
             return set()
         return {discovery_step(server.name) for server in agent.mcp_servers or []}
     names = {model_step(status.turn)}
@@ -339,23 +309,11 @@ def dynamic_names(status: a.AgentStatus | None, agent: a.Agent | None = None) ->
     return names
 
 
-def is_tool_step(status: a.AgentStatus | None, name: str) -> bool:
+def is_tool_step(status: agent_status.AgentStatus | None, name: str) -> bool:
     return status is not None and any(c.step == name for c in status.calls or [])
 
 
-def _env(name: str, value: str) -> m.EnvVar:
-    return m.EnvVar.model_construct(name=name, value=value, value_from=None)
-
-
-def _secret_env(name: str, ref: SecretKeySelector) -> m.EnvVar:
-    """``name`` from a key of a Secret of the run's namespace."""
-    return m.EnvVar(
-        name=name,
-        value_from=m.EnvVarSource(secret_key_ref=m.SecretKeySelector(name=ref.name, key=ref.key)),
-    )
-
-
-def model_of(agent: a.Agent, status: a.AgentStatus | None) -> a.ModelEndpoint:
+def model_of(agent: a.Agent, status: agent_status.AgentStatus | None) -> a.ModelEndpoint:
     """The model the run's turns call: ``spec.agent.model`` as frozen on the operator's first
     pass (:mod:`agentrun.core.frozen`), never the spec as it reads now. The spec only for a
     status an operator from before the freeze wrote, until the next pass freezes it."""
@@ -364,51 +322,11 @@ def model_of(agent: a.Agent, status: a.AgentStatus | None) -> a.ModelEndpoint:
     return agent.model
 
 
-def tool_choice_of(agent: a.Agent, status: a.AgentStatus | None) -> str | None:
+def tool_choice_of(agent: a.Agent, status: agent_status.AgentStatus | None) -> str | None:
     """``spec.agent.toolChoice`` as frozen on the operator's first pass (as :func:`model_of`)."""
     if status is not None and status.frozen is not None:
         return status.frozen.tool_choice
     return agent.tool_choice
-
-
-def model_turn_step(
-    run: m.AgentRun, status: a.AgentStatus, turn: int, config: AgentConfig
-) -> m.Step:
-    """The step of model turn ``turn``, with the image and command committed when the turn
-    started (the operator's settings before that), and the endpoint, model and API key Secret
-    frozen when the run started (``status.agent.frozen``). Its context is not part of it: the
-    pod takes it by request once the turn's intent is committed (:mod:`agentrun.pod.llm`), so
-    the Job can be made before the turn begins (:class:`agentrun.core.actions.PrepareTurn`);
-    the context's digest is in the step's args hash (:func:`context_inputs`)."""
-    agent = run.spec.agent
-    assert agent is not None
-    image = status.turn_image or config.llm_image
-    command = list(status.turn_command or config.llm_command)
-    model = model_of(agent, status)
-    env = [
-        _env(ENV_TURN, str(turn)),
-        _env(ENV_MODEL_BASE_URL, model.base_url),
-        _env(ENV_MODEL_NAME, model.name),
-        _env(ENV_MODEL_MAX_OUTPUT_TOKENS, str(model.max_output_tokens)),
-    ]
-    if model.temperature is not None:
-        env.append(_env(ENV_MODEL_TEMPERATURE, repr(model.temperature)))
-    choice = tool_choice_of(agent, status)
-    if choice is not None:
-        env.append(_env(ENV_MODEL_TOOL_CHOICE, choice))
-    if model.api_key_secret_ref is not None:
-        env.append(_secret_env(ENV_MODEL_API_KEY, model.api_key_secret_ref))
-    container = m.ContainerAction.model_construct(image=image, command=command, env=env)
-    return m.Step.model_construct(
-        name=model_step(turn),
-        description=f"model turn {turn}",
-        container=container,
-        risk=m.Risk.READ,
-        approval=m.ApprovalMode.AUTO,
-        on_rejection=m.OnRejection.FAIL_RUN,
-        retry=model.retry,
-        timeout_seconds=model.timeout_seconds,
-    )
 
 
 AHEAD_LIMIT = 4
@@ -422,7 +340,10 @@ def ahead_names(run: m.AgentRun) -> list[str]:
     turn runs: the current turn's first attempt before its launch is committed, and those of
     the next :data:`AHEAD_LIMIT` turns (:func:`made_ahead` says which a found Job is)."""
     status = run.status.agent if run.status is not None else None
-    if status is None or status.stage not in (a.AgentStage.THINKING, a.AgentStage.ACTING):
+    if status is None or status.stage not in (
+        agent_status.AgentStage.THINKING,
+        agent_status.AgentStage.ACTING,
+    ):
         return []
     names = []
     for turn in range(status.turn, status.turn + AHEAD_LIMIT + 1):
@@ -447,7 +368,7 @@ def made_ahead(run: m.AgentRun, job_name: str, step: str | None) -> bool:
         st.name == step and st.attempt > 0 for st in (run.status.steps if run.status else []) or []
     ):
         return False
-    if status.stage in (a.AgentStage.ANSWERED, a.AgentStage.STOPPED):
+    if status.stage in (agent_status.AgentStage.ANSWERED, agent_status.AgentStage.STOPPED):
         return False
     if run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES:
         return False
@@ -455,7 +376,7 @@ def made_ahead(run: m.AgentRun, job_name: str, step: str | None) -> bool:
 
 
 def context_inputs(
-    status: a.AgentStatus | None, step: str
+    status: agent_status.AgentStatus | None, step: str
 ) -> tuple[list[m.EnvVar], dict[str, str]]:
     """The inputs of a model turn's step: the digest of its context, for the args hash (the
     pod takes the context itself by request, :class:`agentrun.core.actions.SendTurn`).
@@ -466,191 +387,16 @@ def context_inputs(
     return [], {CONTEXT_INPUT: ctx.digest}
 
 
-def _call_env(tool: str, call: a.ToolCallStatus, turn: int) -> list[m.EnvVar]:
-    """What every tool call's step gets: the tool, the call's id, the turn, the arguments."""
-    return [
-        _env(ENV_TOOL_NAME, tool),
-        _env(ENV_TOOL_CALL_ID, call.id),
-        _env(ENV_TURN, str(turn)),
-        _env(ENV_TOOL_ARGS, call.arguments),
-    ]
-
-
-def _call_step(
-    call: a.ToolCallStatus,
-    description: str,
-    container: m.ContainerAction,
-    tool: a.AgentTool | mcp_api.McpTool,
-    *,
-    limited: bool = True,
-) -> m.Step:
-    """The step of a valid call: gated and limited as its tool says (not ``limited``: no
-    retries and no deadline, as for a sub-agent, whose child has its own); a refused call is
-    answered to the model and the run goes on."""
-    assert call.step is not None
-    return m.Step.model_construct(
-        name=call.step,
-        description=description,
-        container=container,
-        risk=tool.risk,
-        approval=tool.approval,
-        on_rejection=m.OnRejection.SKIP_STEP,
-        retry=tool.retry if limited else None,
-        timeout_seconds=tool.timeout_seconds if limited else None,
-    )
-
-
-def tool_call_step(turn: int, call: a.ToolCallStatus, tool: a.AgentTool) -> m.Step:
-    """The step of a valid tool call: the tool's container with the call's arguments."""
-    assert call.step is not None and tool.container is not None
-    own = [e for e in tool.container.env or [] if e.name not in RESERVED_ENV]
-    container = tool.container.model_copy(update={"env": [*own, *_call_env(tool.name, call, turn)]})
-    return _call_step(call, f"turn {turn}: call {call.id} of {tool.name}", container, tool)
-
-
-def dynamic_steps(
-    run: m.AgentRun, steps: Mapping[str, m.StepStatus], config: AgentConfig
-) -> list[m.Step]:
-    """The steps of the current turn that exist in ``steps``, as the machine runs them."""
-    agent = run.spec.agent
-    status = run.status.agent if run.status else None
-    return _dynamic(agent, status, steps, run, config)
-
-
-def _operator_image(status: a.AgentStatus, config: AgentConfig) -> tuple[str, list[str]]:
-    """The image and command committed for the current turn (or the discovery before it)."""
-    return (status.turn_image or config.llm_image, list(status.turn_command or config.llm_command))
-
-
-def _server_env(server: mcp_api.McpServer) -> list[m.EnvVar]:
-    """The server's entry (its headers by Secret reference only) and each header's value from
-    its Secret: the environment of ``agentrun step mcp``."""
-    env = [_env(ENV_MCP_SERVER, server.model_dump_json(by_alias=True, exclude_none=True))]
-    env += [
-        _secret_env(f"{ENV_MCP_HEADER}{i}", header.secret_key_ref)
-        for i, header in enumerate(server.headers or [])
-    ]
-    return env
-
-
-def discovery_step_of(
-    server: mcp_api.McpServer, status: a.AgentStatus, config: AgentConfig
-) -> m.Step:
-    """The step listing ``server``'s tools (``agentrun step mcp discover``)."""
-    image, command = _operator_image(status, config)
-    container = m.ContainerAction.model_construct(
-        image=image, command=program_command(command, "mcp", "discover"), env=_server_env(server)
-    )
-    return m.Step.model_construct(
-        name=discovery_step(server.name),
-        description=f"list the tools of MCP server {server.name}",
-        container=container,
-        risk=m.Risk.READ,
-        approval=m.ApprovalMode.AUTO,
-        on_rejection=m.OnRejection.FAIL_RUN,
-        retry=DISCOVERY_RETRY,
-        timeout_seconds=server.timeout_seconds,
-    )
-
-
-def mcp_call_step(
-    turn: int,
-    call: a.ToolCallStatus,
-    server: mcp_api.McpServer,
-    tool: mcp_api.McpTool,
-    pinned: mcp_api.PinnedTool,
-    status: a.AgentStatus,
-    config: AgentConfig,
-) -> m.Step:
-    """The step of a valid call of an MCP server's tool (``agentrun step mcp call``): the
-    pinned definition's digest is part of its environment, so of its args hash, so an
-    approval names the arguments and the definition they were checked against."""
-    assert call.step is not None
-    image, command = _operator_image(status, config)
-    env = [
-        *_server_env(server),
-        _env(ENV_MCP_PINNED, pinned.model_dump_json(by_alias=True, exclude_none=True)),
-        *_call_env(tool.name, call, turn),
-    ]
-    container = m.ContainerAction.model_construct(
-        image=image, command=program_command(command, "mcp", "call"), env=env
-    )
-    description = f"turn {turn}: call {call.id} of {tool.name} (MCP server {server.name})"
-    return _call_step(call, description, container, tool)
-
-
-def http_call_step(
-    turn: int,
-    call: a.ToolCallStatus,
-    tool: a.AgentTool,
-    status: a.AgentStatus,
-    config: AgentConfig,
-) -> m.Step:
-    """The step of a valid call of an HTTP tool (``agentrun step http``): the tool's
-    declaration (its header Secrets by reference) and the arguments are its environment, so
-    its args hash covers the method, the URL, the headers and the body."""
-    assert call.step is not None and tool.http is not None
-    image, command = _operator_image(status, config)
-    env = [*http_tool.step_env(tool), *_call_env(tool.name, call, turn)]
-    container = m.ContainerAction.model_construct(
-        image=image, command=program_command(command, "http"), env=env
-    )
-    description = f"turn {turn}: call {call.id} of {tool.name} (HTTP {tool.http.method.value})"
-    return _call_step(call, description, container, tool)
-
-
-def child_agent(agent: a.Agent, status: a.AgentStatus | None, tool: a.AgentTool) -> a.Agent:
-    """The ``spec.agent`` of a child of the sub-agent tool ``tool``: the run's frozen model,
-    the declared instructions and maxTurns, and the tools it names, copied."""
-    sub = tool.agent
-    assert sub is not None
-    named = {t.name: t for t in agent.tools or []}
-    tools = [named[n].model_copy(deep=True) for n in sub.tools or [] if n in named]
-    return a.Agent(
-        model=model_of(agent, status).model_copy(deep=True),
-        instructions=sub.instructions,
-        tools=tools or None,
-        max_turns=sub.max_turns,
-    )
-
-
-def declaration(agent: a.Agent, status: a.AgentStatus | None, tool: a.AgentTool) -> str:
-    """What a sub-agent tool's call is made of besides its arguments, as canonical JSON: the
-    child's agent, the preamble and the most tokens."""
-    sub = tool.agent
-    assert sub is not None
-    child = child_agent(agent, status, tool)
-    wire = {
-        "agent": child.model_dump(
-            mode="json", by_alias=True, exclude_defaults=True, exclude_none=True
-        ),
-        "preamble": sub.preamble,
-        "maxTokens": sub.max_tokens,
-    }
-    return naming.canonical_json(wire)
-
-
-def child_call_step(
-    turn: int, call: a.ToolCallStatus, agent: a.Agent, status: a.AgentStatus, tool: a.AgentTool
-) -> m.Step:
-    """The step of a valid call of a sub-agent tool: launched, it creates the call's child
-    AgentRun (never a Job). Its environment (so its args hash, which an approval names) holds
-    the declaration, the arguments and the budget carved for the child."""
-    assert call.step is not None and call.child is not None
-    env = [*_call_env(tool.name, call, turn), _env(ENV_SUBAGENT, declaration(agent, status, tool))]
-    if call.child.tokens is not None:
-        env.append(_env(ENV_CHILD_TOKENS, str(call.child.tokens)))
-    container = m.ContainerAction.model_construct(image=CHILD_IMAGE, command=None, env=env)
-    description = f"turn {turn}: call {call.id} of {tool.name} (a sub-agent)"
-    return _call_step(call, description, container, tool, limited=False)
-
-
-def call_of(status: a.AgentStatus | None, step: str) -> a.ToolCallStatus | None:
+def call_of(
+    status: agent_status.AgentStatus | None, step: str
+) -> agent_status.ToolCallStatus | None:
     """The current call whose step is ``step``, if any."""
     return next((c for c in (status.calls if status else None) or [] if c.step == step), None)
 
 
-def child_call(status: a.AgentStatus | None, step: str) -> a.ToolCallStatus | None:
+def child_call(
+    status: agent_status.AgentStatus | None, step: str
+) -> agent_status.ToolCallStatus | None:
     """The current call whose step is ``step``, when it is a sub-agent's."""
     if status is None:
         return None
@@ -658,7 +404,7 @@ def child_call(status: a.AgentStatus | None, step: str) -> a.ToolCallStatus | No
 
 
 def mcp_tools_of(
-    agent: a.Agent, status: a.AgentStatus | None
+    agent: a.Agent, status: agent_status.AgentStatus | None
 ) -> dict[str, tuple[mcp_api.McpServer, mcp_api.McpTool, mcp_api.PinnedTool]]:
     """The MCP tools the model may call, by name: each pinned tool with its server's entry
     and the entry's settings of it."""
@@ -672,50 +418,8 @@ def mcp_tools_of(
     return out
 
 
-def _dynamic(
-    agent: a.Agent | None,
-    status: a.AgentStatus | None,
-    steps: Mapping[str, m.StepStatus],
-    run: m.AgentRun,
-    config: AgentConfig,
-) -> list[m.Step]:
-    if agent is None or status is None:
-        return []
-    if status.turn == 0:
-        return [
-            discovery_step_of(server, status, config)
-            for server in agent.mcp_servers or []
-            if discovery_step(server.name) in steps
-        ]
-    found: list[m.Step] = []
-    ctx = status.context
-    if model_step(status.turn) in steps and ctx is not None and ctx.turn == status.turn:
-        found.append(model_turn_step(run, status, status.turn, config))
-    tools = {t.name: t for t in agent.tools or []}
-    mcp_tools = mcp_tools_of(agent, status)
-    for call in status.calls or []:
-        if not call.step or call.step not in steps:
-            continue
-        tool = tools.get(call.tool)
-        if tool is not None and tool.agent is not None and call.child is not None:
-            found.append(child_call_step(status.turn, call, agent, status, tool))
-        elif tool is not None and tool.container is not None:
-            found.append(tool_call_step(status.turn, call, tool))
-        elif tool is not None and tool.http is not None:
-            found.append(http_call_step(status.turn, call, tool, status, config))
-        elif call.tool in mcp_tools:
-            server, listed, pinned = mcp_tools[call.tool]
-            found.append(mcp_call_step(status.turn, call, server, listed, pinned, status, config))
-    return found
-
-
-def current_steps(b: Host, config: AgentConfig) -> list[m.Step]:
-    """The current turn's steps, from the status being derived."""
-    return _dynamic(b.run.spec.agent, b.status.agent, b.steps, b.run, config)
-
-
 def idempotency_key(
-    run: m.AgentRun, status: a.AgentStatus | None, step: str, args_hash: str
+    run: m.AgentRun, status: agent_status.AgentStatus | None, step: str, args_hash: str
 ) -> str | None:
     """``{run uid}:{turn}:{call id}:{args hash}`` for a tool call of the current turn
     (``model`` for the call id of a model turn); None for a plan step."""
@@ -730,7 +434,9 @@ def idempotency_key(
     return f"{run.metadata.uid}:{turn}:{call.id}:{args_hash}" if call else None
 
 
-def image_exempt(status: a.AgentStatus | None, step: str, agent: a.Agent | None = None) -> bool:
+def image_exempt(
+    status: agent_status.AgentStatus | None, step: str, agent: a.Agent | None = None
+) -> bool:
     """Model turns, MCP discoveries, MCP calls and calls of ``agent``'s HTTP tools run the
     operator's own image, and a sub-agent's call runs none (it makes a child AgentRun), which
     policy.allowedImages does not govern (a tool's image is checked when its call is
@@ -783,39 +489,6 @@ def rights_confirmed(b: Host, step: m.Step) -> bool:
         if tool is None or tool.container is None or tool.agent is not None:
             return False
     return rights_granted(b, step)
-
-
-def executor_checks(run: m.AgentRun) -> list[Check]:
-    """The permissions the run's executor uses on its creator's behalf (the model's API key
-    Secret, the MCP servers' header Secrets, the ServiceAccount), while the run may take turns
-    or is about to begin its first (none otherwise): the shell keeps its verdicts on them
-    current, so that an executor can be made (:func:`rights_granted`) without waiting for a
-    step that uses each of them, in the pass that begins the first turn too (which then
-    waits for it instead of running as a Job of its own)."""
-    status = _keeping(run) or _beginning(run)
-    if run.spec.agent is None or status is None:
-        return []
-    return checks_for(run, executor_step(run, status, AgentConfig()))
-
-
-def _beginning(run: m.AgentRun) -> a.AgentStatus | None:
-    """The loop's status of ``run`` as read (a new one if there is none yet) while the next
-    pass may begin its first turn: the loop not begun, the run not ended, and every step of
-    its plan done; None otherwise."""
-    status = run.status
-    if run.spec.agent is None or (status is not None and status.phase in m.TERMINAL_RUN_PHASES):
-        return None
-    ag = status.agent if status is not None else None
-    if ag is not None and (ag.stage != a.AgentStage.WAITING or ag.turn != 0):
-        return None
-    done = {
-        st.name
-        for st in (status.steps if status is not None else None) or []
-        if st.phase in (m.StepPhase.SUCCEEDED, m.StepPhase.SKIPPED)
-    }
-    if any(step.name not in done for step in run.spec.plan.steps):
-        return None
-    return ag if ag is not None else a.AgentStatus()
 
 
 def rights_granted(b: Host, step: m.Step) -> bool:

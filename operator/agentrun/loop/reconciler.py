@@ -38,7 +38,8 @@ from agentrun.loop.commit import AuditRecord, commit
 from agentrun.loop.common import CHECKPOINTS, Apis, Checkpoint, log, no_checkpoint, run_fields
 from agentrun.loop.decide import Decider, requeue_after
 from agentrun.loop.ledger import Conflict, Ledger
-from agentrun.loop.observe import Observer, RunBodies
+from agentrun.loop.observe import Observer
+from agentrun.loop.run_bodies import RunBodies
 from agentrun.observation.view import ClusterView
 from agentrun.observation.watches import Wake
 from agentrun.telemetry import changes as telemetry

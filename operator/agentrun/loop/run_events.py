@@ -4,7 +4,7 @@ with its ``managedFields``.
 Each status write of a run brings a watch event that carries the whole run: 137 KB of JSON
 for a plan of 128 steps, decoded by kopf's watch on the operator's event loop, holding the
 interpreter while it does. The run it carries at that version is most often known already:
-:class:`~agentrun.loop.observe.RunBodies` holds each unfinished run as this process wrote it
+:class:`~agentrun.loop.run_bodies.RunBodies` holds each unfinished run as this process wrote it
 (the body read at the version the write fenced, with the status written: a status write
 fenced by its version changes nothing else of the run but ``managedFields``) or as a read
 returned it. Decoding the event whole only to find it not newer than what is held is most of
@@ -34,7 +34,7 @@ as its metadata (the object then has no spec and no status): what the replica do
 (waking a parent, labelling a stray, forgetting a run) reads the metadata alone.
 
 Nothing decides anything from what is skipped: the pass reads the body held whichever way the
-event was decoded (:meth:`~agentrun.loop.observe.RunBodies.offer` keeps the one held at the
+event was decoded (:meth:`~agentrun.loop.run_bodies.RunBodies.offer` keeps the one held at the
 same version), and kopf and the event handler read the metadata and the phase, which are the
 API server's and the status's. ``agentrun_run_events_total`` counts the events by how they
 were decoded.

@@ -26,7 +26,7 @@ from agentrun import settings as s
 from agentrun.api import models as m
 from agentrun.core.shards import run_shard_label, shard_of
 from agentrun.loop.ledger import Ledger
-from agentrun.loop.observe import RunBodies
+from agentrun.loop.run_bodies import RunBodies
 from agentrun.loop.run_events import RunEvents
 from agentrun.loop.scheduler import FINISHED, Scheduler
 from agentrun.observation.runs import RunReflector, RunView

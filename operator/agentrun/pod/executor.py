@@ -60,7 +60,7 @@ from agentrun import settings as s
 from agentrun.core import executor as core_executor
 from agentrun.core import naming, pod_env
 from agentrun.core.executor import call_digest
-from agentrun.pod import http_tool, llm, mcp, runner
+from agentrun.pod import http_tool, llm, mcp, model_call, runner
 
 REMEMBERED = 64
 """Attempts whose outcome is kept (a run's turns come one at a time, each with at most a few
@@ -73,7 +73,7 @@ HTTP_CALL = core_executor.HTTP_CALL
 """The program of a request for a call of an HTTP tool."""
 DISCOVER_ENV = frozenset({mcp.ENV_SERVER})
 """The variables of a discovery's step a request may set
-(:func:`agentrun.core.turns.discovery_step_of`)."""
+(:func:`agentrun.core.turn_steps.discovery_step_of`)."""
 CALL_ENV = frozenset(
     {
         mcp.ENV_SERVER,
@@ -84,7 +84,8 @@ CALL_ENV = frozenset(
         pod_env.ENV_TURN,
     }
 )
-"""The variables of a call's step a request may set (:func:`agentrun.core.turns.mcp_call_step`)."""
+"""The variables of a call's step a request may set
+(:func:`agentrun.core.turn_steps.mcp_call_step`)."""
 HTTP_CALL_ENV = frozenset(
     {
         pod_env.ENV_HTTP_TOOL,
@@ -95,7 +96,7 @@ HTTP_CALL_ENV = frozenset(
     }
 )
 """The variables of an HTTP call's step a request may set
-(:func:`agentrun.core.turns.http_call_step`)."""
+(:func:`agentrun.core.turn_steps.http_call_step`)."""
 ENV_CALL_TIMEOUT = pod_env.ENV_CALL_TIMEOUT
 """A call's limit as the executor passes it on (the request's ``timeoutSeconds``)."""
 IDLE_SECONDS = 3600.0
@@ -302,7 +303,7 @@ def _attempt(
 
 
 def turn_call(
-    client_factory: Callable[[str, str], Any] = llm.default_client,
+    client_factory: Callable[[str, str], Any] = model_call.default_client,
     store_factory: runner.StoreFactory = runner.default_store,
 ) -> Call:
     """What the executor runs for a model turn's attempt: the turn as a turn's pod runs it
@@ -371,7 +372,7 @@ def serve(
 
         def factory(base_url: str, key: str) -> Any:
             if not client:
-                client.append(llm.default_client(base_url, key))
+                client.append(model_call.default_client(base_url, key))
             return client[0]
 
     turns = Turns(
@@ -395,7 +396,7 @@ def serve(
     try:
         base_url = env.get(pod_env.ENV_MODEL_BASE_URL, "")
         if base_url:
-            factory(base_url, env.get(pod_env.ENV_MODEL_API_KEY) or llm.NO_KEY)
+            factory(base_url, env.get(pod_env.ENV_MODEL_API_KEY) or model_call.NO_KEY)
     except Exception:  # the first turn says what is wrong with the settings
         pass
     try:

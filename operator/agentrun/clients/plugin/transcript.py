@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.clients.plugin.render import one_line
 from agentrun.core import agent_loop, turns
@@ -122,14 +122,21 @@ def _ended(run: m.AgentRun) -> bool:
     current one."""
     ag = run.status.agent if run.status else None
     phase = run.status.phase if run.status else None
-    return phase in m.TERMINAL_RUN_PHASES or (ag is not None and ag.stage == a.AgentStage.STOPPED)
+    return phase in m.TERMINAL_RUN_PHASES or (
+        ag is not None and ag.stage == agent_status.AgentStage.STOPPED
+    )
 
 
 def current_lines(run: m.AgentRun, closed: Iterable[int] = ()) -> list[str]:
     """The turn in progress, from status; for a run that ended, the turn it stopped in before
     that turn closed. Nothing when that turn is among ``closed`` (it has its record)."""
     ag = run.status.agent if run.status else None
-    if ag is None or ag.turn == 0 or ag.stage == a.AgentStage.ANSWERED or ag.turn in set(closed):
+    if (
+        ag is None
+        or ag.turn == 0
+        or ag.stage == agent_status.AgentStage.ANSWERED
+        or ag.turn in set(closed)
+    ):
         return []
     stopped = _ended(run)
     steps = {st.name: st for st in (run.status.steps if run.status else None) or []}
