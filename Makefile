@@ -26,6 +26,8 @@ sync: ## create .venv from the lockfile, its modules compiled
 .PHONY: crds
 crds: sync ## regenerate crds/ from the API models (and its copies for kustomize and Helm)
 	$(RUN) agentrun crd -o crds/agentrun.dev_agentruns.yaml
+	$(RUN) agentrun crd --kind Agent -o crds/agentrun.dev_agents.yaml
+	$(RUN) agentrun crd --kind ModelConfig -o crds/agentrun.dev_modelconfigs.yaml
 	hack/helm/sync-crds.sh
 
 .PHONY: trust-table

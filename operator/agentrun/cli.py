@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def _crd(args: argparse.Namespace) -> int:
     from agentrun.api import crd
 
-    text = crd.render()
+    text = crd.render(crd.kind_named(args.kind))
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -141,9 +141,13 @@ def build_parser(extensions: bool = True) -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     crd_parser = sub.add_parser(
-        "crd", help="print the AgentRun CustomResourceDefinition generated from the API models"
+        "crd",
+        help="print a CustomResourceDefinition (AgentRun by default) generated from the API models",
     )
     crd_parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+    crd_parser.add_argument(
+        "--kind", default="AgentRun", help="AgentRun (default), Agent or ModelConfig"
+    )
     crd_parser.set_defaults(func=_crd)
 
     run_parser = sub.add_parser(

@@ -491,3 +491,39 @@ def test_the_tool_choice_is_sent_with_every_turn(
     assert [r.body.get("tool_choice") for r in model.completions()] == ["none", "none"]
     assert status_of(run)["agent"]["frozen"]["toolChoice"] == "none"
     assert model.refused == []
+
+
+def test_a_failing_first_model_falls_back_to_the_second(
+    cluster: TestCluster,
+    kube: KubeClients,
+    namespace: str,
+    agent_operator: OperatorProcess,
+    model: ScriptedModel,
+) -> None:
+    """spec.agent.model answers HTTP 500 to every request; its fallback (the scripted model)
+    answers each turn within the same attempt: the run Succeeds in one attempt a turn, and
+    every turn says which model answered and why the first did not, in status, the transcript
+    and a Warning Event ModelFallback."""
+    model.add(
+        reply("", [tool_call("search", {"query": "latency"}, "c1")]),
+        reply("Checkout is slow because the cache is cold."),
+    )
+    with ScriptedModel(responder=lambda body: Status(500, "overloaded")) as broken:
+        fallbacks = {"fallbacks": [{"baseURL": model.base_url, "name": "backup"}]}
+        create(kube, namespace, agent_run("fallback", broken, model_extra=fallbacks))
+        run = wait_phase(kube, namespace, "fallback", "Succeeded")
+        assert len(broken.completions()) == 2
+    assert [r.body["model"] for r in model.completions()] == ["backup", "backup"]
+    agent = status_of(run)["agent"]
+    assert [(t.get("model"), t.get("fallback")) for t in agent["recent"]] == [("backup", 1)] * 2
+    why = f"scripted at {broken.base_url}: ModelErrorStatus: HTTP 500: overloaded"
+    records = _transcript(kube, namespace, run["metadata"]["uid"])
+    for record in records:
+        assert record["answeredBy"] == {"index": 1, "name": "backup", "baseURL": model.base_url}
+        assert record["fallbackFrom"] == [why]
+        assert record["attempts"] == 1
+    (event, *_) = wait_events(kube, namespace, "fallback", "ModelFallback", warning=True)
+    assert f"answered by fallback 1 backup at {model.base_url} after: {why}" in event.message
+    shown = kubectl_agentrun(cluster, "transcript", "fallback", "-n", namespace)
+    assert shown.returncode == 0, shown.stderr
+    assert f"answered by backup at {model.base_url} (fallback 1 after: {why})" in shown.stdout

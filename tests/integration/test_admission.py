@@ -791,6 +791,13 @@ def test_the_agents_model_and_tools_cannot_change_after_creation(admission: Admi
     assert _denial(proc) == (
         "spec.agent.model.baseURL, spec.agent.model.name, spec.agent.model.temperature" + changed
     )
+    # The fallbacks: where further keys are sent.
+    fallback = {"baseURL": "http://attacker.example/v1", "name": "m",
+                "apiKeySecretRef": {"name": "llm", "key": "api-key"}}  # fmt: skip
+    added_fallback = {"op": "add", "path": "/spec/agent/model/fallbacks", "value": [fallback]}
+    assert _denial(admission.patch("carol", "r", [added_fallback])) == (
+        "spec.agent.model.fallbacks" + changed
+    )
     # The tools: changed, added or removed, by name; reordered, as a whole.
     proc = admission.patch("carol", "r", [_replace("/spec/agent/tools/0/description", "any")])
     assert _denial(proc) == "spec.agent.tools[search]" + changed

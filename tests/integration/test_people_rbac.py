@@ -1,5 +1,6 @@
-"""RBAC for people: the ClusterRoles agentrun-view, agentrun-edit and agentrun-approve of
-manifests/user-roles.yaml (and the chart's userRoles.create), against the real API server.
+"""RBAC for people: the ClusterRoles agentrun-view, agentrun-edit, agentrun-define and
+agentrun-approve of manifests/user-roles.yaml (and the chart's userRoles.create), against the
+real API server.
 
 Users are minted with client certificates and bound, by RoleBindings in a test namespace, to
 the built-in ``view`` and ``edit`` ClusterRoles (which the real clusterrole-aggregation
@@ -8,6 +9,8 @@ controller of the local kube-controller-manager fills from the aggregated roles)
 
 * view reads runs and nothing more; edit also creates, changes and deletes them; neither
   writes agentruns/status (only the operator does);
+* Agents and ModelConfigs: view and edit read them, neither writes them; the namespace's
+  admins (agentrun-define, aggregated into admin) define them;
 * agentrun-approve records decisions (with the Python client, as ``kubectl agentrun`` does)
   and cannot create or delete runs;
 * the truth about approving: RBAC cannot tell an approval from any other patch, so ``edit``
@@ -41,7 +44,7 @@ from tests.support.runs import agentrun
 pytestmark = pytest.mark.usefixtures("crd_installed")
 
 ROLES_FILE = MANIFESTS / "user-roles.yaml"
-ROLE_NAMES = ("agentrun-view", "agentrun-edit", "agentrun-approve")
+ROLE_NAMES = ("agentrun-view", "agentrun-edit", "agentrun-define", "agentrun-approve")
 AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 HASH = "b" * 64
 FORBIDDEN = "Forbidden"
@@ -84,10 +87,16 @@ def grants(role: dict[str, Any]) -> set[tuple[str, str]]:
 def test_the_roles_grant_what_their_names_say() -> None:
     roles = {r["metadata"]["name"]: r for r in shipped_roles()}
     assert sorted(roles) == sorted(ROLE_NAMES)
-    reads = {(r, v) for r in ("agentruns", "agentruns/status") for v in ("get", "list", "watch")}
+    readable = ("agentruns", "agentruns/status", "agents", "modelconfigs")
+    reads = {(r, v) for r in readable for v in ("get", "list", "watch")}
     writes = {("agentruns", v) for v in ("create", "update", "patch", "delete")}
     assert grants(roles["agentrun-view"]) == reads
-    assert grants(roles["agentrun-edit"]) == reads | writes
+    assert grants(roles["agentrun-edit"]) == reads | writes  # Agents: read, never written
+    assert grants(roles["agentrun-define"]) == {
+        (r, v)
+        for r in ("agents", "modelconfigs")
+        for v in ("get", "list", "watch", "create", "update", "patch", "delete")
+    }
     assert grants(roles["agentrun-approve"]) == {
         ("agentruns", v) for v in ("get", "list", "watch", "patch", "update")
     }
@@ -99,6 +108,7 @@ def test_the_roles_grant_what_their_names_say() -> None:
         }
     assert aggregated_into(roles["agentrun-view"]) == {"view"}
     assert aggregated_into(roles["agentrun-edit"]) == {"edit", "admin"}
+    assert aggregated_into(roles["agentrun-define"]) == {"admin"}
     assert aggregated_into(roles["agentrun-approve"]) == set()
 
 
@@ -132,6 +142,9 @@ def roles_installed(cluster: TestCluster, kube: KubeClients) -> Iterator[None]:
             ("agentruns", "list") in built_in("view")
             and ("agentruns", "create") in built_in("edit")
             and ("agentruns", "delete") in built_in("admin")
+            and ("agents", "get") in built_in("view")
+            and ("modelconfigs", "get") in built_in("edit")
+            and ("agents", "create") in built_in("admin")
         )
 
     try:
@@ -331,3 +344,42 @@ def test_edit_may_approve_unless_approver_groups_say_otherwise(team: Team) -> No
         assert team.approvals("guarded") == []
         approved = team.client("abby").approve("guarded", "deploy")
         assert team.approvals("guarded") == [approved.to_wire()]
+
+
+AGENT: dict[str, Any] = {
+    "apiVersion": f"{m.GROUP}/{m.VERSION}",
+    "kind": "Agent",
+    "metadata": {"name": "triage"},
+    "spec": {"instructions": "Sort the ticket.", "modelConfigRef": {"name": "small"}},
+}
+MODEL_CONFIG: dict[str, Any] = {
+    "apiVersion": f"{m.GROUP}/{m.VERSION}",
+    "kind": "ModelConfig",
+    "metadata": {"name": "small"},
+    "spec": {"baseURL": "http://models.example:8000/v1", "name": "small-model"},
+}
+
+
+def test_edit_runs_agents_and_only_admins_define_them(team: Team) -> None:
+    for body in (AGENT, MODEL_CONFIG):
+        kind = body["kind"].lower()
+        for user in ("vera", "eddie"):
+            forbidden(team.kubectl(user, "create", "-f", "-", input=json.dumps(body)))
+        allowed(team.kubectl("admin", "create", "-f", "-", input=json.dumps(body)))
+        for user in ("vera", "eddie"):
+            allowed(team.kubectl(user, "get", kind, body["metadata"]["name"]))
+            forbidden(team.kubectl(user, "delete", kind, body["metadata"]["name"]))
+            forbidden(
+                team.kubectl(
+                    user, "patch", kind, body["metadata"]["name"], "--type=merge",
+                    "-p", json.dumps({"metadata": {"labels": {"changed": "yes"}}}),
+                )
+            )  # fmt: skip
+    # edit starts runs of it: agentRef is theirs to write.
+    run = {
+        "apiVersion": f"{m.GROUP}/{m.VERSION}",
+        "kind": "AgentRun",
+        "metadata": {"name": "of-triage"},
+        "spec": {"goal": "sort ticket 7", "agentRef": {"name": "triage"}},
+    }
+    allowed(team.kubectl("eddie", "create", "-f", "-", input=json.dumps(run)))

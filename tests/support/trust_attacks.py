@@ -478,6 +478,30 @@ def _crd(t: Target, c: KubeClients) -> None:
     )
 
 
+AGENT_NAME = "triage"
+"""The Agent (and ModelConfig) the namespace's admins would define, by name."""
+
+
+def _definition(kind: str, spec: dict[str, Any]) -> Mutation:
+    """Create the Agent or ModelConfig ``AGENT_NAME`` with ``spec`` as the actor."""
+    plural = {"Agent": "agents", "ModelConfig": "modelconfigs"}[kind]
+
+    def create(t: Target, c: KubeClients) -> None:
+        body = {
+            "apiVersion": m.API_VERSION,
+            "kind": kind,
+            "metadata": {"name": AGENT_NAME},
+            "spec": spec,
+        }
+        c.custom.create_namespaced_custom_object(m.GROUP, m.VERSION, t.namespace, plural, body)
+
+    return create
+
+
+def _agent_ref(name: str) -> Mutation:
+    return _merge({"agentRef": {"name": name}})
+
+
 def _namespace(t: Target, c: KubeClients) -> None:
     c.core.patch_namespace(t.namespace, {"metadata": {"labels": {"forged": "true"}}})
 
@@ -947,6 +971,7 @@ ATTACKS: dict[str, Mutation] = {
     "agent-instructions": _merge({"agent": {"instructions": "ATTACKER-INSTRUCTIONS"}}),
     "agent-limits": _merge({"agent": {"maxTurns": 3}}),
     "agent-resume": _merge({"agent": {"resumeFrom": {"run": "nowhere", "uid": NO_UID, "turn": 1}}}),
+    "agent-ref": _agent_ref("attacker-agent"),
     "status-steps": _status,
     "status-agent": _status,
     "status-audit": _status,
@@ -973,6 +998,13 @@ ATTACKS: dict[str, Mutation] = {
     "shard-leases": _shard_lease,
     "crd": _crd,
     "namespaces": _namespace,
+    "agents": _definition(
+        "Agent",
+        {"instructions": "ATTACKER-INSTRUCTIONS", "modelConfigRef": {"name": AGENT_NAME}},
+    ),
+    "modelconfigs": _definition(
+        "ModelConfig", {"baseURL": "http://attacker.example/v1", "name": "attacker-model"}
+    ),
 }
 """The change an attacker makes to each entry of the trust table."""
 
@@ -1005,6 +1037,7 @@ MIMICS: dict[str, Mutation] = {
     "agent-instructions": _same_spec("agent"),
     "agent-limits": _same_spec("agent"),
     "agent-resume": _same_spec("agent"),
+    "agent-ref": _agent_ref(AGENT_NAME),
     "status-steps": _same_status,
     "status-agent": _same_status,
     "status-audit": _same_status,
@@ -1062,6 +1095,13 @@ MIMICS: dict[str, Mutation] = {
     "shard-leases": ATTACKS["shard-leases"],
     "crd": _same_crd,
     "namespaces": _same_namespace,
+    # What the namespace's admins would define (docs/agents.md's example), made first.
+    "agents": _definition(
+        "Agent", {"instructions": "Sort the ticket.", "modelConfigRef": {"name": AGENT_NAME}}
+    ),
+    "modelconfigs": _definition(
+        "ModelConfig", {"baseURL": "http://127.0.0.1:8000/v1", "name": "small-model"}
+    ),
 }
 """The mimic of each entry: the legitimate writer's exact object or value. Where it is the
 change itself (the change already writes what that writer writes, or a namespace user cannot

@@ -129,7 +129,10 @@ def test_the_crd_makes_plan_optional_next_to_an_agent() -> None:
     spec = _spec_schema()
     assert spec["required"] == ["goal"]
     rules = {r["message"]: r["rule"] for r in spec["x-kubernetes-validations"]}
-    assert rules["a run needs spec.plan, spec.agent or both"] == "has(self.plan) || has(self.agent)"
+    assert rules["a run needs spec.plan, spec.agent (or spec.agentRef) or both"] == (
+        "has(self.plan) || has(self.agent) || has(self.agentRef)"
+    )
+    assert rules["a run has spec.agent or spec.agentRef (an Agent by name), not both"]
     reserved = next(r for msg, r in rules.items() if "t<number>-" in msg)
     assert "'^t[0-9]+-'" in reserved
     assert crd.openapi_schema()["properties"]["spec"] == spec

@@ -147,6 +147,14 @@ def test_a_change_between_attempts_of_a_turn_gets_no_retry() -> None:
         ({"maxOutputTokens": 99}, "spec.agent.model.maxOutputTokens"),
         ({"timeoutSeconds": 7}, "spec.agent.model.timeoutSeconds"),
         ({"retry": {"limit": 5}}, "spec.agent.model.retry"),
+        (
+            {
+                "fallbacks": [
+                    {"baseURL": ATTACKER, "name": "m", "apiKeySecretRef": KEYED["apiKeySecretRef"]}
+                ]
+            },
+            "spec.agent.model.fallbacks",
+        ),
     ],
 )
 def test_every_field_of_the_model_is_fixed(fields: dict[str, Any], named: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from agentrun.api import crd, models
@@ -13,10 +14,27 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "agentrun.dev_agentruns.yaml"
 
 
-def test_checked_in_crd_is_up_to_date() -> None:
-    assert CRD_FILE.read_text() == crd.render(), (
-        "crds/agentrun.dev_agentruns.yaml is stale: run `make crds` and commit the result"
+@pytest.mark.parametrize("kind", crd.KINDS, ids=lambda k: k.kind)
+def test_checked_in_crd_is_up_to_date(kind: crd.Kind) -> None:
+    path = ROOT / "crds" / kind.file_name
+    assert path.read_text() == crd.render(kind), (
+        f"crds/{kind.file_name} is stale: run `make crds` and commit the result"
     )
+
+
+def test_crds_holds_every_kind_and_nothing_else() -> None:
+    assert sorted(p.name for p in (ROOT / "crds").glob("*.yaml")) == sorted(
+        k.file_name for k in crd.KINDS
+    )
+
+
+def test_only_runs_have_a_status() -> None:
+    """Agents and ModelConfigs are read, never reconciled: no status, no subresource."""
+    for kind in crd.KINDS:
+        version = crd.custom_resource_definition(kind)["spec"]["versions"][0]
+        assert ("status" in version.get("subresources", {})) == (kind is crd.RUN), kind.kind
+        props = version["schema"]["openAPIV3Schema"]["properties"]
+        assert ("status" in props) == (kind is crd.RUN), kind.kind
 
 
 def _walk(node: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
@@ -30,9 +48,10 @@ def _walk(node: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-def test_schema_is_structural_and_every_field_is_described() -> None:
-    schema = crd.openapi_schema()
-    for path, node in _walk(schema, "agentrun"):
+@pytest.mark.parametrize("kind", crd.KINDS, ids=lambda k: k.kind)
+def test_schema_is_structural_and_every_field_is_described(kind: crd.Kind) -> None:
+    schema = crd.openapi_schema(kind)
+    for path, node in _walk(schema, kind.singular):
         assert "$ref" not in node, path
         assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
         if "anyOf" in node:

@@ -86,6 +86,11 @@ and allows no 403.
 - apiGroups: [agentrun.dev]
   resources: [agentruns/status]
   verbs: [patch]
+# A run of an Agent (spec.agentRef): the Agent and its ModelConfig are read by name once,
+# on the run's first pass, after its creator was found allowed to read them.
+- apiGroups: [agentrun.dev]
+  resources: [agents, modelconfigs]
+  verbs: [get]
 # Step Jobs and result ConfigMaps are owned by their run with blockOwnerDeletion, which
 # clusters with the OwnerReferencesPermissionEnforcement admission plugin only allow to
 # someone who may update the owner's finalizers.

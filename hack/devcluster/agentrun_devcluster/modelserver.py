@@ -10,6 +10,7 @@ so that a test can check that a server got nothing at all), and each ``POST
   calls, a finish reason and token usage;
 * :class:`Status` answers with an HTTP error status and an OpenAI-style error body;
 * :class:`Raw` answers with any bytes (garbage, a truncated body...);
+* :class:`Drop` answers nothing and closes the connection;
 * a callable is called with the request's body and returns one of the above (an answer that
   depends on what the model was sent).
 
@@ -50,6 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = [
+    "Drop",
     "Raw",
     "Recorded",
     "Refusal",
@@ -73,6 +75,15 @@ class Status:
 
     code: int
     message: str = "scripted error"
+    headers: tuple[tuple[str, str], ...] = ()
+    """Headers sent with it (``(("Retry-After", "2"),)`` for a 429 that says when to come
+    back)."""
+
+
+@dataclass(frozen=True)
+class Drop:
+    """No answer at all: the connection is closed once the request is read (a server that
+    crashed or a proxy that gave up)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,7 @@ class Raw:
     code: int = 200
 
 
-Answer = dict[str, Any] | Status | Raw
+Answer = dict[str, Any] | Status | Raw | Drop
 Entry = Answer | Callable[[dict[str, Any]], Answer]
 
 _ids = itertools.count(1)
@@ -512,8 +523,16 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             return None
 
-        def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        def _send(
+            self,
+            code: int,
+            body: bytes,
+            content_type: str = "application/json",
+            headers: Sequence[tuple[str, str]] = (),
+        ) -> None:
             self.send_response(code)
+            for name, value in headers:
+                self.send_header(name, value)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -564,9 +583,11 @@ def _handler(model: ScriptedModel) -> type[BaseHTTPRequestHandler]:
             if pause > 0:
                 time.sleep(pause)
             answer = model._next(body)
-            if isinstance(answer, Status):
+            if isinstance(answer, Drop):
+                self.close_connection = True  # and no answer: the client sees it closed
+            elif isinstance(answer, Status):
                 error = {"error": {"message": answer.message, "type": "scripted", "code": None}}
-                self._send(answer.code, json.dumps(error).encode())
+                self._send(answer.code, json.dumps(error).encode(), headers=answer.headers)
             elif isinstance(answer, Raw):
                 self._send(answer.code, answer.body, answer.content_type)
             else:

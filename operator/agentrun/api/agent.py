@@ -64,9 +64,62 @@ DYNAMIC_NAME_RULE = "^t[0-9]+-"
 (``t3-model``) and tool calls (``t3-0-search``)."""
 
 
+MAX_FALLBACKS = 3
+"""Most fallback models a model endpoint may have."""
+BASE_URL_PATTERN = r"^https?://[^\s]+$"
+FALLBACK_REASONS = (
+    "an HTTP 5xx status, no answer within the time left (a timeout) or no connection, or an "
+    "HTTP 429 once the turn's own patience is over (a Retry-After of at most 60 s in all is "
+    "waited for and the model asked again, as far as the turn's deadline, timeoutSeconds, "
+    "allows)"
+)
+"""When the next model of fallbacks is tried (the descriptions of both fields say so)."""
+
+
+class ModelFallback(ApiModel):
+    """A model tried, within the same turn attempt, when the one before it is unavailable
+    (an entry of fallbacks)."""
+
+    base_url: str = Field(
+        alias="baseURL",
+        description=(
+            "Base URL of the fallback's API, up to and including its version path, e.g. "
+            "https://api.openai.com/v1 or http://vllm.models.svc:8000/v1: its "
+            "{baseURL}/chat/completions is posted the turn's request."
+        ),
+        min_length=1,
+        max_length=2048,
+        pattern=BASE_URL_PATTERN,
+    )
+    name: str = Field(
+        description="The model, as that endpoint names it (e.g. gpt-4o-mini, qwen2.5:7b).",
+        min_length=1,
+        max_length=253,
+    )
+    api_key_secret_ref: SecretKeySelector | None = Field(
+        default=None,
+        description=(
+            "The fallback's own API key: a key of a Secret in the run's namespace, given to "
+            "the model turn's pod as an environment variable of its own (never written to "
+            "status, events or logs), and sent only to this fallback's baseURL. The run's "
+            "creator must be allowed to get that Secret, as for the first model's key. No key "
+            "is sent when unset (a local server); the first model's key is never sent to it."
+        ),
+    )
+    temperature: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=2.0,
+        description=(
+            "Sampling temperature sent to this fallback; the endpoint's default when unset "
+            "(the first model's temperature is not carried over)."
+        ),
+    )
+
+
 class ModelEndpoint(ApiModel):
     """An OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, Ollama, llama.cpp's server,
-    LiteLLM, KubeAI, ...)."""
+    LiteLLM, KubeAI, ...), and the models tried after it when it is unavailable."""
 
     base_url: str = Field(
         alias="baseURL",
@@ -77,7 +130,7 @@ class ModelEndpoint(ApiModel):
         ),
         min_length=1,
         max_length=2048,
-        pattern=r"^https?://[^\s]+$",
+        pattern=BASE_URL_PATTERN,
     )
     name: str = Field(
         description="The model, as the endpoint names it (e.g. gpt-4o-mini, qwen2.5:7b).",
@@ -111,7 +164,10 @@ class ModelEndpoint(ApiModel):
         default=None,
         ge=1,
         le=86400,
-        description="Deadline of one model turn attempt (the Job's activeDeadlineSeconds).",
+        description=(
+            "Deadline of one model turn attempt, its fallbacks included (the Job's "
+            "activeDeadlineSeconds)."
+        ),
     )
     retry: RetryPolicy | None = Field(
         default=None,
@@ -122,12 +178,58 @@ class ModelEndpoint(ApiModel):
             f"{', '.join(names.TURN_FAILURES)}."
         ),
     )
+    fallbacks: list[ModelFallback] | None = Field(
+        default=None,
+        description=(
+            "Models tried in order, within the same turn attempt, when the one before fails "
+            f"with {FALLBACK_REASONS}. The first model that answers answers the turn; the "
+            "turn records which (its name, baseURL and index: 0 this model, 1 the first "
+            "fallback, ...), and why each before it failed, in status.agent.recent and the "
+            "turn's transcript record, and a Warning Event ModelFallback names them. An HTTP "
+            "4xx other than 429, or an answer that is not a valid chat completion, is no "
+            "reason to fall back: the next model would be sent the same request, and such an "
+            "answer says the request, the key or the endpoint is wrong, not that the model is "
+            "unavailable; the turn fails with its reason, as without fallbacks. A turn whose "
+            "every model failed fails with the reason of the last one, its message naming "
+            "each. maxOutputTokens, timeoutSeconds and retry are this model's and hold for "
+            "the whole turn: the fallbacks share its deadline, and a retry of the turn begins "
+            "with this model again. At most 3."
+        ),
+        max_length=MAX_FALLBACKS,
+    )
 
 
 class SubAgent(ApiModel):
     """A sub-agent: every call of the tool starts a child AgentRun, whose answer is the call's
     result."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.agentRef) || (!has(self.instructions) && !has(self.tools))",
+                    "message": (
+                        "a sub-agent of agentRef runs that Agent's instructions and tools: set "
+                        "agentRef, or instructions and tools, not both"
+                    ),
+                }
+            ]
+        }
+    )
+
+    agent_ref: str | None = Field(
+        default=None,
+        description=(
+            "An Agent of this namespace the child runs (its spec.agentRef), instead of "
+            "instructions and tools: the child takes the Agent, its ModelConfig and tools as "
+            "they are when the child starts, with the rights of this run's creator checked; "
+            "maxTurns is then the Agent's own. Unset: the child runs this run's model with "
+            "instructions and tools."
+        ),
+        min_length=1,
+        max_length=253,
+        pattern=RUN_NAME_PATTERN,
+    )
     instructions: str | None = Field(
         default=None,
         description="The child's system prompt (its spec.agent.instructions).",
@@ -332,41 +434,40 @@ class ResumeFrom(ApiModel):
     )
 
 
+TOOL_CHOICE_RULES: list[Any] = [
+    {
+        "rule": (
+            "!has(self.toolChoice) || self.toolChoice in ['auto', 'none'] || "
+            "(has(self.tools) && (self.toolChoice == 'required' || "
+            "self.tools.exists(t, t.name == self.toolChoice))) || "
+            "(has(self.mcpServers) && (self.toolChoice == 'required' || "
+            "self.mcpServers.exists(s, s.tools.exists(t, t.name == self.toolChoice))))"
+        ),
+        "message": (
+            "toolChoice must be auto, none, required or the name of one of the "
+            "tools of spec.agent.tools or spec.agent.mcpServers (required and a "
+            "tool's name need tools)"
+        ),
+        "fieldPath": ".toolChoice",
+    },
+    {
+        "rule": (
+            "!has(self.tools) || !self.tools.exists(t, t.name in ['auto', 'none', 'required'])"
+        ),
+        "message": (
+            "a tool may not be named auto, none or required: those are the modes of toolChoice"
+        ),
+        "fieldPath": ".tools",
+    },
+]
+"""CEL rules of an agent's toolChoice and tool names (spec.agent here; the Agent kind's spec
+has them too)."""
+
+
 class Agent(ApiModel):
     """A model that decides the next steps while the run runs, and the tools it may call."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": (
-                        "!has(self.toolChoice) || self.toolChoice in ['auto', 'none'] || "
-                        "(has(self.tools) && (self.toolChoice == 'required' || "
-                        "self.tools.exists(t, t.name == self.toolChoice))) || "
-                        "(has(self.mcpServers) && (self.toolChoice == 'required' || "
-                        "self.mcpServers.exists(s, s.tools.exists(t, t.name == self.toolChoice))))"
-                    ),
-                    "message": (
-                        "toolChoice must be auto, none, required or the name of one of the "
-                        "tools of spec.agent.tools or spec.agent.mcpServers (required and a "
-                        "tool's name need tools)"
-                    ),
-                    "fieldPath": ".toolChoice",
-                },
-                {
-                    "rule": (
-                        "!has(self.tools) || "
-                        "!self.tools.exists(t, t.name in ['auto', 'none', 'required'])"
-                    ),
-                    "message": (
-                        "a tool may not be named auto, none or required: those are the "
-                        "modes of toolChoice"
-                    ),
-                    "fieldPath": ".tools",
-                },
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": TOOL_CHOICE_RULES})
 
     model: ModelEndpoint = Field(
         description=(

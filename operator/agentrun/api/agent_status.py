@@ -26,6 +26,7 @@ from agentrun.api.agent import (
     MAX_TOOL_ARGUMENTS,
     ModelEndpoint,
 )
+from agentrun.api.agent_defs import AgentDefinition
 from agentrun.api.base import ApiModel, ResultRef, Timestamp
 from agentrun.api.mcp import MAX_SERVER_TOOLS, MAX_SERVERS, PinnedTool
 
@@ -161,6 +162,24 @@ class TurnSummary(ApiModel):
     summary: str | None = Field(
         default=None, description="The first line of what the model said.", max_length=MAX_SUMMARY
     )
+    model: str | None = Field(
+        default=None,
+        description=(
+            "The name of the model that answered the turn (spec.agent.model.name, or a "
+            "fallback's name); unset when that is not known (a turn with fallbacks whose pod "
+            "did not say which answered)."
+        ),
+        max_length=253,
+    )
+    fallback: int | None = Field(
+        default=None,
+        ge=1,
+        le=3,  # agent.MAX_FALLBACKS
+        description=(
+            "Set when a fallback answered the turn: its index in spec.agent.model.fallbacks, "
+            "from 1 (the models before it failed; a Warning Event ModelFallback says why)."
+        ),
+    )
 
 
 class ResumedFrom(ApiModel):
@@ -251,6 +270,14 @@ class AgentStatus(ApiModel):
     reference in ConfigMaps owned by the run (label agentrun.dev/object=transcript)."""
 
     stage: AgentStage = Field(default=AgentStage.WAITING, description="Where the loop is.")
+    definition: AgentDefinition | None = Field(
+        default=None,
+        description=(
+            "For a run of an Agent (spec.agentRef): the agent as the operator took it on its "
+            "first pass, from which Agent and ModelConfig (uid, generation), with its digest. "
+            "Every turn of the run uses this copy."
+        ),
+    )
     frozen: FrozenAgent | None = Field(
         default=None,
         description=(

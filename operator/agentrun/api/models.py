@@ -19,6 +19,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, field_validator
 
 from agentrun.api.agent import Agent
+from agentrun.api.agent_defs import AgentRef
 
 # Re-exported: the rest of the code reads every name of the API from this module.
 from agentrun.api.base import ENV_NAME_PATTERN as ENV_NAME_PATTERN
@@ -387,11 +388,19 @@ class AgentRunSpec(ApiModel):
                     "message": "spec.agent.resumeFrom can only be set when the run is created",
                 },
                 {
-                    "rule": "has(self.plan) || has(self.agent)",
-                    "message": "a run needs spec.plan, spec.agent or both",
+                    "rule": "has(self.plan) || has(self.agent) || has(self.agentRef)",
+                    "message": "a run needs spec.plan, spec.agent (or spec.agentRef) or both",
                 },
                 {
-                    "rule": "!has(self.agent) || !has(self.plan) || "
+                    "rule": "!(has(self.agent) && has(self.agentRef))",
+                    "message": "a run has spec.agent or spec.agentRef (an Agent by name), not both",
+                },
+                {
+                    "rule": "has(self.agentRef) == has(oldSelf.agentRef)",
+                    "message": "spec.agentRef can only be set when the run is created",
+                },
+                {
+                    "rule": "(!has(self.agent) && !has(self.agentRef)) || !has(self.plan) || "
                     "self.plan.steps.all(s, !s.name.matches('^t[0-9]+-'))",
                     "message": "in a run with spec.agent, plan step names may not look like "
                     "t<number>-... (the names of model turns and tool calls)",
@@ -423,6 +432,22 @@ class AgentRunSpec(ApiModel):
             "operator validates and runs them as steps, and the run succeeds with the model's "
             "answer."
         ),
+    )
+    agent_ref: AgentRef | None = Field(
+        default=None,
+        description=(
+            "Run an Agent of this namespace (instead of spec.agent): its instructions, tools, "
+            "limits and ModelConfig, as they are when the run starts, with this run's goal. "
+            "The operator takes them on its first pass, with the creator's rights to read "
+            "them and every Secret they name checked, into status.agent.definition (with each "
+            "object's uid and generation); a later change of the Agent or its ModelConfig "
+            "changes nothing in this run. Fixed at creation."
+        ),
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "agentRef cannot change"}
+            ]
+        },
     )
     budget: Budget | None = Field(default=None, description="Limits of the run.")
     policy: Policy | None = Field(default=None, description="Approval and image rules.")

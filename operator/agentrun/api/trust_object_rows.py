@@ -4,6 +4,7 @@ what only cluster admins hold."""
 
 from __future__ import annotations
 
+from agentrun.api.names import GROUP
 from agentrun.api.trust_terms import (
     CONFIGMAPS,
     CRDS,
@@ -557,6 +558,37 @@ OBJECT_ROWS: tuple[Entry, ...] = (
         outcomes=every(
             Expect(Outcome.REFUSED_RBAC, "it lives in the operator's namespace, not the run's")
         ),
+    ),
+    *(
+        Entry(
+            id=f"{plural}",
+            object=kind,
+            path=f"spec ({what}), in the run's namespace",
+            decides="what a run of an Agent (spec.agentRef) runs: its model, key, tools and "
+            "limits, taken once on the run's first pass into status.agent.definition",
+            resource=(GROUP, plural),
+            writers=(Writer.NAMESPACE_ADMIN, Writer.CLUSTER_ADMIN),
+            frozen=Frozen.FIRST_PASS,
+            checks=(Check.RBAC, Check.CREATOR_RIGHTS, Check.FROZEN_STATUS),
+            proven=(Origin.RBAC, Origin.COMMITTED_UID, Origin.COMMITTED_DIGEST),
+            mimic_is=f"the {kind} as the namespace's admins would define it, written before them",
+            outcomes=every(
+                Expect(
+                    Outcome.REFUSED_RBAC,
+                    "agentrun-define aggregates into admin only; an admin's change reaches "
+                    "only runs that start after it",
+                )
+            ),
+        )
+        for kind, plural, what in (
+            (
+                "Agent",
+                "agents",
+                "instructions, tools, MCP servers, tool choice, limits, allowOverrides, "
+                "modelConfigRef",
+            ),
+            ("ModelConfig", "modelconfigs", "endpoint, API key Secret, settings, fallbacks"),
+        )
     ),
     Entry(
         id="crd",

@@ -344,7 +344,10 @@ RUN_ROWS: tuple[Entry, ...] = (
     Entry(
         id="agent-model",
         object="AgentRun",
-        path="spec.agent.model (baseURL, name, apiKeySecretRef, settings), spec.agent presence",
+        path=(
+            "spec.agent.model (baseURL, name, apiKeySecretRef, settings, and fallbacks[]: each "
+            "one's baseURL, name, apiKeySecretRef and temperature), spec.agent presence"
+        ),
         decides="where a model turn sends the API key, and which model it asks",
         resource=RUNS,
         writers=(Writer.CREATOR,),
@@ -545,6 +548,37 @@ RUN_ROWS: tuple[Entry, ...] = (
             )
         ),
         fields=("spec.agent.resumeFrom.**",),
+        agent=True,
+    ),
+    Entry(
+        id="agent-ref",
+        object="AgentRun",
+        path="spec.agentRef (the Agent's name, overrides, resumeFrom)",
+        decides="which Agent (and through it which ModelConfig, model endpoint, API key, tools "
+        "and limits) a run of an Agent uses",
+        resource=RUNS,
+        writers=(Writer.CREATOR,),
+        frozen=Frozen.CREATION,
+        checks=(Check.CRD_RULE, Check.FROZEN_STATUS, Check.DIGEST, Check.CREATOR_RIGHTS),
+        proven=(Origin.API_SERVER, Origin.COMMITTED_UID, Origin.COMMITTED_DIGEST),
+        mimic_is="spec.agentRef as the creator would write it at creation",
+        mimic=every(
+            Expect(
+                Outcome.REFUSED_API,
+                "spec.agentRef can only be set when the run is created, and a run has "
+                "spec.agent or spec.agentRef, not both",
+            )
+        ),
+        outcomes=every(
+            Expect(
+                Outcome.REFUSED_API,
+                "spec.agentRef can only be set when the run is created (without the rule: "
+                "AgentSpecChanged, its digest is committed with status.agent.definition, and "
+                "the Agent is read once, with the creator's rights, by the uid and "
+                "generation recorded there)",
+            )
+        ),
+        fields=("spec.agentRef.**",),
         agent=True,
     ),
     # -- the run's status -------------------------------------------------------------------------

@@ -38,6 +38,7 @@ class Writer(StrEnum):
     OPERATOR = "operator"
     API_SERVER = "API server"
     CREATOR = "run creator"
+    NAMESPACE_ADMIN = "namespace admin"
     EDITOR = "namespace editor"
     STEP_POD = "step's pod"
     EXECUTOR = "operator's executor pod"

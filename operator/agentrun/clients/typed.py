@@ -52,6 +52,7 @@ from pydantic import ValidationError
 from agentrun.access import approvals
 from agentrun.api import models as m
 from agentrun.clients import forks, reading
+from agentrun.core import agent_refs
 from agentrun.kubeapi import (
     JSON_PATCH,
     MERGE_PATCH,
@@ -340,7 +341,7 @@ class AgentRunClient:
         A fork that cannot be made raises :class:`AgentRunError` saying why.
         """
         body = self._read(name)
-        run = self._parse(body)
+        run = agent_refs.effective(self._parse(body))
         target = forks.fork_name(name, new_name)
 
         def resume_run(run_name: str) -> object:
@@ -387,7 +388,8 @@ class AgentRunClient:
         """
         body = self._read(name)
         try:
-            asked = forks.ask(self._create_run, body, self._parse(body), question, new_name,
+            run = agent_refs.effective(self._parse(body))
+            asked = forks.ask(self._create_run, body, run, question, new_name,
                               name_option="new_name")  # fmt: skip
         except forks.ForkRefused as error:
             raise AgentRunError(str(error)) from None

@@ -56,6 +56,47 @@ CUT_OFF_REASON = "AnswerCutOff"
 """The reason of a run whose model answered, but was cut off at maxOutputTokens."""
 
 
+MODEL_FALLBACK = "ModelFallback"
+"""The reason of the transition (and Warning Event) of a turn answered by a fallback of
+spec.agent.model, the models before it having failed."""
+
+
+def answerer(ag: agent_status.AgentStatus, output: cx.Output) -> cx.Answerer | None:
+    """The model that answered ``output``'s turn, named as the frozen model names it
+    (``status.agent.frozen``): the one whose index the output names (a turn with fallbacks),
+    or the model itself for a turn without (whose output names none). None when it is not
+    known (no frozen model, an index it does not have)."""
+    model = ag.frozen.model if ag.frozen is not None else None
+    if model is None:
+        return None
+    models = [(model.name, model.base_url)]
+    models += [(f.name, f.base_url) for f in model.fallbacks or []]
+    by = output.answered_by
+    if by is None:
+        return cx.Answerer(0, model.name, model.base_url) if len(models) == 1 else None
+    if by.index >= len(models):
+        return None
+    name, base_url = models[by.index]
+    return cx.Answerer(by.index, name, base_url)
+
+
+def _note_fallback(b: Host, ag: agent_status.AgentStatus, output: cx.Output) -> None:
+    """Say on the run that turn ``ag.turn`` was answered by a fallback, and why each model
+    before it failed: a transition ModelFallback and a Warning Event."""
+    by = answerer(ag, output)
+    if by is None or by.index == 0:
+        return
+    before = "; ".join(output.fallback_from) or "the models before it failed"
+    b.record(
+        model_step(ag.turn),
+        None,
+        "Answered",
+        MODEL_FALLBACK,
+        f"turn {ag.turn}: answered by fallback {by.index} {by.name} at {by.base_url} after: "
+        f"{before}",
+    )
+
+
 def _model_output(b: Host, ag: agent_status.AgentStatus) -> cx.Output | str | None:
     st = b.steps.get(model_step(ag.turn))
     if st is None or st.phase != SP.SUCCEEDED:
@@ -102,6 +143,7 @@ def _take_output(
     output = _bounded(agent, ag, output)
     if output.unreported:
         _note_unreported(b, ag, output)
+    _note_fallback(b, ag, output)
     ag.prompt_tokens = min(ag.prompt_tokens + output.prompt_tokens, m.MAX_TOKENS)
     ag.completion_tokens = min(ag.completion_tokens + output.completion_tokens, m.MAX_TOKENS)
     ag.finish_reason = output.finish_reason
@@ -244,12 +286,16 @@ def _cut_off(
 
 
 def _remember(ag: agent_status.AgentStatus, output: cx.Output, invalid: int) -> None:
-    recent = [*(ag.recent or []), _summary(ag.turn, output, invalid)]
+    recent = [*(ag.recent or []), _summary(ag.turn, output, invalid, answerer(ag, output))]
     ag.recent = recent[-a.MAX_RECENT_TURNS :]
 
 
-def _summary(turn: int, output: cx.Output, invalid: int) -> agent_status.TurnSummary:
+def _summary(
+    turn: int, output: cx.Output, invalid: int, by: cx.Answerer | None = None
+) -> agent_status.TurnSummary:
     return agent_status.TurnSummary(
+        model=by.name if by is not None else None,
+        fallback=by.index if by is not None and by.index else None,
         turn=turn,
         tool_calls=len(output.tool_calls),
         invalid_calls=invalid,
@@ -290,6 +336,11 @@ def _record(
     }
     if output.dropped_calls:
         record["droppedCalls"] = output.dropped_calls
+    by = answerer(ag, output)
+    if by is not None:
+        record["answeredBy"] = {"index": by.index, "name": by.name, "baseURL": by.base_url}
+    if output.fallback_from:
+        record["fallbackFrom"] = list(output.fallback_from)
     if ctx is not None:
         record["context"] = {
             "name": ctx.name,

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_budget, agent_loop
+from agentrun.core import agent_budget, agent_loop, agent_output
 from agentrun.core.actions import Action, EmitEvent
 from agentrun.core.envelope import clean
 from agentrun.core.observed import Observed
@@ -74,7 +74,7 @@ def posts_event(transition: m.Transition) -> bool:
     return _warns(t.to_phase, t.reason) or _notable(t.step, t.to_phase, t.reason, t.by)
 
 
-WARNING_REASONS = frozenset({agent_budget.USAGE_NOT_REPORTED})
+WARNING_REASONS = frozenset({agent_budget.USAGE_NOT_REPORTED, agent_output.MODEL_FALLBACK})
 """Reasons of transitions that post a Warning Event besides failures, ``...Exceeded`` and
 ``...Refused``: what the run's creator must hear of though the run goes on."""
 

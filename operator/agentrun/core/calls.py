@@ -16,7 +16,7 @@ from agentrun.core import context as cx
 from agentrun.core import http_tool, naming, subagents
 from agentrun.core.actions import StoreResult
 from agentrun.core.envelope import clean
-from agentrun.core.turn_steps import child_agent
+from agentrun.core.turn_steps import declared_tool
 from agentrun.core.turns import AgentConfig, Host, again, call_step, model_of
 
 
@@ -158,9 +158,7 @@ class _Children:
         sub = tool.agent
         assert sub is not None
         ag = b.status.agent
-        declared = subagents.SubAgentTool(
-            agent=child_agent(agent, ag, tool), preamble=sub.preamble, max_tokens=sub.max_tokens
-        )
+        declared = declared_tool(agent, ag, tool)
         goal = subagents.goal_of(declared, arguments if isinstance(arguments, dict) else {})
         if goal is None:
             return (
@@ -183,7 +181,8 @@ class _Children:
         keep = 0
         if ctx is not None:
             keep = subagents.parent_keeps(model, ctx, self.calls, self.config)
-        prompt = len((declared.agent.instructions or "") + goal)
+        told = declared.agent.instructions if declared.agent is not None else None
+        prompt = len((told or "") + goal)
         minimum = model.max_output_tokens + -(-prompt // self.config.bytes_per_token) + 512
         used = (b.status.usage or m.Usage()).tokens
         carve = subagents.carve(budget.max_tokens, used, self.carved, keep, sub.max_tokens, minimum)

@@ -33,7 +33,7 @@ from agentrun.core.builder import Builder, truncate
 from agentrun.core.envelope import summary_line
 from agentrun.core.observed import ObservedChild
 from agentrun.core.refusals import create_refusal_waits
-from agentrun.core.turn_steps import child_agent
+from agentrun.core.turn_steps import declared_tool
 from agentrun.core.turns import child_call
 
 CHILD_FAILED = "SubAgentFailed"
@@ -54,11 +54,7 @@ def manifest(b: Builder, call: agent_status.ToolCallStatus, key: str) -> dict[st
     tool = _tool(b, call)
     if agent is None or tool is None or tool.agent is None or call.child is None:
         return None
-    declared = subagents.SubAgentTool(
-        agent=child_agent(agent, b.status.agent, tool),
-        preamble=tool.agent.preamble,
-        max_tokens=tool.agent.max_tokens,
-    )
+    declared = declared_tool(agent, b.status.agent, tool)
     arguments = json.loads(call.arguments or "{}")
     goal = subagents.goal_of(declared, arguments if isinstance(arguments, dict) else {})
     if goal is None:  # pragma: no cover - validated before the call was accepted

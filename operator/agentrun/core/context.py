@@ -34,8 +34,10 @@ plan's results) always stay.
 The **output** of a model turn is the result of its step: JSON
 ``{"content": ..., "toolCalls": [{"id", "name", "arguments"}], "finishReason": ...,
 "usage": {"promptTokens", "completionTokens", "totalTokens"}, "model": ...}`` (``usage`` with
-``"estimated": ["prompt_tokens", ...]`` naming the counts the endpoint did not report; written by
-:func:`output_result`, read back by :func:`parse_output`).
+``"estimated": ["prompt_tokens", ...]`` naming the counts the endpoint did not report;
+``"answeredBy": {"index", "name", "baseURL"}``, the model that answered, 0 spec.agent.model and
+1 on its fallbacks, with ``"fallbackFrom"``, one line per model that failed before it; written
+by :func:`output_result`, read back by :func:`parse_output`).
 """
 
 from __future__ import annotations
@@ -106,6 +108,20 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Answerer:
+    """The model that answered a turn: ``index`` 0 is spec.agent.model itself, 1 and on its
+    fallbacks in order (spec.agent.model.fallbacks)."""
+
+    index: int
+    name: str
+    base_url: str
+
+
+MAX_FALLBACK_LINE = 400
+"""Characters kept of the line saying why a model before the one that answered failed."""
+
+
+@dataclass(frozen=True)
 class Output:
     """What a model turn returned."""
 
@@ -122,6 +138,11 @@ class Output:
     unreported: tuple[str, ...] = ()
     """The usage counts (of :data:`USAGE_COUNTS`) the endpoint did not report: those counts
     are estimates, at :data:`BYTES_PER_TOKEN` bytes a token of the request and of the output."""
+    answered_by: Answerer | None = None
+    """The model that answered (None in the output of a pod from before fallbacks)."""
+    fallback_from: tuple[str, ...] = ()
+    """For each model tried before the one that answered, in order, one line saying why it
+    failed (``scripted at http://...: ModelErrorStatus: HTTP 500: overloaded``)."""
 
 
 def output_result(output: Output) -> dict[str, Any]:
@@ -142,6 +163,11 @@ def output_result(output: Output) -> dict[str, Any]:
         body["usage"]["estimated"] = list(output.unreported)
     if output.model:
         body["model"] = output.model
+    if output.answered_by is not None:
+        by = output.answered_by
+        body["answeredBy"] = {"index": by.index, "name": by.name, "baseURL": by.base_url}
+    if output.fallback_from:
+        body["fallbackFrom"] = list(output.fallback_from)
     return body
 
 
@@ -198,7 +224,27 @@ def parse_output(text: str, turn: int) -> Output | str:
         model=clean(model)[:253] if isinstance(model, str) else None,
         dropped_calls=max(len(raw_calls) - MAX_CALLS_KEPT, 0),
         unreported=_estimated(usage.get("estimated")),
+        answered_by=_answerer(data.get("answeredBy")),
+        fallback_from=_fallback_from(data.get("fallbackFrom")),
     )
+
+
+def _answerer(value: Any) -> Answerer | None:
+    """``answeredBy`` of an output; None when it is not one."""
+    if not isinstance(value, dict):
+        return None
+    index, name, base_url = value.get("index"), value.get("name"), value.get("baseURL")
+    if not (isinstance(index, int) and not isinstance(index, bool) and 0 <= index <= 16):
+        return None
+    if not (isinstance(name, str) and isinstance(base_url, str)):
+        return None
+    return Answerer(index, clean(name)[:253], clean(base_url)[:2048])
+
+
+def _fallback_from(value: Any) -> tuple[str, ...]:
+    """``fallbackFrom`` of an output: its lines (at most 16, each cut short)."""
+    lines = value if isinstance(value, list) else []
+    return tuple(clean(line)[:MAX_FALLBACK_LINE] for line in lines[:16] if isinstance(line, str))
 
 
 def _estimated(value: Any) -> tuple[str, ...]:

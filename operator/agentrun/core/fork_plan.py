@@ -222,10 +222,12 @@ def copied_spec(old: Mapping[str, Any]) -> dict[str, Any]:
 
 def continuing(spec: dict[str, Any], source: str, uid: str, turn: int) -> None:
     """Make ``spec`` (of an agent run) continue the conversation of ``source`` (its name)
-    after ``turn``: ``spec.agent.resumeFrom``."""
-    agent = spec.get("agent")
-    if isinstance(agent, dict):
-        agent["resumeFrom"] = {"run": source, "uid": uid, "turn": turn}
+    after ``turn``: ``spec.agent.resumeFrom``, or ``spec.agentRef.resumeFrom`` for a run of an
+    Agent (the new run takes the Agent as it is when it starts)."""
+    for key in ("agent", "agentRef"):
+        agent = spec.get(key)
+        if isinstance(agent, dict):
+            agent["resumeFrom"] = {"run": source, "uid": uid, "turn": turn}
 
 
 def manifest(

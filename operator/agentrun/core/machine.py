@@ -54,9 +54,10 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from agentrun.api import agent as a
+from agentrun.api import agent_status
 from agentrun.api import models as m
 from agentrun.api.models import StepPhase as SP
-from agentrun.core import agent_loop, children, http_tool, mcp
+from agentrun.core import agent_loop, agent_refs, children, http_tool, mcp
 from agentrun.core import frozen as freezing
 from agentrun.core.actions import Action, CreateChild, CreateJob, DeleteJob, StartPod
 from agentrun.core.arguments import needs_approval
@@ -113,6 +114,7 @@ def reconcile(
     config = config or CoreConfig()
     now = floor_seconds(now)
     status = _copy_status(run.status)
+    run, by_ref = _take_agent(run, observed, status)
     steps = {s.name: s for s in (status.steps or [])}
     b = Builder(run, observed, now, config, status, steps)
     first_pass = status.phase is None
@@ -127,6 +129,19 @@ def reconcile(
     if status.phase in m.TERMINAL_RUN_PHASES:
         if not any(c.type == READY for c in status.conditions or []):
             set_conditions(b, ended_reason(status))  # finished before Ready existed
+        return _finish(b)
+
+    if by_ref is not None:  # the Agent spec.agentRef names: not taken yet, or refused
+        if by_ref:
+            end_run(b, m.RunPhase.FAILED, agent_refs.REFUSED, by_ref)
+        else:
+            status.message = agent_refs.waiting_message(run)
+            b.timers.append(now + timedelta(seconds=agent_refs.WAIT_SECONDS))
+        return _finish(b)
+    ref_changed = agent_refs.changed(run)
+    if ref_changed is not None:
+        by = _modified_by(run)
+        abort(b, m.RunPhase.FAILED, agent_refs.CHANGED, ref_changed, by)
         return _finish(b)
 
     if not _spec_checked(run, status):
@@ -177,6 +192,29 @@ def reconcile(
 
     settle(b)
     return _finish(b)
+
+
+def _take_agent(
+    run: m.AgentRun, observed: Observed, status: m.AgentRunStatus
+) -> tuple[m.AgentRun, str | None]:
+    """A run that names an Agent (spec.agentRef) and has not taken it: take what the shell
+    read (into ``status.agent.definition``) and read the run with it from now on. Returns the
+    run as the pass reads it, and None when it goes on; else why it fails (a message), or ""
+    while the shell has not read the Agent yet."""
+    if (
+        run.spec.agent_ref is None
+        or run.spec.agent is not None  # the shell gave it the agent it took
+        or status.phase in m.TERMINAL_RUN_PHASES
+        or agent_refs.definition_of(run) is not None
+    ):
+        return run, None
+    taken = agent_refs.take(run, observed.definition)
+    if taken is None or isinstance(taken, str):
+        return run, taken or ""
+    if status.agent is None:
+        status.agent = agent_status.AgentStatus()
+    status.agent.definition = taken
+    return agent_refs.with_definition(run, taken), None
 
 
 def _copy_status(status: m.AgentRunStatus | None) -> m.AgentRunStatus:

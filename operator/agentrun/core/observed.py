@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from agentrun.api import agent_defs as d
 from agentrun.api import models as m
 from agentrun.core.context import Stored
 from agentrun.core.naming import sha256_text
@@ -196,6 +197,19 @@ class ResumeSource:
 
 
 @dataclass(frozen=True)
+class Definition:
+    """The Agent ``spec.agentRef`` names and its ModelConfig, as the shell read them in the
+    run's namespace once the run's creator was found allowed to get both and every Secret they
+    name (:mod:`agentrun.observation.agent_refs`); or why the run cannot take them
+    (``problem``)."""
+
+    agent: d.AgentObject | None = None
+    model: d.ModelConfigObject | None = None
+    """None when the Agent writes its model out."""
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything observed for one run."""
 
@@ -249,6 +263,9 @@ class Observed:
     resume: ResumeSource | None = None
     """For an agent run with ``spec.agent.resumeFrom`` whose first turn has not started: the
     conversation it continues, as read in this pass; None when not read (the loop waits)."""
+    definition: Definition | None = None
+    """For a run that names an Agent (``spec.agentRef``) and has not taken it: the Agent as
+    read in this pass; None when not read (the run waits)."""
     documents: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """Keyed by (ConfigMap name, key): the records an agent run's loop asked for
     (:func:`agentrun.core.agent_loop.wanted_documents`), as the shell read them; keys not found

@@ -17,6 +17,23 @@ ENV_MODEL_TEMPERATURE = "AGENTRUN_MODEL_TEMPERATURE"
 ENV_MODEL_MAX_OUTPUT_TOKENS = "AGENTRUN_MODEL_MAX_OUTPUT_TOKENS"
 ENV_MODEL_API_KEY = "AGENTRUN_MODEL_API_KEY"
 ENV_MODEL_TOOL_CHOICE = "AGENTRUN_MODEL_TOOL_CHOICE"
+ENV_MODEL_TIMEOUT_SECONDS = "AGENTRUN_MODEL_TIMEOUT_SECONDS"
+"""The turn's deadline in seconds (spec.agent.model.timeoutSeconds), when it has one: how long
+a 429's Retry-After may be waited for, and how long the models after the first may take."""
+ENV_MODEL_FALLBACKS = "AGENTRUN_MODEL_FALLBACKS"
+"""How many fallback models the turn has (spec.agent.model.fallbacks), when it has any."""
+ENV_MODEL_FALLBACK = "AGENTRUN_MODEL_FALLBACK_"
+"""The prefix of fallback ``i``'s variables (from 1, in order): ``AGENTRUN_MODEL_FALLBACK_1_``
+then one of :data:`FALLBACK_FIELDS` (:func:`fallback_env`)."""
+FALLBACK_FIELDS = ("BASE_URL", "NAME", "TEMPERATURE", "API_KEY")
+
+
+def fallback_env(index: int, field: str) -> str:
+    """The variable holding ``field`` (of :data:`FALLBACK_FIELDS`) of fallback ``index``
+    (1 is the first): ``AGENTRUN_MODEL_FALLBACK_1_API_KEY``."""
+    return f"{ENV_MODEL_FALLBACK}{index}_{field}"
+
+
 ENV_CONTEXT_PARTS = "AGENTRUN_CONTEXT_PARTS"
 ENV_CONTEXT_SHA256 = "AGENTRUN_CONTEXT_SHA256"
 ENV_CONTEXT_PART = "AGENTRUN_CONTEXT_PART_"

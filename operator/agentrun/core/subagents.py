@@ -125,9 +125,23 @@ class SubAgentTool:
     """What a sub-agent tool declares: the child's agent, the text put before the call's
     goal, and the most tokens a child may be given."""
 
-    agent: a.Agent
+    agent: a.Agent | None
+    """The child's spec.agent; None for a sub-agent of an Agent (``agent_ref``)."""
     preamble: str | None = None
     max_tokens: int | None = None
+    agent_ref: str | None = None
+    """The Agent the child runs (its spec.agentRef), by name."""
+
+    def child_agent(self) -> dict[str, Any]:
+        """The child's agent as its spec holds it: ``{"agent": ...}`` or ``{"agentRef": ...}``
+        (wire form, fields at their defaults left out)."""
+        if self.agent_ref is not None:
+            return {"agentRef": {"name": self.agent_ref}}
+        assert self.agent is not None
+        wire = self.agent.model_dump(
+            mode="json", by_alias=True, exclude_defaults=True, exclude_none=True
+        )
+        return {"agent": wire}
 
 
 @dataclass(frozen=True)
@@ -154,9 +168,7 @@ def call_args_hash(tool: SubAgentTool, arguments: Mapping[str, Any]) -> str:
     """The argsHash of a sub-agent call: sha256 of the tool's declaration (agent, preamble,
     most tokens) and the call's arguments, as canonical JSON."""
     wire = {
-        "agent": tool.agent.model_dump(
-            mode="json", by_alias=True, exclude_defaults=True, exclude_none=True
-        ),
+        **tool.child_agent(),
         "preamble": tool.preamble,
         "maxTokens": tool.max_tokens,
         "arguments": dict(arguments),
@@ -287,12 +299,7 @@ def child_spec(
     """The child's spec (wire form): the goal, the declared agent, the carved budget, and
     the parent's policy and step template. Fields at their defaults are left out: the API
     server fills them in (:func:`spec_digest` compares without them)."""
-    spec: dict[str, Any] = {
-        "goal": goal,
-        "agent": tool.agent.model_dump(
-            mode="json", by_alias=True, exclude_defaults=True, exclude_none=True
-        ),
-    }
+    spec: dict[str, Any] = {"goal": goal, **tool.child_agent()}
     if tokens is not None:
         spec["budget"] = {"maxTokens": tokens}
     if parent.spec.policy is not None:

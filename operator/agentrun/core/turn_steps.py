@@ -16,18 +16,21 @@ from agentrun.api import agent_status
 from agentrun.api import mcp as mcp_api
 from agentrun.api import models as m
 from agentrun.api.base import SecretKeySelector
-from agentrun.core import http_tool, naming
+from agentrun.core import http_tool, naming, subagents
 from agentrun.core.pod_env import (
     ENV_MODEL_API_KEY,
     ENV_MODEL_BASE_URL,
+    ENV_MODEL_FALLBACKS,
     ENV_MODEL_MAX_OUTPUT_TOKENS,
     ENV_MODEL_NAME,
     ENV_MODEL_TEMPERATURE,
+    ENV_MODEL_TIMEOUT_SECONDS,
     ENV_MODEL_TOOL_CHOICE,
     ENV_TOOL_ARGS,
     ENV_TOOL_CALL_ID,
     ENV_TOOL_NAME,
     ENV_TURN,
+    fallback_env,
 )
 from agentrun.core.rights import Check, checks_for
 from agentrun.core.turns import (
@@ -129,6 +132,7 @@ def model_turn_step(
         env.append(_env(ENV_MODEL_TOOL_CHOICE, choice))
     if model.api_key_secret_ref is not None:
         env.append(_secret_env(ENV_MODEL_API_KEY, model.api_key_secret_ref))
+    env += _fallback_env(model)
     container = m.ContainerAction.model_construct(image=image, command=command, env=env)
     return m.Step.model_construct(
         name=model_step(turn),
@@ -140,6 +144,25 @@ def model_turn_step(
         retry=model.retry,
         timeout_seconds=model.timeout_seconds,
     )
+
+
+def _fallback_env(model: a.ModelEndpoint) -> list[m.EnvVar]:
+    """The variables of the model's fallbacks (each one's key from its own Secret, so that
+    :func:`agentrun.core.rights.checks_for` asks the creator's right to each), and of the
+    turn's deadline, which a fallback shares: none without fallbacks."""
+    if not model.fallbacks:
+        return []
+    env = [_env(ENV_MODEL_FALLBACKS, str(len(model.fallbacks)))]
+    if model.timeout_seconds is not None:
+        env.append(_env(ENV_MODEL_TIMEOUT_SECONDS, str(model.timeout_seconds)))
+    for index, fallback in enumerate(model.fallbacks, start=1):
+        env.append(_env(fallback_env(index, "BASE_URL"), fallback.base_url))
+        env.append(_env(fallback_env(index, "NAME"), fallback.name))
+        if fallback.temperature is not None:
+            env.append(_env(fallback_env(index, "TEMPERATURE"), repr(fallback.temperature)))
+        if fallback.api_key_secret_ref is not None:
+            env.append(_secret_env(fallback_env(index, "API_KEY"), fallback.api_key_secret_ref))
+    return env
 
 
 def _call_env(tool: str, call: agent_status.ToolCallStatus, turn: int) -> list[m.EnvVar]:
@@ -292,19 +315,27 @@ def child_agent(
     )
 
 
-def declaration(agent: a.Agent, status: agent_status.AgentStatus | None, tool: a.AgentTool) -> str:
-    """What a sub-agent tool's call is made of besides its arguments, as canonical JSON: the
-    child's agent, the preamble and the most tokens."""
+def declared_tool(
+    agent: a.Agent, status: agent_status.AgentStatus | None, tool: a.AgentTool
+) -> subagents.SubAgentTool:
+    """What the sub-agent tool ``tool`` declares for each child: the child's agent
+    (:func:`child_agent`), or the Agent it runs by reference; the preamble and most tokens."""
     sub = tool.agent
     assert sub is not None
-    child = child_agent(agent, status, tool)
-    wire = {
-        "agent": child.model_dump(
-            mode="json", by_alias=True, exclude_defaults=True, exclude_none=True
-        ),
-        "preamble": sub.preamble,
-        "maxTokens": sub.max_tokens,
-    }
+    return subagents.SubAgentTool(
+        agent=None if sub.agent_ref is not None else child_agent(agent, status, tool),
+        preamble=sub.preamble,
+        max_tokens=sub.max_tokens,
+        agent_ref=sub.agent_ref,
+    )
+
+
+def declaration(agent: a.Agent, status: agent_status.AgentStatus | None, tool: a.AgentTool) -> str:
+    """What a sub-agent tool's call is made of besides its arguments, as canonical JSON: the
+    child's agent (or the Agent it runs), the preamble and the most tokens."""
+    declared = declared_tool(agent, status, tool)
+    wire = {**declared.child_agent(), "preamble": declared.preamble,
+            "maxTokens": declared.max_tokens}  # fmt: skip
     return naming.canonical_json(wire)
 
 
@@ -371,7 +402,8 @@ def current_steps(b: Host, config: AgentConfig) -> list[m.Step]:
 
 def executor_checks(run: m.AgentRun) -> list[Check]:
     """The permissions the run's executor uses on its creator's behalf (the model's API key
-    Secret, the MCP servers' header Secrets, the ServiceAccount), while the run may take turns
+    Secret and each of its fallbacks', the MCP servers' header Secrets, the ServiceAccount),
+    while the run may take turns
     or is about to begin its first (none otherwise): the shell keeps its verdicts on them
     current, so that an executor can be made (:func:`rights_granted`) without waiting for a
     step that uses each of them, in the pass that begins the first turn too (which then

@@ -36,6 +36,7 @@ from agentrun.core import (
     subagents,
     turns,
 )
+from agentrun.core import agent_refs as agent_refs_core
 from agentrun.core.context import Stored
 from agentrun.execution import inputs, jobs, objects, proof
 from agentrun.kubeapi import list_items, tolerate
@@ -44,6 +45,7 @@ from agentrun.loop.decide import core_config
 from agentrun.loop.ledger import Ledger
 from agentrun.loop.signing import JobKey
 from agentrun.loop.written import Written
+from agentrun.observation import agent_refs
 from agentrun.observation import conversation as resume
 from agentrun.observation.adoption import Adoption
 from agentrun.observation.view import ClusterView
@@ -117,6 +119,7 @@ class Observer:
         observed = self._with_tampered(run, observed)
         observed = self._with_carried_sources(run, observed)
         observed = self._with_children(run, observed)
+        observed = self._with_definition(run, observed)
         return self._with_resume_source(run, observed)
 
     # -- what the other parts of a pass tell it --------------------------------------------
@@ -351,6 +354,12 @@ class Observer:
                         sources[carried.step] = found
         return dataclasses.replace(observed, carried_sources=sources)
 
+    def _with_definition(self, run: m.AgentRun, observed: Observed) -> Observed:
+        """The Agent spec.agentRef names and its ModelConfig, read with the creator's rights
+        checked (agentrun.observation.agent_refs), until the run has taken them."""
+        found = agent_refs.read_definition(run, self.apis.custom, self.authorizer)
+        return observed if found is None else dataclasses.replace(observed, definition=found)
+
     def _with_resume_source(self, run: m.AgentRun, observed: Observed) -> Observed:
         """The conversation spec.agent.resumeFrom names, read from that run and verified
         (agentrun.observation.conversation), until the run's first turn has taken it."""
@@ -362,7 +371,7 @@ class Observer:
         if body is None:
             return None
         try:
-            return m.AgentRun.model_validate(body)
+            return agent_refs_core.effective(m.AgentRun.model_validate(body))
         except ValueError:  # not a run this operator can read: nothing to carry from it
             return None
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from agentrun import settings as s
 from agentrun.api import models as m
-from agentrun.core import EmitEvent
+from agentrun.core import EmitEvent, agent_refs
 from agentrun.core.shards import run_shard_label
 from agentrun.loop import cleanup
 from agentrun.loop.act import Actor, Events
@@ -149,10 +149,14 @@ class Reconciler:
                 run = self.bodies.model(body)
             else:
                 run = m.AgentRun.model_validate(body)
-            observed = self.observer.observe(run)
-            decision = self.decider.decide(run, observed)
+            # A run of an Agent (spec.agentRef) is read with the agent it took: every part of
+            # the pass but the commit sees spec.agent (agentrun.core.agent_refs).
+            view = agent_refs.effective(run)
+            observed = self.observer.observe(view)
+            decision = self.decider.decide(view, observed)
+            view = agent_refs.as_decided(view, decision.status)  # a first pass took the Agent
             self.record.anchor(run, decision.status)
-            if not self.actor.before_commit(run, decision.before_commit):
+            if not self.actor.before_commit(view, decision.before_commit):
                 quorum = True  # a result could not be stored: derive again, failing it
                 continue
             try:
@@ -166,7 +170,7 @@ class Reconciler:
             if stored is not None and self.bodies is not None:
                 self.bodies.offer(stored, _as_written(run, decision.status, stored))
             telemetry.observe_commit(run, decision.status)
-            self.actor.act(run, decision.after_commit)
+            self.actor.act(view, decision.after_commit)
             if self.record.flush(run, decision.status) and not levelled:
                 levelled = True  # once more: commit recordedSeq, now that the record has it
                 written = stored

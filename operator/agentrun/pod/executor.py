@@ -39,8 +39,10 @@ the tool's headers from Secrets), run as ``agentrun step http`` would
 (:func:`agentrun.pod.http_tool.outcome`).
 
 It never runs a container tool. The model settings and the API key are its Job's, fixed when
-the operator made it from the run's frozen model; the header Secrets its Job's, from the
-run's MCP servers and HTTP tools (fixed at creation, as the model is).
+the operator made it from the run's frozen model (its fallbacks too, each with the variable of
+its own key: a turn asks them in order as a turn's pod does, with one client per model kept
+between turns); the header Secrets its Job's, from the run's MCP servers and HTTP tools (fixed
+at creation, as the model is). A call's environment holds none of the models' keys.
 """
 
 from __future__ import annotations
@@ -236,7 +238,8 @@ class Turns:
         if call_digest(plain, secret) != digest:
             return "the call's env does not match its sha256"
         env = {**self.env, **ids, s.ENV_IDEMPOTENCY_KEY: key}
-        env.pop(pod_env.ENV_MODEL_API_KEY, None)  # the call has no use for the model's key
+        for name in [n for n in env if model_call.is_key_env(n)]:
+            env.pop(name)  # the call has no use for the models' keys
         timeout = request.get("timeoutSeconds")
         if isinstance(timeout, int) and timeout > 0:
             env[ENV_CALL_TIMEOUT] = str(timeout)
@@ -366,14 +369,7 @@ def serve(
     """Serve the run's turns until idle for ``idle_seconds``; the exit code. The client is
     made once, while the first request may already be taken."""
     env = dict(os.environ if env is None else env)
-    factory = client_factory
-    if factory is None:
-        client: list[Any] = []
-
-        def factory(base_url: str, key: str) -> Any:
-            if not client:
-                client.append(model_call.default_client(base_url, key))
-            return client[0]
+    factory = client_factory or llm.reusing(model_call.default_client)  # one client a model
 
     turns = Turns(
         env,

@@ -16,7 +16,11 @@ The operator runs it as the step ``t{turn}-model`` in its own image. It
    $AGENTRUN_MODEL_BASE_URL, api_key=$AGENTRUN_MODEL_API_KEY)``, posting the chat completion
    request (``model``, ``messages``, ``tools``, ``max_tokens``, ...) to ``/chat/completions``
    with the client's own ``post``, as its ``chat.completions.create`` does, with no retries
-   of its own (retries are the operator's: ``spec.agent.model.retry``). Not through
+   of its own (retries are the operator's: ``spec.agent.model.retry``), except that a 429's
+   Retry-After is waited for within the turn's patience, and that a model that is
+   unavailable (5xx, no connection, no answer in time, a 429 past that patience) makes the
+   next of ``spec.agent.model.fallbacks`` asked, each with its own key
+   (``AGENTRUN_MODEL_FALLBACK_1_API_KEY``, ...; :mod:`agentrun.pod.model_call`). Not through
    ``client.chat``: its first use imports every API resource module of the SDK (0.4 to 0.6 s
    of CPU, a third of what the pod spent starting), and the answer is read here anyway;
 3. writes the turn's output as the step's result envelope, as ``agentrun step --`` does: the
@@ -50,7 +54,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
@@ -66,9 +70,11 @@ from agentrun.pod.model_call import (
     NO_KEY,
     TurnFailed,
     _one_line,
-    _settings,
+    api_keys,
     call_model,
     default_client,
+    models_of,
+    redacted,
 )
 
 
@@ -120,12 +126,12 @@ def _fail(termination: Path, reason: str, message: str) -> int:
     return code
 
 
-def _failed(reason: str, message: str, key: str | None = None) -> tuple[int, str]:
+def _failed(reason: str, message: str, keys: Sequence[str] = ()) -> tuple[int, str]:
     """A failed turn's exit code and termination message, one line that begins with its
     reason (``ModelUnreachable: the model endpoint ...``: the operator takes the reason from
-    it), said on stderr too. ``key``, the API key, is never in it, whatever an error quoted."""
-    if key and key != NO_KEY:
-        message = message.replace(key, "[the API key]")
+    it), said on stderr too. ``keys``, the API keys of its models, are never in it, whatever an
+    error quoted."""
+    message = redacted(message, [key for key in keys if key and key != NO_KEY])
     text = f"{reason}: {message}"
     print(f"agentrun step llm: {text}", file=sys.stderr)
     return 1, _one_line(text, runner.TERMINATION_LIMIT // 4)
@@ -170,14 +176,14 @@ def turn_outcome(
     code and the termination message a turn's pod ends with: its output's envelope (the
     output by reference in a ConfigMap of ``store`` when the message would not hold it), or
     a one-line reason."""
-    key = env.get(pod_env.ENV_MODEL_API_KEY)
+    keys = api_keys(env)
     try:
         return _outcome(env, store, call_model(env, read_context(env), client_factory))
     except TurnFailed as failure:
-        return _failed(failure.reason, str(failure), key)
+        return _failed(failure.reason, str(failure), keys)
     except Exception as error:  # a one-line reason, never a traceback, whatever went wrong
         text = f"the turn failed: {type(error).__name__}: {_one_line(error)}"
-        return _failed(names.TURN_FAILED, text, key)
+        return _failed(names.TURN_FAILED, text, keys)
 
 
 def _outcome(
@@ -228,9 +234,11 @@ def _outcome(
             "usage": body["usage"],
         }
         text = json.dumps(body, separators=(",", ":"))
+    by = output.answered_by
+    fallback = f", answered by fallback {by.index} {by.name}" if by is not None and by.index else ""
     print(
         f"agentrun step llm: turn {env.get(pod_env.ENV_TURN, '?')}: {body['summary']} "
-        f"({body['usage']['tokens']} tokens)"
+        f"({body['usage']['tokens']} tokens{fallback})"
     )
     return 0, text
 
@@ -362,14 +370,11 @@ def serve(
         import kubernetes.client
         import kubernetes.config.incluster_config  # noqa: F401
 
-    factory = client_factory
+    factory = reusing(client_factory)
     try:
-        base_url = _settings(env)[0]
-        client = client_factory(base_url, env.get(pod_env.ENV_MODEL_API_KEY) or NO_KEY)
-
-        def factory(_base_url: str, _key: str) -> Any:
-            return client
-    except TurnFailed:
+        first = models_of(env)[0]
+        factory(first.base_url, env.get(first.key_env) or NO_KEY)  # made while it waits
+    except Exception:
         pass  # the turn says so once its request came
     if not requests.ready.wait(wait_seconds):
         server.shutdown()
@@ -385,6 +390,22 @@ def serve(
         return run_turn(requests.env(env), factory, store_factory)
     finally:
         server.shutdown()
+
+
+def reusing(client_factory: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    """``client_factory`` making one client per model (base URL and API key), kept for the
+    turns after: the first model's is made while the pod waits for its request, a fallback's
+    when it is first asked."""
+    clients: dict[tuple[str, str], Any] = {}
+    lock = threading.Lock()
+
+    def factory(base_url: str, key: str) -> Any:
+        with lock:
+            if (base_url, key) not in clients:
+                clients[(base_url, key)] = client_factory(base_url, key)
+            return clients[(base_url, key)]
+
+    return factory
 
 
 def main(argv: list[str]) -> int:

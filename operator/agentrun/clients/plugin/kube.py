@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 import agentrun
 from agentrun.api import models as m
+from agentrun.core import agent_refs
 from agentrun.kubeapi import KubeconfigError, Unreachable, api_message, load_cluster, tolerate
 
 _T = TypeVar("_T")
@@ -139,7 +140,8 @@ class Session:
         """The run as stored (for patches and copies) and parsed (for reading)."""
         body = self.get_run_body(name)
         try:
-            return body, m.AgentRun.model_validate(body)
+            # A run of an Agent reads with the agent it took (status.agent.definition).
+            return body, agent_refs.effective(m.AgentRun.model_validate(body))
         except ValidationError as error:
             raise PluginError(
                 f"agentrun '{name}' in namespace '{self.namespace}' does not match the API this "

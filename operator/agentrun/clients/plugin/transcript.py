@@ -89,6 +89,17 @@ def _call_lines(call: Mapping[str, Any], last: bool = False) -> list[str]:
     return lines
 
 
+def _answered_by_lines(record: Mapping[str, Any]) -> list[str]:
+    """The model that answered the turn, when it was a fallback of spec.agent.model: ``answered
+    by NAME at URL (fallback 1 after: why each model before it failed)``."""
+    by = record.get("answeredBy")
+    if not isinstance(by, Mapping) or not isinstance(by.get("index"), int) or by["index"] < 1:
+        return []
+    before = [str(line) for line in record.get("fallbackFrom") or []]
+    why = f" after: {one_line('; '.join(before), RESULT_LIMIT)}" if before else ""
+    return [f"  answered by {by.get('name')} at {by.get('baseURL')} (fallback {by['index']}{why})"]
+
+
 def turn_lines(record: Mapping[str, Any], last: bool = False) -> list[str]:
     """One finished turn (``last``: the last of a run that ended, which no turn followed)."""
     context = record.get("context") or {}
@@ -109,6 +120,7 @@ def turn_lines(record: Mapping[str, Any], last: bool = False) -> list[str]:
         label = "model (cut off at maxOutputTokens)"
     if content:
         lines.append(f"  {label}: {one_line(content, RESULT_LIMIT)}")
+    lines.extend(_answered_by_lines(record))
     for call in record.get("toolCalls") or []:
         if isinstance(call, Mapping):
             lines.extend(_call_lines(call, last))
@@ -193,6 +205,10 @@ def agent_status_lines(run: m.AgentRun) -> list[str]:
         return []
     model = ag.frozen.model if ag is not None and ag.frozen is not None else agent.model
     lines = [f"agent: model {model.name} at {model.base_url}"]
+    if model.fallbacks:
+        lines[0] += (
+            " (then " + ", ".join(f"{f.name} at {f.base_url}" for f in model.fallbacks) + ")"
+        )
     if ag is None:
         return [*lines, "  not started"]
     if ag.resumed_from is not None:
@@ -209,7 +225,9 @@ def agent_status_lines(run: m.AgentRun) -> list[str]:
         lines.append(
             f"  turn {summary.turn}: {summary.tool_calls} calls"
             + (f" ({summary.invalid_calls} invalid)" if summary.invalid_calls else "")
-            + f", {summary.tokens} tokens: {one_line(summary.summary, 120)}"
+            + f", {summary.tokens} tokens"
+            + (f", fallback {summary.fallback} {summary.model}" if summary.fallback else "")
+            + f": {one_line(summary.summary, 120)}"
         )
     if ag.answer is not None:
         lines.append(f"  answer: {one_line(ag.answer, RESULT_LIMIT)}")
