@@ -84,6 +84,7 @@ def test_names_columns_and_subresources() -> None:
         "Tokens",
         "Waiting",
         "Reason",
+        "Agent",
     ]
 
 
@@ -133,3 +134,12 @@ def test_every_status_text_the_core_writes_from_step_output_is_bounded() -> None
         assert "maxLength" in node, path
     assert step["usage"]["properties"]["tokens"]["maximum"] == models.MAX_TOKENS
     assert status["usage"]["properties"]["tokens"]["maximum"] == models.MAX_TOKENS
+
+
+def test_the_agentrun_category_names_agentruns_alone() -> None:
+    """``kubectl get agentrun NAME`` resolves ``agentrun`` as a category before a singular: a
+    category shared by the other kinds would make it name several resources and fail."""
+    for kind in crd.KINDS:
+        names = crd.custom_resource_definition(kind)["spec"]["names"]
+        assert ("categories" in names) == (kind is crd.RUN), kind.kind
+        assert kind.singular not in [c for k in crd.KINDS if k is not kind for c in k.categories]

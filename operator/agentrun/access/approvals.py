@@ -30,7 +30,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.api import models as m
-from agentrun.core import agent_loop
+from agentrun.core import agent_loop, agent_refs
 
 CONFLICT_RETRIES = 5
 """Fresh reads before giving up on a run that keeps changing under the decision."""
@@ -71,7 +71,8 @@ def decidable(
     :class:`DecisionRefused` saying why not. ``force`` accepts a step that is not waiting for
     approval (or a finished run), as long as it has an argsHash; ``force_hint`` is how the
     caller's user asks for that (a flag, an argument)."""
-    current = agent_loop.dynamic_names(run.status.agent if run.status else None, run.spec.agent)
+    agent = agent_refs.effective(run).spec.agent  # a run of an Agent: the agent it took
+    current = agent_loop.dynamic_names(run.status.agent if run.status else None, agent)
     if run.step(step) is None and step not in current:
         names = ", ".join([*(s.name for s in run.spec.plan.steps), *sorted(current)])
         raise DecisionRefused(

@@ -79,6 +79,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
         "description": "Reason of the Ready condition: the run's last phase change.",
     },
+    {
+        "name": "Agent",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".spec.agentRef.name",
+        "description": "The Agent the run runs (spec.agentRef), if it names one.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Message",
@@ -178,6 +185,9 @@ class Kind:
     spec: type[models.ApiModel]
     status: type[models.ApiModel] | None = None
     short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    """Only the AgentRun's: a category named like a kind's singular (``agentrun``) shared by
+    several kinds would make ``kubectl get agentrun NAME`` name several resources."""
     printer_columns: list[dict[str, Any]] = field(default_factory=list)
     header: str = HEADER
 
@@ -198,6 +208,7 @@ RUN = Kind(
     spec=models.AgentRunSpec,
     status=models.AgentRunStatus,
     short_names=tuple(models.SHORT_NAMES),
+    categories=tuple(models.CATEGORIES),
     printer_columns=PRINTER_COLUMNS,
 )
 AGENT = Kind(
@@ -289,7 +300,8 @@ def custom_resource_definition(kind: Kind = RUN) -> dict[str, Any]:
     }
     if kind.short_names:
         names["shortNames"] = list(kind.short_names)
-    names["categories"] = list(models.CATEGORIES)
+    if kind.categories:
+        names["categories"] = list(kind.categories)
     version: dict[str, Any] = {"name": models.VERSION, "served": True, "storage": True}
     if kind.status is not None:
         version["subresources"] = {"status": {}}
