@@ -155,11 +155,14 @@ SCRIPTS = {
     # Its tracker is not here: the model answers without calling the HTTP tools, which still
     # puts the executor (holding the tools' header Secret) in the restricted namespace.
     "agent-http-tool": [reply("T-7 is not a duplicate of another ticket; it stays open.")],
+    # A ModelConfig, an Agent and a run of it (spec.agentRef): the run takes the Agent on its
+    # first pass, in the restricted namespace, then asks the model once.
+    "agent-ref": [reply("Paris is the capital of France.")],
 }
 """What the scripted model answers, per agent example."""
 SECRETS = {"agent-http-tool": ("tracker", {"token": "Bearer container-suite"})}
 """Secrets an example names, made before it is applied."""
-ANSWER_ONLY = {"agent-question", "agent-http-tool"}
+ANSWER_ONLY = {"agent-question", "agent-http-tool", "agent-ref"}
 """Examples whose run only asks the model, on the run's executor: its pod may be gone once
 the run has ended (the executor's Job goes with the run's end), leaving no pod to look at."""
 STALL_SECONDS = 90
@@ -236,6 +239,10 @@ def test_every_example_runs_in_a_restricted_namespace(
         assert approved == ["restart-service"]
     if example.stem == AGENT_EXAMPLE:
         assert len(approved) == 1 and approved[0].endswith("-restart-service"), approved
+    if example.stem == "agent-ref":
+        taken = run_status(get(dkube, restricted, name))["agent"]["definition"]
+        assert (taken["agent"]["name"], taken["modelConfig"]["name"]) == ("answerer", "small")
+        assert taken["spec"]["maxTurns"] == 1  # the run's override, which the Agent allows
     assert len(model.completions()) == len(script)
 
 

@@ -33,8 +33,12 @@ def test_every_example_is_accepted_by_kubectl_apply(
     path: Path, kubectl: Kubectl, namespace: str
 ) -> None:
     out = kubectl("apply", "-n", namespace, "-f", str(path))
-    name = yaml.safe_load(path.read_text())["metadata"]["name"]
-    assert f"agentrun.agentrun.dev/{name} created" in out.stdout
+    # Every object of the file: the run, and the Agent and ModelConfig a run by reference names.
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    for doc in docs:
+        made = f"{doc['kind'].lower()}.{m.GROUP}/{doc['metadata']['name']}"
+        assert f"{made} created" in out.stdout, out.stdout
+    (name,) = [doc["metadata"]["name"] for doc in docs if doc["kind"] == m.KIND]
     got = json.loads(kubectl("get", "agentrun", name, "-n", namespace, "-o", "json").stdout)
     # Structural defaulting filled in what the user left out: each step's and tool's risk.
     spec = got["spec"]

@@ -95,15 +95,37 @@ def ready_operator_pod(kube: KubeClients, namespace: str, timeout: float = 180.0
 
 
 def apply(cluster: TestCluster, namespace: str, path: Path, model_url: str = "") -> str:
-    """``kubectl apply`` a manifest; the name of the object it made. With ``model_url``, an
-    agent's model endpoint (``spec.agent.model.baseURL``) is that one."""
-    body = yaml.safe_load(path.read_text())
-    if model_url and "agent" in body.get("spec", {}):
-        body["spec"]["agent"]["model"]["baseURL"] = model_url
+    """``kubectl apply`` a manifest (one object, or several in order: the ModelConfig and
+    Agent a run by reference names, then the run); the name of the AgentRun it made (of the
+    one object, when it holds no AgentRun). With ``model_url``, every model endpoint it
+    defines is that one: an agent's ``spec.agent.model.baseURL``, an Agent's
+    ``spec.model.baseURL``, a ModelConfig's ``spec.baseURL``."""
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    if model_url:
+        for body in docs:
+            _point_models(body, model_url)
     proc = cluster.kubectl(
-        "apply", "-n", namespace, "-f", "-", "-o", "name", input=yaml.safe_dump(body)
+        "apply", "-n", namespace, "-f", "-", "-o", "name", input=yaml.safe_dump_all(docs)
     )
-    return proc.stdout.strip().rpartition("/")[2]
+    made = proc.stdout.split()
+    runs = [name for name in made if name.startswith("agentrun.agentrun.dev/")]
+    (chosen,) = runs or made
+    return chosen.rpartition("/")[2]
+
+
+def _point_models(body: dict[str, Any], model_url: str) -> None:
+    """Point the model endpoint ``body`` defines, if any, at ``model_url``."""
+    spec = body.get("spec") or {}
+    kind = body.get("kind")
+    if kind == "ModelConfig":
+        endpoint = spec
+    elif kind == "Agent":
+        endpoint = spec.get("model")
+    else:
+        endpoint = (spec.get("agent") or {}).get("model")
+    if not endpoint:
+        return
+    endpoint["baseURL"] = model_url
 
 
 def waiting_steps(run: dict[str, Any]) -> list[str]:

@@ -28,6 +28,12 @@ def _openapi_to_jsonschema(node: Any) -> Any:
 
 VALIDATOR = jsonschema.Draft202012Validator(_openapi_to_jsonschema(crd.openapi_schema()))
 """Validates an AgentRun body against the schema the CRD is generated with."""
+VALIDATORS = {
+    kind.kind: jsonschema.Draft202012Validator(_openapi_to_jsonschema(crd.openapi_schema(kind)))
+    for kind in crd.KINDS
+}
+"""Kind (AgentRun, Agent, ModelConfig) -> a validator of its bodies against the schema its CRD
+is generated with."""
 
 
 def crd_copy(group: str, kind: str) -> dict[str, Any]:

@@ -15,12 +15,14 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from agentrun.access import approvals, audit
+from agentrun.api import agent_defs as d
 from agentrun.api import models as m
 from agentrun.clients import forks, reading
 from agentrun.clients.plugin import commands, render
-from agentrun.clients.plugin.kube import PluginError, strip_kind
-from agentrun.core import CarriedSource, graph, naming
+from agentrun.clients.plugin.kube import PluginError, Session, strip_kind
+from agentrun.core import CarriedSource, agent_refs, graph, naming
 from agentrun.core import fork_plan as forking
+from agentrun.core.observed import Definition
 from agentrun.execution import objects
 from agentrun.kubeapi import Unreachable
 from agentrun.settings import LABEL_KIND, LABEL_RUN_UID, LABEL_STEP
@@ -657,3 +659,77 @@ def test_approve_retries_when_the_run_moved_on_and_reports_refusals_verbatim(
     assert code == 1 and out == ""
     assert err == f"error: the API server refused to record the decision: {denied}\n"
     assert len(refused.patches) == 1
+
+
+# -- status of a run of an Agent ------------------------------------------------------------------
+
+
+def ref_run(phase: str | None, taken: bool, model_config: bool = True) -> m.AgentRun:
+    """A run of Agent triage (spec.agentRef), as stored: in ``phase``, and with the definition
+    the operator took on its first pass when ``taken`` (from ModelConfig small, or from the
+    Agent's own model)."""
+    endpoint = {"baseURL": "http://models.example:8000/v1", "name": "small-model"}
+    spec: dict[str, Any] = {"instructions": "Sort the ticket."}
+    if model_config:
+        spec["modelConfigRef"] = {"name": "small"}
+    else:
+        spec["model"] = endpoint
+    agent = d.AgentObject.model_validate(
+        {"metadata": {"name": "triage", "uid": "uid-triage", "generation": 7}, "spec": spec}
+    )
+    config = d.ModelConfigObject.model_validate(
+        {"metadata": {"name": "small", "uid": "uid-small", "generation": 3}, "spec": endpoint}
+    )
+    run = m.AgentRun.model_validate(
+        {
+            "metadata": {"name": "sort-7", "namespace": "default", "uid": UID, "generation": 1},
+            "spec": {"goal": "sort ticket 7", "agentRef": {"name": "triage"}},
+        }
+    )
+    status: dict[str, Any] = {"phase": phase} if phase else {}
+    if taken:
+        found = Definition(agent=agent, model=config if model_config else None)
+        definition = agent_refs.take(run, found)
+        assert isinstance(definition, d.AgentDefinition), definition
+        status["agent"] = {"definition": d.wire(definition)}
+    return run.model_copy(update={"status": m.AgentRunStatus.model_validate(status)})
+
+
+class StoredRunSession(FakeSession):
+    """A session that reads the run as the plugin's own does (a run of an Agent with the agent
+    it took)."""
+
+    get_run = Session.get_run
+
+
+def _status(run: m.AgentRun, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    args = commands.build_parser().parse_args(["status", run.metadata.name])
+    assert commands.cmd_status(StoredRunSession(run, []), args) == 0  # type: ignore[arg-type]
+    return capsys.readouterr().out.splitlines()
+
+
+def test_status_of_a_run_of_an_agent_names_the_agent_and_model_config_it_took(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lines = _status(ref_run("Running", taken=True), capsys)
+    at = lines.index("agent: Agent triage (generation 7), ModelConfig small (generation 3)")
+    assert lines[at + 1] == "  model small-model at http://models.example:8000/v1"
+    # An Agent that writes its model out has no ModelConfig to name.
+    lines = _status(ref_run("Running", taken=True, model_config=False), capsys)
+    assert "agent: Agent triage (generation 7)" in lines
+
+
+@pytest.mark.parametrize(
+    ("phase", "line"),
+    [
+        (None, "agent: Agent triage (spec.agentRef), not taken yet"),
+        ("Pending", "agent: Agent triage (spec.agentRef), not taken yet"),
+        ("Failed", "agent: Agent triage (spec.agentRef), never taken (the message says why)"),
+    ],
+)
+def test_status_of_a_run_that_has_not_taken_its_agent_says_so(
+    phase: str | None, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = _status(ref_run(phase, taken=False), capsys)
+    assert line in lines
+    assert not [x for x in lines if x.startswith("  model ")]

@@ -197,18 +197,38 @@ def transcript_lines(run: m.AgentRun, records: Sequence[Mapping[str, Any]]) -> l
     return lines + current
 
 
+def _definition_line(run: m.AgentRun) -> str | None:
+    """For a run of an Agent (spec.agentRef): which Agent and ModelConfig, at which
+    generation, it took into status.agent.definition (or that it has not taken them)."""
+    ref = run.spec.agent_ref
+    if ref is None:
+        return None
+    ag = run.status.agent if run.status else None
+    taken = ag.definition if ag is not None else None
+    if taken is None:
+        ended = run.status is not None and run.status.phase in m.TERMINAL_RUN_PHASES
+        state = "never taken (the message says why)" if ended else "not taken yet"
+        return f"agent: Agent {ref.name} (spec.agentRef), {state}"
+    line = f"agent: Agent {taken.agent.name} (generation {taken.agent.generation})"
+    source = taken.model_config_source
+    if source is not None:
+        line += f", ModelConfig {source.name} (generation {source.generation})"
+    return line
+
+
 def agent_status_lines(run: m.AgentRun) -> list[str]:
-    """The agent's part of ``kubectl agentrun status``."""
+    """The agent's part of ``kubectl agentrun status``. ``run`` as the plugin reads it: a run
+    of an Agent with ``spec.agent`` from the definition it took (agent_refs.effective)."""
     agent = run.spec.agent
     ag = run.status.agent if run.status else None
+    definition = _definition_line(run)
     if agent is None:
-        return []
+        return [definition] if definition is not None else []
     model = ag.frozen.model if ag is not None and ag.frozen is not None else agent.model
-    lines = [f"agent: model {model.name} at {model.base_url}"]
+    about = f"model {model.name} at {model.base_url}"
     if model.fallbacks:
-        lines[0] += (
-            " (then " + ", ".join(f"{f.name} at {f.base_url}" for f in model.fallbacks) + ")"
-        )
+        about += " (then " + ", ".join(f"{f.name} at {f.base_url}" for f in model.fallbacks) + ")"
+    lines = [f"agent: {about}"] if definition is None else [definition, f"  {about}"]
     if ag is None:
         return [*lines, "  not started"]
     if ag.resumed_from is not None:
