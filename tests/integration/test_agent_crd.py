@@ -94,7 +94,9 @@ def test_a_tool_choice_of_a_mode_or_a_tool_is_accepted(
 def test_a_run_needs_a_plan_or_an_agent(kube: KubeClients, namespace: str) -> None:
     body = agent_run("neither")
     del body["spec"]["agent"]
-    assert "a run needs spec.plan, spec.agent or both" in _refused(kube, namespace, body)
+    assert "a run needs spec.plan, spec.agent (or spec.agentRef) or both" in _refused(
+        kube, namespace, body
+    )
 
 
 INVALID = [
@@ -263,6 +265,50 @@ def test_resume_from_is_fixed_at_creation(
     stored = kube.custom.get_namespaced_custom_object(m.GROUP, m.VERSION, namespace, m.PLURAL,
                                                       "fork")  # fmt: skip
     assert stored["spec"]["agent"]["resumeFrom"] == RESUME
+
+
+def _of_agent(name: str, **ref: Any) -> Run:
+    return {
+        "apiVersion": m.API_VERSION,
+        "kind": m.KIND,
+        "metadata": {"name": name},
+        "spec": {"goal": "sort ticket 7", "agentRef": {"name": "triage", **ref}},
+    }
+
+
+def test_agent_ref_is_alone_and_fixed_at_creation(
+    kube: KubeClients, kubectl: Kubectl, namespace: str
+) -> None:
+    both = _of_agent("both")
+    both["spec"]["agent"] = agent_run("x")["spec"]["agent"]
+    assert "a run has spec.agent or spec.agentRef (an Agent by name), not both" in _refused(
+        kube, namespace, both
+    )
+    create(kube, namespace, _of_agent("of-triage", overrides={"maxTurns": 3}))
+    create(kube, namespace, agent_run("plain"))
+    changes = [
+        ("of-triage", {"agentRef": {"name": "other"}}, "agentRef cannot change"),
+        ("of-triage", {"agentRef": None}, "spec.agentRef can only be set when the run is"),
+        ("plain", {"agentRef": {"name": "triage"}}, "spec.agentRef can only be set when the"),
+    ]
+    for name, spec, message in changes:
+        proc = kubectl("-n", namespace, "patch", "agentrun", name, "--type=merge",
+                       "-p", json.dumps({"spec": spec}), check=False)  # fmt: skip
+        assert proc.returncode != 0 and message in proc.stderr, (name, spec, proc.stderr)
+
+
+def test_explain_teaches_agents_and_model_configs(kubectl: Kubectl) -> None:
+    agent = " ".join(kubectl("explain", "agents.spec", "--api-version=agentrun.dev/v1alpha1")
+                     .stdout.split())  # fmt: skip
+    for field in ("modelConfigRef", "instructions", "tools", "allowOverrides", "maxTurns"):
+        assert field in agent, field
+    config = " ".join(kubectl("explain", "modelconfigs.spec").stdout.split())
+    for field in ("baseURL", "apiKeySecretRef", "fallbacks", "maxOutputTokens"):
+        assert field in config, field
+    ref = " ".join(kubectl("explain", "agentrun.spec.agentRef").stdout.split())
+    assert "status.agent.definition" in ref and "Fixed at creation" in ref
+    taken = " ".join(kubectl("explain", "agentrun.status.agent.definition").stdout.split())
+    assert "generation" in taken
 
 
 def test_explain_teaches_the_agent(kubectl: Kubectl) -> None:

@@ -3,8 +3,15 @@ the real kube-apiserver and the real kubectl.
 
 The category was ``agents`` in 0.1.0: kubectl expands a category before it looks for a resource
 of that name, so with kagent installed ``kubectl get agents`` listed AgentRuns instead of
-kagent's Agents. Now ``kubectl get agents`` lists only kagent's Agents, and ``kubectl get
-agentrun`` (the category, and the singular name) lists AgentRuns.
+kagent's Agents. ``kubectl get agentrun`` (the category, and the singular name) lists
+AgentRuns alone.
+
+Since agentrun.dev has an Agent kind of its own (docs/agents.md), ``agents`` names two
+resources where kagent is installed too, and kubectl takes the group it lists first
+(``agentrun.dev``, before ``kagent.dev``): kagent's are ``agents.kagent.dev`` (or its category
+``kagent``), ours ``agents.agentrun.dev``. What this test holds: each name that is ours or
+kagent's alone lists only its own, the group-qualified names list each product's, and no
+category lists the other product's objects.
 
 The kagent-shaped CRD (group kagent.dev, kind Agent, plural agents, category kagent, a minimal
 schema) is removed after the test.
@@ -107,7 +114,22 @@ def test_kubectl_get_agents_lists_kagents_agents_and_the_category_lists_agentrun
         ).stdout
         return sorted(out.split())
 
-    assert names("agents") == ["agent.kagent.dev/my-agent"]
+    kube.custom.create_namespaced_custom_object(
+        m.GROUP,
+        m.VERSION,
+        namespace,
+        "agents",
+        {
+            "apiVersion": m.API_VERSION,
+            "kind": "Agent",
+            "metadata": {"name": "our-agent"},
+            "spec": {"model": {"baseURL": "http://127.0.0.1:1/v1", "name": "scripted"}},
+        },
+    )
+    assert names("agents.kagent.dev") == ["agent.kagent.dev/my-agent"]
+    assert names("agents.agentrun.dev") == ["agent.agentrun.dev/our-agent"]
+    # Both groups serve `agents`: kubectl takes agentrun.dev, which it lists first.
+    assert names("agents") == ["agent.agentrun.dev/our-agent"]
     assert names("agentrun") == ["agentrun.agentrun.dev/my-run"]
     assert names("agentruns") == ["agentrun.agentrun.dev/my-run"]
     assert names("ar") == ["agentrun.agentrun.dev/my-run"]

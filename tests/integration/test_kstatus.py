@@ -190,6 +190,13 @@ def test_a_run_without_status_yet(
     assert argocd_health(status_tools, health_script, stored)["status"] == "Progressing"
 
 
+def _column(header: str, name: str) -> int:
+    """Where column ``name`` starts in ``header`` (a whole word: AGE is not AGENT)."""
+    found = re.search(rf"(?<!\S){name}(?!\S)", header)
+    assert found is not None, header
+    return found.start()
+
+
 def test_wide_output_shows_attempts_tokens_the_wait_and_the_reason(
     cluster: TestCluster, kube: KubeClients, crd_installed: list[str], namespace: str
 ) -> None:
@@ -208,10 +215,11 @@ def test_wide_output_shows_attempts_tokens_the_wait_and_the_reason(
         "TOKENS",
         "WAITING",
         "REASON",
+        "AGENT",
         "AGE",
         "MESSAGE",
     ], header
-    starts = [header.index(c) for c in columns]
+    starts = [_column(header, c) for c in columns]
 
     def cells(row: str) -> dict[str, str]:
         bounds = [*starts[1:], len(row) + 1]
