@@ -137,7 +137,7 @@ def test_three_runs_of_one_agent_and_a_change_of_it_mid_run_changes_nothing(
     assert taken["spec"]["instructions"] == "CHANGED"
 
 
-def test_a_follow_up_asks_a_run_of_an_agent_the_next_question(
+def test_start_runs_an_agent_and_a_follow_up_asks_it_the_next_question(
     cluster: TestCluster,
     kube: KubeClients,
     namespace: str,
@@ -148,7 +148,11 @@ def test_a_follow_up_asks_a_run_of_an_agent_the_next_question(
     define(kube, namespace, "Agent", "triage",
            {"instructions": INSTRUCTIONS, "modelConfigRef": {"name": "small"}})  # fmt: skip
     model.add(reply("checkout is slow because of the cache"), reply("yes, restart it"))
-    start(kube, namespace, run_of("talk"))
+    started = kubectl_agentrun(cluster, "start", "triage", "why is checkout slow?",
+                               "--name", "talk", "--wait", "-n", namespace)  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == "checkout is slow because of the cache"
+    assert "started agentrun/talk, a run of Agent triage" in started.stderr
     wait_phase(kube, namespace, "talk", "Succeeded")
     asked = kubectl_agentrun(cluster, "ask", "talk", "should I restart it?", "-n", namespace)
     assert asked.returncode == 0, asked.stderr

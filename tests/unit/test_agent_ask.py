@@ -19,7 +19,7 @@ from agentrun.clients import forks
 from agentrun.clients.plugin import commands, completion
 from agentrun.clients.plugin.kube import PluginError
 from agentrun.clients.typed import AgentRunClient, AgentRunError, RunNotFound
-from agentrun.core import follow_up
+from agentrun.core import agent_refs, follow_up
 from tests.support.agent_sim import AgentSim, agent_run, call
 from tests.support.sim import UID
 
@@ -427,3 +427,54 @@ def test_the_typed_client_asks_as_the_plugin_does() -> None:
     assert client.result("review") == "the cache is cold"
     with pytest.raises(AgentRunError, match="agentrun/review-2 has no answer"):
         client.result("review-2")
+
+
+# -- kubectl agentrun start: a run of an Agent -------------------------------------------------
+
+
+def test_start_makes_a_run_of_the_agent_with_the_goal_and_its_overrides(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    session = Session()
+    code, out, err = _kubectl(
+        session, capsys, "start", "triage", "sort ticket 7", "--name", "t7",
+        "--max-turns", "3", "--max-tokens", "20000",
+    )  # fmt: skip
+    assert (code, out) == (0, "t7\n")
+    assert "started agentrun/t7, a run of Agent triage" in err
+    (made,) = session.created.made
+    assert made["spec"] == {
+        "goal": "sort ticket 7",
+        "agentRef": {"name": "triage", "overrides": {"maxTurns": 3}},
+        "budget": {"maxTokens": 20000},
+    }
+    assert m.AgentRun.model_validate(made).spec.agent_ref is not None
+
+    answered = {"phase": "Succeeded", "agent": {"answer": "a duplicate of 5", "turn": 1}}
+    session = Session(ending=answered)
+    code, out, _ = _kubectl(session, capsys, "start", "triage", "and 8?", "--name", "t8", "--wait")
+    assert (code, out) == (0, "a duplicate of 5")
+
+    code, out, err = _kubectl(Session(), capsys, "start", "triage", "   ")
+    assert (code, out) == (2, "")
+    assert "cannot start a run of Agent triage: the goal is empty" in err
+
+
+def test_a_run_of_an_agent_without_a_name_is_named_by_the_api_server() -> None:
+    body = agent_refs.run_of("triage", "sort ticket 7")
+    assert body["metadata"] == {"generateName": "triage-"}
+    assert body["spec"] == {"goal": "sort ticket 7", "agentRef": {"name": "triage"}}
+    assert agent_refs.goal_problem("x" * (m.MAX_GOAL + 1)) is not None
+
+
+def test_the_typed_client_starts_a_run_of_an_agent() -> None:
+    client = AgentRunClient(api_client=object(), namespace="default")
+    custom = CustomObjects()
+    client._custom = custom
+    made = client.start("triage", "sort ticket 7", name="t7", overrides={"contextBytes": 8192})
+    assert made.metadata.name == "t7" and made.spec.goal == "sort ticket 7"
+    assert made.spec.agent_ref is not None and made.spec.agent_ref.name == "triage"
+    assert made.spec.agent_ref.overrides is not None
+    assert made.spec.agent_ref.overrides.context_bytes == 8192
+    with pytest.raises(AgentRunError, match="the goal is empty"):
+        client.start("triage", "")

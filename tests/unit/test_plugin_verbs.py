@@ -312,7 +312,7 @@ def test_the_bash_script_completes_commands_runs_and_values(tmp_path: Path) -> N
         check=True,
     )  # fmt: skip
     assert proc.stdout.splitlines() == [
-        "status",
+        "status start",
         "json yaml mermaid dot",
         "alpha beta",
         "bash zsh fish",

@@ -395,6 +395,28 @@ class AgentRunClient:
             raise AgentRunError(str(error)) from None
         return self._parse(asked.run)
 
+    def start(
+        self,
+        agent: str,
+        goal: str,
+        *,
+        name: str | None = None,
+        overrides: dict[str, int] | None = None,
+        max_tokens: int | None = None,
+    ) -> m.AgentRun:
+        """Start a run of Agent ``agent`` of the namespace with ``goal`` (``spec.agentRef``),
+        as ``kubectl agentrun start`` does: named ``name``, else ``AGENT-<5 letters>`` by the
+        API server; ``overrides`` (maxTurns, maxToolCallsPerTurn, contextBytes: only those the
+        Agent's allowOverrides lists) and ``max_tokens`` (its spec.budget.maxTokens). The
+        operator takes the Agent as it is when the run starts (docs/agents.md). Returns the
+        run as stored; :class:`AgentRunError` when the goal is empty or too long."""
+        problem = agent_refs.goal_problem(goal)
+        if problem is not None:
+            raise AgentRunError(f"cannot start a run of Agent {agent}: {problem}")
+        body = agent_refs.run_of(agent, goal, name=name, overrides=overrides,
+                                 max_tokens=max_tokens)  # fmt: skip
+        return self._parse(self._create_run(body, False))
+
     def _create_run(self, manifest: dict[str, Any], dry_run: bool) -> dict[str, Any]:
         extra = {"dry_run": "All"} if dry_run else {}
         created: dict[str, Any] = self._custom.create_namespaced_custom_object(

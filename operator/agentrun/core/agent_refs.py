@@ -19,6 +19,7 @@ A run whose ``spec.agentRef`` changes after its first pass fails with reason
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -217,3 +218,35 @@ def _source(meta: d.DefinitionMeta) -> d.DefinitionSource:
         generation=meta.generation,
         resource_version=meta.resource_version,
     )
+
+
+# -- starting a run of an Agent (kubectl agentrun start, AgentRunClient.start) -----------------
+
+
+def goal_problem(goal: str) -> str | None:
+    """Why ``goal`` cannot be a run's goal; None when it can."""
+    if not goal.strip():
+        return "the goal is empty: say what the run is for (it becomes spec.goal)"
+    if len(goal) > m.MAX_GOAL:
+        return f"the goal is {len(goal)} characters; spec.goal holds at most {m.MAX_GOAL}"
+    return None
+
+
+def run_of(
+    agent: str,
+    goal: str,
+    *,
+    name: str | None = None,
+    overrides: dict[str, int] | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """A new run of Agent ``agent`` with ``goal`` (named ``name``, else by the API server from
+    ``AGENT-``), ``overrides`` (wire names: maxTurns, ...) and a token budget."""
+    ref: dict[str, Any] = {"name": agent}
+    if overrides:
+        ref["overrides"] = dict(overrides)
+    spec: dict[str, Any] = {"goal": goal, "agentRef": ref}
+    if max_tokens is not None:
+        spec["budget"] = {"maxTokens": max_tokens}
+    metadata: dict[str, Any] = {"name": name} if name else {"generateName": f"{agent[:57]}-"}
+    return {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": metadata, "spec": spec}

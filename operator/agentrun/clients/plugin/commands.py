@@ -28,7 +28,7 @@ from agentrun.clients.plugin import completion, graphs, render, watching
 from agentrun.clients.plugin import logs as steplogs
 from agentrun.clients.plugin import transcript as transcripts
 from agentrun.clients.plugin.kube import PluginError, Session, strip_kind
-from agentrun.core import follow_up, subagents
+from agentrun.core import agent_refs, follow_up, subagents
 from agentrun.execution import objects
 from agentrun.kubeapi import JSON_PATCH, MERGE_PATCH, Unreachable, api_message
 
@@ -282,9 +282,14 @@ def cmd_result(session: Session, args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_run(run: m.AgentRun) -> bool:
+    """Whether ``run`` is an agent run: it writes its agent out or names an Agent."""
+    return run.spec.agent is not None or run.spec.agent_ref is not None
+
+
 def _print_answer(session: Session, run: m.AgentRun) -> int:
     """The answer of an agent run: its result."""
-    if run.spec.agent is None:
+    if not _agent_run(run):
         raise PluginError(f"{_ref(run)} has no spec.agent: name the step whose result to print")
     stored = reading.answer(run, session.get_config_map)
     if not stored.intact:
@@ -305,7 +310,7 @@ def _write_raw(content: str) -> None:
 
 def cmd_transcript(session: Session, args: argparse.Namespace) -> int:
     _, run = session.get_run(strip_kind(args.run))
-    if run.spec.agent is None:
+    if not _agent_run(run):
         raise PluginError(f"{_ref(run)} has no spec.agent: it has no transcript")
     with session.reporting(f"cannot read the transcript of {_ref(run)}"):
         found = session.list_config_maps(objects.owned_by(run.metadata.uid, "transcript"))
@@ -361,20 +366,48 @@ def cmd_ask(session: Session, args: argparse.Namespace) -> int:
     except forks.ForkRefused as error:
         raise PluginError(str(error)) from None
     _note(asked.note())
+    return _made(session, args, asked.run)
+
+
+def cmd_start(session: Session, args: argparse.Namespace) -> int:
+    agent, goal = strip_kind(args.agent), args.goal
+    problem = agent_refs.goal_problem(goal)
+    if problem is not None:
+        raise PluginError(f"cannot start a run of Agent {agent}: {problem}", code=2)
+    overrides = {
+        wire: value
+        for wire, value in (
+            ("maxTurns", args.max_turns),
+            ("maxToolCallsPerTurn", args.max_tool_calls_per_turn),
+            ("contextBytes", args.context_bytes),
+        )
+        if value is not None
+    }
+    body = agent_refs.run_of(
+        agent, goal, name=args.name, overrides=overrides, max_tokens=args.max_tokens
+    )
+    made = session.create_run(body)
+    _note(f"started agentrun/{made['metadata']['name']}, a run of Agent {agent}")
+    return _made(session, args, made)
+
+
+def _made(session: Session, args: argparse.Namespace, made: dict[str, Any]) -> int:
+    """After a run was made: print it, or with ``--wait`` its answer once it ends."""
+    name = str(made["metadata"]["name"])
     if not args.wait:
-        _print_run(asked.run, args.output)
+        _print_run(made, args.output)
         return 0
-    _note(f"waiting for agentrun/{asked.name} to answer")
-    ended = _wait_for(session, asked.name, args.timeout)
+    _note(f"waiting for agentrun/{name} to answer")
+    ended = _wait_for(session, name, args.timeout)
     status = ended.status or m.AgentRunStatus()
     if status.phase != m.RunPhase.SUCCEEDED:
         raise PluginError(
-            f"{_ended_line(ended)}; it gave no answer (kubectl agentrun transcript {asked.name} "
+            f"{_ended_line(ended)}; it gave no answer (kubectl agentrun transcript {name} "
             "shows its turns)"
         )
     if args.output is None:
         return _print_answer(session, ended)
-    _print_run(session.get_run_body(asked.name), args.output)
+    _print_run(session.get_run_body(name), args.output)
     return 0
 
 
@@ -397,7 +430,7 @@ def _watched(session: Session, name: str, timeout: float) -> reading.Waited:
 
     def parse(body: Any) -> m.AgentRun:
         try:
-            return m.AgentRun.model_validate(body)
+            return agent_refs.effective(m.AgentRun.model_validate(body))
         except ValueError as error:
             raise PluginError(
                 f"agentrun '{name}' in namespace '{session.namespace}' does not match the API "
@@ -610,6 +643,29 @@ def _add_output(p: argparse.ArgumentParser, *more: str, what: str) -> None:
     )
 
 
+def _add_made_output(p: argparse.ArgumentParser) -> None:
+    """--wait, --timeout and -o of a verb that makes a run (ask, start)."""
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until the new run ends and print its answer (exit 1 if it did not succeed)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=timeout_seconds,
+        default=300.0,
+        help="with --wait: give up after this long (300, 90s, 5m, 1h; default 300s)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("name", *graphs.DATA_FORMATS),
+        default=None,
+        help="print the new run as kubectl -o name does, or the object (json, yaml; with "
+        "--wait: as it ended) instead of its name (with --wait: its answer)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubectl agentrun",
@@ -730,8 +786,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Ask an agent run that answered the next question of its conversation, in a new run.",
         "The new run has RUN's spec (model, tools, instructions, limits, budget; not its plan, "
         "whose results the conversation holds, nor approvals) with QUESTION as its goal, and "
-        "continues RUN's conversation after its answer (spec.agent.resumeFrom: RUN, its uid "
-        "and the turn it answered in): its first model turn sees the whole conversation, the "
+        "continues RUN's conversation after its answer (spec.agent.resumeFrom, or "
+        "spec.agentRef.resumeFrom for a run of an Agent: RUN, its uid and the turn it "
+        "answered in): its first model turn sees the whole conversation, the "
         "answer, then QUESTION. Only a run that answered (Succeeded) can be asked; for one "
         "that failed or was cancelled, fork it from a turn it closed. The new run is named "
         "RUN-2 (RUN-3, ... when taken); asking a run that ask named BASE-N names the next "
@@ -739,25 +796,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("question", metavar="QUESTION", help="the next question (its spec.goal)")
     p.add_argument("--name", help="name of the new run (default: RUN-2, or the next free)")
-    p.add_argument(
-        "--wait",
-        action="store_true",
-        help="wait until the new run ends and print its answer (exit 1 if it did not succeed)",
+    _add_made_output(p)
+    p = sub.add_parser(
+        "start",
+        help="Start a run of an Agent of the namespace with a goal.",
+        description=(
+            "Start a run of an Agent (spec.agentRef: AGENT) with GOAL as its goal. The "
+            "operator takes the Agent and its ModelConfig as they are now, with your rights to "
+            "read them and every Secret they name checked (docs/agents.md). Prints the new "
+            "run's name (AGENT-<5 letters>, by the API server, unless --name)."
+        ),
     )
+    _add_connection_flags(p, top=False)
+    p.set_defaults(func=cmd_start)
+    p.add_argument("agent", metavar="AGENT", help="name of the Agent")
+    p.add_argument("goal", metavar="GOAL", help="what the run is for (its spec.goal)")
+    p.add_argument("--name", help="name of the new run (default: AGENT-<5 letters>)")
+    for flag, what in (
+        ("--max-turns", "maxTurns"),
+        ("--max-tool-calls-per-turn", "maxToolCallsPerTurn"),
+        ("--context-bytes", "contextBytes"),
+    ):
+        p.add_argument(
+            flag,
+            type=_positive,
+            default=None,
+            help=f"spec.agentRef.overrides.{what} (only if the Agent's allowOverrides lists it)",
+        )
     p.add_argument(
-        "--timeout",
-        type=timeout_seconds,
-        default=300.0,
-        help="with --wait: give up after this long (300, 90s, 5m, 1h; default 300s)",
+        "--max-tokens", type=_positive, default=None, help="spec.budget.maxTokens of the run"
     )
-    p.add_argument(
-        "-o",
-        "--output",
-        choices=("name", *graphs.DATA_FORMATS),
-        default=None,
-        help="print the new run as kubectl -o name does, or the object (json, yaml; with "
-        "--wait: as it ended) instead of its name (with --wait: its answer)",
-    )
+    _add_made_output(p)
     p = sub.add_parser(
         "release",
         help="Delete every AgentRun in the namespace and release the operator's finalizers.",
