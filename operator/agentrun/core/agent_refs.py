@@ -34,8 +34,9 @@ REFUSED = "AgentRefRefused"
 """Reason of a run whose Agent could not be taken."""
 CHANGED = "AgentSpecChanged"
 WAIT_SECONDS = 5
-"""A run whose Agent the shell could not read in a pass (an API error) is passed again after
-this long."""
+"""A run whose Agent the shell did not hand over in a pass is passed again after this long (the
+shell reads it whenever :func:`needs_definition`; an API error fails the pass, which is
+retried)."""
 
 
 def ref_digest(ref: d.AgentRef) -> str:
