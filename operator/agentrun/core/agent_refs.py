@@ -61,10 +61,7 @@ def needs_definition(run: m.AgentRun) -> bool:
 def effective(run: m.AgentRun) -> m.AgentRun:
     """``run`` as the operator reads it: with ``spec.agent`` from ``status.agent.definition``
     when it names an Agent and took it; ``run`` itself otherwise (nothing is copied)."""
-    taken = definition_of(run)
-    if run.spec.agent_ref is None or taken is None or run.spec.agent is not None:
-        return run
-    return with_definition(run, taken)
+    return as_decided(run, run.status) if run.status is not None else run
 
 
 def as_decided(run: m.AgentRun, status: m.AgentRunStatus) -> m.AgentRun:
@@ -109,6 +106,12 @@ def changed(run: m.AgentRun) -> str | None:
     return None
 
 
+def first_error(error: ValidationError) -> str:
+    """The first problem pydantic found, as ``field.path: message``."""
+    first = error.errors()[0]
+    return ".".join(str(p) for p in first["loc"]) + f": {first['msg']}"
+
+
 def resolve(
     ref: d.AgentRef, agent: d.AgentObject, model: d.ModelConfigObject | None
 ) -> a.Agent | str:
@@ -143,9 +146,7 @@ def resolve(
     try:
         resolved = a.Agent.model_validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"Agent {agent.metadata.name} is not a valid agent: {where}: {first['msg']}"
+        return f"Agent {agent.metadata.name} is not a valid agent: {first_error(error)}"
     size = len(naming.canonical_json(d.wire(resolved)))
     if size > d.MAX_DEFINITION_BYTES:
         return (

@@ -102,6 +102,4 @@ def _read(custom_api: Any, namespace: str, plural: str, name: str, kind: Any) ->
     try:
         return kind.model_validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"cannot be read as one: {where}: {first['msg']}"
+        return f"cannot be read as one: {agent_refs.first_error(error)}"
